@@ -1,0 +1,1 @@
+"""Datasets, prompts and rewards shared by the trainer and the generation backends."""

@@ -1,0 +1,181 @@
+"""The recipe's types: frozen dataclasses, one per section, no defaults.
+
+Defaults live in `recipes/base.yaml` (every key, with one comment each), not here and not as
+`.get(key, default)` in code. `rlflow.recipe.load` turns YAML into these classes and rejects
+unknown keys, missing keys and wrongly typed values with the file and line that set them.
+Cross-field rules (parallel sizes, video keys, ...) live in `rlflow.recipe.checks`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str  # job name and run-directory prefix
+    output_dir: str  # run directories are created under it (relative to the working directory)
+    seed: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    checkpoint: str  # an HF checkpoint directory, or "builtin:tiny-qwen25vl"
+    dtype: Literal["float32", "bfloat16"]
+    freeze_vision: bool
+    tiny_seed: int  # weights seed for builtin:tiny-* checkpoints
+
+
+@dataclass(frozen=True)
+class VideoConfig:
+    num_frames: int | None  # frames per video after sampling; all three set, or none
+    temporal_patch_size: int | None  # frames folded into one vision patch (Qwen2.5-VL: 2)
+    fps: float | None  # frame rate reported to the processor (timestamps in mrope)
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    kind: Literal["clevr", "video", "text", "mixed", "jsonl"]
+    num_samples: int
+    seed: int
+    path: str | None  # jsonl only: a CLEVR-CoGenT / R1-V style file
+    image_root: str | None  # jsonl only: image paths are relative to this directory
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: DatasetConfig
+    validation: DatasetConfig
+    image_size: int  # synthetic images are image_size x image_size pixels
+    max_objects: int  # synthetic scenes hold 1..max_objects objects
+    mix: dict[str, float]  # kind=mixed: share of "clevr", "video" and "text" rows
+    prompt_suffix: str  # appended to every question (tells the model the answer format)
+    max_prompt_tokens: int
+    video: VideoConfig
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    num_prompts_per_step: int
+    num_generations_per_prompt: int
+    max_num_steps: int
+    normalize_rewards: bool  # divide advantages by the group's std (where std > 0)
+    use_leave_one_out_baseline: bool
+    val_period: int  # validate every N steps (0: never during training)
+    val_at_start: bool
+    val_at_end: bool
+    max_val_samples: int
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    ratio_clip_low: float  # ratio clipped to [1 - low, 1 + high]
+    ratio_clip_high: float
+    kl_penalty: float  # weight of KL(policy || reference); 0 disables the reference forward
+    kl_type: Literal["k1", "k3"]
+    token_level_loss: bool  # true: mean over all tokens; false: mean per sequence, then over sequences
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    max_grad_norm: float  # 0 disables clipping
+    micro_batch_size: int  # rollouts per forward/backward pass
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    num_steps: int  # supervised steps on (prompt, reference answer) before GRPO; 0 skips
+    lr: float
+    batch_size: int
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    env_dir: str  # per-node virtual environment for vLLM (built by `rlflow setup-env vllm`)
+    python: str  # interpreter version for that environment
+    packages: list[str]  # pinned requirements of that environment (a change rebuilds it)
+    kv_cache_space_gb: int
+    startup_timeout_s: int
+    request_timeout_s: int
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    backend: Literal["megatron", "hf", "vllm"]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int  # 0 disables top-k
+    val_temperature: float  # 0 = greedy validation
+    max_batch_size: int  # rollouts per generate call
+    vllm: VllmConfig
+
+
+@dataclass(frozen=True)
+class ParallelismConfig:
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    context_parallel_size: int
+    expert_parallel_size: int
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    num_nodes: int | None  # filled from `submit --nodes`; a recipe value must agree with the flag
+    gpus_per_node: int | None  # filled from `submit --gpus`; ranks per node on CPU-only nodes
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    enabled: bool
+    save_period: int  # save every N steps
+    keep_last: int  # keep the newest k checkpoints
+    save_on_signal: bool  # save when Slurm warns (SIGUSR1) or terminates (SIGTERM)
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    tensorboard: bool
+    progress_bar: bool
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    partition: str | None
+    account: str | None
+    qos: str | None
+    time_limit: str  # D-HH:MM:SS, HH:MM:SS or MM
+    cpus_per_task: int | None
+    mem: str | None  # e.g. "64G"; None lets the site default apply
+    container_image: str | None  # pyxis/enroot image; None runs on the host
+    container_mounts: list[str]  # src:dst[:flags]
+    extra_sbatch_args: list[str]  # e.g. ["--exclusive", "--constraint=h100"]
+    env: dict[str, str]  # exported in the job before every step
+    setup_command: str | None  # run once per node before training (e.g. build a venv)
+    signal_grace_seconds: int  # Slurm sends SIGUSR1 this long before the time limit
+    max_requeues: int  # requeue after a time-limit warning at most this many times
+    rlflow_command: str  # how the nodes run rlflow, e.g. "uv run --frozen rlflow" or ".venv/bin/rlflow"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    run: RunConfig
+    model: ModelConfig
+    data: DataConfig
+    rewards: dict[str, float]  # reward name -> weight (rlflow.data.rewards.REWARDS)
+    grpo: GRPOConfig
+    loss: LossConfig
+    optimizer: OptimizerConfig
+    warm_start: WarmStartConfig
+    generation: GenerationConfig
+    parallelism: ParallelismConfig
+    cluster: ClusterConfig
+    checkpointing: CheckpointConfig
+    logging: LoggingConfig
+    slurm: SlurmConfig
