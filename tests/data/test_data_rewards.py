@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from rlflow.data.rewards import (
 )
 from rlflow.data.sample import Sample
 from rlflow.errors import RlflowError
+
+BASE_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "base.yaml"
 
 
 def row(answer: str, id: str = "row-0") -> Sample:
@@ -129,7 +132,10 @@ def test_a_reward_outside_zero_one_is_an_error(value):
 
 def test_rewards_import_without_torch_or_pil():
     code = ("import sys, rlflow.data.rewards as r; "
-            "assert r.REWARDS; "
+            "from rlflow.data import REWARDS, score; "
+            "from rlflow.recipe import load_checked; "
+            f"load_checked({str(BASE_RECIPE)!r}); "
+            "assert r.REWARDS is REWARDS; "
             "heavy = [m for m in ('torch', 'PIL', 'megatron', 'transformers') if m in sys.modules]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,34 @@
+"""One row of data: what the trainer turns into a prompt, and the answer it scores against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # PIL stays out of the import path of login-node code
+    from PIL.Image import Image
+
+    from rlflow.data.scene import Scene
+
+Media = Literal["image", "video", "text"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A question with a checkable answer and its media.
+
+    `question` is the user's text without media markers: the chat template places the
+    image/video tokens (`rlflow.data.prompts.to_messages`). `video` frames are RGB and all
+    the same size. `scene` is the generated scene graph for synthetic rows (None for files):
+    tests and per-template metrics read it; the model never sees it.
+    """
+
+    id: str
+    media: Media
+    question: str
+    answer: str
+    images: tuple[Image, ...] = ()
+    video: tuple[Image, ...] | None = None
+    kind: str = ""  # the dataset kind that made the row: clevr | video | text | jsonl
+    template: str = ""  # question family, e.g. "color_shape" (for per-family accuracy)
+    scene: Scene | None = None
