@@ -43,9 +43,8 @@ def build_dataset(split_cfg: DatasetConfig, data_cfg: DataConfig, *,
     grid_for(spec.image_size, spec.max_objects)  # raises now if the objects cannot fit the image
     if split_cfg.kind == "mixed":
         kinds = mixed_kinds(split_cfg.num_samples, split_cfg.seed, data_cfg.mix)
-        _check_video(spec, kinds)
-        return SyntheticDataset(kinds, split_cfg.seed, spec)
-    kinds = [split_cfg.kind] * split_cfg.num_samples
+    else:
+        kinds = [split_cfg.kind] * split_cfg.num_samples
     _check_video(spec, kinds)
     return SyntheticDataset(kinds, split_cfg.seed, spec)
 
