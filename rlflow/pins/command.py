@@ -1,0 +1,210 @@
+"""`rlflow check-pins`: walk -> parse -> compare -> report (and `--fix`); the pre-commit hook.
+
+Exit codes: 0 consistent (warnings allowed), 1 findings (or a refused --fix), 2 unusable
+input (not a git repository, missing or malformed pyproject.toml/.gitmodules, bad policy).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import click
+
+from rlflow.errors import EXIT_FINDINGS, EXIT_OK, RlflowError, print_diagnostics
+
+EPILOG = """\b
+Examples:
+  rlflow check-pins                      # the repository you are in
+  rlflow check-pins --example            # the bundled emerging-optimizers incident (exits 1)
+  rlflow check-pins --example --fix      # ... and its fix, as a diff
+  rlflow check-pins --strict --format json --repo ../trainer
+
+\b
+Finding codes: RF001 conflicting git URL/rev, RF002 submodule URL pin not declared at the
+root, RF003 index URL mismatch, RF004 disjoint versions, RF005 lockstep drift, RF006 gitlink
+!= checkout, RF007 uninitialized submodule, RF008 uncommitted submodule pyproject, RF009
+stale policy entry. Policy: [tool.rlflow.pins] in the root pyproject.toml (see README).
+"""
+
+
+@click.command("check-pins", epilog=EPILOG)
+@click.option("--repo", type=click.Path(path_type=Path, file_okay=False), default=Path("."),
+              help="The repository to check (or any directory inside it).  [default: .]")
+@click.option("--strict", is_flag=True,
+              help="Treat warnings (e.g. uninitialized submodules) as errors.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: one document for tools (CI, editors).")
+@click.option("--fix", is_flag=True,
+              help="Move root pins to the submodules' values, keeping comments; print the diff.")
+@click.option("--example", is_flag=True,
+              help="Build the bundled example repository (root pins emerging-optimizers v0.2.0, "
+                   "a nested Megatron-LM pins v0.3.0) in a temporary directory and check it.")
+@click.pass_context
+def check_pins(ctx: click.Context, repo: Path, strict: bool, fmt: str, fix: bool,
+               example: bool) -> None:
+    """Check that submodule pyproject pins agree with the root pyproject.
+
+    Walks the git submodules under the repository (nested ones included), reads every
+    pyproject.toml, and reports pins that would make `uv lock` fail or drift: conflicting git
+    revs, index URLs, disjoint versions, and submodules that are not at their recorded commit.
+    """
+    if example and ctx.get_parameter_source("repo") == click.core.ParameterSource.COMMANDLINE:
+        raise click.UsageError("--example checks its own repository: drop --repo")
+    options = Options(strict=strict, fmt=fmt, fix=fix)
+    try:
+        ctx.exit(run_example(options) if example else run(repo, options))
+    except RlflowError as err:
+        _print_usage_error(err, fmt)
+        ctx.exit(err.exit_code)
+
+
+@dataclass(frozen=True)
+class Options:
+    strict: bool = False
+    fmt: str = "text"
+    fix: bool = False
+
+
+@dataclass(frozen=True)
+class Analysis:
+    checkout: object  # model.Checkout
+    root_text: str
+    findings: list
+    allowed: list
+    checked: str  # "3 pyproject.toml files, 2 submodules"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_FINDINGS if any(f.severity == "error" for f in self.findings) else EXIT_OK
+
+
+def run(repo: Path, options: Options) -> int:
+    from rlflow.pins.walk import walk
+
+    checkout = walk(repo)
+    analysis = analyse(checkout, _read_root(checkout.root), options.strict)
+    if options.fix:
+        return fix_and_report(analysis, options)
+    report(analysis, options.fmt)
+    return analysis.exit_code
+
+
+def run_example(options: Options) -> int:
+    from rlflow.pins.example import build_example
+
+    with tempfile.TemporaryDirectory(prefix="rlflow-pins-example-") as tmp:
+        root = build_example(Path(tmp))
+        stream = sys.stderr if options.fmt == "json" else sys.stdout
+        print(f"example repository (temporary, removed on exit): {root}\n", file=stream)
+        return run(root, options)
+
+
+def analyse(checkout, root_text: str, strict: bool) -> Analysis:
+    """Parse every pyproject (the root from `root_text`), compare, apply the policy."""
+    from rlflow.pins.compare import compare
+    from rlflow.pins.parse import load_document, parse_document, read_manifest
+    from rlflow.pins.policy import apply_allowlist, load_policy
+
+    docs = [parse_document("pyproject.toml", root_text)]
+    docs += [load_document(checkout.root, f"{p}/pyproject.toml") for p in checkout.pyprojects[1:]]
+    manifests = [read_manifest(doc, project, checkout.root / project, is_root=project == "")
+                 for doc, project in zip(docs, checkout.pyprojects, strict=True)]
+    policy = load_policy(docs[0])
+    findings, allowed = apply_allowlist(compare(manifests, checkout.submodules, policy), policy)
+    if strict:
+        findings = [replace(f, severity="error") for f in findings]
+    return Analysis(checkout, root_text, findings, allowed, _checked(checkout))
+
+
+def report(analysis: Analysis, fmt: str, extra: dict | None = None) -> None:
+    from rlflow.pins import report as render
+
+    if fmt == "json":
+        document = render.json_document(analysis.findings, analysis.allowed, analysis.checked,
+                                        analysis.exit_code)
+        render.print_json({**document, **(extra or {})})
+    else:
+        render.print_text(analysis.findings, analysis.allowed, analysis.checked,
+                          analysis.checkout.root)
+
+
+def fix_and_report(analysis: Analysis, options: Options) -> int:
+    """Plan every edit; write nothing unless all are unambiguous and the result checks clean."""
+    from rlflow.pins import fix
+
+    plans = [(f, fix.plan(f, analysis.findings)) for f in analysis.findings]
+    refused = [(f, p) for f, p in plans if isinstance(p, fix.Refusal)]
+    edits = [p for _, p in plans if isinstance(p, fix.Edit)]
+    if refused:
+        lines = [f"not fixed [{f.code}] `{f.package}`: {p.reason}" for f, p in refused]
+        _say("\n".join(["--fix refused; pyproject.toml left untouched:", *lines]), options)
+        report(analysis, options.fmt, {"fix": {"applied": False, "refused": lines}})
+        return EXIT_FINDINGS
+    if not edits:
+        report(analysis, options.fmt, {"fix": {"applied": False, "refused": []}})
+        return analysis.exit_code
+    new_text = fix.apply(analysis.root_text, edits)
+    after = analyse(analysis.checkout, new_text, options.strict)
+    left = [f for f in after.findings if isinstance(fix.plan(f, after.findings), fix.Edit)]
+    if left:
+        raise RlflowError(to_internal_error(left))
+    root_file = analysis.checkout.root / "pyproject.toml"
+    try:
+        fix.write_atomically(root_file, new_text, analysis.root_text)
+    except OSError as err:
+        raise RlflowError(_write_error(err)) from None
+    diff = fix.unified_diff(analysis.root_text, new_text, "pyproject.toml")
+    _say(diff + f"fixed {len(edits)} pin{'s' * (len(edits) != 1)} in pyproject.toml\n", options)
+    report(after, options.fmt, {"fix": {"applied": True, "diff": diff, "refused": []}})
+    return after.exit_code
+
+
+def _say(text: str, options: Options) -> None:
+    """Human text for --fix: stdout in text mode, stderr when stdout carries JSON."""
+    print(text, file=sys.stderr if options.fmt == "json" else sys.stdout)
+
+
+def to_internal_error(left: list):
+    from rlflow.errors import Diagnostic
+
+    names = ", ".join(sorted({f"{f.code} `{f.package}`" for f in left}))
+    return Diagnostic("RF107", f"--fix did not resolve {names}; pyproject.toml left untouched",
+                      help="please report this; fix the pins by hand meanwhile")
+
+
+def _write_error(err: OSError):
+    from rlflow.errors import Diagnostic
+
+    return Diagnostic("RF107", f"cannot write pyproject.toml: {err}",
+                      help="nothing was changed; check permissions and run again")
+
+
+def _read_root(root: Path) -> str:
+    try:
+        return (root / "pyproject.toml").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        from rlflow.errors import Diagnostic
+
+        raise RlflowError(Diagnostic("RF102", f"cannot read pyproject.toml: {err}",
+                                     file="pyproject.toml")) from None
+
+
+def _checked(checkout) -> str:
+    subs = checkout.submodules
+    missing = sum(not s.initialized for s in subs)
+    files = len(checkout.pyprojects)
+    text = f"{files} pyproject.toml file{'s' * (files != 1)}, {len(subs)} submodule{'s' * (len(subs) != 1)}"
+    return text + (f" ({missing} not initialized)" if missing else "")
+
+
+def _print_usage_error(err: RlflowError, fmt: str) -> None:
+    if fmt == "json":
+        from rlflow.pins.report import print_json
+
+        print_json({"diagnostics": [d.to_json() for d in err.diagnostics], "allowed": [],
+                    "summary": "unusable input", "exit_code": err.exit_code})
+        return
+    print_diagnostics(err.diagnostics)

@@ -1,0 +1,325 @@
+"""One pyproject.toml -> the pins uv acts on, each with the file:line:column that sets it.
+
+Values come from tomllib (fast, strict); positions from `lines.TomlLines`. Anything check-pins
+cannot read (malformed TOML, a requirement that is not PEP 508, a source with a number where a
+string belongs) is unusable input: an `RlflowError` naming the file, line and key (exit 2).
+
+Only the tables uv honours are read. For the root: dependencies, every extra and group,
+constraint-dependencies, override-dependencies, sources, indexes, dependency-metadata and
+conflicts. For a submodule: dependencies, extras, sources, indexes and its static version;
+uv ignores a dependency's groups and its `[tool.uv]` constraints and overrides, so we do too.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement
+from packaging.requirements import Requirement as Pep508
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+
+from rlflow.errors import Diagnostic, RlflowError
+from rlflow.pins.lines import TomlLines
+from rlflow.pins.model import IndexDef, Location, Manifest, Pin, Requirement
+from rlflow.pins.urls import git_key, normalize_repo, parse_direct_url, path_key
+
+_TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)$|\s*\(at end of document\)$")
+_GIT_REFS = ("rev", "tag", "branch")
+
+
+@dataclass(frozen=True)
+class Document:
+    """A parsed TOML file that can say where each key is."""
+
+    file: str  # relative to the repository root
+    data: dict
+    lines: TomlLines
+
+    def loc(self, path: tuple, needle: re.Pattern | None = None) -> Location:
+        line, column = self.lines.locate(path, needle)
+        return Location(self.file, line, column)
+
+    def bad_value(self, path: tuple, message: str, help: str | None = None) -> RlflowError:
+        where = self.loc(path)
+        key = ".".join(str(p) for p in path)
+        return RlflowError(Diagnostic("RF103", f"{message} (at `{key}`)", file=where.file,
+                                      line=where.line, column=where.column, help=help))
+
+
+def load_document(root: Path, rel_file: str) -> Document:
+    """Read and parse `root/rel_file`; missing, unreadable or malformed -> exit 2."""
+    try:
+        text = (root / rel_file).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RlflowError(Diagnostic("RF101", f"no pyproject.toml at `{rel_file}`", file=rel_file,
+                                     help="run check-pins at the root of a uv project")) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise RlflowError(Diagnostic("RF102", f"cannot read `{rel_file}`: {err}",
+                                     file=rel_file)) from None
+    return parse_document(rel_file, text)
+
+
+def parse_document(rel_file: str, text: str) -> Document:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise _toml_error(rel_file, text, err) from None
+    return Document(rel_file, data, TomlLines(text))
+
+
+def _toml_error(rel_file: str, text: str, err: tomllib.TOMLDecodeError) -> RlflowError:
+    message = str(err)
+    match = _TOML_POSITION.search(message)
+    line = column = None
+    if match and match.group(1):
+        line, column = int(match.group(1)), int(match.group(2))
+    elif match:
+        line = max(len(text.splitlines()), 1)
+    reason = _TOML_POSITION.sub("", message) or "invalid TOML"
+    return RlflowError(Diagnostic("RF102", f"malformed TOML: {reason[:1].lower()}{reason[1:]}",
+                                  file=rel_file, line=line, column=column,
+                                  help="fix the TOML syntax; `python -m tomllib` style parsers "
+                                       "(and uv) reject this file too"))
+
+
+def read_manifest(doc: Document, project: str, abs_dir: Path, is_root: bool) -> Manifest:
+    reader = _Reader(doc, project, str(abs_dir), is_root)
+    return reader.manifest()
+
+
+class _Reader:
+    def __init__(self, doc: Document, project: str, abs_dir: str, is_root: bool):
+        self.doc, self.project, self.abs_dir, self.is_root = doc, project, abs_dir, is_root
+
+    def manifest(self) -> Manifest:
+        name = self.get(("project", "name"), str, None)
+        indexes = self.indexes()
+        urls = {i.name: i.url for i in indexes}
+        return Manifest(
+            project=self.project,
+            file=self.doc.file,
+            name=canonicalize_name(name) if name else None,
+            version_pin=None if self.is_root else self.version_pin(name),
+            requirements=tuple(self.requirements()),
+            sources=tuple(self.sources(urls)),
+            indexes=tuple(indexes),
+            metadata_pins=tuple(self.metadata_pins()) if self.is_root else (),
+            conflicts=tuple(self.conflicts()) if self.is_root else (),
+        )
+
+    # -- typed access ---------------------------------------------------------------------
+    def get(self, path: tuple, kind: type | tuple[type, ...], default: Any) -> Any:
+        value: Any = self.doc.data
+        for i, key in enumerate(path):
+            if not isinstance(value, dict):
+                raise self.doc.bad_value(path[:i], f"expected a table, found {_type_name(value)}")
+            if key not in value:
+                return default
+            value = value[key]
+        return self.check(value, kind, path)
+
+    def check(self, value: Any, kind: type | tuple[type, ...], path: tuple) -> Any:
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.doc.bad_value(path, f"expected {_type_name(kind)}, found {_type_name(value)}")
+        return value
+
+    # -- requirements ---------------------------------------------------------------------
+    def requirement_lists(self):
+        yield ("project", "dependencies"), "dependencies"
+        for extra in self.get(("project", "optional-dependencies"), dict, {}):
+            yield ("project", "optional-dependencies", extra), f"extra:{canonicalize_name(extra)}"
+        if not self.is_root:
+            return  # uv never installs a dependency's groups, constraints or overrides
+        for group in self.get(("dependency-groups",), dict, {}):
+            yield ("dependency-groups", group), f"group:{canonicalize_name(group)}"
+        yield ("tool", "uv", "dev-dependencies"), "group:dev"
+        yield ("tool", "uv", "constraint-dependencies"), "constraint"
+        yield ("tool", "uv", "override-dependencies"), "override"
+
+    def requirements(self) -> list[Requirement]:
+        out = []
+        for path, scope in self.requirement_lists():
+            for i, item in enumerate(self.get(path, list, [])):
+                if scope.startswith("group:") and isinstance(item, dict) and "include-group" in item:
+                    continue  # `{include-group = "x"}`: x's requirements are read on their own
+                text = self.check(item, str, path + (i,))
+                out.append(self.requirement(text, path + (i,), scope))
+        return out
+
+    def requirement(self, text: str, path: tuple, scope: str) -> Requirement:
+        needle = re.compile(r"[\"']\s*(?P<at>)" + re.escape(text.strip()[:60]))
+        try:
+            parsed = Pep508(text)
+        except InvalidRequirement as err:
+            where = self.doc.loc(path, needle)
+            raise RlflowError(Diagnostic(
+                "RF103", f"`{text}` is not a valid requirement: {err}", file=where.file,
+                line=where.line, column=where.column,
+                help="write it as PEP 508: `name[extras] (specifiers) ; markers` or `name @ URL`",
+            )) from None
+        package = canonicalize_name(parsed.name)
+        location = self.doc.loc(path, needle)
+        pin = self.requirement_pin(parsed, package, text, path, location)
+        return Requirement(package, frozenset(canonicalize_name(e) for e in parsed.extras), scope, pin)
+
+    def requirement_pin(self, parsed: Pep508, package: str, text: str, path: tuple,
+                        location: Location) -> Pin | None:
+        origin = _origin(path)
+        common = dict(package=package, origin=origin, location=location, project=self.project,
+                      doc_path=path, marker=str(parsed.marker) if parsed.marker else None,
+                      requirement=text)
+        if parsed.url:
+            url = parse_direct_url(parsed.url, self.abs_dir)
+            return Pin(kind=url.kind, key=url.key, display=parsed.url, url=parsed.url,
+                       repo=url.repo, ref=url.ref, subdirectory=url.subdirectory, **common)
+        if len(parsed.specifier):
+            return Pin(kind="version", key=_spec_key(parsed.specifier),
+                       display=str(parsed.specifier), **common)
+        return None
+
+    # -- [tool.uv.sources] ----------------------------------------------------------------
+    def sources(self, index_urls: dict[str, str]) -> list[tuple[Pin, str | None]]:
+        out = []
+        for raw_name, value in self.get(("tool", "uv", "sources"), dict, {}).items():
+            base = ("tool", "uv", "sources", raw_name)
+            entries = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+            for i, source in entries:
+                path = base if i is None else base + (i,)
+                source = self.check(source, dict, path)
+                pin = self.source_pin(canonicalize_name(raw_name), source, path, index_urls)
+                if pin is not None:
+                    out.append((pin, self.source_scope(source, path)))
+        return out
+
+    def source_scope(self, source: dict, path: tuple) -> str | None:
+        if "extra" in source:
+            return f"extra:{canonicalize_name(self.check(source['extra'], str, path + ('extra',)))}"
+        if "group" in source:
+            return f"group:{canonicalize_name(self.check(source['group'], str, path + ('group',)))}"
+        return None
+
+    def source_pin(self, package: str, source: dict, path: tuple,
+                   index_urls: dict[str, str]) -> Pin | None:
+        for key in ("git", "url", "path", "index", "subdirectory", "marker", *_GIT_REFS):
+            if key in source:
+                self.check(source[key], str, path + (key,))
+        marker = source.get("marker")
+        common = dict(package=package, origin="tool.uv.sources", project=self.project,
+                      doc_path=path, marker=marker)
+        if "git" in source:
+            return self.git_source(source, path, common)
+        if "url" in source:
+            url = parse_direct_url(source["url"], self.abs_dir)
+            return Pin(kind=url.kind, key=url.key, display=source["url"], url=source["url"],
+                       location=self.value_loc(path, "url"), **common)
+        if "path" in source:
+            return Pin(kind="path", key=path_key(source["path"], self.abs_dir),
+                       display=source["path"], location=self.value_loc(path, "path"), **common)
+        if "index" in source:
+            name = source["index"]
+            key = f"index:{index_urls[name]}" if name in index_urls else f"index-name:{name}"
+            return Pin(kind="index", key=key, display=name,
+                       location=self.value_loc(path, "index"), **common)
+        if "workspace" in source:
+            return None  # a workspace member is built from this checkout: nothing to drift
+        raise self.doc.bad_value(path, "a source needs one of `git`, `url`, `path`, `index` or "
+                                 "`workspace`")
+
+    def git_source(self, source: dict, path: tuple, common: dict) -> Pin:
+        refs = [k for k in _GIT_REFS if k in source]
+        if len(refs) > 1:
+            raise self.doc.bad_value(path, f"a git source takes one of rev, tag or branch, "
+                                     f"not {' and '.join(refs)}")
+        ref_key = refs[0] if refs else None
+        ref = source[ref_key] if ref_key else None
+        repo = normalize_repo(source["git"])
+        subdirectory = source.get("subdirectory")
+        return Pin(kind="git", key=git_key(repo, ref, subdirectory), display=ref or source["git"],
+                   url=source["git"], repo=repo, ref_key=ref_key, ref=ref,
+                   subdirectory=subdirectory, location=self.value_loc(path, ref_key or "git"),
+                   **common)
+
+    def value_loc(self, path: tuple, key: str) -> Location:
+        """The value of `key` inside the source at `path` (inline table or [table] form)."""
+        return self.doc.loc(path + (key,), re.compile(rf"\b{re.escape(key)}\s*=\s*(?P<at>)"))
+
+    # -- indexes, metadata, versions, conflicts -------------------------------------------
+    def indexes(self) -> list[IndexDef]:
+        out = []
+        for i, entry in enumerate(self.get(("tool", "uv", "index"), list, [])):
+            path = ("tool", "uv", "index", i)
+            entry = self.check(entry, dict, path)
+            name = self.check(entry["name"], str, path + ("name",)) if "name" in entry else None
+            if "url" not in entry:
+                raise self.doc.bad_value(path, "an index needs a `url`")
+            url = self.check(entry["url"], str, path + ("url",))
+            if name:
+                out.append(IndexDef(name, url, self.doc.loc(path + ("url",)), self.project,
+                                    path + ("url",)))
+        return out
+
+    def metadata_pins(self) -> list[Pin]:
+        out = []
+        for i, entry in enumerate(self.get(("tool", "uv", "dependency-metadata"), list, [])):
+            path = ("tool", "uv", "dependency-metadata", i)
+            entry = self.check(entry, dict, path)
+            if "name" not in entry or "version" not in entry:
+                continue
+            name = self.check(entry["name"], str, path + ("name",))
+            version = self.check(entry["version"], str, path + ("version",))
+            out.append(self.exact_pin(name, version, path + ("version",),
+                                      "tool.uv.dependency-metadata"))
+        return out
+
+    def version_pin(self, name: str | None) -> Pin | None:
+        version = self.get(("project", "version"), str, None)
+        if not name or version is None:
+            return None  # dynamic versions are computed at build time: nothing to compare
+        return self.exact_pin(name, version, ("project", "version"), "project.version")
+
+    def exact_pin(self, name: str, version: str, path: tuple, origin: str) -> Pin:
+        try:
+            spec = SpecifierSet(f"=={version}")
+        except InvalidSpecifier:
+            raise self.doc.bad_value(path, f"`{version}` is not a valid version") from None
+        return Pin(package=canonicalize_name(name), kind="version", key=_spec_key(spec),
+                   display=str(spec), origin=origin, project=self.project, doc_path=path,
+                   location=self.doc.loc(path, re.compile(r"=\s*(?P<at>)")))
+
+    def conflicts(self) -> list[frozenset[str]]:
+        out = []
+        for i, group in enumerate(self.get(("tool", "uv", "conflicts"), list, [])):
+            items = self.check(group, list, ("tool", "uv", "conflicts", i))
+            scopes = set()
+            for j, item in enumerate(items):
+                item = self.check(item, dict, ("tool", "uv", "conflicts", i, j))
+                if "extra" in item and isinstance(item["extra"], str):
+                    scopes.add(f"extra:{canonicalize_name(item['extra'])}")
+                elif "group" in item and isinstance(item["group"], str):
+                    scopes.add(f"group:{canonicalize_name(item['group'])}")
+            out.append(frozenset(scopes))
+        return out
+
+
+def _spec_key(spec: SpecifierSet) -> str:
+    return ",".join(sorted(str(s) for s in spec))
+
+
+def _origin(path: tuple) -> str:
+    """("project", "optional-dependencies", "dev", 3) -> "project.optional-dependencies.dev"."""
+    return ".".join(str(p) for p in path if not isinstance(p, int))
+
+
+def _type_name(value: Any) -> str:
+    names = {str: "a string", list: "an array", dict: "a table", bool: "a boolean",
+             int: "an integer", float: "a number"}
+    if isinstance(value, type):
+        return names.get(value, value.__name__)
+    if isinstance(value, tuple):
+        return " or ".join(_type_name(v) for v in value)
+    return names.get(type(value), type(value).__name__)
