@@ -1,0 +1,241 @@
+"""`rlflow submit`, `status`, `logs` and `cancel`.
+
+submit: load the recipe -> fill it from the flags -> plan -> render -> check everything ->
+(--dry-run: print and stop) -> write the run directory aside -> sbatch --hold -> rename the
+run directory into place -> release the job. Any failure on the way submits nothing and leaves
+nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import click
+
+from rlflow.errors import EXIT_FINDINGS, EXIT_OK, Diagnostic, RlflowError, print_diagnostics
+
+SUBMIT_EPILOG = """\b
+Examples:
+  rlflow submit recipes/vlm_grpo-qwen25vl-3b-clevr-4n8g-megatron-tp2.yaml --nodes 4 --gpus 8 --dry-run
+  rlflow submit recipes/base.yaml grpo.max_num_steps=20 --nodes 8 --gpus 4 --time 02:00:00
+  rlflow submit recipes/base.yaml --nodes 1 --gpus 2 --command "python smoke.py --steps 3"
+  rlflow submit recipes/eval.yaml --nodes 1 --gpus 8 --after 1234
+
+\b
+Each rank runs `<slurm.rlflow_command> train RUN_DIR/recipe.yaml --run-dir RUN_DIR`, or the
+--command given (split into words like a shell would, but not run through a shell: use
+--command "bash -c '...'" for pipes or variables). Ranks get RANK, LOCAL_RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT. Before the time limit they get
+SIGUSR1; a rank that saved and stopped exits 75 and the job requeues itself (at most
+slurm.max_requeues times).
+"""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    loaded: object  # LoadedRecipe, typed loosely to keep this module's imports light
+    plan: object  # JobPlan
+    script: str
+    recipe_text: str
+    warnings: list[Diagnostic]
+    pins_checked: bool
+
+
+@click.command(epilog=SUBMIT_EPILOG)
+@click.argument("recipe", type=click.Path(dir_okay=False))
+@click.argument("overrides", nargs=-1)
+@click.option("--nodes", type=click.IntRange(min=1), required=True,
+              help="Nodes to allocate (fills #SBATCH --nodes and cluster.num_nodes).")
+@click.option("--gpus", type=click.IntRange(min=1), required=True,
+              help="GPUs per node = ranks per node (on CPU-only nodes: ranks per node).")
+@click.option("--time", "time_limit", metavar="TIME",
+              help="Time limit, overriding slurm.time_limit (e.g. 04:00:00).")
+@click.option("--after", multiple=True, metavar="JOBID",
+              help="Start after this job has ended (repeatable); see --dependency-type.")
+@click.option("--dependency-type", default="afterok", show_default=True,
+              type=click.Choice(["afterok", "afterany", "afternotok"]),
+              help="What --after waits for: success, any end, or failure.")
+@click.option("--command", "rank_command", metavar="COMMAND",
+              help="Run this command on every rank instead of `rlflow train` (smoke tests).")
+@click.option("--dry-run", is_flag=True,
+              help="Print the script and the resolved recipe, run every check, submit nothing.")
+@click.option("--skip-pin-check", is_flag=True, help="Submit even if check-pins finds drift.")
+@click.option("--parsable", is_flag=True, help="Print only the job id.")
+@click.pass_context
+def submit(ctx: click.Context, recipe: str, overrides: tuple[str, ...], nodes: int, gpus: int,
+           time_limit: str | None, after: tuple[str, ...], dependency_type: str,
+           rank_command: str | None, dry_run: bool, skip_pin_check: bool, parsable: bool) -> None:
+    """Render a recipe to an sbatch script and submit it.
+
+    RECIPE is a recipe file (recipes/*.yaml); OVERRIDES are dotted key=value pairs applied on
+    top of it, e.g. grpo.max_num_steps=20.
+    """
+    from rlflow.launch.plan import SubmitFlags
+
+    flags = SubmitFlags(nodes=nodes, gpus=gpus, time=time_limit, after=after,
+                        dependency_type=dependency_type, command=rank_command)
+    prepared = prepare(Path(recipe), overrides, flags, skip_pins=skip_pin_check)
+    if prepared.warnings:
+        print_diagnostics(prepared.warnings)
+    if dry_run:
+        show_dry_run(prepared)
+        ctx.exit(EXIT_OK)
+    job_id, run_dir = submit_prepared(prepared)
+    show_submitted(prepared, job_id, run_dir, parsable)
+    ctx.exit(EXIT_OK)
+
+
+def prepare(recipe: Path, overrides: tuple[str, ...], flags, *, skip_pins: bool,
+            cwd: str | None = None, now: datetime | None = None, token: str | None = None) -> Prepared:
+    """Everything up to the submission; raises with every problem found (nothing is written)."""
+    from rlflow.launch.check import check_all
+    from rlflow.launch.plan import apply_flags, make_plan
+    from rlflow.launch.render import render
+    from rlflow.recipe.checks import check_recipe
+    from rlflow.recipe.load import dump_recipe, load_recipe
+
+    cwd = cwd or os.getcwd()
+    loaded = load_recipe(recipe, overrides)
+    loaded, problems = apply_flags(loaded, flags)
+    problems += check_recipe(loaded)
+    _raise_on_errors(problems)
+    plan = make_plan(loaded, flags, cwd=cwd, python=sys.executable, now=now or datetime.now(),
+                     token=token or secrets.token_hex(3))
+    script = render(plan)
+    problems += check_all(loaded, plan, script, skip_pins=skip_pins, repo_root=Path(cwd))
+    _raise_on_errors(problems)
+    recipe_text = f"# resolved by `rlflow submit` from {recipe}\n" + dump_recipe(loaded.data)
+    return Prepared(loaded, plan, script, recipe_text, problems, pins_checked=not skip_pins)
+
+
+def _raise_on_errors(problems: list[Diagnostic]) -> None:
+    if any(p.severity == "error" for p in problems):
+        raise RlflowError(problems)
+
+
+def show_dry_run(prepared: Prepared) -> None:
+    plan = prepared.plan
+    out = click.echo
+    out(f"# ---- script.sbatch (rendered; would be written to {plan.run_dir}) ----")
+    out(prepared.script, nl=False)
+    out("# ---- recipe.yaml (resolved) ----")
+    out(prepared.recipe_text, nl=False)
+    out("# ---- summary ----")
+    out(_summary(plan))
+    checks = ["recipe", "flags vs cluster", f"parallelism fits {plan.world_size} ranks",
+              "sbatch values", "paths", "pins" if prepared.pins_checked else "", "bash -n"]
+    out("checks:     " + ", ".join(c for c in checks if c) + ": ok"
+        + ("" if prepared.pins_checked else " (pin check skipped: --skip-pin-check)"))
+    out("dry run: nothing submitted, no Slurm controller contacted")
+
+
+def _summary(plan) -> str:
+    hours = plan.time_limit_seconds / 3600
+    return "\n".join([
+        f"run dir:    {plan.run_dir}",
+        f"job:        {plan.job_name!r}: {plan.num_nodes} nodes x {plan.gpus_per_node} GPUs = "
+        f"{plan.world_size} ranks, time limit {plan.time_limit}",
+        f"GPU-hours:  {plan.gpu_hours:.1f} ({plan.num_nodes} nodes x {plan.gpus_per_node} GPUs x "
+        f"{hours:.2f} h)",
+        f"each rank:  {' '.join(plan.rank_command)}",
+    ])
+
+
+def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
+    """Write the run directory aside, sbatch it on hold, rename it into place, release the job."""
+    from rlflow.launch import rundir, slurm
+
+    plan = prepared.plan
+    files = {"script.sbatch": prepared.script, "recipe.yaml": prepared.recipe_text,
+             "git.json": rundir.git_json(plan.workdir)}
+    staged = rundir.stage(plan.run_dir, files)
+    try:
+        job_id = slurm.sbatch_held(staged.script)
+    except BaseException:
+        staged.discard()
+        raise
+    try:
+        final = staged.publish(job_id)
+        slurm.release(job_id)
+    except BaseException:
+        slurm.cancel(job_id)
+        staged.discard()
+        rundir.remove_published(staged.final)
+        raise
+    return job_id, final
+
+
+def show_submitted(prepared: Prepared, job_id: str, run_dir: Path, parsable: bool) -> None:
+    if parsable:
+        click.echo(job_id)
+        return
+    plan = prepared.plan
+    click.echo(f"submitted job {job_id}: {plan.num_nodes} nodes x {plan.gpus_per_node} GPUs, "
+               f"time limit {plan.time_limit} ({plan.gpu_hours:.1f} GPU-hours)")
+    click.echo(f"run dir: {run_dir}")
+    click.echo(f"logs:    {run_dir / 'logs' / 'rank-0.log'}   (rlflow logs {job_id} --follow)")
+
+
+# --- status, logs, cancel ----------------------------------------------------------------------
+
+JOB_HELP = "JOB is a job id or a run directory (which holds the job id)."
+
+
+@click.command(epilog="\b\nExamples:\n  rlflow status 1234\n  rlflow status runs/clevr-20260101-120000-a1b2c3")
+@click.argument("job")
+@click.pass_context
+def status(ctx: click.Context, job: str) -> None:
+    """Show the state of a submitted job.
+
+    JOB is a job id or a run directory (which holds the job id).
+    """
+    from rlflow.launch import jobs
+
+    ref = jobs.resolve(job)
+    click.echo(jobs.describe(ref))
+    ctx.exit(EXIT_OK)
+
+
+@click.command(epilog="\b\nExamples:\n  rlflow logs 1234 --follow\n  rlflow logs 1234 --rank 3\n"
+                      "  rlflow logs 1234 --batch")
+@click.argument("job")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing as the log grows, until the job ends (exit 0 if it completed).")
+@click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Whose log to print.")
+@click.option("--batch", is_flag=True, help="Print the batch script's log (slurm-<job>.out) instead.")
+@click.pass_context
+def logs(ctx: click.Context, job: str, follow: bool, rank: int, batch: bool) -> None:
+    """Print (or follow) a job's training log.
+
+    JOB is a job id or a run directory (which holds the job id).
+    """
+    from rlflow.launch import jobs
+
+    ref = jobs.resolve(job)
+    path = jobs.log_path(ref, rank=rank, batch=batch)
+    if not follow:
+        jobs.print_log(path)
+        ctx.exit(EXIT_OK)
+    state = jobs.follow(path, ref.job_id)
+    ctx.exit(EXIT_OK if state == "COMPLETED" else EXIT_FINDINGS)
+
+
+@click.command(epilog="\b\nExamples:\n  rlflow cancel 1234\n  rlflow cancel runs/clevr-20260101-120000-a1b2c3")
+@click.argument("job")
+@click.pass_context
+def cancel(ctx: click.Context, job: str) -> None:
+    """Cancel a submitted job.
+
+    JOB is a job id or a run directory (which holds the job id).
+    """
+    from rlflow.launch import jobs
+
+    ref = jobs.resolve(job)
+    click.echo(jobs.cancel(ref))
+    ctx.exit(EXIT_OK)

@@ -1,0 +1,145 @@
+"""What `rlflow status`, `logs` and `cancel` do with a job: find it, describe it, follow it.
+
+A job is named by its id or by its run directory (which holds `job_id`). The run directory of
+a job id comes from Slurm's record of the job's output file (RUN_DIR/logs/slurm-<id>.out).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
+from rlflow.launch import slurm
+from rlflow.launch.rundir import JOB_ID_FILE
+
+FOLLOW_READ_SECONDS = 0.5
+FOLLOW_STATE_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class JobRef:
+    job_id: str
+    run_dir: Path | None
+
+
+def resolve(text: str) -> JobRef:
+    """A job id or a run directory -> the job id and, where it can be found, the run directory."""
+    if text.isdigit():
+        return JobRef(text, _run_dir_of(text))
+    path = Path(text)
+    id_file = path / JOB_ID_FILE
+    if id_file.is_file():
+        return JobRef(id_file.read_text().strip(), path.resolve())
+    raise RlflowError(Diagnostic(
+        "jobs.unknown", f"`{text}` is neither a job id nor a run directory with a `{JOB_ID_FILE}` file",
+        help="pass the number `rlflow submit` printed, or the run directory it created"))
+
+
+def _run_dir_of(job_id: str) -> Path | None:
+    fields = slurm.job_fields(job_id)
+    stdout = Path(fields.get("StdOut", "")) if fields else None
+    if stdout and stdout.parent.name == "logs" and (stdout.parent.parent / JOB_ID_FILE).is_file():
+        return stdout.parent.parent
+    return None
+
+
+def describe(ref: JobRef) -> str:
+    """A few lines: state, time, nodes, restarts, where the logs are, the first failure."""
+    fields = slurm.job_fields(ref.job_id)
+    if fields is not None:
+        lines = [f"job {ref.job_id} ({fields.get('JobName', '?')}): {fields.get('JobState', '?')}"
+                 f", {fields.get('RunTime', '?')} of {fields.get('TimeLimit', '?')}"
+                 f", nodes {fields.get('NodeList', '?')}",
+                 f"  reason: {fields.get('Reason', '?')}   exit code: {fields.get('ExitCode', '?')}"
+                 f"   restarts: {fields.get('Restarts', '0')}"]
+        if fields.get("Dependency", "(null)") != "(null)":
+            lines.append(f"  waits for: {fields['Dependency']}")
+    else:
+        record = slurm.accounting(ref.job_id)
+        if record is None:
+            raise RlflowError(Diagnostic(
+                "jobs.not-found", f"Slurm knows no job {ref.job_id} (neither scontrol nor sacct)",
+                help="check the id; SLURM_CONF picks the cluster"), EXIT_FINDINGS)
+        lines = [f"job {ref.job_id} ({record['JobName']}): {record['State']}, {record['Elapsed']} of "
+                 f"{record['Timelimit']}, nodes {record['NodeList']}",
+                 f"  exit code: {record['ExitCode']}   started {record['Start']}, ended {record['End']}"]
+    if ref.run_dir is not None:
+        lines += [f"  run dir: {ref.run_dir}",
+                  f"  logs:    {ref.run_dir / 'logs' / 'rank-0.log'} (rank 0), "
+                  f"{ref.run_dir / 'logs' / f'slurm-{ref.job_id}.out'} (batch script)"]
+        lines += [f"  failure: {line}" for line in _failures(ref.run_dir)]
+    return "\n".join(lines)
+
+
+def _failures(run_dir: Path) -> list[str]:
+    """The first failure of each attempt, as the node launcher recorded it."""
+    found = []
+    for path in sorted(run_dir.glob("status/attempt-*/first-failure")):
+        text = path.read_text(errors="replace").splitlines()
+        if len(text) > 1:
+            found.append(f"{path.parent.name}: {text[1]}")
+    return found
+
+
+def log_path(ref: JobRef, rank: int, batch: bool) -> Path:
+    if ref.run_dir is None:
+        raise RlflowError(Diagnostic(
+            "jobs.no-run-dir", f"cannot find the run directory of job {ref.job_id}",
+            help="Slurm no longer shows the job (or it was not submitted by rlflow): "
+                 "pass the run directory instead of the job id"), EXIT_FINDINGS)
+    name = f"slurm-{ref.job_id}.out" if batch else f"rank-{rank}.log"
+    return ref.run_dir / "logs" / name
+
+
+def print_log(path: Path) -> None:
+    if not path.is_file():
+        raise RlflowError(Diagnostic(
+            "jobs.no-log", f"{path} does not exist (yet)",
+            help="a pending job has no logs; `rlflow status` shows its state, "
+                 "`rlflow logs JOB --follow` waits for them"), EXIT_FINDINGS)
+    with open(path, "rb") as log:
+        sys.stdout.buffer.write(log.read())
+    sys.stdout.flush()
+
+
+def follow(path: Path, job_id: str) -> str:
+    """Print `path` as it grows until the job reaches a final state; that state."""
+    position = 0
+    last_check = 0.0
+    while True:
+        position = _print_new(path, position)
+        if time.monotonic() - last_check >= FOLLOW_STATE_SECONDS:
+            last_check = time.monotonic()
+            state = slurm.job_state(job_id)
+            if state is None or state in slurm.FINAL_STATES:
+                time.sleep(FOLLOW_READ_SECONDS)  # the last lines may still be on their way
+                _print_new(path, position)
+                print(f"rlflow: job {job_id} ended: {state or 'unknown'}", file=sys.stderr)
+                return state or "UNKNOWN"
+        time.sleep(FOLLOW_READ_SECONDS)
+
+
+def _print_new(path: Path, position: int) -> int:
+    try:
+        with open(path, "rb") as log:
+            log.seek(position)
+            data = log.read()
+    except FileNotFoundError:
+        return position
+    if data:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    return position + len(data)
+
+
+def cancel(ref: JobRef) -> str:
+    state = slurm.job_state(ref.job_id)
+    if state in slurm.FINAL_STATES:
+        return f"job {ref.job_id} has already ended ({state}): nothing to cancel"
+    result = slurm.cancel(ref.job_id)
+    if result.returncode != 0:
+        raise slurm.failed(f"scancel could not cancel job {ref.job_id}", result)
+    return f"cancelled job {ref.job_id} (was {state or 'unknown'})"

@@ -1,0 +1,206 @@
+"""Recipe + submit flags -> JobPlan: every value the sbatch script needs, computed once.
+
+`--nodes` and `--gpus` are the single source of truth for the job's shape: they fill the
+#SBATCH lines, the ranks the node launcher starts, and the recipe's `cluster` section. A recipe
+that says otherwise is an error here, before anything is rendered or submitted.
+
+Pure: the clock, the random token, the working directory and the interpreter are arguments,
+so the same inputs always give the same plan (the golden tests rely on it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from datetime import datetime
+
+from rlflow.errors import Diagnostic
+from rlflow.recipe.checks import parse_time_limit
+from rlflow.recipe.load import LoadedRecipe, Origin, with_values
+
+# Rendezvous ports stay below 9000: on some clusters the ephemeral range starts there, and a
+# port derived from the job id keeps two jobs sharing a node from colliding (NeMo-RL's plan).
+MASTER_PORT_BASE = 1400
+MASTER_PORT_SPAN = 600
+DEPENDENCY_TYPES = ("afterok", "afterany", "afternotok")
+_JOB_ID = re.compile(r"^\d+(_\d+)?$")
+
+
+@dataclass(frozen=True)
+class SubmitFlags:
+    """The command-line half of a submission (the recipe is the other half)."""
+
+    nodes: int
+    gpus: int  # GPUs per node; on CPU-only nodes, ranks per node
+    time: str | None = None  # overrides slurm.time_limit
+    after: tuple[str, ...] = ()  # job ids this job waits for
+    dependency_type: str = "afterok"
+    command: str | None = None  # a custom per-rank command instead of `rlflow train`
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything the template places. Strings and numbers only; the template computes nothing."""
+
+    job_name: str
+    num_nodes: int
+    gpus_per_node: int
+    world_size: int
+    time_limit: str
+    time_limit_seconds: int
+    gpu_hours: float
+    partition: str | None
+    account: str | None
+    qos: str | None
+    cpus_per_task: int | None
+    mem: str | None
+    extra_sbatch_args: tuple[str, ...]
+    dependency: str | None  # e.g. "afterok:12:13"
+    requeue_flag: str  # "--requeue" or "--no-requeue"
+    signal_grace_seconds: int
+    max_requeues: int
+    container_image: str | None
+    container_mounts: str | None  # pyxis' comma-separated list
+    env: tuple[tuple[str, str], ...]
+    setup_command: str | None
+    workdir: str  # the job runs here (the directory `rlflow submit` ran in)
+    run_dir: str
+    log_dir: str
+    batch_log: str  # sbatch --output pattern (%j = job id; a literal % is escaped)
+    python: str  # the interpreter that runs the node launcher
+    rank_command: tuple[str, ...]
+    master_port_base: int
+    master_port_span: int
+
+
+def apply_flags(loaded: LoadedRecipe, flags: SubmitFlags) -> tuple[LoadedRecipe, list[Diagnostic]]:
+    """The recipe with `cluster` (and `slurm.time_limit` for --time) filled from the flags.
+
+    A recipe that sets `cluster.*` to something else than the flags is an error: two sources
+    for the job's shape is how jobs end up waiting for ranks that were never started. Returns
+    the problems instead of raising, so that one run reports them with the recipe's own.
+    """
+    conflicts = _cluster_conflicts(loaded, flags)
+    problems = conflicts + _flag_problems(flags)
+    filled = loaded
+    if not conflicts:
+        filled = with_values(filled, {("cluster", "num_nodes"): flags.nodes,
+                                      ("cluster", "gpus_per_node"): flags.gpus},
+                             Origin(f"submit --nodes {flags.nodes} --gpus {flags.gpus}"))
+    if flags.time is not None and parse_time_limit(flags.time):
+        filled = with_values(filled, {("slurm", "time_limit"): flags.time},
+                             Origin(f"submit --time {flags.time}"))
+    return filled, problems
+
+
+def make_plan(loaded: LoadedRecipe, flags: SubmitFlags, *, cwd: str, python: str,
+              now: datetime, token: str) -> JobPlan:
+    """The job's plan; `loaded` must already carry the flags (see `apply_flags`)."""
+    recipe = loaded.recipe
+    slurm = recipe.slurm
+    run_dir = _run_dir(recipe.run.output_dir, recipe.run.name, cwd, now, token)
+    log_dir = os.path.join(run_dir, "logs")
+    seconds = parse_time_limit(slurm.time_limit)
+    assert seconds is not None, "check_recipe validates slurm.time_limit before planning"
+    return JobPlan(
+        job_name=recipe.run.name,
+        num_nodes=flags.nodes,
+        gpus_per_node=flags.gpus,
+        world_size=flags.nodes * flags.gpus,
+        time_limit=slurm.time_limit,
+        time_limit_seconds=seconds,
+        gpu_hours=flags.nodes * flags.gpus * seconds / 3600,
+        partition=slurm.partition,
+        account=slurm.account,
+        qos=slurm.qos,
+        cpus_per_task=slurm.cpus_per_task,
+        mem=slurm.mem,
+        extra_sbatch_args=tuple(slurm.extra_sbatch_args),
+        dependency=f"{flags.dependency_type}:{':'.join(flags.after)}" if flags.after else None,
+        requeue_flag="--requeue" if slurm.max_requeues > 0 else "--no-requeue",
+        signal_grace_seconds=slurm.signal_grace_seconds,
+        max_requeues=slurm.max_requeues,
+        container_image=slurm.container_image,
+        container_mounts=",".join(slurm.container_mounts) if slurm.container_mounts else None,
+        env=tuple(slurm.env.items()),
+        setup_command=slurm.setup_command,
+        workdir=cwd,
+        run_dir=run_dir,
+        log_dir=log_dir,
+        batch_log=os.path.join(log_dir, "slurm-").replace("%", "%%") + "%j.out",
+        python=python,
+        rank_command=_rank_command(slurm.rlflow_command, flags.command, run_dir),
+        master_port_base=MASTER_PORT_BASE,
+        master_port_span=MASTER_PORT_SPAN,
+    )
+
+
+def run_dir_name(name: str, now: datetime, token: str) -> str:
+    """`{run.name}-{YYYYmmdd-HHMMSS}-{token}`, with characters unsafe in a file name replaced."""
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "run"
+    return f"{safe}-{now:%Y%m%d-%H%M%S}-{token}"
+
+
+def _run_dir(output_dir: str, name: str, cwd: str, now: datetime, token: str) -> str:
+    return os.path.join(cwd, output_dir, run_dir_name(name, now, token))
+
+
+def _rank_command(rlflow_command: str, custom: str | None, run_dir: str) -> tuple[str, ...]:
+    """What every rank runs: `rlflow train RUN_DIR/recipe.yaml --run-dir RUN_DIR` by default."""
+    if custom is not None:
+        return tuple(shlex.split(custom))
+    recipe = os.path.join(run_dir, "recipe.yaml")
+    return (*shlex.split(rlflow_command), "train", recipe, "--run-dir", run_dir)
+
+
+def _cluster_conflicts(loaded: LoadedRecipe, flags: SubmitFlags) -> list[Diagnostic]:
+    cluster = loaded.recipe.cluster
+    problems = []
+    for key, flag, wanted in (("num_nodes", "--nodes", flags.nodes),
+                              ("gpus_per_node", "--gpus", flags.gpus)):
+        value = getattr(cluster, key)
+        if value is not None and value != wanted:
+            problems.append(loaded.diagnostic(
+                ("cluster", key), "submit.cluster-conflict",
+                f"`cluster.{key}` is {value} in the recipe, but `{flag} {wanted}` was given",
+                help=f"`{flag}` decides the job's shape: remove `cluster.{key}` from the recipe "
+                     f"(submit fills it in), or pass `{flag} {value}`"))
+    return problems
+
+
+def _flag_problems(flags: SubmitFlags) -> list[Diagnostic]:
+    problems = []
+    if flags.time is not None and not parse_time_limit(flags.time):
+        problems.append(_flag_error(
+            "submit.time", f"`--time {flags.time}` is not a Slurm time limit",
+            "use minutes, MM:SS, HH:MM:SS or D-HH:MM:SS, e.g. --time 04:00:00"))
+    for job in flags.after:
+        if not _JOB_ID.match(job):
+            problems.append(_flag_error(
+                "submit.after", f"`--after {job}` is not a job id",
+                "pass the number `rlflow submit` printed, e.g. --after 1234"))
+    if flags.dependency_type not in DEPENDENCY_TYPES:
+        problems.append(_flag_error(
+            "submit.dependency-type", f"`--dependency-type {flags.dependency_type}` is not known",
+            "use one of " + ", ".join(DEPENDENCY_TYPES)))
+    if flags.command is not None:
+        problems += _command_problems(flags.command)
+    return problems
+
+
+def _command_problems(command: str) -> list[Diagnostic]:
+    try:
+        words = shlex.split(command)
+    except ValueError as err:
+        return [_flag_error("submit.command", f"cannot split `--command {command}` into words: {err}",
+                            "quote it like a shell command line, e.g. --command \"python x.py --a 1\"")]
+    if not words:
+        return [_flag_error("submit.command", "`--command` is empty",
+                            "give the program each rank runs, e.g. --command \"python x.py\"")]
+    return []
+
+
+def _flag_error(code: str, message: str, help: str) -> Diagnostic:
+    return Diagnostic(code=code, message=message, file="command line", help=help)

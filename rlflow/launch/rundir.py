@@ -1,0 +1,116 @@
+"""The run directory: written completely under a temporary name, then renamed into place.
+
+    RUN_DIR/script.sbatch   the rendered script, exactly as submitted
+    RUN_DIR/recipe.yaml     the resolved recipe (cluster filled from --nodes/--gpus)
+    RUN_DIR/git.json        commit, dirty flag and submodule commits of the submit directory
+    RUN_DIR/job_id          the Slurm job id
+    RUN_DIR/logs/           slurm-<job id>.out (the batch script) and rank-<N>.log
+    RUN_DIR/status/         per attempt: first-failure, stopped-node-<K> (node launcher)
+
+A reader never sees a half-written run directory, and a failed sbatch leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+GIT_TIMEOUT_SECONDS = 30
+JOB_ID_FILE = "job_id"
+
+
+@dataclass(frozen=True)
+class StagedRun:
+    """A complete run directory under a temporary name next to its final place."""
+
+    temp: Path
+    final: Path
+
+    @property
+    def script(self) -> Path:
+        return self.temp / "script.sbatch"
+
+    def publish(self, job_id: str) -> Path:
+        """Record the job id and move the directory to its final name (one rename)."""
+        (self.temp / JOB_ID_FILE).write_text(job_id + "\n")
+        os.rename(self.temp, self.final)
+        return self.final
+
+    def discard(self) -> None:
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def stage(run_dir: str, files: dict[str, str]) -> StagedRun:
+    """Write `files` (name -> text) and an empty logs/ into a temporary sibling of `run_dir`."""
+    final = Path(run_dir)
+    if final.exists():
+        raise FileExistsError(f"run directory {final} already exists")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    temp = final.parent / f".{final.name}.staging"
+    temp.mkdir()
+    try:
+        (temp / "logs").mkdir()
+        for name, text in files.items():
+            (temp / name).write_text(text, encoding="utf-8")
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    return StagedRun(temp, final)
+
+
+def remove_published(run_dir: Path) -> None:
+    """Undo `publish` when the job could not be released (the job is cancelled by then)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def git_state(directory: str) -> dict:
+    """Commit, dirty flag and submodule commits of the repository `directory` is in."""
+    top = _git_line(directory, "rev-parse", "--show-toplevel")
+    if top is None:
+        return {"repository": None, "note": f"{directory} is not inside a git repository"}
+    head = _git_line(top, "rev-parse", "--verify", "--quiet", "HEAD")
+    changes = _git(top, "status", "--porcelain=v1", "--untracked-files=no") or ""
+    return {
+        "repository": top,
+        "commit": head,
+        "dirty": bool(changes.strip()),
+        "changed_files": [line[3:] for line in changes.splitlines()],
+        "submodules": _submodules(top),
+    }
+
+
+def _submodules(top: str) -> list[dict]:
+    """`git submodule status --recursive` as records; state says whether the checkout matches."""
+    states = {" ": "matches", "+": "differs from the recorded commit", "-": "not initialized",
+              "U": "merge conflict"}
+    out = _git(top, "submodule", "status", "--recursive") or ""
+    records = []
+    for line in out.splitlines():
+        if len(line) < 42:
+            continue
+        commit, _, rest = line[1:].partition(" ")
+        records.append({"path": rest.split(" (")[0], "commit": commit,
+                        "state": states.get(line[0], line[0])})
+    return records
+
+
+def _git(directory: str, *args: str) -> str | None:
+    try:
+        result = subprocess.run(["git", "-C", directory, *args], capture_output=True, text=True,
+                                timeout=GIT_TIMEOUT_SECONDS)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
+def _git_line(directory: str, *args: str) -> str | None:
+    out = _git(directory, *args)
+    return out.strip() or None if out is not None else None
+
+
+def git_json(directory: str) -> str:
+    return json.dumps(git_state(directory), indent=2) + "\n"
