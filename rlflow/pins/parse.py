@@ -246,7 +246,10 @@ class _Reader:
 
     def value_loc(self, path: tuple, key: str) -> Location:
         """The value of `key` inside the source at `path` (inline table or [table] form)."""
-        return self.doc.loc(path + (key,), re.compile(rf"\b{re.escape(key)}\s*=\s*(?P<at>)"))
+        where = self.doc.loc(path + (key,), re.compile(rf"\b{re.escape(key)}\s*=\s*(?P<at>)"))
+        if key in ("url", "git"):  # a caret under `"https` helps nobody: underline the line
+            return Location(where.file, where.line)
+        return where
 
     # -- indexes, metadata, versions, conflicts -------------------------------------------
     def indexes(self) -> list[IndexDef]:
@@ -259,7 +262,7 @@ class _Reader:
                 raise self.doc.bad_value(path, "an index needs a `url`")
             url = self.check(entry["url"], str, path + ("url",))
             if name:
-                out.append(IndexDef(name, url, self.doc.loc(path + ("url",)), self.project,
+                out.append(IndexDef(name, url, self.value_loc(path, "url"), self.project,
                                     path + ("url",)))
         return out
 

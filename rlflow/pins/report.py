@@ -16,7 +16,8 @@ from rlflow.pins.model import Finding, IndexDef, Pin
 
 UV_SAYS = {
     "RF001": "uv lock would fail: Requirements contain conflicting URLs for package `{package}`",
-    "RF003": "uv lock would fail: Requirements contain conflicting indexes for package ...",
+    "RF003": "uv lock would fail for packages from this index: Requirements contain "
+    "conflicting indexes",
     "RF004": "uv lock would fail: No solution found when resolving dependencies",
 }
 
@@ -144,7 +145,7 @@ def _rf003(f: Finding):
     if isinstance(f.ours, IndexDef):
         theirs = " / ".join(sorted({t.url for t in f.theirs}))
         return (f"index `{f.ours.name}` has two URLs: {_who(f.ours)} says `{f.ours.url}`, "
-                f"{_whose(f.theirs)} `{theirs}` (uv compares index URLs verbatim: a trailing "
+                f"{_whose(f.theirs)} says `{theirs}` (uv compares index URLs verbatim: a trailing "
                 "slash is a conflict)", None)
     theirs = " / ".join(sorted({t.display for t in f.theirs}))
     return (f"`{f.package}` comes from index `{f.ours.display}` in {_who(f.ours)} but from "
