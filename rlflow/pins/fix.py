@@ -28,10 +28,17 @@ _REQUIREMENT_HEAD = re.compile(r"^(?P<head>\s*[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[^
 
 
 @dataclass(frozen=True)
-class Edit:
-    """Set (value) or delete (None) each TOML path in the root document."""
+class Change:
+    """Set `path` to `value` (delete it when None), renaming its key to `rename_to` if given."""
 
-    changes: tuple[tuple[tuple[str | int, ...], str | None], ...]
+    path: tuple[str | int, ...]
+    value: str | None
+    rename_to: str | None = None
+
+
+@dataclass(frozen=True)
+class Edit:
+    changes: tuple[Change, ...]
     description: str  # `set rev = "v0.3.0"`: what the help line tells a human to do
 
 
@@ -59,7 +66,7 @@ def plan(finding: Finding, findings: list[Finding]) -> Edit | Refusal | None:
            and not f.ours.is_root for f in findings):
         return Refusal(f"the submodules disagree about `{finding.package}` among themselves")
     if isinstance(ours, IndexDef):
-        return Edit(((ours.doc_path, theirs[0].url),), f'set url = "{theirs[0].url}"')
+        return Edit((Change(ours.doc_path, theirs[0].url),), f'set url = "{theirs[0].url}"')
     return _pin_edit(finding.code, ours, theirs[0])
 
 
@@ -87,7 +94,7 @@ def _version_edit(code: str, ours: Pin, target: Pin) -> Edit | Refusal:
     if ours.origin == "tool.uv.dependency-metadata":
         if version is None:
             return Refusal("dependency-metadata needs one exact version")
-        return Edit(((ours.doc_path, version),), f'set version = "{version}"')
+        return Edit((Change(ours.doc_path, version),), f'set version = "{version}"')
     match = _REQUIREMENT_HEAD.match(ours.requirement or "")
     if not match:
         return Refusal(f"cannot rewrite the requirement `{ours.requirement}`")
@@ -108,21 +115,26 @@ def _git_edit(ours: Pin, target: Pin) -> Edit | Refusal:
 
 
 def _git_source_edit(ours: Pin, target: Pin) -> Edit:
-    table, changes = ours.doc_path, []
+    table, changes, words = ours.doc_path, [], []
     if ours.repo != target.repo:
-        changes.append((table + ("git",), _strip_git_prefix(_without_ref(target.url, target.ref))))
+        url = _strip_git_prefix(_without_ref(target.url, target.ref))
+        changes.append(Change(table + ("git",), url))
+        words.append(f'git = "{url}"')
     # Keep the root's key when it can hold the new value (`rev` takes a tag, branch or commit).
     key = ours.ref_key if ours.ref_key in ("rev", target.ref_key) else (target.ref_key or "rev")
-    if ours.ref_key and ours.ref_key != key:
-        changes.append((table + (ours.ref_key,), None))
-    if target.ref:
-        changes.append((table + (key,), target.ref))
-    elif ours.ref_key == key:
-        changes.append((table + (key,), None))
+    if ours.ref_key and not target.ref:
+        changes.append(Change(table + (ours.ref_key,), None))
+        words.append(f"remove `{ours.ref_key}`")
+    elif ours.ref_key and ours.ref_key != key:
+        changes.append(Change(table + (ours.ref_key,), target.ref, rename_to=key))
+        words.append(f'{key} = "{target.ref}" (instead of `{ours.ref_key}`)')
+    elif target.ref:
+        changes.append(Change(table + (key,), target.ref))
+        words.append(f'{key} = "{target.ref}"')
     if ours.subdirectory != target.subdirectory:
-        changes.append((table + ("subdirectory",), target.subdirectory))
-    words = [f'{p[-1]} = "{v}"' for p, v in changes if v is not None]
-    words += [f"remove `{p[-1]}`" for p, v in changes if v is None]
+        changes.append(Change(table + ("subdirectory",), target.subdirectory))
+        words.append(f'subdirectory = "{target.subdirectory}"' if target.subdirectory
+                     else "remove `subdirectory`")
     return Edit(tuple(changes), "set " + ", ".join(words))
 
 
@@ -136,7 +148,7 @@ def _requirement_edit(ours: Pin, new: str) -> Edit | Refusal:
         Pep508(new)
     except InvalidRequirement:
         return Refusal(f"cannot rewrite the requirement `{ours.requirement}` safely")
-    return Edit(((ours.doc_path, new),), f'set the requirement to "{new}"')
+    return Edit((Change(ours.doc_path, new),), f'set the requirement to "{new}"')
 
 
 def _strip_git_prefix(url: str) -> str:
@@ -150,22 +162,50 @@ def apply(text: str, edits: list[Edit]) -> str:
 
     doc = tomlkit.parse(text)
     for edit in edits:
-        for path, value in edit.changes:
-            container = doc
-            for key in path[:-1]:
-                container = container[key]
-            _set(tomlkit, container, path[-1], value)
+        for change in edit.changes:
+            _apply_change(tomlkit, doc, change)
     return tomlkit.dumps(doc)
 
 
-def _set(tomlkit, container, key, value: str | None) -> None:
-    if value is None:
+def _apply_change(tomlkit, doc, change: Change) -> None:
+    *parents, key = change.path
+    container = doc
+    for part in parents:
+        container = container[part]
+    if change.value is None:
         if key in container:
             del container[key]
-        return
-    old = container[key] if (isinstance(key, int) or key in container) else None
+    elif change.rename_to is None:
+        old = container[key] if isinstance(key, int) or key in container else None
+        container[key] = _string_like(tomlkit, old, change.value)
+    elif isinstance(container, tomlkit.items.InlineTable):
+        _rename_inline(tomlkit, doc, change)
+    else:
+        del container[key]
+        container[change.rename_to] = change.value
+
+
+def _rename_inline(tomlkit, doc, change: Change) -> None:
+    """Rename a key inside a one-line inline table without touching the rest of its spelling
+    (tomlkit can only delete and append, which leaves stray spaces behind)."""
+    *grand, name, key = change.path
+    parent = doc
+    for part in grand:
+        parent = parent[part]
+    table = parent[name]
+    pattern = re.compile(rf"(?<![\w-]){re.escape(key)}(\s*=\s*)(\"(?:[^\"\\]|\\.)*\"|'[^']*')")
+    value = tomlkit.string(change.value).as_string()
+    text, count = pattern.subn(lambda m: f"{change.rename_to}{m.group(1)}{value}", table.as_string(), 1)
+    assert count == 1, f"{key} not found in {table.as_string()}"  # we located it while parsing
+    item = tomlkit.parse(f"x = {text}")["x"]
+    item.trivia.comment_ws, item.trivia.comment = table.trivia.comment_ws, table.trivia.comment
+    parent[name] = item
+
+
+def _string_like(tomlkit, old, value: str):
+    """A string in the old value's quoting style ('literal' stays literal)."""
     literal = getattr(getattr(old, "type", None), "name", "") in ("SLL", "MLL")
-    container[key] = tomlkit.string(value, literal=literal and "'" not in value)
+    return tomlkit.string(value, literal=literal and "'" not in value)
 
 
 def unified_diff(old: str, new: str, rel_file: str) -> str:
