@@ -177,6 +177,7 @@ def _grpo(loaded: LoadedRecipe) -> list[Diagnostic]:
     positive = [("grpo", "num_prompts_per_step", grpo.num_prompts_per_step),
                 ("grpo", "max_num_steps", grpo.max_num_steps),
                 ("grpo", "max_val_samples", grpo.max_val_samples),
+                ("grpo", "num_minibatches", grpo.num_minibatches),
                 ("optimizer", "micro_batch_size", opt.micro_batch_size),
                 ("warm_start", "batch_size", loaded.recipe.warm_start.batch_size)]
     for section, key, value in positive:
@@ -202,6 +203,12 @@ def _grpo(loaded: LoadedRecipe) -> list[Diagnostic]:
         problems.append(loaded.diagnostic(("loss", "ratio_clip_low"), "recipe.range",
                                           "`loss.ratio_clip_low` must be below 1",
                                           help="the ratio is clipped to [1 - low, 1 + high]"))
+    rollouts = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+    if grpo.num_minibatches >= 1 and rollouts % grpo.num_minibatches:
+        problems.append(loaded.diagnostic(
+            ("grpo", "num_minibatches"), "recipe.range",
+            f"`grpo.num_minibatches` ({grpo.num_minibatches}) does not divide the step's "
+            f"{rollouts} rollouts (num_prompts_per_step x num_generations_per_prompt)"))
     if opt.lr <= 0:
         problems.append(loaded.diagnostic(("optimizer", "lr"), "recipe.range",
                                           "`optimizer.lr` must be positive"))

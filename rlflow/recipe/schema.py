@@ -60,6 +60,7 @@ class GRPOConfig:
     num_prompts_per_step: int
     num_generations_per_prompt: int
     max_num_steps: int
+    num_minibatches: int  # optimizer updates per step; the step's rollouts are split evenly
     normalize_rewards: bool  # divide advantages by the group's std (where std > 0)
     use_leave_one_out_baseline: bool
     val_period: int  # validate every N steps (0: never during training)

@@ -1,0 +1,1 @@
+"""Rollout generation backends behind one small interface (base.py)."""

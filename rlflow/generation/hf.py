@@ -1,0 +1,107 @@
+"""Reference backend: HF transformers `generate` on the policy's weights (exported via the bridge).
+
+Used for parity checks against the Megatron backend and as a fallback (`generation.backend: hf`).
+It keeps its own HF copy of the model; `refresh_weights` re-exports the Megatron policy through
+megatron-bridge into that copy after every optimizer step.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rlflow.generation.base import Completion, GenerationBackend, Prompt, SamplingParams
+from rlflow.generation.placeholders import expanded_token_ids
+from rlflow.model.build import Policy, export_hf_state_dict
+from rlflow.model.forward import Media
+
+
+def hf_module_name(exported: str) -> str:
+    """On-disk checkpoint name (what the bridge exports) -> transformers 5 in-memory name."""
+    if exported.startswith("visual."):
+        return "model." + exported
+    if exported.startswith("model."):
+        return "model.language_model." + exported[len("model."):]
+    return exported
+
+
+def load_hf_model(checkpoint, dtype: torch.dtype, device):
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        str(checkpoint), dtype=dtype, attn_implementation="sdpa")
+    return model.to(device).eval()
+
+
+def copy_policy_into(model, policy: Policy) -> None:
+    """Overwrite an HF model's weights with the Megatron policy's current ones (all must match)."""
+    state = {hf_module_name(k): v for k, v in export_hf_state_dict(policy).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (m == "lm_head.weight" and model.config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"HF weight names do not line up: missing {missing[:5]}, "
+                           f"unexpected {unexpected[:5]}")
+
+
+class HFGeneration(GenerationBackend):
+    name = "hf"
+
+    def __init__(self, policy: Policy, pad_token_id: int, max_batch_size: int):
+        self.policy = policy
+        self.pad_token_id = pad_token_id
+        self.max_batch_size = max_batch_size
+        self.device = next(policy.core.parameters()).device
+        self.model = load_hf_model(policy.checkpoint, policy.dtype, self.device)
+        self.refresh_weights()
+
+    def refresh_weights(self) -> float:
+        start = time.perf_counter()
+        copy_policy_into(self.model, self.policy)
+        return time.perf_counter() - start
+
+    def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
+        out = []
+        for start in range(0, len(prompts), self.max_batch_size):
+            out += self._batch(prompts[start:start + self.max_batch_size], params, params.seed + start)
+        return out
+
+    @torch.no_grad()
+    def _batch(self, prompts: list[Prompt], params: SamplingParams, seed: int) -> list[Completion]:
+        config = self.model.config
+        merge = config.vision_config.spatial_merge_size
+        rows = [expanded_token_ids(p, config.image_token_id, config.video_token_id, merge) for p in prompts]
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, width - len(row):] = torch.tensor(row)
+            attention[i, width - len(row):] = 1
+        token_types = torch.zeros_like(input_ids)
+        token_types[input_ids == config.image_token_id] = 1
+        token_types[input_ids == config.video_token_id] = 2
+        media = Media.concat([p.media for p in prompts]).to(self.device)
+        kwargs = {k: v for k, v in vars(media).items() if v is not None}
+        greedy = params.temperature == 0
+        torch.manual_seed(seed)
+        result = self.model.generate(
+            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
+            mm_token_type_ids=token_types.to(self.device), **kwargs,
+            max_new_tokens=params.max_new_tokens,
+            min_new_tokens=params.max_new_tokens if params.ignore_eos else 0,
+            do_sample=not greedy, temperature=None if greedy else params.temperature,
+            top_p=None if greedy else params.top_p, top_k=None if greedy else (params.top_k or None),
+            eos_token_id=None if params.ignore_eos else list(params.stop_token_ids),
+            pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True)
+        new_tokens = result.sequences[:, width:]
+        logprobs = torch.stack([torch.log_softmax(step.float(), -1) for step in result.logits], 1)
+        chosen = logprobs.gather(2, new_tokens[:, : logprobs.shape[1], None])[..., 0]
+        return [_completion(t, lp, params) for t, lp in zip(new_tokens.tolist(), chosen.tolist())]
+
+
+def _completion(tokens: list[int], logprobs: list[float], params: SamplingParams) -> Completion:
+    if not params.ignore_eos:
+        for i, token in enumerate(tokens):
+            if token in params.stop_token_ids:
+                return Completion(tokens[: i + 1], logprobs[: i + 1], "stop")
+    return Completion(tokens, logprobs, "length")

@@ -1,0 +1,1 @@
+"""Policy models: HF checkpoint <-> Megatron through megatron-bridge, and the CPU compatibility layer."""

@@ -1,0 +1,181 @@
+"""The one place that makes megatron-core 0.19.2 run without a GPU (CPU CI, laptops).
+
+megatron-core hard-codes CUDA in a handful of spots that the local (non-Transformer-Engine)
+model path reaches. `enable()` patches exactly those, and only when no GPU is present; on a
+GPU machine it does nothing. Each patch names the megatron-core code it replaces:
+
+1. `torch.cuda.current_device()` is used as a device by the RoPE `inv_freq` buffer
+   (rotary_pos_embedding.py), the global memory buffer (utils.GlobalMemoryBuffer) and DDP's
+   grad buffers. It returns "cpu" here.
+2. The default causal mask (transformer/utils.get_default_causal_mask, also imported by
+   fusions/fused_softmax.py) allocates with device="cuda". Replaced by a CPU mask.
+3. Gradient clipping (optimizer/clip_grads.py: get_grad_norm_fp32, clip_grad_by_total_norm_fp32)
+   asserts CUDA tensors and allocates on "cuda". Replaced by device-agnostic versions with the
+   same all-reduce semantics, bound where optimizer.py imported them. The optimizer classes
+   (optimizer/optimizer.py) allocate scale and overflow flags with device='cuda': that module
+   alone sees a `torch` whose tensor factories map "cuda" to "cpu".
+4. The model-parallel RNG tracker forks CUDA RNG states (tensor_parallel/random.py). rlflow
+   trains with dropout 0, so `seed_model_parallel_rng` uses megatron's inference tracker,
+   whose fork() is a no-op, instead of model_parallel_cuda_manual_seed.
+5. `torch.cuda.synchronize`, `torch.cuda.Event`, `torch.cuda.empty_cache` and the stream API
+   (`current_stream`, `Stream`, `stream`: DDP's gradient reduction waits on streams,
+   distributed/param_and_grad_buffer.py) become no-ops, so code written for GPUs runs unchanged.
+   That module's `torch.zeros(..., device="cuda")` warm-up buffer gets the same CPU factories
+   as the optimizer (point 3).
+
+rlflow's own generation engine does not use megatron-core's inference controller, so its
+CUDA-only paths (text_generation_controller.py) need no patch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+
+import torch
+
+_enabled = False
+
+
+def needs_compat() -> bool:
+    return not torch.cuda.is_available()
+
+
+def enable() -> bool:
+    """Apply the patches once if there is no GPU; return whether they are active."""
+    global _enabled
+    if _enabled or not needs_compat():
+        return _enabled
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    torch.cuda.empty_cache = lambda *args, **kwargs: None
+    torch.cuda.Event = _NoOpEvent
+    torch.cuda.Stream = _NoOpStream
+    torch.cuda.current_stream = lambda *args, **kwargs: _NoOpStream()
+    torch.cuda.stream = lambda *args, **kwargs: contextlib.nullcontext()
+    _patch_causal_mask()
+    _patch_grad_clipping()
+    _patch_optimizer_allocations()
+    _enabled = True
+    return True
+
+
+def seed_model_parallel_rng(seed: int) -> None:
+    """megatron's model-parallel RNG setup: CUDA states on a GPU, a no-op tracker on CPU."""
+    from megatron.core.tensor_parallel import random as mp_random
+
+    if needs_compat():
+        mp_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    else:
+        mp_random.model_parallel_cuda_manual_seed(seed)
+
+
+class _NoOpEvent:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self, *args, **kwargs):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def wait(self, *args, **kwargs):
+        pass
+
+    def query(self):
+        return True
+
+    def elapsed_time(self, other):
+        return 0.0
+
+
+class _NoOpStream:
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, *args, **kwargs):
+        pass
+
+    def wait_event(self, *args, **kwargs):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def record_event(self, *args, **kwargs):
+        return _NoOpEvent()
+
+
+def _patch_causal_mask() -> None:
+    from megatron.core.fusions import fused_softmax
+    from megatron.core.transformer import utils
+
+    def get_default_causal_mask(sq: int) -> torch.Tensor:
+        return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+    utils.get_default_causal_mask = get_default_causal_mask
+    fused_softmax.get_default_causal_mask = get_default_causal_mask
+
+
+class _TorchWithCpuFactories(types.ModuleType):
+    """`torch` as seen by one megatron module: factories given device='cuda' allocate on CPU."""
+
+    _FACTORIES = ("tensor", "zeros", "ones", "empty", "full", "arange")
+
+    def __getattr__(self, name):
+        value = getattr(torch, name)
+        if name not in self._FACTORIES:
+            return value
+
+        def factory(*args, device=None, **kwargs):
+            if device is not None and str(device).startswith("cuda"):
+                device = "cpu"
+            return value(*args, device=device, **kwargs)
+
+        return factory
+
+
+def _patch_optimizer_allocations() -> None:
+    from megatron.core.distributed import param_and_grad_buffer
+    from megatron.core.optimizer import optimizer
+
+    optimizer.torch = _TorchWithCpuFactories("torch")
+    param_and_grad_buffer.torch = _TorchWithCpuFactories("torch")
+
+
+def _patch_grad_clipping() -> None:
+    from megatron.core.optimizer import clip_grads, optimizer
+    from megatron.core.utils import to_local_if_dtensor
+
+    def get_grad_norm_fp32(grads_for_norm, norm_type=2, grad_stats_parallel_group=None):
+        if isinstance(grads_for_norm, torch.Tensor):
+            grads_for_norm = [grads_for_norm]
+        grads = [to_local_if_dtensor(g).float() for g in grads_for_norm]
+        norm_type = float(norm_type)
+        if norm_type == float("inf"):
+            total = torch.tensor([max((g.abs().max().item() for g in grads), default=0.0)])
+            torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.MAX,
+                                         group=grad_stats_parallel_group)
+            return total.item()
+        total = torch.zeros(1)
+        for g in grads:
+            total += torch.norm(g, norm_type) ** norm_type
+        torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM,
+                                     group=grad_stats_parallel_group)
+        return total.item() ** (1.0 / norm_type)
+
+    def clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decoupled_grad=False):
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        attr = "decoupled_grad" if use_decoupled_grad else "grad"
+        coeff = max_norm / (float(total_norm) + 1.0e-6)
+        if coeff < 1.0:
+            for p in parameters:
+                grad = getattr(p, attr, None)
+                if grad is not None:
+                    to_local_if_dtensor(grad).detach().mul_(coeff)
+
+    for module in (clip_grads, optimizer):
+        module.get_grad_norm_fp32 = get_grad_norm_fp32
+        module.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_fp32

@@ -1,0 +1,29 @@
+"""Keep megatron-core / megatron-bridge / transformers chatter out of training logs.
+
+megatron-bridge sets the *root* logger to INFO with its own stdout handler when imported, and
+logs import probes (e.g. Transformer Engine's FP8 manager) with full tracebacks; megatron-core's
+DDP logs every parameter name. None of it helps a user reading an sbatch log. Warnings and
+errors still come through.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+_NOISY = ("megatron", "megatron.core", "megatron.bridge", "megatron.training", "transformers",
+          "torch.distributed")
+
+
+def quiet() -> None:
+    for name in _NOISY:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("megatron.bridge.utils.import_utils").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module=r"megatron\..*")
+    warnings.filterwarnings("ignore", message=r".*cap_pixels_per_frame.*")
+
+
+def restore_root() -> None:
+    """Undo megatron-bridge's root-logger change after it has been imported."""
+    root = logging.getLogger()
+    root.setLevel(logging.WARNING)

@@ -1,0 +1,198 @@
+"""A tiny random Qwen2.5-VL checkpoint, built entirely in code (no hub downloads).
+
+It is a real HF checkpoint directory (config.json, model.safetensors, tokenizer, image and video
+processor configs, chat template), so tests and the CPU recipe load it through exactly the path a
+real Qwen2.5-VL checkpoint takes. Sizes respect vLLM's CPU attention (head_dim >= 32).
+
+The tokenizer is a byte-level BPE trained on a small corpus of the synthetic tasks' words, with
+Qwen2-VL's special tokens and chat template, and `<answer>`/`</answer>` as single tokens so a
+tiny policy can learn the answer format quickly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+ANSWER_TOKENS = ["<answer>", "</answer>"]
+
+# Qwen2-VL-Instruct's chat template (same semantics), so prompts look like the real model's.
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}"
+    "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+_WORDS = (
+    "how many are there in the image picture video scene clip frame frames objects object shapes "
+    "shape appear appeared appears first last which came before after total of and or with a an "
+    "is it what count counting number answer tags tag with a number in please you helpful "
+    "assistant system user red green blue yellow purple cyan gray grey orange brown white black "
+    "cube cubes sphere spheres cylinder cylinders square squares circle circles triangle "
+    "triangles ball balls block blocks big small large tiny the each color colour size"
+).split()
+
+
+@dataclass(frozen=True)
+class TinySizes:
+    """Shapes of the tiny model. head_dim = hidden / heads must be >= 32 for vLLM's CPU attention."""
+
+    vocab_size: int = 512
+    hidden: int = 128
+    intermediate: int = 384
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    vision_depth: int = 2
+    vision_hidden: int = 64
+    vision_heads: int = 2
+
+
+def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, lm_head_scale: float = 1.0,
+                          sizes: TinySizes = TinySizes()) -> Path:
+    """Write a tiny random Qwen2.5-VL checkpoint to `out_dir` (created); bit-reproducible per seed.
+
+    lm_head_scale > 1 widens the random logits (fewer near-ties): parity tests use it so greedy
+    decoding is not decided by rounding noise between two equal tokens.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = _build_tokenizer(sizes.vocab_size, seed)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    head_dim = sizes.hidden // sizes.heads
+    half = head_dim // 2  # mrope sections (temporal, height, width) sum to head_dim / 2
+    mrope_section = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
+    config = Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=sizes.hidden,
+            intermediate_size=sizes.intermediate,
+            num_hidden_layers=sizes.layers,
+            num_attention_heads=sizes.heads,
+            num_key_value_heads=sizes.kv_heads,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                             "mrope_section": mrope_section},
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"],
+            tie_word_embeddings=False,
+        ),
+        vision_config=dict(
+            depth=sizes.vision_depth,
+            hidden_size=sizes.vision_hidden,
+            intermediate_size=2 * sizes.vision_hidden,
+            num_heads=sizes.vision_heads,
+            in_channels=3,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=112,
+            out_hidden_size=sizes.hidden,
+            fullatt_block_indexes=[sizes.vision_depth - 1],
+            tokens_per_second=2,
+        ),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    if lm_head_scale != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(lm_head_scale)
+    model.generation_config = GenerationConfig(
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        do_sample=False,
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    _save_processor(out, tokenizer)
+    (out / "rlflow_tiny.json").write_text(json.dumps({"seed": seed, "lm_head_scale": lm_head_scale,
+                                                      **sizes.__dict__}, indent=2))
+    return out
+
+
+def _corpus(seed: int, lines: int = 3000):
+    rng = random.Random(seed)
+    for _ in range(lines):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(3, 12))]
+        if rng.random() < 0.5:
+            words.insert(rng.randrange(len(words) + 1), str(rng.randint(0, 12)))
+        text = " ".join(words)
+        yield text.capitalize() + rng.choice(["?", ".", ""]) if rng.random() < 0.5 else text
+
+
+def _build_tokenizer(vocab_size: int, seed: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - len(ANSWER_TOKENS),
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(seed), trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+        model_max_length=4096,
+        chat_template=CHAT_TEMPLATE,
+    )
+    fast.add_tokens(ANSWER_TOKENS)  # normal (not special) tokens: kept when decoding
+    fast.padding_side = "left"
+    return fast
+
+
+def _save_processor(out: Path, tokenizer) -> None:
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
+
+    # 56x56 (one merged token) .. 224x224 pixels per image; a 112x112 image gives 16 tokens.
+    image_processor = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=224 * 224, patch_size=14,
+                                            merge_size=2, temporal_patch_size=2)
+    video_processor = Qwen2VLVideoProcessor(min_pixels=56 * 56, max_pixels=224 * 224 * 4,
+                                            patch_size=14, merge_size=2, temporal_patch_size=2,
+                                            do_sample_frames=False)
+    processor = Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                    video_processor=video_processor, chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(out)

@@ -1,0 +1,54 @@
+"""`rlflow train` and `rlflow report` (Click). Heavy imports stay inside the callbacks."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+
+@click.command(epilog="""\b
+Examples:
+  rlflow train recipes/tiny-clevr-cpu.yaml
+  rlflow train recipes/tiny-clevr-cpu.yaml grpo.max_num_steps=5 --run-dir runs/try
+  rlflow train recipes/tiny-clevr-cpu.yaml --nproc 2     # two local ranks (data parallel)
+""")
+@click.argument("recipe", type=click.Path(dir_okay=False))
+@click.argument("overrides", nargs=-1)
+@click.option("--run-dir", type=click.Path(file_okay=False), default=None,
+              help="Where checkpoints and metrics go (default: run.output_dir/run.name). "
+                   "A run directory with checkpoints resumes from the newest.")
+@click.option("--nproc", type=click.IntRange(min=1), default=None,
+              help="Start this many local ranks (one per GPU, or CPU processes) and wait for them.")
+def train(recipe, overrides, run_dir, nproc):
+    """Run GRPO training (the per-node entry point).
+
+    RECIPE is a YAML recipe; OVERRIDES are dotted key=value pairs (grpo.max_num_steps=20).
+    Under `rlflow submit`, every rank runs this with RANK/WORLD_SIZE/MASTER_ADDR set by the
+    launcher; run directly, it is one rank unless --nproc asks for more.
+    """
+    if nproc and nproc > 1:
+        from rlflow.launch.node import run_local
+
+        argv = ["-m", "rlflow.cli", "train", recipe, *overrides]
+        if run_dir:
+            argv += ["--run-dir", run_dir]
+        sys.exit(run_local([sys.executable, *argv], nproc))
+    from rlflow.train.main import run
+
+    sys.exit(run(recipe, list(overrides), run_dir))
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Folder for the PNG files (default: RUN_DIR/plots).")
+def report(run_dir, out):
+    """Plot a run's metrics (reward, accuracy, KL, step time) to PNG files.
+
+    RUN_DIR is a run directory holding metrics.jsonl.
+    """
+    from rlflow.train.report import write_report
+
+    for path in write_report(run_dir, out):
+        click.echo(path)

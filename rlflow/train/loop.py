@@ -1,0 +1,225 @@
+"""The GRPO loop: `train()` runs steps; `grpo_step()` is one step in named phases.
+
+    generate -> score -> advantages -> logprobs (trainer and reference) -> update -> log
+
+Each data-parallel rank takes an equal share of the step's prompts and generates all G
+completions of each of its prompts, so every group's advantages are computed locally.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rlflow import parallel
+from rlflow.generation.base import Completion, SamplingParams
+from rlflow.train import grpo
+from rlflow.train.faults import inject_failure
+from rlflow.train.metrics import StepTimer
+from rlflow.train.rollouts import build_train_batch
+from rlflow.train.setup import Trainer
+from rlflow.train.update import Optimizer, grpo_update, rollout_logprobs, sft_update
+
+
+def train(t: Trainer) -> int:
+    """Run until grpo.max_num_steps; return the exit code (0, or EXIT_REQUEUE on a stop request)."""
+    from rlflow.train.signals import EXIT_REQUEUE
+
+    recipe = t.recipe
+    resumed = _resume_or_start(t)
+    if not resumed and recipe.grpo.val_at_start:
+        t.log.log(0, validate(t))
+    while t.step < recipe.grpo.max_num_steps:
+        step = t.step + 1
+        metrics = grpo_step(t, step)
+        t.step = step
+        last = step == recipe.grpo.max_num_steps
+        if (recipe.grpo.val_period and step % recipe.grpo.val_period == 0) or (last and recipe.grpo.val_at_end):
+            metrics.update(validate(t))
+        t.log.log(step, metrics)
+        stop = t.stop.agreed()
+        if recipe.checkpointing.enabled and (step % recipe.checkpointing.save_period == 0 or last or stop):
+            save(t)
+        if stop and not last:
+            t.log.write(f"stopping at step {step} on {t.stop.signal_name or 'a peer signal'}: "
+                        f"checkpoint saved, exit {EXIT_REQUEUE} (requeue)")
+            return EXIT_REQUEUE
+    return 0
+
+
+def grpo_step(t: Trainer, step: int) -> dict[str, float]:
+    recipe, info = t.recipe, t.info
+    G = recipe.grpo.num_generations_per_prompt
+    timer = StepTimer(sync=_sync_fn(info.device))
+    start = time.perf_counter()
+    inject_failure(info.rank, f"step{step}")
+    indices = next(t.sampler)[info.dp_rank::info.dp_size]
+    samples = [t.train_data[i] for i in indices]
+    prompts = [t.encoder.encode(s) for s in samples]
+    rollout_prompts = [p for p in prompts for _ in range(G)]
+    rollout_samples = [s for s in samples for _ in range(G)]
+
+    with timer("generation"):
+        completions = t.backend.generate(rollout_prompts, _sampling(t, step, recipe.generation.temperature))
+    with timer("reward"):
+        from rlflow.data.rewards import score
+
+        texts = [t.encoder.decode(c.token_ids) for c in completions]
+        rewards, per_reward, correct = score(texts, rollout_samples, recipe.rewards)
+        advantages = grpo.group_advantages(torch.tensor(rewards).view(len(samples), G),
+                                           recipe.grpo.use_leave_one_out_baseline,
+                                           recipe.grpo.normalize_rewards).flatten()
+    batch = _train_batch(t, rollout_prompts, completions, advantages.tolist())
+    with timer("logprobs"):
+        micro = recipe.optimizer.micro_batch_size
+        old_logprobs, entropy = rollout_logprobs(t.policy, batch, micro, with_entropy=True)
+        ref_logprobs = None
+        if t.reference is not None:
+            ref_logprobs, _ = rollout_logprobs(t.reference, batch, micro, with_entropy=False)
+    with timer("training"):
+        update = grpo_update(t.policy, t.optimizer, batch, old_logprobs, ref_logprobs, recipe.loss,
+                             micro, recipe.grpo.num_minibatches)
+    with timer("weight_refresh"):
+        t.backend.refresh_weights()
+    return _step_metrics(t, rewards, per_reward, correct, completions, batch, old_logprobs, entropy,
+                         update, timer, time.perf_counter() - start)
+
+
+@torch.no_grad()
+def validate(t: Trainer) -> dict[str, float]:
+    """Greedy (val_temperature) answers on the first max_val_samples validation rows."""
+    from rlflow.data.rewards import score
+
+    recipe, info = t.recipe, t.info
+    count = min(recipe.grpo.max_val_samples, len(t.val_data))
+    samples = [t.val_data[i] for i in range(info.dp_rank, count, info.dp_size)]
+    prompts = [t.encoder.encode(s) for s in samples]
+    completions = t.backend.generate(prompts, _sampling(t, 0, recipe.generation.val_temperature))
+    texts = [t.encoder.decode(c.token_ids) for c in completions]
+    rewards, _, correct = score(texts, samples, recipe.rewards)
+    sums = {"val/accuracy": sum(correct), "val/reward": sum(rewards),
+            "val/response_length": sum(len(c.token_ids) for c in completions)}
+    for media in ("image", "video", "text"):
+        hits = [c for c, s in zip(correct, samples) if s.media == media]
+        sums[f"val/accuracy_{media}"] = sum(hits)
+        sums[f"val/count_{media}"] = len(hits)
+    totals = dict(zip(sums, parallel.all_reduce_sum(list(sums.values()), parallel.data_parallel_group())))
+    out = {k: totals[k] / count for k in ("val/accuracy", "val/reward", "val/response_length")}
+    for media in ("image", "video", "text"):
+        if totals[f"val/count_{media}"]:
+            out[f"val/accuracy_{media}"] = totals[f"val/accuracy_{media}"] / totals[f"val/count_{media}"]
+    return out
+
+
+def warm_start(t: Trainer) -> None:
+    """Optional supervised steps on (prompt, reference answer) before GRPO."""
+    from rlflow.data import PromptSampler
+    from rlflow.data.prompts import reference_completion
+
+    cfg, opt_cfg = t.recipe.warm_start, t.recipe.optimizer
+    if cfg.num_steps == 0:
+        return
+    optimizer = Optimizer.create(t.policy, cfg.lr, opt_cfg.weight_decay, opt_cfg.adam_beta1,
+                                 opt_cfg.adam_beta2, opt_cfg.adam_eps, opt_cfg.max_grad_norm)
+    sampler = PromptSampler(len(t.train_data), cfg.batch_size, t.recipe.run.seed + 1)
+    for step in range(1, cfg.num_steps + 1):
+        indices = next(sampler)[t.info.dp_rank::t.info.dp_size]
+        samples = [t.train_data[i] for i in indices]
+        prompts = [t.encoder.encode(s) for s in samples]
+        targets = [t.encoder.completion_ids(reference_completion(s)) for s in samples]
+        completions = [Completion(ids, [0.0] * len(ids), "stop") for ids in targets]
+        batch = _train_batch(t, prompts, completions, [0.0] * len(prompts))
+        loss = sft_update(t.policy, optimizer, batch, t.recipe.optimizer.micro_batch_size)
+        if step % 10 == 0 or step == cfg.num_steps:
+            t.log.write(f"warm start {step}/{cfg.num_steps}: loss {loss:.4f}")
+
+
+def save(t: Trainer) -> None:
+    t.checkpointer.save(t.step, t.policy.chunks, t.optimizer.inner,
+                        {"sampler": t.sampler.state_dict()})
+
+
+def _resume_or_start(t: Trainer) -> bool:
+    """Resume from the newest checkpoint in the run directory, or warm start and begin."""
+    from rlflow.model.build import copy_weights
+
+    latest = t.checkpointer.latest()
+    if latest is None:
+        warm_start(t)
+        if t.reference is not None:
+            copy_weights(t.policy, t.reference)  # KL is measured against the policy GRPO starts from
+            t.checkpointer.save_reference(t.reference.chunks)
+        t.optimizer = _grpo_optimizer(t)
+        return False
+    t.optimizer = _grpo_optimizer(t)
+    state = t.checkpointer.load(latest, t.policy.chunks, t.optimizer.inner)
+    if t.reference is not None and not t.checkpointer.load_reference(t.reference.chunks):
+        raise FileNotFoundError(f"{t.checkpointer.root / 'reference'} is missing; cannot resume KL")
+    t.sampler.load_state_dict(state["sampler"])
+    t.step = state["step"]
+    t.backend.refresh_weights()
+    t.log.truncate_after(t.step)
+    t.log.write(f"resumed from {latest} (step {t.step})")
+    return True
+
+
+def _grpo_optimizer(t: Trainer) -> Optimizer:
+    o = t.recipe.optimizer
+    return Optimizer.create(t.policy, o.lr, o.weight_decay, o.adam_beta1, o.adam_beta2, o.adam_eps,
+                            o.max_grad_norm)
+
+
+def _sampling(t: Trainer, step: int, temperature: float) -> SamplingParams:
+    gen = t.recipe.generation
+    # One seed per (run, step, data-parallel rank); tensor-parallel peers share it, so they agree.
+    seed = (t.recipe.run.seed * 1_000_003 + step * 9_973 + t.info.dp_rank) % 2**31
+    return SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=temperature, top_p=gen.top_p,
+                          top_k=gen.top_k, seed=seed, stop_token_ids=(t.encoder.eos_token_id,),
+                          ignore_eos=False)
+
+
+def _train_batch(t: Trainer, prompts, completions, advantages):
+    config = t.policy.core.config
+    return build_train_batch(prompts, completions, advantages, config.image_token_id,
+                             config.video_token_id, config.vision_config.spatial_merge_size,
+                             t.encoder.pad_token_id)
+
+
+def _step_metrics(t, rewards, per_reward, correct, completions, batch, old_logprobs, entropy, update,
+                  timer, step_seconds) -> dict[str, float]:
+    mask = batch.target_mask
+    n_rollouts = len(rewards)
+    sums = {
+        "train/reward": sum(rewards),
+        "train/accuracy": sum(correct),
+        "train/response_length": sum(len(c.token_ids) for c in completions),
+        "train/entropy_sum": float((entropy * mask).sum()),
+        "train/tmpe_sum": float(grpo.token_mult_prob_error(batch.gen_logprobs, old_logprobs, mask)
+                                * mask.sum()),
+        "train/tokens": float(mask.sum()),
+        "train/rollouts": float(n_rollouts),
+        **{f"train/reward_{name}": sum(values) for name, values in per_reward.items()},
+    }
+    gap = (batch.gen_logprobs - old_logprobs).abs().exp()
+    tmpe_max = float(gap[mask].max()) if mask.any() else 1.0
+    totals = dict(zip(sums, parallel.all_reduce_sum(list(sums.values()), parallel.data_parallel_group())))
+    tokens, rollouts = max(totals.pop("train/tokens"), 1.0), totals.pop("train/rollouts")
+    out = {k: v / rollouts for k, v in totals.items() if k.startswith(("train/reward", "train/acc",
+                                                                          "train/response"))}
+    out["train/entropy"] = totals["train/entropy_sum"] / tokens
+    out["train/token_mult_prob_error"] = totals["train/tmpe_sum"] / tokens
+    out["train/token_mult_prob_error_max"] = parallel.all_reduce_max(tmpe_max)
+    out.update({f"train/{k}": v for k, v in update.items()})
+    out.update({f"time/{k}": v for k, v in timer.seconds.items()})
+    out["time/step"] = step_seconds
+    out["time/tokens_per_second"] = tokens / max(timer.seconds.get("training", 0.0), 1e-9)
+    if t.info.device.type == "cuda":
+        out["memory/peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def _sync_fn(device):
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return None

@@ -1,0 +1,88 @@
+"""`rlflow train` on one rank: recipe -> setup -> train -> close, failing fast.
+
+A failure on any rank must end the whole job within seconds, with the root error printed once,
+never a collective hang: the rank that fails prints its error and leaves with os._exit (no
+atexit or process-group teardown, which could block on dead peers); the launcher
+(`rlflow.launch.node`) then stops the other ranks. A rank whose error is only the echo of a
+peer's death (a broken connection in a collective) prints one line, not a second traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from rlflow.errors import RlflowError, print_diagnostics
+from rlflow.train.faults import inject_failure
+
+_PEER_FAILURE_HINTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                       "NCCL communicator was aborted", "ProcessGroupNCCL", "Socket Timeout")
+
+
+def default_run_dir(recipe) -> Path:
+    return Path(recipe.run.output_dir) / recipe.run.name
+
+
+def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
+    """Returns the process exit code; never raises."""
+    from rlflow.recipe import load_checked
+
+    from rlflow.model import library_logs
+
+    library_logs.quiet()
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        loaded = load_checked(recipe_path, overrides)
+        directory = Path(run_dir) if run_dir else default_run_dir(loaded.recipe)
+        directory.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            from rlflow.recipe.load import dump_recipe
+
+            (directory / "recipe.resolved.yaml").write_text(dump_recipe(loaded.data))
+        inject_failure(rank, "setup")
+        from rlflow.train.loop import train
+        from rlflow.train.setup import setup
+
+        trainer = setup(loaded, directory)
+        code = train(trainer)
+        trainer.log.close()
+        trainer.backend.close()
+        _shutdown()
+        return code
+    except RlflowError as err:
+        if rank == 0 or os.environ.get("WORLD_SIZE", "1") == "1" or not _same_on_all_ranks(err):
+            print_diagnostics(err.diagnostics)
+        _hard_exit(err.exit_code)
+    except BaseException as err:  # noqa: BLE001 - the top of a rank: report, then leave at once
+        _report(err, rank)
+        _hard_exit(1)
+    return 1
+
+
+def _same_on_all_ranks(err: RlflowError) -> bool:
+    # Recipe, checkpoint and data errors come from inputs every rank reads: rank 0 reports them.
+    return all(d.code.split(".")[0] in {"recipe", "model", "data", "train", "checkpoint"}
+               for d in err.diagnostics)
+
+
+def _report(err: BaseException, rank: int) -> None:
+    text = "".join(traceback.format_exception(err))
+    if any(hint in text for hint in _PEER_FAILURE_HINTS):
+        print(f"[rank {rank}] stopping: a peer rank failed (its error is printed above)",
+              file=sys.stderr, flush=True)
+        return
+    print(f"[rank {rank}] error: {type(err).__name__}: {err}\n{text}", file=sys.stderr, flush=True)
+
+
+def _hard_exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _shutdown() -> None:
+    from rlflow import parallel
+
+    parallel.shutdown()

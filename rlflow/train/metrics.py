@@ -1,0 +1,105 @@
+"""Step metrics: one JSON line per step, TensorBoard events, and a progress bar (rank 0 only)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class StepTimer:
+    """Wall-clock seconds per named phase of a step (generation, logprobs, training, ...)."""
+
+    def __init__(self, sync=None):
+        self.seconds: dict[str, float] = {}
+        self._sync = sync or (lambda: None)
+
+    @contextmanager
+    def __call__(self, phase: str):
+        self._sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+
+class MetricsLog:
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, progress_bar: bool,
+                 total_steps: int):
+        self.enabled = enabled
+        self.path = run_dir / METRICS_FILE
+        self._tb = None
+        self._bar = None
+        if not enabled:
+            return
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        if progress_bar:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, desc="grpo", unit="step", file=sys.stderr,
+                             dynamic_ncols=True)
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, forget steps logged after the checkpoint (they will be run again)."""
+        if not self.enabled or not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.refresh()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._bar is not None and "train/reward" in metrics:
+            self._bar.n = step
+            self._bar.set_postfix(reward=f"{metrics['train/reward']:.3f}",
+                                  acc=f"{metrics.get('train/accuracy', 0):.2f}",
+                                  step_s=f"{metrics.get('time/step', 0):.1f}")
+            self._bar.refresh()
+
+    def write(self, text: str) -> None:
+        """A line for the log that does not break the progress bar."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / METRICS_FILE
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _plain(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value

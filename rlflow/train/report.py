@@ -1,0 +1,75 @@
+"""PNG plots of a run's metrics.jsonl: reward, accuracy, KL and the step-time breakdown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlflow.errors import Diagnostic, RlflowError
+from rlflow.train.metrics import METRICS_FILE, read_metrics
+
+PLOTS = {
+    "reward": ["train/reward", "val/reward"],
+    "accuracy": ["train/accuracy", "val/accuracy"],
+    "kl": ["train/kl"],
+    "step_time": ["time/generation", "time/logprobs", "time/training", "time/reward", "time/step"],
+}
+
+
+def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run = Path(run_dir)
+    if not (run / METRICS_FILE).exists():
+        raise RlflowError(Diagnostic("report.no-metrics", f"`{run}` has no {METRICS_FILE}",
+                                     help="pass the run directory of an `rlflow train` run"))
+    records = read_metrics(run)
+    out = Path(out_dir) if out_dir else run / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, keys in PLOTS.items():
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for key in keys:
+            points = [(r["step"], r[key]) for r in records if key in r]
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, values, marker="o" if key.startswith("val/") else None,
+                        markersize=3, label=key)
+        ax.set_xlabel("step")
+        ax.set_title(f"{run.name}: {name}")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        path = out / f"{name}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def compare_runs(run_dirs: list[str | Path], labels: list[str], key: str, out: str | Path,
+                 title: str) -> Path:
+    """One plot of `key` against step for several runs (e.g. two generation backends)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for run_dir, label in zip(run_dirs, labels, strict=True):
+        points = [(r["step"], r[key]) for r in read_metrics(Path(run_dir)) if key in r]
+        if points:
+            steps, values = zip(*points)
+            ax.plot(steps, values, marker="o", markersize=3, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel(key)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return Path(out)
