@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 from rlflow.errors import Diagnostic
@@ -150,11 +151,42 @@ def check_paths(loaded: LoadedRecipe, plan: JobPlan) -> list[Diagnostic]:
     return problems
 
 
-def pin_diagnostics(repo_root: Path) -> list[Diagnostic]:
-    """The pin check's findings for the repository the job will run from (rlflow.pins)."""
-    from rlflow.pins import check_repository  # noqa: PLC0415  (light, but only submit needs it)
+def pin_diagnostics(start: Path) -> list[Diagnostic]:
+    """`rlflow check-pins` on the repository the job runs from: its findings as diagnostics.
 
-    return check_repository(repo_root)
+    Outside a git repository, or in one without a root pyproject.toml, there is nothing to
+    compare: a warning says so. Findings that are errors refuse the submission.
+    """
+    from rlflow.errors import RlflowError
+    from rlflow.pins.command import analyse
+    from rlflow.pins.report import to_diagnostic
+    from rlflow.pins.walk import walk
+
+    try:
+        checkout = walk(start)
+        analysis = analyse(checkout, (checkout.root / "pyproject.toml").read_text(encoding="utf-8"),
+                           strict=False)
+    except RlflowError as err:
+        if all(d.code in ("RF100", "RF101") for d in err.diagnostics):
+            return [replace(d, severity="warning", message=f"pin check not run: {d.message}")
+                    for d in err.diagnostics]
+        return err.diagnostics
+    found = [_rooted(to_diagnostic(f, analysis.findings), checkout.root) for f in analysis.findings]
+    errors = sum(d.severity == "error" for d in found)
+    if errors:
+        found.append(Diagnostic(
+            "submit.pins", f"check-pins found {errors} pin problem{'s' * (errors != 1)} in "
+            f"{checkout.root}: not submitting",
+            help="fix them (`rlflow check-pins --fix` moves the root pins), or pass "
+                 "--skip-pin-check to submit anyway"))
+    return found
+
+
+def _rooted(diagnostic: Diagnostic, root: Path) -> Diagnostic:
+    """Pin findings name files relative to the repository; submit may run elsewhere."""
+    if diagnostic.file is None or Path(diagnostic.file).is_absolute():
+        return diagnostic
+    return replace(diagnostic, file=str(root / diagnostic.file))
 
 
 def check_script_syntax(script: str) -> list[Diagnostic]:

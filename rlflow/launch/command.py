@@ -17,7 +17,14 @@ from pathlib import Path
 
 import click
 
-from rlflow.errors import EXIT_FINDINGS, EXIT_OK, Diagnostic, RlflowError, print_diagnostics
+from rlflow.errors import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    EXIT_USAGE,
+    Diagnostic,
+    RlflowError,
+    print_diagnostics,
+)
 
 SUBMIT_EPILOG = """\b
 Examples:
@@ -43,7 +50,7 @@ class Prepared:
     script: str
     recipe_text: str
     warnings: list[Diagnostic]
-    pins_checked: bool
+    pins: str  # how the pin check went, for the dry-run summary
 
 
 @click.command(epilog=SUBMIT_EPILOG)
@@ -110,12 +117,23 @@ def prepare(recipe: Path, overrides: tuple[str, ...], flags, *, skip_pins: bool,
     problems += check_all(loaded, plan, script, skip_pins=skip_pins, repo_root=Path(cwd))
     _raise_on_errors(problems)
     recipe_text = f"# resolved by `rlflow submit` from {recipe}\n" + dump_recipe(loaded.data)
-    return Prepared(loaded, plan, script, recipe_text, problems, pins_checked=not skip_pins)
+    return Prepared(loaded, plan, script, recipe_text, problems, _pins_summary(problems, skip_pins))
+
+
+def _pins_summary(problems: list[Diagnostic], skipped: bool) -> str:
+    if skipped:
+        return "pins skipped (--skip-pin-check)"
+    if any(p.code in ("RF100", "RF101") for p in problems):
+        return "pins not checked (see the warning)"
+    return "pins"
 
 
 def _raise_on_errors(problems: list[Diagnostic]) -> None:
-    if any(p.severity == "error" for p in problems):
-        raise RlflowError(problems)
+    """Exit 2 for unusable input (recipe, flags); exit 1 when only the pin check found drift."""
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        only_pins = all(p.code.startswith("RF") or p.code == "submit.pins" for p in errors)
+        raise RlflowError(problems, EXIT_FINDINGS if only_pins else EXIT_USAGE)
 
 
 def show_dry_run(prepared: Prepared) -> None:
@@ -127,10 +145,10 @@ def show_dry_run(prepared: Prepared) -> None:
     out(prepared.recipe_text, nl=False)
     out("# ---- summary ----")
     out(_summary(plan))
-    checks = ["recipe", "flags vs cluster", f"parallelism fits {plan.world_size} ranks",
-              "sbatch values", "paths", "pins" if prepared.pins_checked else "", "bash -n"]
-    out("checks:     " + ", ".join(c for c in checks if c) + ": ok"
-        + ("" if prepared.pins_checked else " (pin check skipped: --skip-pin-check)"))
+    warned = len(prepared.warnings)
+    out(f"checks:     recipe, flags vs cluster, parallelism fits {plan.world_size} ranks, sbatch "
+        f"values, paths, {prepared.pins}, bash -n: no errors"
+        + (f", {warned} warning{'s' * (warned != 1)} (above)" if warned else ""))
     out("dry run: nothing submitted, no Slurm controller contacted")
 
 

@@ -1,0 +1,84 @@
+"""Shared pieces of the launch tests: run the real `rlflow` CLI, wait for real Slurm jobs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+RECIPES = HERE / "recipes"
+PAYLOADS = HERE / "payloads"
+BASE_RECIPE = REPO / "recipes" / "base.yaml"
+PYTHON = sys.executable
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+
+
+def rlflow(*args: str, cwd: Path = REPO, timeout: float = 300, env: dict | None = None
+           ) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess (the way users run it)."""
+    return subprocess.run([PYTHON, "-m", "rlflow.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def write_recipe(path: Path, data: dict, defaults: Path = BASE_RECIPE) -> Path:
+    """A recipe file extending `defaults`; yaml.safe_dump quotes hostile values correctly."""
+    text = f"defaults: {os.path.relpath(defaults, path.parent)}\n" + yaml.safe_dump(data, sort_keys=False)
+    path.write_text(text)
+    return path
+
+
+def submit(recipe: Path, *args: str, cwd: Path, command: str | None = None) -> tuple[str, Path]:
+    """`rlflow submit` for real; the job id and run directory, or a failed test with the output."""
+    extra = ["--command", command] if command is not None else []
+    result = rlflow("submit", str(recipe), *args, *extra, cwd=cwd)
+    assert result.returncode == 0, f"rlflow submit failed:\n{result.stdout}\n{result.stderr}"
+    job_id = re.search(r"submitted job (\d+)", result.stdout)[1]
+    run_dir = Path(re.search(r"run dir: (.*)", result.stdout)[1].strip())
+    return job_id, run_dir
+
+
+def payload_command(name: str, *args: str) -> str:
+    return " ".join([PYTHON, str(PAYLOADS / name), *args])
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    from rlflow.launch.slurm import job_fields as fields
+
+    found = fields(job_id)
+    assert found is not None, f"scontrol does not know job {job_id}"
+    return found
+
+
+def wait_for_state(job_id: str, states: set[str], timeout: float, run_dir: Path | None = None
+                   ) -> dict[str, str]:
+    """Poll scontrol until the job is in one of `states`. The timeout is a hang guard, not a
+    speed check: reaching it fails the test with the job's state and batch log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fields = job_fields(job_id)
+        if fields["JobState"] in states:
+            return fields
+        if time.monotonic() > deadline:
+            log = ""
+            if run_dir is not None and (run_dir / "logs" / f"slurm-{job_id}.out").exists():
+                log = (run_dir / "logs" / f"slurm-{job_id}.out").read_text()
+            pytest.fail(f"job {job_id} did not reach {sorted(states)} within {timeout:.0f} s: "
+                        f"{fields.get('JobState')} ({fields.get('Reason')})\n{log}")
+        time.sleep(0.5)
+
+
+def wait_done(job_id: str, timeout: float = 300, run_dir: Path | None = None) -> dict[str, str]:
+    return wait_for_state(job_id, FINAL_STATES, timeout, run_dir)
+
+
+def batch_log(run_dir: Path, job_id: str) -> str:
+    return (run_dir / "logs" / f"slurm-{job_id}.out").read_text()

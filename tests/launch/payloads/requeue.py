@@ -1,0 +1,40 @@
+"""Test payload for requeue: stands in for the trainer's checkpoint-on-signal half.
+
+Attempt 0 waits for the time-limit warning (SIGUSR1), records "saved" and exits 75; a later
+attempt (SLURM_RESTART_COUNT > 0) reads that record, appends "resumed" and exits 0.
+Usage: python requeue.py OUT_DIR
+"""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+WAIT_FOR_WARNING_SECONDS = 300  # far beyond the 1-minute time limit the test uses
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    rank = os.environ["RANK"]
+    attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    record = out / f"rank-{rank}.txt"
+    if attempt > 0:
+        last = record.read_text().splitlines()[-1]
+        with open(record, "a") as f:
+            f.write(f"attempt {attempt}: resumed after '{last}'\n")
+        return 0
+    warned = []
+    signal.signal(signal.SIGUSR1, lambda *_: warned.append(time.time()))
+    deadline = time.monotonic() + WAIT_FOR_WARNING_SECONDS
+    while not warned and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not warned:
+        return 3
+    with open(record, "a") as f:
+        f.write("attempt 0: warned, saved\n")
+    return 75
+
+
+if __name__ == "__main__":
+    sys.exit(main())
