@@ -131,7 +131,11 @@ def load_policy(checkpoint: Path, model_cfg: ModelConfig, parallel_cfg: Parallel
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                    use_distributed_optimizer=False)
         chunks = [DistributedDataParallel(_unwrap(chunk).config, ddp_config, chunk) for chunk in chunks]
+    from rlflow.model import vision_attention
+
     for chunk in chunks:
+        if getattr(_unwrap(chunk), "pre_process", False):
+            vision_attention.install(_unwrap(chunk).visual)
         chunk.train(trainable)
         if not trainable:
             for param in chunk.parameters():
@@ -146,8 +150,9 @@ def _configure_provider(provider, hf_config, model_cfg: ModelConfig, parallel_cf
                         dtype: torch.dtype) -> None:
     from megatron.bridge.models.gpt_provider import local_layer_spec
 
-    if not _have_transformer_engine():
-        provider.transformer_layer_spec = local_layer_spec
+    # Always the local (non-TE) spec: identical numerics on CPU and GPU, and rlflow's generation
+    # decoder (rlflow/generation/decoder.py) reads this spec's weights directly.
+    provider.transformer_layer_spec = local_layer_spec
     # megatron-bridge 0.6.2 keeps its default [16, 24, 24] instead of reading the checkpoint's.
     provider.mrope_section = list(_mrope_section(hf_config))
     provider.tensor_model_parallel_size = parallel_cfg.tensor_parallel_size
@@ -184,12 +189,6 @@ def _mrope_section(hf_config) -> list[int]:
             return params["mrope_section"]
     raise RlflowError(Diagnostic("model.mrope", "the checkpoint's config has no mrope_section",
                                  help="Qwen2.5-VL configs set text_config.rope_parameters.mrope_section"))
-
-
-def _have_transformer_engine() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("transformer_engine") is not None
 
 
 def export_hf_state_dict(policy: Policy) -> dict[str, torch.Tensor]:

@@ -27,14 +27,17 @@ def train(recipe, overrides, run_dir, nproc):
     Under `rlflow submit`, every rank runs this with RANK/WORLD_SIZE/MASTER_ADDR set by the
     launcher; run directly, it is one rank unless --nproc asks for more.
     """
-    if nproc and nproc > 1:
-        from rlflow.launch.node import run_local
+    from rlflow.train.main import default_run_dir, run
 
-        argv = ["-m", "rlflow.cli", "train", recipe, *overrides]
-        if run_dir:
-            argv += ["--run-dir", run_dir]
-        sys.exit(run_local([sys.executable, *argv], nproc))
-    from rlflow.train.main import run
+    if nproc and nproc > 1:
+        from pathlib import Path
+
+        from rlflow.recipe import load_checked
+        from rlflow.train.local import run_local
+
+        directory = Path(run_dir) if run_dir else default_run_dir(load_checked(recipe, overrides).recipe)
+        argv = [sys.executable, "-m", "rlflow.cli", "train", recipe, *overrides, "--run-dir", str(directory)]
+        sys.exit(run_local(argv, nproc, directory))
 
     sys.exit(run(recipe, list(overrides), run_dir))
 

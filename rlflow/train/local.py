@@ -1,0 +1,23 @@
+"""`rlflow train --nproc N`: several ranks on this machine, watched by the same node launcher
+that runs them under Slurm (rlflow.launch.node), so a failing rank ends the others here too."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from rlflow.launch.node import Launcher, NodeInfo
+
+
+def run_local(command: list[str], nproc: int, run_dir: Path) -> int:
+    """Start `command` as ranks 0..nproc-1 (rank logs in RUN_DIR/logs); return the exit code."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    info = NodeInfo(node_rank=0, num_nodes=1, ranks_per_node=nproc, hostname=socket.gethostname(),
+                    master_addr="127.0.0.1", master_port=str(port))
+    logs = run_dir / "logs"
+    launcher = Launcher(info, command, logs, logs, stop_grace=60.0)
+    code = launcher.run()
+    print(f"rank logs: {logs}/rank-*.log", flush=True)
+    return code

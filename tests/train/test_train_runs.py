@@ -1,0 +1,127 @@
+"""End-to-end `rlflow train` runs of the tiny recipe on CPU, each in its own process (real
+megatron-core model, real generation, real checkpoints)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlflow.train.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
+# Small and fast: 8 prompts x 4 generations, short answers, a few warm-start steps.
+SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=4",
+         "grpo.num_minibatches=2", "grpo.val_period=2", "grpo.max_val_samples=8",
+         "warm_start.num_steps=6", "warm_start.batch_size=8", "checkpointing.save_period=2",
+         "checkpointing.keep_last=3", "logging.progress_bar=false", "data.train.num_samples=256"]
+
+
+def train(run_dir: Path, *overrides: str, nproc: int = 1, env: dict | None = None,
+          timeout: int = 600) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "rlflow.cli", "train", str(RECIPE), *SMALL, *overrides,
+               "--run-dir", str(run_dir)]
+    if nproc > 1:
+        command += ["--nproc", str(nproc)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def comparable(records: list[dict]) -> list[dict]:
+    """Metrics without wall-clock times, which legitimately differ between runs."""
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))} for r in records]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("reference")
+    result = train(run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+def test_run_writes_metrics_checkpoints_and_tensorboard(reference_run):
+    records = read_metrics(reference_run)
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    step = records[1]
+    for key in ("train/reward", "train/accuracy", "train/kl", "train/clip_fraction", "train/entropy",
+                "train/response_length", "train/token_mult_prob_error", "time/generation",
+                "time/logprobs", "time/training"):
+        assert key in step, key
+    assert "val/accuracy" in records[0] and "val/accuracy" in records[2]
+    checkpoints = sorted(p.name for p in (reference_run / "checkpoints").iterdir())
+    assert checkpoints == ["reference", "step_000002", "step_000004"]
+    assert list((reference_run / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_generator_and_trainer_agree_on_logprobs(reference_run):
+    """token_mult_prob_error: Megatron generation vs the trainer's recomputation (fp32, CPU)."""
+    errors = [r["train/token_mult_prob_error"] for r in read_metrics(reference_run) if r["step"] > 0]
+    maxima = [r["train/token_mult_prob_error_max"] for r in read_metrics(reference_run) if r["step"] > 0]
+    assert sorted(errors)[len(errors) // 2] <= 1.05
+    assert max(maxima) <= 1.10
+
+
+def test_killed_run_resumes_with_identical_metrics(reference_run, tmp_path):
+    crashed = train(tmp_path, env={"RLFLOW_TEST_FAIL": "0:step3"})
+    assert crashed.returncode != 0
+    assert "injected failure on rank 0 during step3" in crashed.stderr
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]
+    resumed = train(tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
+    assert comparable(read_metrics(tmp_path)) == comparable(read_metrics(reference_run))
+
+
+def test_time_limit_signal_saves_and_asks_for_requeue(reference_run, tmp_path):
+    """SIGUSR1 (Slurm's warning) -> checkpoint at the step boundary, exit 75; rerun finishes."""
+    stopped = train(tmp_path, env={"RLFLOW_TEST_SIGNAL": "0:step1"})
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    assert (tmp_path / "checkpoints" / "step_000001").is_dir()
+    resumed = train(tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert comparable(read_metrics(tmp_path)) == comparable(read_metrics(reference_run))
+
+
+def test_report_writes_png_plots(reference_run, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "rlflow.cli", "report", str(reference_run),
+                             "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    for name in ("reward", "accuracy", "kl", "step_time"):
+        data = (tmp_path / f"{name}.png").read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_mixed_image_video_text_batches_train(tmp_path):
+    result = train(tmp_path, "data.train.kind=mixed", "data.validation.kind=mixed",
+                   "data.video.num_frames=4", "data.video.temporal_patch_size=2", "data.video.fps=2.0",
+                   "grpo.max_num_steps=2", "grpo.max_val_samples=12")
+    assert result.returncode == 0, result.stderr[-3000:]
+    final = read_metrics(tmp_path)[-1]
+    assert {"val/accuracy_image", "val/accuracy_video", "val/accuracy_text"} <= set(final)
+
+
+def test_two_data_parallel_ranks(tmp_path):
+    result = train(tmp_path, "grpo.max_num_steps=2", nproc=2)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    state = json.loads((tmp_path / "checkpoints" / "step_000002" / "trainer.json").read_text())
+    assert state["world_size"] == 2
+    assert (tmp_path / "logs" / "rank-1.log").exists()
+
+
+def test_one_failing_rank_ends_every_rank_with_one_error(tmp_path):
+    # The subprocess timeout is the hang detector: a collective left waiting would hit it.
+    result = train(tmp_path, nproc=2, env={"RLFLOW_TEST_FAIL": "1:step1"}, timeout=300)
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert "rank 1 exited with code 1" in output
+    logs = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("rank-*.log")))
+    assert logs.count("injected failure on rank 1 during step1") >= 1
+    assert "Traceback" not in (tmp_path / "logs" / "rank-0.log").read_text()
