@@ -84,7 +84,8 @@ def _unsafe_value(loaded: LoadedRecipe, path: tuple[str, ...], name: str, value:
 def _extra_arg_problems(loaded: LoadedRecipe, args: tuple[str, ...]) -> list[Diagnostic]:
     problems = []
     for i, arg in enumerate(args):
-        option = arg.split("=", 1)[0]
+        # --long[=value], or -x[value]: the option's own name
+        option = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
         if not arg.startswith("-"):
             problems.append(loaded.diagnostic(
                 ("slurm", "extra_sbatch_args"), "submit.extra-sbatch-arg",
