@@ -84,7 +84,7 @@ def _project_pins(manifest: Manifest, active: dict[str, set[str]]) -> list[Pin]:
     for req in manifest.requirements:
         if req.scope in active:
             reach_of_package[req.package] |= active[req.scope]
-            if req.pin is not None:
+            if req.pin is not None and not _replaced_by_source(manifest, req):
                 pins.append(replace(req.pin, reach=frozenset(active[req.scope])))
     for pin, scope in manifest.sources:
         reach = _source_reach(manifest, pin.package, scope, active)
@@ -95,6 +95,15 @@ def _project_pins(manifest: Manifest, active: dict[str, set[str]]) -> list[Pin]:
     if manifest.version_pin is not None:
         pins.append(replace(manifest.version_pin, reach=frozenset({ALWAYS})))
     return pins
+
+
+def _replaced_by_source(manifest: Manifest, req) -> bool:
+    """uv gives a requirement the URL of the project's source for that package, even when the
+    requirement names its own URL (`x @ git+...@v1` with a source at v2 resolves to v2)."""
+    if req.pin.kind not in ("git", "url", "path"):
+        return False
+    return any(pin.package == req.package and scope in (None, req.scope)
+               for pin, scope in manifest.sources)
 
 
 def _source_reach(manifest: Manifest, package: str, limited_to: str | None,

@@ -66,7 +66,7 @@ def test_source_table_pin_gets_a_rev_fix_line(nested):
     path = layout.root / "pyproject.toml"
     path.write_text(path.read_text().replace('rev = "v0.2.0"', 'tag = "v0.2.0"'))
     result = check_pins("--repo", layout.root)
-    assert f'help: set rev = "v0.3.0", remove `tag` at pyproject.toml:{line}' in result.out
+    assert f'help: set rev = "v0.3.0" (instead of `tag`) at pyproject.toml:{line}' in result.out
 
 
 def test_url_spelling_differences_are_not_conflicts(nested):
