@@ -42,7 +42,7 @@ class LayerWeights:
 class Decoder:
     """Views of the policy's language-model weights plus the step functions that use them."""
 
-    def __init__(self, core):
+    def __init__(self, core, compile_decode: bool = False):
         lm = core.language_model
         config = lm.config
         attention = lm.decoder.layers[0].self_attention
@@ -64,6 +64,10 @@ class Decoder:
         if parallel_state.get_tensor_model_parallel_world_size() > 1:
             self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.layers = [_weights(layer) for layer in lm.decoder.layers]
+        self.dims = Dims(self.heads, self.kv_heads, self.head_dim, self.eps, self.scale, self.tp_group)
+        # Decode only: fuses each layer's norms, rotary and elementwise work into fewer kernels.
+        # One compiled graph serves every layer (same shapes), so it compiles once.
+        self._compiled_layer = torch.compile(layer_step, dynamic=False) if compile_decode else None
 
     # --- pieces ----------------------------------------------------------------------------------
 
@@ -101,46 +105,63 @@ class Decoder:
         mask: additive [B, 1, S, T] (0 = attend, -inf = blocked) over the cache keys attended.
         S > 1 is a prefill written at slot 0; S == 1 is a decode step at a (tensor) slot.
         """
+        step = self._compiled_layer if (self._compiled_layer and not isinstance(slot, int)) else layer_step
         for index, w in enumerate(self.layers):
-            hidden = hidden + self._attention(index, F.rms_norm(hidden, hidden.shape[-1:], w.input_norm,
-                                                                  self.eps), w, cos, sin, cache, slot, mask)
-            hidden = hidden + self._mlp(F.rms_norm(hidden, hidden.shape[-1:], w.mlp_norm, self.eps), w)
+            hidden = step(hidden, w, cos, sin, cache.keys[index], cache.values[index], slot, mask,
+                          self.dims)
         return hidden
 
-    def _attention(self, index, x, w: LayerWeights, cos, sin, cache, slot, mask):
-        batch, length, _ = x.shape
-        group = self.heads // self.kv_heads
-        qkv = F.linear(x, w.qkv_weight, w.qkv_bias)
-        # megatron's fused QKV layout per query group: [q_1..q_group, k, v] x head_dim
-        qkv = qkv.view(batch, length, self.kv_heads, group + 2, self.head_dim)
-        q = qkv[:, :, :, :group].permute(0, 2, 3, 1, 4)  # [B, kv, group, S, D]
-        k = qkv[:, :, :, group].transpose(1, 2)  # [B, kv, S, D]
-        v = qkv[:, :, :, group + 1].transpose(1, 2)
-        q = _rotate(q, cos[:, :, None], sin[:, :, None])
-        k = _rotate(k, cos, sin)
-        keys, values = cache.keys[index], cache.values[index]
-        if isinstance(slot, int):
-            keys[:, :, slot:slot + length] = k
-            values[:, :, slot:slot + length] = v
-            keys, values = keys[:, :, : slot + length], values[:, :, : slot + length]
-        else:  # decode under a CUDA graph: the slot is a device tensor, the shapes never change
-            keys.index_copy_(2, slot, k)
-            values.index_copy_(2, slot, v)
-        q = q.reshape(batch, self.kv_heads, group * length, self.head_dim)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=_group_mask(mask, group),
-                                             scale=self.scale)
-        out = out.view(batch, self.kv_heads, group, length, self.head_dim)
-        out = out.permute(0, 3, 1, 2, 4).reshape(batch, length, self.heads * self.head_dim)
-        return self._reduce(F.linear(out, w.proj_weight), w.proj_bias)
 
-    def _mlp(self, x, w: LayerWeights):
-        gate, up = F.linear(x, w.fc1_weight, w.fc1_bias).chunk(2, dim=-1)
-        return self._reduce(F.linear(F.silu(gate) * up, w.fc2_weight), w.fc2_bias)
+@dataclass(frozen=True)
+class Dims:
+    heads: int  # query heads on this rank
+    kv_heads: int
+    head_dim: int
+    eps: float
+    scale: float
+    tp_group: object | None
 
-    def _reduce(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self.tp_group is not None:
-            dist.all_reduce(x, group=self.tp_group)
-        return x if bias is None else x + bias
+
+def layer_step(hidden, w: LayerWeights, cos, sin, keys, values, slot, mask, dims: Dims):
+    """One transformer layer over new tokens; writes their keys/values into the layer's cache."""
+    normed = F.rms_norm(hidden, hidden.shape[-1:], w.input_norm, dims.eps)
+    hidden = hidden + _attention(normed, w, cos, sin, keys, values, slot, mask, dims)
+    normed = F.rms_norm(hidden, hidden.shape[-1:], w.mlp_norm, dims.eps)
+    gate, up = F.linear(normed, w.fc1_weight, w.fc1_bias).chunk(2, dim=-1)
+    return hidden + _reduce(F.linear(F.silu(gate) * up, w.fc2_weight), w.fc2_bias, dims)
+
+
+def _attention(x, w: LayerWeights, cos, sin, keys, values, slot, mask, dims: Dims):
+    batch, length, _ = x.shape
+    group = dims.heads // dims.kv_heads
+    qkv = F.linear(x, w.qkv_weight, w.qkv_bias)
+    # megatron's fused QKV layout per query group: [q_1..q_group, k, v] x head_dim
+    qkv = qkv.view(batch, length, dims.kv_heads, group + 2, dims.head_dim)
+    q = qkv[:, :, :, :group].permute(0, 2, 3, 1, 4)  # [B, kv, group, S, D]
+    k = qkv[:, :, :, group].transpose(1, 2)  # [B, kv, S, D]
+    v = qkv[:, :, :, group + 1].transpose(1, 2)
+    q = _rotate(q, cos[:, :, None], sin[:, :, None])
+    k = _rotate(k, cos, sin)
+    if isinstance(slot, int):
+        keys[:, :, slot:slot + length] = k
+        values[:, :, slot:slot + length] = v
+        keys, values = keys[:, :, : slot + length], values[:, :, : slot + length]
+    else:  # decode under a CUDA graph: the slot is a device tensor, the shapes never change
+        keys.index_copy_(2, slot, k)
+        values.index_copy_(2, slot, v)
+    q = q.reshape(batch, dims.kv_heads, group * length, dims.head_dim)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=_group_mask(mask, group),
+                                         scale=dims.scale)
+    out = out.view(batch, dims.kv_heads, group, length, dims.head_dim)
+    out = out.permute(0, 3, 1, 2, 4).reshape(batch, length, dims.heads * dims.head_dim)
+    return _reduce(F.linear(out, w.proj_weight), w.proj_bias, dims)
+
+
+def _reduce(x: torch.Tensor, bias: torch.Tensor | None, dims: Dims) -> torch.Tensor:
+    """Row-parallel output: sum the tensor-parallel partial results, then add the bias."""
+    if dims.tp_group is not None:
+        dist.all_reduce(x, group=dims.tp_group)
+    return x if bias is None else x + bias
 
 
 class KVCache:

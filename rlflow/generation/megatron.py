@@ -34,12 +34,15 @@ class MegatronGeneration(GenerationBackend):
 
     name = "megatron"
 
-    def __init__(self, policy, pad_token_id: int, max_batch_size: int, cuda_graphs: bool | None = None):
+    def __init__(self, policy, pad_token_id: int, max_batch_size: int, cuda_graphs: bool = True,
+                 compile_decode: bool = False):
         self.policy = policy
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
         device = next(policy.core.parameters()).device
-        self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.cuda_graphs = cuda_graphs and device.type == "cuda"  # graphs exist on GPUs only
+        self.compile_decode = compile_decode
+        self._decoder: Decoder | None = None
         self._graphs: dict[tuple[int, int], tuple[KVCache, DecodeGraph]] = {}
         self.last_timings: dict[str, float] = {}
 
@@ -86,7 +89,9 @@ class MegatronGeneration(GenerationBackend):
         input_ids, valid = _left_pad(rows, self.pad_token_id, device)
         media = Media.concat([p.media for p in prompts]).to(device)
         batch, prompt_len = input_ids.shape
-        decoder = Decoder(core)
+        if self._decoder is None:  # views of the weights: built once, current after every update
+            self._decoder = Decoder(core, compile_decode=self.compile_decode)
+        decoder = self._decoder
         cache, graph = self._cache(decoder, batch, prompt_len + params.max_new_tokens, device)
         generator = torch.Generator(device=device).manual_seed(seed)
 

@@ -17,6 +17,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlflow.model.presets import PRESET_NAMES
+
 SPECIAL_TOKENS = [
     "<|endoftext|>",
     "<|im_start|>",
@@ -60,22 +62,41 @@ _WORDS = (
 
 
 @dataclass(frozen=True)
-class TinySizes:
-    """Shapes of the tiny model. head_dim = hidden / heads must be >= 32 for vLLM's CPU attention."""
+class ModelSizes:
+    """Shapes of a random Qwen2.5-VL. head_dim = hidden / heads must be >= 32 for vLLM's CPU attention.
+
+    vocab_size is the model's (embedding rows); the tokenizer has tokenizer_vocab entries, like real
+    checkpoints whose embedding is padded past the tokenizer.
+    """
 
     vocab_size: int = 512
+    tokenizer_vocab: int = 512
     hidden: int = 128
     intermediate: int = 384
     layers: int = 4
     heads: int = 4
     kv_heads: int = 2
+    tie_embeddings: bool = False
+    rope_theta: float = 10000.0
     vision_depth: int = 2
     vision_hidden: int = 64
+    vision_intermediate: int = 128
     vision_heads: int = 2
+    vision_full_attention: tuple[int, ...] = (1,)
 
+
+PRESETS = {
+    "tiny": ModelSizes(),
+    # Qwen2.5-VL-3B's shapes (3.75 B parameters), for GPU benchmarks with random weights.
+    "qwen25vl-3b": ModelSizes(vocab_size=151936, hidden=2048, intermediate=11008, layers=36, heads=16,
+                              kv_heads=2, tie_embeddings=True, rope_theta=1000000.0, vision_depth=32,
+                              vision_hidden=1280, vision_intermediate=3420, vision_heads=16,
+                              vision_full_attention=(7, 15, 23, 31)),
+}
+assert tuple(PRESETS) == PRESET_NAMES, "rlflow/model/presets.py lists the CLI's preset names"
 
 def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, lm_head_scale: float = 1.0,
-                          sizes: TinySizes = TinySizes()) -> Path:
+                          sizes: ModelSizes = PRESETS["tiny"], device: str = "cpu") -> Path:
     """Write a tiny random Qwen2.5-VL checkpoint to `out_dir` (created); bit-reproducible per seed.
 
     lm_head_scale > 1 widens the random logits (fewer near-ties): parity tests use it so greedy
@@ -87,14 +108,14 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, lm_head_scale: flo
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _build_tokenizer(sizes.vocab_size, seed)
+    tokenizer = _build_tokenizer(sizes.tokenizer_vocab, seed)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     head_dim = sizes.hidden // sizes.heads
     half = head_dim // 2  # mrope sections (temporal, height, width) sum to head_dim / 2
     mrope_section = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
     config = Qwen2_5_VLConfig(
         text_config=dict(
-            vocab_size=len(tokenizer),
+            vocab_size=max(sizes.vocab_size, len(tokenizer)),
             hidden_size=sizes.hidden,
             intermediate_size=sizes.intermediate,
             num_hidden_layers=sizes.layers,
@@ -102,17 +123,17 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, lm_head_scale: flo
             num_key_value_heads=sizes.kv_heads,
             max_position_embeddings=4096,
             rms_norm_eps=1e-6,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+            rope_parameters={"rope_type": "default", "rope_theta": sizes.rope_theta,
                              "mrope_section": mrope_section},
             bos_token_id=ids["<|endoftext|>"],
             eos_token_id=ids["<|im_end|>"],
             pad_token_id=ids["<|endoftext|>"],
-            tie_word_embeddings=False,
+            tie_word_embeddings=sizes.tie_embeddings,
         ),
         vision_config=dict(
             depth=sizes.vision_depth,
             hidden_size=sizes.vision_hidden,
-            intermediate_size=2 * sizes.vision_hidden,
+            intermediate_size=sizes.vision_intermediate,
             num_heads=sizes.vision_heads,
             in_channels=3,
             patch_size=14,
@@ -120,18 +141,20 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, lm_head_scale: flo
             temporal_patch_size=2,
             window_size=112,
             out_hidden_size=sizes.hidden,
-            fullatt_block_indexes=[sizes.vision_depth - 1],
+            fullatt_block_indexes=list(sizes.vision_full_attention),
             tokens_per_second=2,
         ),
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
+        tie_word_embeddings=sizes.tie_embeddings,
     )
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).eval()
-    if lm_head_scale != 1.0:
+    with torch.device(device):  # a 3B-shaped model initialises in seconds on a GPU
+        model = Qwen2_5_VLForConditionalGeneration._from_config(
+            config, dtype=torch.float32 if device == "cpu" else torch.bfloat16).eval()
+    if lm_head_scale != 1.0 and not sizes.tie_embeddings:
         with torch.no_grad():
             model.lm_head.weight.mul_(lm_head_scale)
     model.generation_config = GenerationConfig(
