@@ -15,7 +15,8 @@ from rlflow.pins.fix import Edit, Refusal, plan
 from rlflow.pins.model import Finding, IndexDef, Pin
 
 UV_SAYS = {
-    "RF001": "uv lock would fail: Requirements contain conflicting URLs for package `{package}`",
+    "RF001": "uv lock would fail: Requirements contain conflicting URLs for package `{package}` "
+    "(unless both refs name the same commit)",
     "RF003": "uv lock would fail for packages from this index: Requirements contain "
     "conflicting indexes",
     "RF004": "uv lock would fail: No solution found when resolving dependencies",

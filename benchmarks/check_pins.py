@@ -1,0 +1,267 @@
+"""Wall time of `rlflow check-pins` vs `uv lock --check` on one repository with three submodules.
+
+The repository has the NeMo-RL shape: a training repo whose submodules are Megatron-Bridge
+(which nests Megatron-LM, as the real one does) and Automodel. Their pyprojects carry realistic
+dependency lists (torch, transformers, datasets, ...) and git pins of emerging-optimizers and
+fast-hadamard-transform that point at local `file://` repositories with tags. The pins agree,
+so `uv lock` succeeds and `uv lock --check` has a lockfile to verify.
+
+Each sample is a fresh process, as a user or a pre-commit hook runs it; commands are
+interleaved so a busy machine slows them alike. Reported: median, min and max of
+
+  pins agree, lock up to date (nothing to find):
+    rlflow check-pins                 the console script, bytecode cached (a normal install)
+    rlflow check-pins, no .pyc        every module compiled from source (cold install)
+    uv lock --check                   warm uv cache (network allowed) and --offline
+    uv lock / uv lock --check         cold uv cache: a fresh CI runner or clone
+  after a Megatron-LM bump (each sample a new bump, the incident):
+    rlflow check-pins                 exit 1, RF001 naming both files and the fix
+    uv lock --check, then uv lock     warm cache; exit 1, "conflicting URLs"
+
+Submodule metadata is measured both ways: static (uv reads pyproject.toml) and dynamic
+(setuptools computes the version, as Megatron-LM and Megatron-Bridge do, so uv must build).
+Needs the network for uv (PyPI metadata of torch, transformers, ...).
+
+    uv run python benchmarks/check_pins.py [--runs 15] [--uv-runs 7] [--cold-runs 2] [--bump-runs 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rlflow.pins.example import add_submodule, git, make_repo  # noqa: E402
+
+BIN = Path(sys.executable).parent
+HATCH = '\n[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
+
+
+SETUPTOOLS = """
+[build-system]
+requires = ["setuptools>=77", "pybind11"]
+build-backend = "setuptools.build_meta"
+
+[tool.setuptools.dynamic]
+version = {{ attr = "{module}.package_info.__version__" }}
+
+[tool.setuptools.packages.find]
+include = ["{top}*"]
+"""
+
+
+def leaf(name: str, version: str) -> str:
+    return f'[project]\nname = "{name}"\nversion = "{version}"\nrequires-python = ">=3.10"\n{HATCH}'
+
+
+def metadata(dynamic: bool, version: str, module: str) -> tuple[str, str, dict[str, str]]:
+    """(version line, build-system tables, extra files) for a submodule project.
+
+    dynamic=True is how Megatron-LM and Megatron-Bridge really ship: a setuptools build whose
+    version is computed, so uv must run the build backend to learn the metadata.
+    """
+    if not dynamic:
+        return f'version = "{version}"', HATCH, {}
+    top = module.split(".")[0]
+    files = {f"{module.replace('.', '/')}/package_info.py": f'__version__ = "{version}"\n'}
+    parts = module.split(".")
+    for i in range(1, len(parts) + 1):
+        files.setdefault("/".join(parts[:i]) + "/__init__.py", "")
+    return 'dynamic = ["version"]', SETUPTOOLS.format(module=module, top=top), files
+
+
+def build(base: Path, dynamic: bool, bump_tags: int) -> Path:
+    """The benchmark repository; returns the root (the training repo)."""
+    urls = {}
+    for name, tags in (("emerging-optimizers", ("0.2.0", "0.3.0")),
+                       ("fast-hadamard-transform", ("1.0.4",))):
+        repo = None
+        for version in tags:
+            if repo is None:
+                repo = make_repo(base / "upstream" / name, {"pyproject.toml": leaf(name, version)})
+            else:
+                (repo / "pyproject.toml").write_text(leaf(name, version))
+                git(repo, "commit", "-qam", version)
+            git(repo, "tag", f"v{version}")
+        if name == "emerging-optimizers":  # the tags later Megatron-LM bumps move to
+            for i in range(bump_tags):  # each its own commit: uv compares resolved commits
+                (repo / "pyproject.toml").write_text(leaf(name, f"0.4.{i}"))
+                git(repo, "commit", "-qam", f"0.4.{i}")
+                git(repo, "tag", f"v0.4.{i}")
+        urls[name] = f"file://{repo}"
+    lm_version, lm_build, lm_files = metadata(dynamic, "0.19.2", "megatron.core")
+    lm = make_repo(base / "upstream" / "Megatron-LM", {**lm_files, "pyproject.toml": f"""\
+[project]
+name = "megatron-core"
+{lm_version}
+requires-python = ">=3.10"
+dependencies = ["torch>=2.6", "numpy>=1.26", "packaging>=24.2"]
+
+[project.optional-dependencies]
+dev = ["emerging_optimizers", "fast-hadamard-transform", "einops~=0.8", "tensorstore",
+       "nvtx", "transformers", "setuptools", "opentelemetry-api"]
+mlm = ["flask-restful", "sentencepiece", "tiktoken", "wandb", "transformers"]
+
+[dependency-groups]
+test = ["pytest", "pytest-mock", "coverage"]
+
+[tool.uv.sources]
+emerging_optimizers = {{ git = "{urls['emerging-optimizers']}", rev = "v0.3.0" }}
+fast-hadamard-transform = {{ git = "{urls['fast-hadamard-transform']}", rev = "v1.0.4" }}
+{lm_build}"""})
+    mb_version, mb_build, mb_files = metadata(dynamic, "0.6.2", "megatron.bridge")
+    bridge = make_repo(base / "upstream" / "Megatron-Bridge", {**mb_files, "pyproject.toml": f"""\
+[project]
+name = "megatron-bridge"
+{mb_version}
+requires-python = ">=3.10"
+dependencies = ["megatron-core[dev,mlm]", "transformers>=5.0", "datasets", "accelerate",
+                "omegaconf", "hydra-core", "tqdm", "pillow", "qwen-vl-utils", "regex", "rich"]
+
+[tool.uv.sources]
+megatron-core = {{ path = "3rdparty/Megatron-LM", editable = true }}
+{mb_build}"""})
+    add_submodule(bridge, lm, "3rdparty/Megatron-LM")
+    automodel = make_repo(base / "upstream" / "Automodel", {"pyproject.toml": f"""\
+[project]
+name = "nemo-automodel"
+version = "0.3.0"
+requires-python = ">=3.10"
+dependencies = ["torch>=2.6", "transformers>=5.0", "datasets", "torchdata", "pyyaml", "wandb"]
+{HATCH}"""})
+    root = make_repo(base / "trainer", {"pyproject.toml": f"""\
+[project]
+name = "trainer"
+version = "0.1.0"
+requires-python = ">=3.12"
+dependencies = ["torch==2.11.0", "transformers==5.17.0", "numpy>=2.0"]
+
+[project.optional-dependencies]
+mcore = ["megatron-bridge"]
+automodel = ["nemo-automodel"]
+
+[tool.uv]
+# Flow transitively from megatron-core[dev]: keep in sync with Megatron-LM's [tool.uv.sources].
+constraint-dependencies = [
+    "emerging-optimizers @ git+{urls['emerging-optimizers']}@v0.3.0",
+    "fast-hadamard-transform @ git+{urls['fast-hadamard-transform']}@v1.0.4",
+]
+
+[tool.uv.sources]
+megatron-bridge = {{ path = "submodules/Megatron-Bridge", editable = true }}
+nemo-automodel = {{ path = "submodules/Automodel", editable = true }}
+"""})
+    add_submodule(root, bridge, "submodules/Megatron-Bridge")
+    add_submodule(root, automodel, "submodules/Automodel")
+    return root
+
+
+def run_once(command: list[str], cwd: Path, env: dict, expect: int = 0, says: str = "") -> float:
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    output = done.stdout + done.stderr
+    assert done.returncode == expect and says in output, f"{command}: exit {done.returncode}\n{output}"
+    return elapsed
+
+
+def bump_megatron_lm(root: Path, tag: str) -> None:
+    """What the nightly bump bot does: Megatron-LM moves emerging-optimizers to a new tag and
+    only the gitlinks are updated; the root pyproject still says v0.3.0."""
+    lm = root / "submodules/Megatron-Bridge/3rdparty/Megatron-LM"
+    text = (lm / "pyproject.toml").read_text()
+    text = re.sub(r'(emerging_optimizers = .*rev = ")[^"]+', rf"\g<1>{tag}", text)
+    (lm / "pyproject.toml").write_text(text)
+    git(lm, "commit", "-qam", f"emerging-optimizers {tag}")
+    git(root / "submodules/Megatron-Bridge", "commit", "-qam", f"bump Megatron-LM ({tag})")
+    git(root, "commit", "-qam", f"bump Megatron-Bridge ({tag})")
+
+
+def row(name: str, samples: list[float], baseline: float | None) -> str:
+    median = statistics.median(samples)
+    ratio = f"{median / baseline:.1f}x" if baseline else "1x"
+    return (f"| {name} | {median:.3f} | {min(samples):.3f} | {max(samples):.3f} | {len(samples)} "
+            f"| {ratio} |")
+
+
+def measure(base: Path, dynamic: bool, args) -> None:
+    root = build(base, dynamic, bump_tags=args.bump_runs)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    uv_env = {**env, "UV_CACHE_DIR": str(base / "uv-cache"), "UV_PYTHON": sys.executable,
+              "UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1"}
+    uv = [str(BIN / "uv"), "lock", "--check", "-q"]
+    cold = [run_once(uv[:2] + ["-q"], root, {**uv_env, "UV_CACHE_DIR": str(base / "cold-0")})]
+    git(root, "add", "uv.lock")
+    git(root, "commit", "-qm", "lock")
+    cold += [run_once(uv, root, {**uv_env, "UV_CACHE_DIR": str(base / f"cold-{i}")})
+             for i in range(1, args.cold_runs)]
+    run_once(uv, root, uv_env)  # warms the benchmark's own cache
+    check = [str(BIN / "rlflow"), "check-pins"]
+    run_once(check, root, env)  # writes the .pyc files a normal install has
+    # An empty cache prefix and no writing: every module compiled from source, every time.
+    no_pyc = {**env, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(base / "no-pyc")}
+    samples: dict[str, list[float]] = {k: [] for k in
+                                       ("pins", "nopyc", "start", "uv", "offline", "bpins", "buv", "block")}
+    for i in range(args.runs):  # interleaved, so a busy machine slows every command alike
+        samples["pins"].append(run_once(check, root, env))
+        samples["nopyc"].append(run_once(check, root, no_pyc))
+        samples["start"].append(run_once([sys.executable, "-c", "pass"], root, env))
+        if i < args.uv_runs:
+            samples["uv"].append(run_once(uv, root, uv_env))
+            samples["offline"].append(run_once(uv + ["--offline"], root, uv_env))
+    for i in range(args.bump_runs):  # each sample is a new bump: uv cannot reuse its last answer
+        bump_megatron_lm(root, f"v0.4.{i}")
+        samples["bpins"].append(run_once(check, root, env, 1, "error[RF001]"))
+        samples["buv"].append(run_once(uv, root, uv_env, 1, "conflicting URLs"))
+        samples["block"].append(run_once(uv[:2], root, uv_env, 1, "conflicting URLs"))
+    report(root, dynamic, samples, cold)
+
+
+def report(root: Path, dynamic: bool, samples: dict[str, list[float]], cold: list[float]) -> None:
+    base = statistics.median(samples["pins"])
+    kind = ("dynamic: setuptools computes the version, as Megatron-LM and Megatron-Bridge do"
+            if dynamic else "static: uv reads pyproject.toml, no build")
+    print(f"\n### Submodule metadata {kind}\n")
+    print(f"3 submodules (Megatron-Bridge nesting Megatron-LM, Automodel), "
+          f"{len(list(root.rglob('pyproject.toml')))} pyproject.toml files; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs after the runs\n")
+    print("| command | median s | min s | max s | runs | / check-pins |")
+    print("|---|---|---|---|---|---|")
+    print(row("pins agree, lock up to date: `rlflow check-pins`", samples["pins"], None))
+    print(row("... `rlflow check-pins`, no bytecode cache (all compiled from source)",
+              samples["nopyc"], base))
+    print(row("... `python -c pass` (interpreter start-up)", samples["start"], base))
+    print(row("... `uv lock --check`, warm cache", samples["uv"], base))
+    print(row("... `uv lock --check --offline`, warm cache", samples["offline"], base))
+    print(row("... `uv lock` / `uv lock --check`, cold cache", cold, base))
+    bump = statistics.median(samples["bpins"])
+    print(row("after a Megatron-LM bump (the incident): `rlflow check-pins` (exit 1)",
+              samples["bpins"], base))
+    print(row("... `uv lock --check`, warm cache (exit 1: conflicting URLs)", samples["buv"], bump))
+    print(row("... `uv lock` right after, same bump (exit 1: conflicting URLs)",
+              samples["block"], bump))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    parser.add_argument("--uv-runs", type=int, default=7)
+    parser.add_argument("--cold-runs", type=int, default=2)
+    parser.add_argument("--bump-runs", type=int, default=7)
+    parser.add_argument("--metadata", choices=["static", "dynamic", "both"], default="both")
+    args = parser.parse_args()
+    for dynamic in {"static": [False], "dynamic": [True], "both": [False, True]}[args.metadata]:
+        with tempfile.TemporaryDirectory(prefix="rlflow-bench-pins-") as tmp:
+            measure(Path(tmp), dynamic, args)
+
+
+if __name__ == "__main__":
+    main()
