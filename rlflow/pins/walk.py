@@ -37,8 +37,11 @@ def walk(start: Path) -> Checkout:
                  "(or pass --repo) a uv project"))
     pyprojects, submodules = [""], []
     if (root / ".gitmodules").is_file():
-        import git  # heavy-ish: only repositories with submodules need it
-
+        try:
+            import git  # heavy-ish: only repositories with submodules need it
+        except ImportError as err:  # gitpython refuses to load without a git executable
+            raise RlflowError(Diagnostic("RF106", f"cannot run git: {err}".splitlines()[0],
+                                         help="install git (or set GIT_PYTHON_GIT_EXECUTABLE)")) from None
         _walk_level(git, root, "", pyprojects, submodules, seen=set())
     return Checkout(root, tuple(pyprojects), tuple(submodules))
 
