@@ -159,12 +159,12 @@ def pin_diagnostics(start: Path) -> list[Diagnostic]:
     compare: a warning says so. Findings that are errors refuse the submission.
     """
     from rlflow.errors import RlflowError
-    from rlflow.pins.command import analyse
-    from rlflow.pins.report import to_diagnostic
     from rlflow.pins.walk import walk
 
     try:
         checkout = walk(start)
+        from rlflow.pins.command import analyse
+
         analysis = analyse(checkout, (checkout.root / "pyproject.toml").read_text(encoding="utf-8"),
                            strict=False)
     except RlflowError as err:
@@ -172,6 +172,10 @@ def pin_diagnostics(start: Path) -> list[Diagnostic]:
             return [replace(d, severity="warning", message=f"pin check not run: {d.message}")
                     for d in err.diagnostics]
         return err.diagnostics
+    if not analysis.findings:
+        return []
+    from rlflow.pins.report import to_diagnostic  # ~50 ms of imports, only for findings
+
     found = [_rooted(to_diagnostic(f, analysis.findings), checkout.root) for f in analysis.findings]
     errors = sum(d.severity == "error" for d in found)
     if errors:

@@ -116,7 +116,8 @@ def prepare(recipe: Path, overrides: tuple[str, ...], flags, *, skip_pins: bool,
     script = render(plan)
     problems += check_all(loaded, plan, script, skip_pins=skip_pins, repo_root=Path(cwd))
     _raise_on_errors(problems)
-    recipe_text = f"# resolved by `rlflow submit` from {recipe}\n" + dump_recipe(loaded.data)
+    source = str(recipe).replace("\n", "\\n")  # one comment line, whatever the path holds
+    recipe_text = f"# resolved by `rlflow submit` from {source}\n" + dump_recipe(loaded.data)
     return Prepared(loaded, plan, script, recipe_text, problems, _pins_summary(problems, skip_pins))
 
 
@@ -181,11 +182,20 @@ def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
         final = staged.publish(job_id)
         slurm.release(job_id)
     except BaseException:
-        slurm.cancel(job_id)
+        _cancel_quietly(job_id)  # the held job never ran; take it back with its directory
         staged.discard()
         rundir.remove_published(staged.final)
         raise
     return job_id, final
+
+
+def _cancel_quietly(job_id: str) -> None:
+    from rlflow.launch import slurm
+
+    try:
+        slurm.cancel(job_id)
+    except RlflowError as err:
+        print_diagnostics(err.diagnostics)
 
 
 def show_submitted(prepared: Prepared, job_id: str, run_dir: Path, parsable: bool) -> None:

@@ -13,8 +13,8 @@ logs/rank-N.log, and watches them:
   --stop-grace for its other ranks, leaves a `stopped-node-K` marker and exits 0, so srun
   waits for slower nodes instead of killing them mid-save; the batch script then requeues.
 - SIGUSR1 (the time-limit warning) is passed on to every rank. Ranks may see it twice (Slurm
-  also signals every process of the step): treat it as a flag. SIGTERM is passed on, then
-  SIGKILL follows after the grace.
+  also signals every process of the step): treat it as a flag. SIGTERM (scancel, the hard
+  limit) is passed on, then SIGKILL follows after --stop-grace.
 
 Standard library only, no torch: it must start in a fraction of a second on every node.
 """
@@ -123,6 +123,7 @@ class Launcher:
               file=stream, flush=True)
 
     def run(self) -> int:
+        self.status_dir.mkdir(parents=True, exist_ok=True)
         for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda s, _frame: self.pending_signals.append(s))
         failed = self.start()
@@ -186,8 +187,10 @@ class Launcher:
                 self.say("time-limit warning (SIGUSR1): passing it on to the ranks")
                 self.signal_all(self.running(), signal.SIGUSR1)
             else:
+                # Slurm's own SIGKILL (after KillWait) bounds this; a rank that saves on SIGTERM
+                # gets the full grace rather than being cut short here.
                 self.say(f"{signal.Signals(signum).name}: stopping the ranks")
-                self.stop(self.running())
+                self.stop(self.running(), grace=self.stop_grace)
                 return 128 + signum
         return None
 
@@ -277,7 +280,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args, command = parse_args(sys.argv[1:] if argv is None else argv)
         info = node_info(dict(os.environ), args.num_nodes, args.ranks_per_node)
-        args.status_dir.mkdir(parents=True, exist_ok=True)
     except LaunchError as err:
         print(f"rlflow node launcher: error: {err}", file=sys.stderr, flush=True)
         return 2
