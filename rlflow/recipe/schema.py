@@ -97,13 +97,25 @@ class WarmStartConfig:
 
 
 @dataclass(frozen=True)
+class VllmPins:
+    python: str  # interpreter version of vLLM's own environment, e.g. "3.11"
+    installer: Literal["pip", "uv"]  # pip honours PIP_FIND_LINKS / PIP_EXTRA_INDEX_URL
+    packages: list[str]  # pinned requirements (a change builds a new environment)
+    remove: list[str]  # uninstalled after the install
+    patch_torchvision: bool  # make PyPI's CUDA torchvision importable next to a +cpu torch
+
+
+@dataclass(frozen=True)
 class VllmConfig:
-    env_dir: str  # per-node virtual environment for vLLM (built by `rlflow setup-env vllm`)
-    python: str  # interpreter version for that environment
-    packages: list[str]  # pinned requirements of that environment (a change rebuilds it)
-    kv_cache_space_gb: int
-    startup_timeout_s: int
-    request_timeout_s: int
+    env_root: str  # per-pin-set environments live in folders under it (`rlflow setup-env vllm`)
+    device: Literal["auto", "cpu", "cuda"]  # which pin set a node gets; auto: cuda where a driver is
+    cpu: VllmPins
+    cuda: VllmPins
+    kv_cache_space_gb: int  # CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)
+    gpu_memory_utilization: float  # CUDA only: share of the GPU vLLM may take (the trainer shares it)
+    enforce_eager: bool  # no CUDA graphs / compilation: fast start-up
+    startup_timeout_s: int  # the worker must be ready within this
+    request_timeout_s: int  # one generate or weight refresh must finish within this
 
 
 @dataclass(frozen=True)

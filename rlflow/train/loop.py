@@ -147,6 +147,8 @@ def _resume_or_start(t: Trainer) -> bool:
     latest = t.checkpointer.latest()
     if latest is None:
         warm_start(t)
+        if t.recipe.warm_start.num_steps:
+            t.backend.refresh_weights()  # backends with their own copy (hf, vllm) must see it
         if t.reference is not None:
             copy_weights(t.policy, t.reference)  # KL is measured against the policy GRPO starts from
             t.checkpointer.save_reference(t.reference.chunks)

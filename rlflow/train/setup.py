@@ -82,7 +82,8 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     train_data = build_dataset(recipe.data.train, recipe.data)
     val_data = build_dataset(recipe.data.validation, recipe.data)
     sampler = PromptSampler(len(train_data), recipe.grpo.num_prompts_per_step, recipe.run.seed)
-    backend = make_backend(recipe.generation, policy, encoder.pad_token_id, run_dir)
+    backend = make_backend(recipe.generation, policy, encoder.pad_token_id, run_dir,
+                           recipe.data.max_prompt_tokens)
     log = MetricsLog(run_dir, enabled=info.is_main, tensorboard=recipe.logging.tensorboard,
                      progress_bar=recipe.logging.progress_bar, total_steps=recipe.grpo.max_num_steps)
     return Trainer(recipe=recipe, run_dir=run_dir, info=info, policy=policy, reference=reference,
