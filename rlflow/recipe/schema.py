@@ -127,6 +127,8 @@ class GenerationConfig:
     top_k: int  # 0 disables top-k
     val_temperature: float  # 0 = greedy validation
     max_batch_size: int  # rollouts per generate call
+    cuda_graphs: bool  # megatron backend on GPUs: replay the decode step as a CUDA graph
+    compile_decode: bool  # megatron backend: torch.compile the decode layer (fuses small kernels)
     vllm: VllmConfig
 
 
