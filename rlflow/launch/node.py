@@ -12,9 +12,11 @@ logs/rank-N.log, and watches them:
 - ranks exit 75 (EX_TEMPFAIL: saved and stopped for the time limit): the launcher waits up to
   --stop-grace for its other ranks, leaves a `stopped-node-K` marker and exits 0, so srun
   waits for slower nodes instead of killing them mid-save; the batch script then requeues.
-- SIGUSR1 (the time-limit warning) is passed on to every rank. Ranks may see it twice (Slurm
-  also signals every process of the step): treat it as a flag. SIGTERM (scancel, the hard
-  limit) is passed on, then SIGKILL follows after --stop-grace.
+- SIGUSR1 (the time-limit warning) is passed on to every rank, and again every few seconds
+  until they exit: ranks start with SIGUSR1 ignored (so an early warning cannot kill a rank
+  still importing torch) and hear it once they install a handler. Treat it as a flag; Slurm
+  also signals every process of the step. SIGTERM (scancel, the hard limit) is passed on,
+  then SIGKILL follows after --stop-grace.
 
 Standard library only, no torch: it must start in a fraction of a second on every node.
 """
@@ -34,6 +36,7 @@ from pathlib import Path
 EX_TEMPFAIL = 75  # the trainer's "saved, stopped, please requeue" exit code
 KILL_GRACE_SECONDS = 10.0  # SIGTERM -> SIGKILL, like Slurm's KillWait
 POLL_SECONDS = 0.1
+WARNING_REPEAT_SECONDS = 5.0  # a rank that missed the warning (no handler yet) hears it again
 
 
 class LaunchError(Exception):
@@ -104,6 +107,21 @@ def rank_environment(base: dict[str, str], info: NodeInfo, local_rank: int) -> d
     return env
 
 
+def _ignore_warning_until_handled() -> None:
+    """In each rank, before exec: SIGUSR1's default action would kill it; SIG_IGN survives exec
+    until the rank installs its own handler."""
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+# Signals that arrive while this module is still starting (before Launcher.run installs its
+# handlers): recorded, not fatal, so an early time-limit warning cannot kill the launcher.
+_early_signals: list[int] = []
+
+
+def _record_early(signum: int, _frame) -> None:
+    _early_signals.append(signum)
+
+
 def exit_code(returncode: int) -> int:
     """Popen's returncode as a shell would report it (killed by signal N -> 128 + N)."""
     return 128 - returncode if returncode < 0 else returncode
@@ -117,6 +135,7 @@ class Launcher:
         self.ranks = [Rank(info.global_rank(i), i, log_dir / f"rank-{info.global_rank(i)}.log")
                       for i in range(info.ranks_per_node)]
         self.pending_signals: list[int] = []
+        self.warned_at: float | None = None  # when SIGUSR1 was last passed on
 
     def say(self, message: str, stream=sys.stdout) -> None:
         print(f"rlflow node {self.info.node_rank} ({self.info.hostname}): {message}",
@@ -126,6 +145,7 @@ class Launcher:
         self.status_dir.mkdir(parents=True, exist_ok=True)
         for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda s, _frame: self.pending_signals.append(s))
+        self.pending_signals += _early_signals
         failed = self.start()
         if failed is not None:
             return self.fail(failed)
@@ -148,7 +168,7 @@ class Launcher:
                     rank.process = subprocess.Popen(
                         self.command, env=rank_environment(dict(os.environ), self.info, rank.local_rank),
                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                        start_new_session=True)
+                        start_new_session=True, preexec_fn=_ignore_warning_until_handled)
                 except OSError as err:
                     log.write(f"rlflow: cannot run {self.command[0]!r}: {err}\n".encode())
                     rank.exit_code = 127 if isinstance(err, FileNotFoundError) else 126
@@ -162,6 +182,9 @@ class Launcher:
             code = self.handle_signals()
             if code is not None:
                 return code
+            if self.warned_at is not None and time.monotonic() - self.warned_at >= WARNING_REPEAT_SECONDS:
+                self.warned_at = time.monotonic()
+                self.signal_all(self.running(), signal.SIGUSR1)
             for rank in self.running():
                 code = rank.process.poll()
                 if code is not None:
@@ -185,6 +208,7 @@ class Launcher:
             signum = self.pending_signals.pop(0)
             if signum == signal.SIGUSR1:
                 self.say("time-limit warning (SIGUSR1): passing it on to the ranks")
+                self.warned_at = time.monotonic()
                 self.signal_all(self.running(), signal.SIGUSR1)
             else:
                 # Slurm's own SIGKILL (after KillWait) bounds this; a rank that saves on SIGTERM
@@ -277,6 +301,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGUSR1, _record_early)
     try:
         args, command = parse_args(sys.argv[1:] if argv is None else argv)
         info = node_info(dict(os.environ), args.num_nodes, args.ranks_per_node)

@@ -22,6 +22,8 @@ HARNESS = Path(__file__).resolve().parents[1] / "slurm"
 NUM_NODES = 8
 GPUS_PER_NODE = 4
 START_TIMEOUT_SECONDS = 900  # a fresh machine apt-get installs ~30 packages first
+STATE_PREFIX = "rlflow-slurm-"
+OWNER_FILE = "owner-pid"  # the pytest process using the cluster
 
 
 @dataclass(frozen=True)
@@ -63,12 +65,29 @@ def _stop(state: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+def _reap_abandoned_clusters() -> None:
+    """Stop clusters whose test session was killed before its teardown (its pid is gone)."""
+    for state in Path("/tmp").glob(f"{STATE_PREFIX}*"):
+        try:
+            owner = int((state / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue  # being set up right now, or not made by this fixture
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            _stop(state)
+        except PermissionError:
+            pass  # alive, someone else's
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """A running 8-node cluster with SLURM_CONF exported for the whole session."""
+    _reap_abandoned_clusters()
     # munged and mysqld must reach the state dir: /tmp, not pytest's 0700 tmp tree.
-    state = Path(tempfile.mkdtemp(prefix="rlflow-slurm-", dir="/tmp"))
+    state = Path(tempfile.mkdtemp(prefix=STATE_PREFIX, dir="/tmp"))
     state.chmod(0o755)
+    (state / OWNER_FILE).write_text(str(os.getpid()))
     base = _free_port_block(NUM_NODES + 12)
     started = subprocess.run(["bash", str(HARNESS / "start.sh"), str(state)], env=_harness_env(base),
                              capture_output=True, text=True, timeout=START_TIMEOUT_SECONDS)

@@ -111,6 +111,26 @@ def test_usr1_reaches_every_rank(tmp_path):
     assert (tmp_path / "status" / "stopped-node-0").exists()
 
 
+def test_an_early_warning_neither_kills_a_starting_rank_nor_goes_unheard(tmp_path):
+    """The warning arrives while the ranks are still starting (no handler yet, like a trainer
+    importing torch): they must not die of it, and hear it once their handler is in place."""
+    code = ("import os, signal, sys, time\n"
+            "open(os.environ['READY'] + os.environ['RANK'], 'w').close()\n"
+            "time.sleep(1)  # still starting: the warning comes now\n"
+            "got = []\n"
+            "signal.signal(signal.SIGUSR1, lambda *_: got.append(1))\n"
+            "deadline = time.time() + 60\n"
+            "while not got and time.time() < deadline: time.sleep(0.05)\n"
+            "sys.exit(75 if got else 3)\n")
+    env = {**node_env(), "READY": str(tmp_path / "ready-")}
+    process = launch(tmp_path, code, ranks=2, env=env)
+    wait_for_files([tmp_path / "ready-0", tmp_path / "ready-1"])
+    process.send_signal(signal.SIGUSR1)
+    exit_code, output = finish(process)
+    assert exit_code == 0, output
+    assert (tmp_path / "status" / "stopped-node-0").read_text() == "ranks 0,1 on node1 exited 75\n"
+
+
 def test_ranks_that_ignore_a_requeue_are_stopped_after_the_grace(tmp_path):
     code = ("import os, sys, time\n"
             "if os.environ['LOCAL_RANK'] == '0': sys.exit(75)\n"
