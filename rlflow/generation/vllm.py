@@ -121,7 +121,9 @@ class VLLMGeneration(GenerationBackend):
             raise RlflowError(Diagnostic(
                 "vllm.worker-failed", f"vLLM {what} failed; the run cannot go on with this backend",
                 notes=tuple(str(err).splitlines()),
-                help=f"vLLM's log: {self.log_path}"), exit_code=EXIT_FINDINGS) from None
+                help="the run stops here rather than go on with stale weights or a dead engine; "
+                     "rerun after fixing the cause (a run resumes from its last checkpoint)"),
+                exit_code=EXIT_FINDINGS) from None
 
     def _fail(self, reason: str) -> None:
         self._failed = reason

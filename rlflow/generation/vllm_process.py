@@ -140,11 +140,12 @@ class WorkerProcess:
             return "(no log)"
 
     def _failure(self, headline: str, error: str | None = None) -> str:
-        parts = [headline]
+        """The error's last line up front; its traceback tail if it answered, else the log tail."""
         if error:
-            parts.append("worker error:\n" + _last_lines(error, 12))
-        parts.append(f"last lines of {self.log_path}:\n{self.log_tail()}")
-        return "\n".join(parts)
+            last = error.rstrip().splitlines()[-1]
+            return (f"{headline}: {last}\nworker traceback (end):\n{_last_lines(error, 12)}\n"
+                    f"full log: {self.log_path}")
+        return f"{headline}\nlast lines of {self.log_path}:\n{self.log_tail()}"
 
 
 def _last_lines(text: str, count: int) -> str:
