@@ -1,0 +1,78 @@
+"""Wall time of `rlflow submit --dry-run`, the login-node command (target: under 0.5 s).
+
+Each sample is a fresh process, as a user runs it: the `rlflow` console script, the recipe
+loaded and checked, the script rendered, `bash -n`, the pin check, the output printed. The
+median of --runs samples is reported (wall and CPU time), with the interpreter's own
+start-up as a baseline.
+
+    uv run python benchmarks/submit_dry_run.py [--runs 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# The console script users run; `python -m rlflow.cli` where it is not installed (a bare copy).
+_SCRIPT = Path(sys.executable).parent / "rlflow"
+RLFLOW = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "rlflow.cli"]
+CASES = {
+    "tests/launch/recipes/tiny-cpu.yaml --nodes 8 --gpus 4": [
+        str(REPO / "tests/launch/recipes/tiny-cpu.yaml"), "--nodes", "8", "--gpus", "4"],
+    "recipes/vlm_grpo-qwen25vl-3b-clevr-4n8g-megatron-tp2.yaml --nodes 4 --gpus 8": [
+        str(REPO / "recipes/vlm_grpo-qwen25vl-3b-clevr-4n8g-megatron-tp2.yaml"), "--nodes", "4",
+        "--gpus", "8"],
+}
+
+
+def sample(argv: list[str], cwd: Path, runs: int) -> tuple[list[float], list[float]]:
+    """Wall seconds and CPU seconds (user + system, the process and its children) per run.
+    CPU time barely moves when other work shares the machine; wall time does."""
+    walls, cpus = [], []
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+        walls.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        assert done.returncode == 0, done.stderr
+    return walls, cpus
+
+
+def row(name: str, where: str, times: tuple[list[float], list[float]]) -> str:
+    walls, cpus = times
+    return (f"| {name} | {where} | {statistics.median(walls) * 1000:.0f} | "
+            f"{min(walls) * 1000:.0f} | {max(walls) * 1000:.0f} | {statistics.median(cpus) * 1000:.0f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    runs = parser.parse_args().runs
+    print(f"{runs} runs each; times in ms; rlflow = {' '.join(RLFLOW)}; "
+          f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
+    print("| command | working directory | wall median | wall min | wall max | CPU median |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    print(row("python -c pass (interpreter start-up)", "-",
+              sample([sys.executable, "-c", "pass"], REPO, runs)))
+    print(row("rlflow --help", "-", sample([*RLFLOW, "--help"], REPO, runs)))
+    with tempfile.TemporaryDirectory() as outside:
+        for name, args in CASES.items():
+            argv = [*RLFLOW, "submit", *args, "--dry-run"]
+            print(row(f"rlflow submit {name} --dry-run", "this repository (pin check runs)",
+                      sample(argv, REPO, runs)))
+            print(row(f"rlflow submit {name} --dry-run", "outside git (no pin check)",
+                      sample(argv, Path(outside), runs)))
+
+
+if __name__ == "__main__":
+    main()
