@@ -153,14 +153,18 @@ def show_dry_run(prepared: Prepared) -> None:
     out("dry run: nothing submitted, no Slurm controller contacted")
 
 
+def _shape(plan) -> str:
+    nodes, gpus = plan.num_nodes, plan.gpus_per_node
+    return f"{nodes} node{'s' * (nodes != 1)} x {gpus} GPU{'s' * (gpus != 1)}"
+
+
 def _summary(plan) -> str:
     hours = plan.time_limit_seconds / 3600
     return "\n".join([
         f"run dir:    {plan.run_dir}",
-        f"job:        {plan.job_name!r}: {plan.num_nodes} nodes x {plan.gpus_per_node} GPUs = "
-        f"{plan.world_size} ranks, time limit {plan.time_limit}",
-        f"GPU-hours:  {plan.gpu_hours:.1f} ({plan.num_nodes} nodes x {plan.gpus_per_node} GPUs x "
-        f"{hours:.2f} h)",
+        f"job:        {plan.job_name!r}: {_shape(plan)} = {plan.world_size} "
+        f"rank{'s' * (plan.world_size != 1)}, time limit {plan.time_limit}",
+        f"GPU-hours:  {plan.gpu_hours:.1f} ({_shape(plan)} x {hours:.2f} h)",
         f"each rank:  {' '.join(plan.rank_command)}",
     ])
 
@@ -203,8 +207,8 @@ def show_submitted(prepared: Prepared, job_id: str, run_dir: Path, parsable: boo
         click.echo(job_id)
         return
     plan = prepared.plan
-    click.echo(f"submitted job {job_id}: {plan.num_nodes} nodes x {plan.gpus_per_node} GPUs, "
-               f"time limit {plan.time_limit} ({plan.gpu_hours:.1f} GPU-hours)")
+    click.echo(f"submitted job {job_id}: {_shape(plan)}, time limit {plan.time_limit} "
+               f"({plan.gpu_hours:.1f} GPU-hours)")
     click.echo(f"run dir: {run_dir}")
     click.echo(f"logs:    {run_dir / 'logs' / 'rank-0.log'}   (rlflow logs {job_id} --follow)")
 

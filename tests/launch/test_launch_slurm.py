@@ -17,6 +17,7 @@ import pytest
 from launch_helpers import (
     PYTHON,
     RECIPES,
+    REPO,
     batch_log,
     job_fields,
     payload_command,
@@ -57,6 +58,22 @@ def test_allreduce_over_8_nodes_x_4_gpus(tmp_path):
     assert fields["NumNodes"] == "8" and "gres/gpu=32" in fields["TRES"]
     assert "cluster:\n  num_nodes: 8\n  gpus_per_node: 4\n" in (run_dir / "recipe.yaml").read_text()
     assert json.loads((run_dir / "git.json").read_text())["repository"] is None
+
+
+def test_the_default_command_trains_from_the_run_directory(tmp_path):
+    """No --command: every rank runs `<slurm.rlflow_command> train RUN_DIR/recipe.yaml --run-dir
+    RUN_DIR`, the real trainer on its tiny built-in model, for one step. Submitted from the
+    repository (where `uv run` finds the project, and the pin check runs on it)."""
+    job, run_dir = submit(REPO / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml",
+                          f"run.output_dir={tmp_path}", "grpo.max_num_steps=1",
+                          "warm_start.num_steps=0", "grpo.val_at_start=false",
+                          "grpo.val_at_end=false", "--nodes", "1", "--gpus", "1", cwd=REPO)
+    fields = wait_done(job, timeout=600, run_dir=run_dir)
+    assert fields["JobState"] == "COMPLETED", batch_log(run_dir, job)
+    assert f"train {run_dir}/recipe.yaml --run-dir {run_dir}" in batch_log(run_dir, job)
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1]
+    assert json.loads((run_dir / "git.json").read_text())["repository"] == str(REPO)
 
 
 def test_one_failing_rank_fails_the_job_at_once(tmp_path):
