@@ -176,6 +176,7 @@ class SlurmConfig:
     signal_grace_seconds: int  # Slurm sends SIGUSR1 this long before the time limit
     max_requeues: int  # requeue after a time-limit warning at most this many times
     rlflow_command: str  # how the nodes run rlflow, e.g. "uv run --frozen rlflow" or ".venv/bin/rlflow"
+    request_gpus: bool  # false on CPU-only clusters: no GPU request; --gpus is then ranks per node
 
 
 @dataclass(frozen=True)
