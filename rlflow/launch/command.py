@@ -31,7 +31,7 @@ Examples:
   rlflow submit recipes/vlm_grpo-qwen25vl-3b-clevr-4n8g-megatron-tp2.yaml --nodes 4 --gpus 8 --dry-run
   rlflow submit recipes/base.yaml grpo.max_num_steps=20 --nodes 8 --gpus 4 --time 02:00:00
   rlflow submit recipes/base.yaml --nodes 1 --gpus 2 --command "python smoke.py --steps 3"
-  rlflow submit recipes/eval.yaml --nodes 1 --gpus 8 --after 1234
+  rlflow submit recipes/tiny-qwen25vl-clevr-1n1g-cpu.yaml --nodes 1 --gpus 1 --after 1234
 
 \b
 Each rank runs `<slurm.rlflow_command> train RUN_DIR/recipe.yaml --run-dir RUN_DIR`, or the
@@ -59,7 +59,7 @@ class Prepared:
 @click.option("--nodes", type=click.IntRange(min=1), required=True,
               help="Nodes to allocate (fills #SBATCH --nodes and cluster.num_nodes).")
 @click.option("--gpus", type=click.IntRange(min=1), required=True,
-              help="GPUs per node = ranks per node (on CPU-only nodes: ranks per node).")
+              help="GPUs per node, one rank each (with slurm.request_gpus=false: ranks per node).")
 @click.option("--time", "time_limit", metavar="TIME",
               help="Time limit, overriding slurm.time_limit (e.g. 04:00:00).")
 @click.option("--after", multiple=True, metavar="JOBID",
@@ -155,7 +155,8 @@ def show_dry_run(prepared: Prepared) -> None:
 
 def _shape(plan) -> str:
     nodes, gpus = plan.num_nodes, plan.gpus_per_node
-    return f"{nodes} node{'s' * (nodes != 1)} x {gpus} GPU{'s' * (gpus != 1)}"
+    unit = "GPU" if plan.gpu_request is not None else "CPU rank"
+    return f"{nodes} node{'s' * (nodes != 1)} x {gpus} {unit}{'s' * (gpus != 1)}"
 
 
 def _summary(plan) -> str:

@@ -46,7 +46,8 @@ class JobPlan:
 
     job_name: str
     num_nodes: int
-    gpus_per_node: int
+    gpus_per_node: int  # ranks per node
+    gpu_request: str | None  # "--gpus-per-node=G", or None on CPU-only clusters
     world_size: int
     time_limit: str
     time_limit_seconds: int
@@ -108,10 +109,11 @@ def make_plan(loaded: LoadedRecipe, flags: SubmitFlags, *, cwd: str, python: str
         job_name=recipe.run.name,
         num_nodes=flags.nodes,
         gpus_per_node=flags.gpus,
+        gpu_request=f"--gpus-per-node={flags.gpus}" if slurm.request_gpus else None,
         world_size=flags.nodes * flags.gpus,
         time_limit=slurm.time_limit,
         time_limit_seconds=seconds,
-        gpu_hours=flags.nodes * flags.gpus * seconds / 3600,
+        gpu_hours=flags.nodes * flags.gpus * seconds / 3600 if slurm.request_gpus else 0.0,
         partition=slurm.partition,
         account=slurm.account,
         qos=slurm.qos,

@@ -76,6 +76,16 @@ def test_the_default_command_trains_from_the_run_directory(tmp_path):
     assert json.loads((run_dir / "git.json").read_text())["repository"] == str(REPO)
 
 
+def test_cpu_only_request_starts_ranks_per_node_without_gpus(tmp_path):
+    job, run_dir = submit(TINY, "slurm.request_gpus=false", "--nodes", "2", "--gpus", "3",
+                          cwd=tmp_path, command="bash -c 'echo rank $RANK of $WORLD_SIZE'")
+    fields = wait_done(job, 120, run_dir)
+    assert fields["JobState"] == "COMPLETED", batch_log(run_dir, job)
+    assert "gres/gpu" not in fields["TRES"]
+    for rank in range(6):
+        assert (run_dir / "logs" / f"rank-{rank}.log").read_text().splitlines()[1] == f"rank {rank} of 6"
+
+
 def test_one_failing_rank_fails_the_job_at_once(tmp_path):
     command = ("bash -c 'if [ \"$RANK\" = 5 ]; then echo \"rank 5 gives up\" >&2; exit 7; fi; "
                "exec sleep 900'")
