@@ -186,6 +186,7 @@ def serve(sock: socket.socket, llm) -> int:
             return 0
         op = message.get("op")
         if op == "shutdown":
+            print("rlflow-vllm-worker: shutdown requested; exiting", flush=True)
             send_message(sock, {"ok": True})
             return 0
         try:
