@@ -7,7 +7,6 @@ input (not a git repository, missing or malformed pyproject.toml/.gitmodules, ba
 from __future__ import annotations
 
 import sys
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -93,6 +92,8 @@ def run(repo: Path, options: Options) -> int:
 
 
 def run_example(options: Options) -> int:
+    import tempfile
+
     from rlflow.pins.example import build_example
 
     with tempfile.TemporaryDirectory(prefix="rlflow-pins-example-") as tmp:

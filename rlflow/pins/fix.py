@@ -9,10 +9,8 @@ is written and the reasons are printed (exit 1).
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -209,12 +207,15 @@ def _string_like(tomlkit, old, value: str):
 
 
 def unified_diff(old: str, new: str, rel_file: str) -> str:
+    import difflib  # ~10-30 ms: only --fix needs it
     return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
                                         fromfile=f"a/{rel_file}", tofile=f"b/{rel_file}"))
 
 
 def write_atomically(path: Path, new: str, expected_old: str) -> None:
     """Replace `path` with `new` in one rename; refuse if it changed since it was read."""
+    import tempfile
+
     if path.read_text(encoding="utf-8") != expected_old:
         raise OSError(f"{path} changed while check-pins was fixing it; run it again")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
