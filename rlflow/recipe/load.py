@@ -245,11 +245,24 @@ def _apply_override(text: str, data: dict, origins: dict, problems: list[Diagnos
                                       origin, f"`{'.'.join(path[: i + 1])}` holds a value; set it directly"))
             return
         node = child
-    if path[-1] not in node:
+    if path[-1] not in node and not _is_mapping_key(path):
         problems.append(_unknown_key(path, list(node), origin))
         return
     node[path[-1]] = value
     origins[path] = origin
+
+
+def _is_mapping_key(path: KeyPath) -> bool:
+    """True when `path`'s parent is a free-form mapping in the schema (rewards, env, mix)."""
+    tp = Recipe
+    for key in path[:-1]:
+        if not dataclasses.is_dataclass(tp):
+            return False
+        hints = typing.get_type_hints(tp)
+        if key not in hints:
+            return False
+        tp = hints[key]
+    return get_origin(tp) is dict
 
 
 # --- validation against the schema -------------------------------------------------------------

@@ -45,7 +45,21 @@ def train(t: Trainer) -> int:
             t.log.write(f"stopping at step {step} on {t.stop.signal_name or 'a peer signal'}: "
                         f"checkpoint saved, exit {EXIT_REQUEUE} (requeue)")
             return EXIT_REQUEUE
+    _summary(t)
     return 0
+
+
+def _summary(t: Trainer) -> None:
+    """The line a user looks for at the end of a run: validation accuracy before and after."""
+    if not t.info.is_main or not t.log.path.exists():
+        return
+    from rlflow.train.metrics import read_metrics
+
+    points = [(r["step"], r["val/accuracy"]) for r in read_metrics(t.run_dir) if "val/accuracy" in r]
+    if len(points) >= 2:
+        (first_step, first), (last_step, last) = points[0], points[-1]
+        t.log.write(f"validation accuracy: {first:.3f} at step {first_step} -> {last:.3f} at step "
+                    f"{last_step} ({100 * (last - first):+.1f} points); metrics: {t.log.path}")
 
 
 def grpo_step(t: Trainer, step: int) -> dict[str, float]:
