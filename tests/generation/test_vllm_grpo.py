@@ -28,9 +28,11 @@ SHORT_RUN = ["generation.backend=vllm", "generation.vllm.device=cpu", "grpo.max_
 
 
 def train(run_dir: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    # A single-rank run of its own: not the rendezvous this test process may have set up.
+    base = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     return subprocess.run([sys.executable, "-m", "rlflow.cli", "train", str(TINY_RECIPE), *SHORT_RUN,
                            *overrides, "--run-dir", str(run_dir)],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, env={**base, **(env or {})},
                           cwd=TINY_RECIPE.parents[1], timeout=900)
 
 
