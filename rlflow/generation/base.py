@@ -65,6 +65,15 @@ class GenerationBackend(abc.ABC):
         """Release processes and memory; safe to call twice."""
 
 
+def check_backend_ready(gen_cfg) -> None:
+    """What the recipe's backend needs on this node, checked before any model is loaded."""
+    if gen_cfg.backend == "vllm":
+        from rlflow.envs.spec import vllm_spec
+        from rlflow.generation.vllm import find_env
+
+        find_env(vllm_spec(gen_cfg.vllm), gen_cfg.vllm.env_root)  # raises, naming the setup command
+
+
 def make_backend(gen_cfg, policy, pad_token_id: int, run_dir,
                  max_prompt_tokens: int) -> GenerationBackend:
     """The backend the recipe names (`generation.backend`); heavy imports only for that one."""

@@ -61,7 +61,7 @@ def seed_everything(seed: int) -> None:
 
 def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     from rlflow.data import PromptSampler, build_dataset
-    from rlflow.generation.base import make_backend
+    from rlflow.generation.base import check_backend_ready, make_backend
     from rlflow.model.build import load_policy, resolve_checkpoint
     from rlflow.model.processor import PromptEncoder
     from rlflow.train.checkpoint import Checkpointer
@@ -71,6 +71,7 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     recipe = loaded.recipe
     info = parallel.init_parallel(recipe.parallelism, recipe.run.seed)
     check_layout(recipe, info)
+    check_backend_ready(recipe.generation)
     stop = StopRequest(enabled=recipe.checkpointing.save_on_signal)
     seed_everything(recipe.run.seed)
     checkpoint = resolve_checkpoint(recipe.model, cache_dir=run_dir / "model")

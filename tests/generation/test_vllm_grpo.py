@@ -74,3 +74,10 @@ def test_a_failed_weight_refresh_stops_the_run(vllm_env, tmp_path):
     assert "Attempted to load weight" in result.stderr  # vLLM's own error reaches the user
     assert not [r for r in metrics(tmp_path / "run") if r.get("step", 0) >= 1]  # step 1 never done
     assert_gone(worker_pid(tmp_path / "run"))
+
+
+def test_a_missing_environment_stops_the_run_before_any_model_is_loaded(tmp_path):
+    result = train(tmp_path / "run", f"generation.vllm.env_root={tmp_path / 'no-envs'}")
+    assert result.returncode == 1
+    assert "error[vllm.env-missing]" in result.stderr and "rlflow setup-env vllm" in result.stderr
+    assert not (tmp_path / "run" / "model").exists()  # failed before building or loading the model
