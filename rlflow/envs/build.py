@@ -42,7 +42,8 @@ class EnvBuildError(Exception):
 
 def is_ready(spec: EnvSpec, env_dir: Path) -> bool:
     marker = read_marker(env_dir)
-    return bool(marker) and marker.get("digest") == spec.digest and (env_dir / "bin" / "python").exists()
+    python = env_dir / "bin" / "python"
+    return bool(marker) and marker.get("digest") == spec.digest and python.exists()
 
 
 def ensure_env(spec: EnvSpec, root: str | Path, rebuild: bool = False,
@@ -65,7 +66,7 @@ def _build_lock(path: Path, say: Callable[[str], None]):
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            say(f"waiting for another build of {path.stem} on this node to finish")
+            say(f"waiting for another build of {path.stem} to finish (lock: {path})")
             fcntl.flock(handle, fcntl.LOCK_EX)  # released by the kernel if that builder dies
         try:
             yield
