@@ -9,6 +9,7 @@ Runs `rlflow train R generation.backend=<b> OVERRIDES --run-dir D/<b>` for b in 
   grpo_accuracy.png  val/accuracy of both runs in one plot (rlflow.train.report.compare_runs)
   grpo_train_accuracy.png, grpo_tmpe.png  train/accuracy and token_mult_prob_error per step
   grpo_parity.json   per-run summary: accuracies, token_mult_prob_error median/max, step times
+  grpo_recipe.resolved.yaml  the recipe both runs used (backend aside)
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ def main() -> None:
     doc = {"command": " ".join([sys.argv[0], *sys.argv[1:]]), "recipe": args.recipe,
            "overrides": args.overrides, "results": results}
     (HERE / "grpo_parity.json").write_text(json.dumps(doc, indent=2) + "\n")
+    # The recipe exactly as both runs used it (the tiny recipe is still being tuned).
+    (HERE / "grpo_recipe.resolved.yaml").write_text((dirs["vllm"] / "recipe.resolved.yaml").read_text())
     print(json.dumps(results, indent=2))
 
 

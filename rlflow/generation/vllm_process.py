@@ -83,16 +83,21 @@ class WorkerProcess:
                     raise WorkerError(self._failure(f"the vLLM worker (pid {self.pid}) died during "
                                                     f"{what} (exit code {self.proc.returncode})")) from None
                 if time.monotonic() > deadline:
-                    self.stop()
+                    self.stop(ask_first=False)
                     raise WorkerError(self._failure(
                         f"the vLLM worker gave no answer to {what} within {timeout_s:.0f} s; stopped it "
                         f"(raise generation.vllm.request_timeout_s / startup_timeout_s if it is "
                         f"just slow)")) from None
             except OSError:
                 break  # a reset connection reads as end-of-file below
-        self.sock.settimeout(None)
+        # The rest of the reply must also arrive before the deadline (a stopped worker cannot stall us).
+        self.sock.settimeout(max(deadline - time.monotonic(), POLL_SECONDS))
         try:
             reply = recv_message(self.sock)
+        except TimeoutError:
+            self.stop(ask_first=False)
+            raise WorkerError(self._failure(f"the vLLM worker's answer to {what} did not finish "
+                                            f"arriving within {timeout_s:.0f} s; stopped it")) from None
         except OSError:
             reply = None
         if reply is None:
@@ -107,20 +112,23 @@ class WorkerProcess:
         except subprocess.TimeoutExpired:
             return None
 
-    def stop(self) -> None:
-        """Ask the worker to exit; after a grace, end its process group by signal. Idempotent."""
+    def stop(self, ask_first: bool = True) -> None:
+        """Ask the worker to exit (unless it stopped answering); after a grace, end its process
+        group by signal: SIGTERM, then SIGKILL. Idempotent."""
         if self.alive():
-            try:
-                self.sock.settimeout(STOP_GRACE_SECONDS)
-                send_message(self.sock, {"op": "shutdown"})
-                recv_message(self.sock)
-            except OSError:
-                pass
+            if ask_first:
+                try:
+                    self.sock.settimeout(STOP_GRACE_SECONDS)
+                    send_message(self.sock, {"op": "shutdown"})
+                    recv_message(self.sock)
+                except OSError:
+                    pass
+                self._wait_exit(STOP_GRACE_SECONDS)
             for sig in (signal.SIGTERM, signal.SIGKILL):
-                if self._wait_exit(STOP_GRACE_SECONDS) is not None:
+                if self.proc.poll() is not None:
                     break
                 self._signal_group(sig)
-            self._wait_exit(STOP_GRACE_SECONDS)
+                self._wait_exit(STOP_GRACE_SECONDS)
         self.sock.close()
 
     def _signal_group(self, sig: int) -> None:

@@ -143,3 +143,16 @@ def test_the_worker_does_not_outlive_a_killed_trainer(vllm_env, tiny_ckpt, tmp_p
         trainer.kill()
         trainer.wait()
     assert wait_gone(worker_pid), (tmp_path / "worker.log").read_text()[-2000:]
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_that_stops_answering_is_stopped_after_the_request_timeout(start_vllm, tiny_policy,
+                                                                           tiny_processor):
+    """A hung (not dead) worker: SIGSTOP it; the call ends at request_timeout_s, the worker by SIGKILL."""
+    eos = tiny_processor.tokenizer.eos_token_id
+    prompt = make_prompt(tiny_processor, "text", "How many?", seed=1)
+    backend = start_vllm(tiny_policy, request_timeout_s=5)
+    os.kill(backend.pid, signal.SIGSTOP)
+    with pytest.raises(RlflowError, match="gave no answer to generate within 5 s; stopped it"):
+        backend.generate([prompt], greedy(4, eos))
+    assert not backend.worker.alive()
