@@ -54,6 +54,8 @@ def summarise(run_dir: Path) -> dict:
         "token_mult_prob_error_max": max(r["train/token_mult_prob_error_max"] for r in steps),
         "response_length": med("train/response_length"),
         "first_step_s": steps[0]["time/step"],
+        "allocated_gib_per_step": [round(r.get("memory/allocated_gib", 0.0), 3) for r in steps],
+        "peak_gib_per_step": [round(r.get("memory/peak_gib", 0.0), 3) for r in steps],
         "val_accuracy": [(r["step"], r["val/accuracy"]) for r in read_metrics(run_dir)
                          if "val/accuracy" in r],
     }

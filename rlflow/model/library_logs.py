@@ -18,9 +18,18 @@ _NOISY = ("megatron", "megatron.core", "megatron.bridge", "megatron.training", "
 def quiet() -> None:
     for name in _NOISY:
         logging.getLogger(name).setLevel(logging.WARNING)
-    logging.getLogger("megatron.bridge.utils.import_utils").setLevel(logging.ERROR)
+    # Its optional-import probes log full tracebacks, and the bridge resets logger levels when it
+    # is imported: a filter (which survives that) drops them.
+    probes = logging.getLogger("megatron.bridge.utils.import_utils")
+    if not any(isinstance(f, _DropAll) for f in probes.filters):
+        probes.addFilter(_DropAll())
     warnings.filterwarnings("ignore", module=r"megatron\..*")
     warnings.filterwarnings("ignore", message=r".*cap_pixels_per_frame.*")
+
+
+class _DropAll(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
 
 
 def restore_root() -> None:

@@ -230,8 +230,16 @@ def _step_metrics(t, rewards, per_reward, correct, completions, batch, old_logpr
     out.update({f"time/{k}": v for k, v in timer.seconds.items()})
     out["time/step"] = step_seconds
     out["time/tokens_per_second"] = tokens / max(timer.seconds.get("training", 0.0), 1e-9)
+    # Memory at the end of the step and the step's peak: flat across steps means generation's
+    # caches and the training buffers are reused, not accumulated.
     if t.info.device.type == "cuda":
+        out["memory/allocated_gib"] = torch.cuda.memory_allocated() / 2**30
         out["memory/peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        import psutil
+
+        out["memory/rss_gib"] = psutil.Process().memory_info().rss / 2**30
     return out
 
 
