@@ -48,8 +48,7 @@ class VLLMGeneration(GenerationBackend):
         self.env_dir = find_env(self.spec, self.cfg.env_root)
         self._failed: str | None = None
         self._refreshes = 0
-        self._weights_dir = Path(tempfile.mkdtemp(prefix=f"rlflow-vllm-weights-{os.getpid()}-",
-                                                  dir=_node_local_dir(policy)))
+        self._weights_root = _node_local_dir(policy)
         self.log_path = Path(run_dir) / "vllm" / f"worker-rank{_rank()}.log"
         config = {"model": str(policy.checkpoint), "dtype": _dtype_name(policy),
                   "max_model_len": max_model_len, "max_num_seqs": gen_cfg.max_batch_size,
@@ -60,13 +59,12 @@ class VLLMGeneration(GenerationBackend):
             self.worker = WorkerProcess(self.env_dir / "bin" / "python", config, self.log_path,
                                         self._worker_env(), self.cfg.startup_timeout_s)
         except WorkerError as err:
-            shutil.rmtree(self._weights_dir, ignore_errors=True)
             raise RlflowError(Diagnostic(
                 "vllm.start-failed", f"the vLLM worker did not start (environment {self.env_dir})",
                 notes=tuple(str(err).splitlines()),
                 help=f"if the environment is broken, rebuild it: `{setup_command_hint(self.spec)} "
                      f"--rebuild`"), exit_code=EXIT_FINDINGS) from None
-        self._finalizer = weakref.finalize(self, _cleanup, self.worker, self._weights_dir)
+        self._finalizer = weakref.finalize(self, self.worker.stop)
         self.refresh_weights()  # the policy may already differ from the checkpoint on disk
 
     @property
@@ -83,32 +81,30 @@ class VLLMGeneration(GenerationBackend):
                 for prompt, row in zip(prompts, reply["outputs"], strict=True)]
 
     def refresh_weights(self) -> float:
-        """Export the policy, write it node-locally, reload in vLLM, reset both caches."""
+        """Export the policy, write it node-locally, reload in vLLM, reset both caches.
+
+        The file lives only for the reload: in /dev/shm it is RAM, as large as the model.
+        """
         from rlflow.model.build import export_hf_state_dict
 
         self._check_usable()
         self._refreshes += 1
         start = time.perf_counter()
+        folder = Path(tempfile.mkdtemp(prefix=f"rlflow-vllm-weights-{os.getpid()}-",
+                                       dir=self._weights_root))
         try:
-            state = export_hf_state_dict(self.policy)
-            if _fault_requested(f"vllm-refresh{self._refreshes}"):
-                state = _misshapen(state)
-            path = self.write_weights(state)
-        except BaseException as err:
-            self._fail(f"weight refresh failed while writing the weights: {err}")
-            raise
-        self._call({"op": "reload", "path": str(path), "resets": list(RESETS)}, "weight refresh")
+            try:
+                state = export_hf_state_dict(self.policy)
+                if _fault_requested(f"vllm-refresh{self._refreshes}"):
+                    state = _misshapen(state)
+                path = write_weights(state, folder)
+            except BaseException as err:
+                self._fail(f"weight refresh failed while writing the weights: {err}")
+                raise
+            self._call({"op": "reload", "path": str(path), "resets": list(RESETS)}, "weight refresh")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         return time.perf_counter() - start
-
-    def write_weights(self, state: dict) -> Path:
-        """HF-named tensors as one safetensors file in the node-local weights folder."""
-        from safetensors.torch import save_file
-
-        path = self._weights_dir / "model.safetensors"
-        tmp = path.with_suffix(".tmp")
-        save_file({name: tensor.contiguous() for name, tensor in state.items()}, str(tmp))
-        os.replace(tmp, path)  # vLLM never reads a half-written file
-        return path
 
     def close(self) -> None:
         self._finalizer()
@@ -217,9 +213,15 @@ def _misshapen(state: dict) -> dict:
     return {**state, name: state[name].flatten()[:-1].clone()}
 
 
-def _cleanup(worker: WorkerProcess, weights_dir: Path) -> None:
-    worker.stop()
-    shutil.rmtree(weights_dir, ignore_errors=True)
+def write_weights(state: dict, folder: Path) -> Path:
+    """HF-named tensors as one safetensors file in `folder` (what the worker's reload reads)."""
+    from safetensors.torch import save_file
+
+    path = Path(folder) / "model.safetensors"
+    tmp = path.with_suffix(".tmp")
+    save_file({name: tensor.contiguous() for name, tensor in state.items()}, str(tmp))
+    os.replace(tmp, path)  # vLLM never reads a half-written file
+    return path
 
 
 def _dtype_name(policy) -> str:

@@ -7,12 +7,20 @@ idle 2-core machine, 2.5 GB), every later one, from any clone, reuses it.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 TINY_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
+
+
+def leftover_weight_files(backend) -> list[Path]:
+    """Weight files this test process's backends left on node-local storage (should be none)."""
+    root = Path(backend._weights_root or tempfile.gettempdir())
+    return list(root.glob(f"rlflow-vllm-weights-{os.getpid()}-*"))
 
 
 @pytest.fixture(scope="session")

@@ -18,8 +18,10 @@ def greedy(n: int, eos: int) -> SamplingParams:
                           stop_token_ids=(eos,), ignore_eos=True)
 
 
-def reload(backend, state, resets):
-    path = backend.write_weights(state)
+def reload(backend, state, resets, folder):
+    from rlflow.generation.vllm import write_weights
+
+    path = write_weights(state, folder)
     backend.worker.call({"op": "reload", "path": str(path), "resets": resets}, timeout_s=600)
 
 
@@ -33,7 +35,7 @@ def changed_weights(policy) -> dict:
 
 
 def test_without_the_prefix_cache_reset_a_long_prompt_silently_uses_stale_weights(
-        start_vllm, tiny_policy, tiny_processor):
+        start_vllm, tiny_policy, tiny_processor, tmp_path):
     eos = tiny_processor.tokenizer.eos_token_id
     short = make_prompt(tiny_processor, "text", "How many cubes?", seed=1)
     long = make_prompt(tiny_processor, "text", " ".join(["how many red cubes are in the picture"] * 30),
@@ -42,16 +44,16 @@ def test_without_the_prefix_cache_reset_a_long_prompt_silently_uses_stale_weight
     backend = start_vllm(tiny_policy)
     params = greedy(12, eos)
     backend.generate([short, long], params)  # caches the long prompt's blocks under the old weights
-    reload(backend, changed_weights(tiny_policy), resets=["encoder"])
+    reload(backend, changed_weights(tiny_policy), resets=["encoder"], folder=tmp_path)
     stale = backend.generate([short, long], params)
-    reload(backend, changed_weights(tiny_policy), resets=["encoder", "prefix"])
+    reload(backend, changed_weights(tiny_policy), resets=["encoder", "prefix"], folder=tmp_path)
     fresh = backend.generate([short, long], params)
     assert stale[0].token_ids == fresh[0].token_ids  # short prompt: recomputed, new weights either way
     assert stale[1].token_ids != fresh[1].token_ids  # long prompt: old keys and values were reused
 
 
 def test_without_the_encoder_cache_reset_the_next_image_prompt_kills_the_engine(
-        start_vllm, tiny_policy, tiny_processor):
+        start_vllm, tiny_policy, tiny_processor, tmp_path):
     from rlflow.model.build import export_hf_state_dict
 
     eos = tiny_processor.tokenizer.eos_token_id
@@ -59,9 +61,9 @@ def test_without_the_encoder_cache_reset_the_next_image_prompt_kills_the_engine(
     backend = start_vllm(tiny_policy)
     state = export_hf_state_dict(tiny_policy)
     backend.generate([image], greedy(4, eos))
-    reload(backend, state, resets=["encoder", "prefix"])
+    reload(backend, state, resets=["encoder", "prefix"], folder=tmp_path)
     backend.generate([image], greedy(4, eos))  # both resets: the same image works again
-    reload(backend, state, resets=["prefix"])
+    reload(backend, state, resets=["prefix"], folder=tmp_path)
     with pytest.raises(RlflowError, match="Encoder cache miss"):
         backend.generate([image], greedy(4, eos))
     assert not backend.worker.alive()  # a failed worker is stopped, never reused

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rlflow.generation.base import Prompt, SamplingParams
+from tests.generation.conftest import leftover_weight_files
 from tests.tiny import FP32, SINGLE, make_prompt
 
 TOLERANCE = 1e-4
@@ -75,6 +76,7 @@ def test_parity_holds_after_the_policy_changes_and_is_refreshed(backends, policy
             param.add_(torch.randn(param.shape, generator=generator) * 0.5 * param.abs().mean())
     seconds = vllm.refresh_weights()
     hf.refresh_weights()
+    assert not leftover_weight_files(vllm)  # the file lived only for the reload (in RAM on /dev/shm)
     after = vllm.generate(prompts, params)
     assert seconds > 0
     assert all(a.token_ids != b.token_ids for a, b in zip(before, after, strict=True))  # new weights in use
