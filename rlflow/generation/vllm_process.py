@@ -46,10 +46,13 @@ class WorkerProcess:
         theirs.close()  # only the worker holds its end: its death is end-of-file here
         self.sock = ours
         self.pid = self.proc.pid
-        reply = self._receive(startup_timeout_s, "start-up")
-        if not reply["ok"]:
+        try:
+            reply = self._receive(startup_timeout_s, "start-up")
+            if not reply["ok"]:
+                raise WorkerError(self._failure("vLLM failed to start", reply["error"]))
+        except WorkerError:
             self.stop()
-            raise WorkerError(self._failure("vLLM failed to start", reply["error"]))
+            raise
         self.info = reply
 
     def alive(self) -> bool:
