@@ -59,11 +59,14 @@ def compare_runs(run_dirs: list[str | Path], labels: list[str], key: str, out: s
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    for run_dir, label in zip(run_dirs, labels, strict=True):
+    # Distinct line styles: identical curves (the point of a parity plot) must stay visible.
+    styles = [("-", "o", 6), ("--", "s", 4), (":", "^", 4)]
+    for index, (run_dir, label) in enumerate(zip(run_dirs, labels, strict=True)):
         points = [(r["step"], r[key]) for r in read_metrics(Path(run_dir)) if key in r]
         if points:
             steps, values = zip(*points)
-            ax.plot(steps, values, marker="o", markersize=3, label=label)
+            line, marker, size = styles[index % len(styles)]
+            ax.plot(steps, values, linestyle=line, marker=marker, markersize=size, label=label)
     ax.set_xlabel("step")
     ax.set_ylabel(key)
     ax.set_title(title)
