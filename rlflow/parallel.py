@@ -56,9 +56,9 @@ def init_parallel(cfg: ParallelismConfig, seed: int, timeout_s: int = 600) -> Pa
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if world_size == 1:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    # A launcher sets WORLD_SIZE and the rendezvous; a lone process picks its own free port and
+    # leaves os.environ alone, so processes it starts never inherit a port it holds.
+    init_method = "env://" if "WORLD_SIZE" in os.environ else f"tcp://127.0.0.1:{_free_port()}"
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
@@ -67,7 +67,7 @@ def init_parallel(cfg: ParallelismConfig, seed: int, timeout_s: int = 600) -> Pa
         device = torch.device("cpu")
         backend = "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=cfg.tensor_parallel_size,

@@ -28,8 +28,11 @@ def train(run_dir: Path, *overrides: str, nproc: int = 1, env: dict | None = Non
                "--run-dir", str(run_dir)]
     if nproc > 1:
         command += ["--nproc", str(nproc)]
+    # A fresh process: no rendezvous variables inherited from the test process.
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+                          env={**clean, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def comparable(records: list[dict]) -> list[dict]:
