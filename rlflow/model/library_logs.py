@@ -13,11 +13,24 @@ import warnings
 
 _NOISY = ("megatron", "megatron.core", "megatron.bridge", "megatron.training", "transformers",
           "torch.distributed")
+# Notices nobody can act on: "fusion disabled without TE/apex", "GPTModel is deprecated",
+# "no CUDA runtime" when torch's extension helpers load on a CPU machine.
+_NOTICES = ("megatron.bridge.utils.fusions", "megatron.core.models.gpt.gpt_model",
+            "torch.utils.cpp_extension")
 
 
 def quiet() -> None:
     for name in _NOISY:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in _NOTICES:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()  # e.g. megatron-bridge's `torch_dtype is deprecated`
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
     # Its optional-import probes log full tracebacks, and the bridge resets logger levels when it
     # is imported: a filter (which survives that) drops them.
     probes = logging.getLogger("megatron.bridge.utils.import_utils")

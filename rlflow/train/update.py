@@ -162,7 +162,7 @@ def sft_update(policy: Policy, optimizer: Optimizer, batch: TrainBatch, micro_ba
         mask = micro.target_mask.to(device)
         loss = -(logprobs * mask).sum() / num_tokens
         _backward(loss)
-        total += float(loss)
+        total += float(loss.detach())
     optimizer.step()
     return parallel.all_reduce_sum([total], parallel.data_parallel_group())[0]
 
