@@ -9,7 +9,6 @@ that listing the commands imports nothing.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 
 import click
@@ -30,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("rlflow.train.command:train", "Run GRPO training (the per-node entry point)."),
     "init-tiny-model": (
         "rlflow.model.command:init_tiny_model",
-        "Write a tiny random Qwen2.5-VL checkpoint.",
+        "Write a random Qwen2.5-VL checkpoint (tiny, or 3B-shaped).",
     ),
     "report": ("rlflow.train.command:report", "Plot a run's metrics to PNG files."),
     "setup-env": ("rlflow.envs.command:setup_env", "Build a per-node runtime environment (vLLM)."),
@@ -39,10 +38,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(n for n in COMMANDS if _available(n))
+        return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS or not _available(name):
+        if name not in COMMANDS:
             return None
         target, _ = COMMANDS[name]
         module_name, attr = target.split(":")
@@ -53,15 +52,6 @@ class LazyGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
-
-
-def _available(name: str) -> bool:
-    """A command whose module is not written yet is hidden rather than broken."""
-    module_name = COMMANDS[name][0].split(":")[0]
-    try:
-        return importlib.util.find_spec(module_name) is not None
-    except ModuleNotFoundError:
-        return False
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
