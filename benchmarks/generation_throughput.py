@@ -33,6 +33,7 @@ from rlflow.generation.megatron import MegatronGeneration  # noqa: E402
 from rlflow.model.forward import Media  # noqa: E402
 from rlflow.recipe.schema import ModelConfig, ParallelismConfig  # noqa: E402
 
+
 def write_random_checkpoint(path: Path, preset: str, device: torch.device) -> Path:
     """rlflow's own random checkpoint (`rlflow init-tiny-model --preset`), weights made on the GPU."""
     from rlflow.model.tiny import PRESETS, write_tiny_checkpoint

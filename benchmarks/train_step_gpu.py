@@ -40,7 +40,9 @@ def summarise(run_dir: Path) -> dict:
 
     steps = [r for r in read_metrics(run_dir) if "time/step" in r]
     later = steps[1:] or steps  # the first step includes CUDA-graph capture and allocator warm-up
-    med = lambda key: statistics.median(r[key] for r in later if key in r)
+    def med(key):
+        return statistics.median(r[key] for r in later if key in r)
+
     return {
         "steps": len(steps),
         "step_s_median": med("time/step"),

@@ -10,7 +10,6 @@ def single_rank():
     """torch.distributed (gloo, world 1) + megatron parallel state, once per test process."""
     from rlflow import parallel
     from rlflow.model import library_logs
-
     from tests.tiny import SINGLE
 
     library_logs.quiet()
@@ -28,7 +27,6 @@ def tiny_ckpt(tmp_path_factory):
 def tiny_policy(single_rank, tiny_ckpt):
     """The tiny checkpoint as a frozen Megatron policy (fp32)."""
     from rlflow.model.build import load_policy
-
     from tests.tiny import FP32, SINGLE
 
     return load_policy(tiny_ckpt, FP32, SINGLE, trainable=False)

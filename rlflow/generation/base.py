@@ -61,7 +61,7 @@ class GenerationBackend(abc.ABC):
         """Make the next generate() use the policy's current weights; return seconds spent."""
         return 0.0
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing to release
         """Release processes and memory; safe to call twice."""
 
 

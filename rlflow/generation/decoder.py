@@ -30,6 +30,8 @@ class LayerWeights:
     input_norm: torch.Tensor
     qkv_weight: torch.Tensor
     qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None  # per-head RMSNorm of queries and keys (Qwen3); None without
+    k_norm: torch.Tensor | None
     proj_weight: torch.Tensor
     proj_bias: torch.Tensor | None
     mlp_norm: torch.Tensor
@@ -43,7 +45,9 @@ class Decoder:
     """Views of the policy's language-model weights plus the step functions that use them."""
 
     def __init__(self, core, compile_decode: bool = False):
-        lm = core.language_model
+        from rlflow.model.forward import language_model
+
+        lm = language_model(core)
         config = lm.config
         attention = lm.decoder.layers[0].self_attention
         self.heads = attention.num_attention_heads_per_partition
@@ -54,7 +58,7 @@ class Decoder:
         self.embedding = lm.embedding
         self.inv_freq = lm.rotary_pos_emb.inv_freq
         self.rotary = lm.rotary_pos_emb
-        self.mrope_section = lm.mrope_section
+        self.mrope_section = getattr(lm, "mrope_section", None)
         self.final_norm = lm.decoder.final_layernorm.weight
         self.output_weight = (lm.shared_embedding_or_output_weight()
                               if lm.share_embeddings_and_output_weights else lm.output_layer.weight)
@@ -76,14 +80,20 @@ class Decoder:
         return self.embedding(input_ids=tokens, position_ids=None).transpose(0, 1)
 
     def rotary_prefill(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [B, 1, S, D] from Qwen2.5-VL's 3-D positions [3, B, S] (megatron's mrope)."""
+        """cos/sin [B, 1, S, D] from positions: Qwen2.5-VL's 3-D [3, B, S] (megatron's mrope),
+        or plain [B, S] for text-only models."""
+        if positions.dim() == 2:
+            return self._plain_rotary(positions, dtype)
         freqs = self.rotary(positions, self.mrope_section).permute(1, 2, 0, 3)
         return freqs.cos().to(dtype), freqs.sin().to(dtype)
 
     def rotary_decode(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [B, 1, 1, D] for generated (text) tokens, whose three mrope axes coincide."""
-        angles = positions[:, None].float() * self.inv_freq[None].float()
-        angles = torch.cat((angles, angles), dim=-1)[:, None, None, :]
+        return self._plain_rotary(positions[:, None], dtype)
+
+    def _plain_rotary(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions[..., None].float() * self.inv_freq.float()  # [B, S, D/2]
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, S, D]
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -140,6 +150,9 @@ def _attention(x, w: LayerWeights, cos, sin, keys, values, slot, mask, dims: Dim
     q = qkv[:, :, :, :group].permute(0, 2, 3, 1, 4)  # [B, kv, group, S, D]
     k = qkv[:, :, :, group].transpose(1, 2)  # [B, kv, S, D]
     v = qkv[:, :, :, group + 1].transpose(1, 2)
+    if w.q_norm is not None:
+        q = F.rms_norm(q, q.shape[-1:], w.q_norm, dims.eps)
+        k = F.rms_norm(k, k.shape[-1:], w.k_norm, dims.eps)
     q = _rotate(q, cos[:, :, None], sin[:, :, None])
     k = _rotate(k, cos, sin)
     if isinstance(slot, int):
@@ -232,6 +245,8 @@ def _weights(layer) -> LayerWeights:
         input_norm=layer.input_layernorm.weight,
         qkv_weight=attention.linear_qkv.weight,
         qkv_bias=attention.linear_qkv.bias,
+        q_norm=_norm_weight(attention.q_layernorm),
+        k_norm=_norm_weight(attention.k_layernorm),
         proj_weight=attention.linear_proj.weight,
         proj_bias=attention.linear_proj.bias,
         mlp_norm=layer.pre_mlp_layernorm.weight,
@@ -240,3 +255,8 @@ def _weights(layer) -> LayerWeights:
         fc2_weight=mlp.linear_fc2.weight,
         fc2_bias=mlp.linear_fc2.bias,
     )
+
+
+def _norm_weight(norm) -> torch.Tensor | None:
+    """The weight of megatron's optional q/k layernorm; None where the spec has none (Identity)."""
+    return getattr(norm, "weight", None) if norm is not None else None

@@ -17,8 +17,13 @@ from rlflow.model.build import Policy, export_hf_state_dict
 from rlflow.model.forward import Media
 
 
-def hf_module_name(exported: str) -> str:
-    """On-disk checkpoint name (what the bridge exports) -> transformers 5 in-memory name."""
+def hf_module_name(exported: str, multimodal: bool) -> str:
+    """On-disk checkpoint name (what the bridge exports) -> transformers 5 in-memory name.
+
+    Vision-language models nest the language model (`model.language_model.*`) and the vision
+    tower (`model.visual.*`) in memory; text-only models keep their on-disk names."""
+    if not multimodal:
+        return exported
     if exported.startswith("visual."):
         return "model." + exported
     if exported.startswith("model."):
@@ -27,16 +32,18 @@ def hf_module_name(exported: str) -> str:
 
 
 def load_hf_model(checkpoint, dtype: torch.dtype, device):
-    from transformers import Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2_5_VLForConditionalGeneration
 
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
-        str(checkpoint), dtype=dtype, attn_implementation="sdpa")
+    config = AutoConfig.from_pretrained(str(checkpoint))
+    cls = (Qwen2_5_VLForConditionalGeneration if getattr(config, "vision_config", None) is not None
+           else AutoModelForCausalLM)
+    model = cls.from_pretrained(str(checkpoint), dtype=dtype, attn_implementation="sdpa")
     return model.to(device).eval()
 
 
 def copy_policy_into(model, policy: Policy) -> None:
     """Overwrite an HF model's weights with the Megatron policy's current ones (all must match)."""
-    state = {hf_module_name(k): v for k, v in export_hf_state_dict(policy).items()}
+    state = {hf_module_name(k, policy.is_multimodal): v for k, v in export_hf_state_dict(policy).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and model.config.tie_word_embeddings)]
     if missing or unexpected:
@@ -68,25 +75,26 @@ class HFGeneration(GenerationBackend):
 
     @torch.no_grad()
     def _batch(self, prompts: list[Prompt], params: SamplingParams, seed: int) -> list[Completion]:
-        config = self.model.config
-        merge = config.vision_config.spatial_merge_size
-        rows = [expanded_token_ids(p, config.image_token_id, config.video_token_id, merge) for p in prompts]
+        media_ids = self.policy.media_tokens
+        rows = [expanded_token_ids(p, media_ids.image, media_ids.video, media_ids.merge_size)
+                for p in prompts]
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
         for i, row in enumerate(rows):
             input_ids[i, width - len(row):] = torch.tensor(row)
             attention[i, width - len(row):] = 1
-        token_types = torch.zeros_like(input_ids)
-        token_types[input_ids == config.image_token_id] = 1
-        token_types[input_ids == config.video_token_id] = 2
         media = Media.concat([p.media for p in prompts]).to(self.device)
         kwargs = {k: v for k, v in vars(media).items() if v is not None}
+        if self.policy.is_multimodal:  # Qwen2.5-VL's generate needs the token types for mrope
+            token_types = torch.zeros_like(input_ids)
+            token_types[input_ids == media_ids.image] = 1
+            token_types[input_ids == media_ids.video] = 2
+            kwargs["mm_token_type_ids"] = token_types.to(self.device)
         greedy = params.temperature == 0
         torch.manual_seed(seed)
         result = self.model.generate(
-            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-            mm_token_type_ids=token_types.to(self.device), **kwargs,
+            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs,
             max_new_tokens=params.max_new_tokens,
             min_new_tokens=params.max_new_tokens if params.ignore_eos else 0,
             do_sample=not greedy, temperature=None if greedy else params.temperature,

@@ -20,10 +20,10 @@ import time
 import torch
 
 from rlflow.generation.base import Completion, GenerationBackend, Prompt, SamplingParams
-from rlflow.generation.decoder import Decoder, DecodeGraph, KVCache
+from rlflow.generation.decoder import DecodeGraph, Decoder, KVCache
 from rlflow.generation.placeholders import expanded_token_ids
 from rlflow.generation.sampling import sample_tokens
-from rlflow.model.forward import Media, embed, mrope_positions
+from rlflow.model.forward import Media, embed, is_multimodal, mrope_positions
 
 # Check "has every row stopped?" every few steps: each check is a device->host sync.
 _STOP_CHECK_EVERY = 8
@@ -83,8 +83,8 @@ class MegatronGeneration(GenerationBackend):
     def _run(self, core, prompts, params, seed) -> list[Completion]:
         device = next(core.parameters()).device
         dtype = self.policy.dtype
-        merge = core.config.vision_config.spatial_merge_size
-        rows = [expanded_token_ids(p, core.config.image_token_id, core.config.video_token_id, merge)
+        tokens_of = self.policy.media_tokens
+        rows = [expanded_token_ids(p, tokens_of.image, tokens_of.video, tokens_of.merge_size)
                 for p in prompts]
         input_ids, valid = _left_pad(rows, self.pad_token_id, device)
         media = Media.concat([p.media for p in prompts]).to(device)
@@ -96,10 +96,14 @@ class MegatronGeneration(GenerationBackend):
         generator = torch.Generator(device=device).manual_seed(seed)
 
         t0 = time.perf_counter()
-        positions, _ = mrope_positions(core, input_ids, valid, media)
+        if is_multimodal(core):
+            positions, _ = mrope_positions(core, input_ids, valid, media)
+            embeddings = embed(core, input_ids, media).transpose(0, 1)
+        else:  # text-only: positions count the row's own tokens (left padding is skipped)
+            positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
+            embeddings = decoder.embed(input_ids)
         cos, sin = decoder.rotary_prefill(positions, dtype)
-        hidden = decoder.forward(embed(core, input_ids, media).transpose(0, 1), cos, sin, cache, 0,
-                                 _prefill_mask(valid, dtype))
+        hidden = decoder.forward(embeddings, cos, sin, cache, 0, _prefill_mask(valid, dtype))
         logits = decoder.logits(hidden[:, -1])
         _sync(device)
         t_prefill = time.perf_counter() - t0
@@ -111,7 +115,8 @@ class MegatronGeneration(GenerationBackend):
         if graph is not None:
             graph.mask.copy_(mask)
             mask = graph.mask
-        next_position = positions.amax(dim=(0, 2)) + 1  # [B]: text continues after the prompt
+        # [B]: text continues after the prompt's largest position (mrope: over all three axes)
+        next_position = positions.reshape(-1, batch, prompt_len).amax(dim=(0, 2)) + 1
         tokens = torch.empty(batch, params.max_new_tokens, dtype=torch.long, device=device)
         logprobs = torch.empty(batch, params.max_new_tokens, dtype=torch.float32, device=device)
         finished = torch.zeros(batch, dtype=torch.bool, device=device)

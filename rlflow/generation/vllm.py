@@ -75,9 +75,8 @@ class VLLMGeneration(GenerationBackend):
         self._check_usable()
         reply = self._call({"op": "generate", "requests": [to_request(p) for p in prompts],
                             "params": _params(params)}, "generate")
-        core = self.policy.core.config
-        merge = core.vision_config.spatial_merge_size
-        return [to_completion(prompt, row, core.image_token_id, core.video_token_id, merge)
+        media = self.policy.media_tokens
+        return [to_completion(prompt, row, media.image, media.video, media.merge_size)
                 for prompt, row in zip(prompts, reply["outputs"], strict=True)]
 
     def refresh_weights(self) -> float:

@@ -77,7 +77,12 @@ def describe(ref: JobRef) -> str:
 def _failures(run_dir: Path) -> list[str]:
     """The first failure of each attempt, as the node launcher recorded it."""
     found = []
-    for path in sorted(run_dir.glob("status/attempt-*/first-failure")):
+    for attempt in sorted(run_dir.glob("status/attempt-*")):
+        path = attempt / "first-failure"
+        if not path.exists():
+            path = attempt / "peer-failure"
+        if not path.exists():
+            continue
         text = path.read_text(errors="replace").splitlines()
         if len(text) > 1:
             found.append(f"{path.parent.name}: {text[1]}")

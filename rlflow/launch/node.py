@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 EX_TEMPFAIL = 75  # the trainer's "saved, stopped, please requeue" exit code
+EX_PEER_FAILED = 76  # the trainer's "stopped because another rank failed": never the root cause
 KILL_GRACE_SECONDS = 10.0  # SIGTERM -> SIGKILL, like Slurm's KillWait
 POLL_SECONDS = 0.1
 WARNING_REPEAT_SECONDS = 5.0  # a rank that missed the warning (no handler yet) hears it again
@@ -191,6 +192,8 @@ class Launcher:
                     rank.exit_code = exit_code(code)
             failed = [r for r in self.ranks if r.exit_code not in (None, 0, EX_TEMPFAIL)]
             if failed:
+                # Ranks that only noticed a dead peer exit 76; report the root failure first.
+                failed.sort(key=lambda r: r.exit_code == EX_PEER_FAILED)
                 return self.fail(failed[0])
             if not self.running():
                 return self.finish()
@@ -238,11 +241,15 @@ class Launcher:
         return 0
 
     def record_failure(self, rank: Rank) -> None:
-        """The first failure of the job (first writer wins): the batch script's exit code."""
+        """The first failure of the job (first writer wins): the batch script's exit code.
+
+        A rank that only saw a peer die (exit 76) is recorded apart, in peer-failure, so a
+        node that noticed the death first never hides the node where the error happened."""
         text = (f"{rank.exit_code}\nrank {rank.rank} on {self.info.hostname} (node "
                 f"{self.info.node_rank}) exited with code {rank.exit_code}; log: {rank.log_path}\n")
+        name = "peer-failure" if rank.exit_code == EX_PEER_FAILED else "first-failure"
         try:
-            fd = os.open(self.status_dir / "first-failure", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(self.status_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return
         with os.fdopen(fd, "w") as out:

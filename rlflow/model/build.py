@@ -19,8 +19,26 @@ from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe.schema import ModelConfig, ParallelismConfig
 
 BUILTIN_PREFIX = "builtin:"
-BUILTINS = ("tiny-qwen25vl",)
-SUPPORTED_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration",)
+BUILTINS = ("tiny-qwen25vl", "tiny-qwen3")  # tiny-qwen3: text-only
+VISION_LANGUAGE_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration",)
+TEXT_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = VISION_LANGUAGE_ARCHITECTURES + TEXT_ARCHITECTURES
+
+
+@dataclass(frozen=True)
+class MediaTokens:
+    """The model's media placeholder ids; -1 (never a token) for text-only models."""
+
+    image: int
+    video: int
+    merge_size: int  # visual embeddings per pad token = patches / merge_size**2
+
+    @staticmethod
+    def of(hf_config) -> MediaTokens:
+        vision = getattr(hf_config, "vision_config", None)
+        if vision is None:
+            return MediaTokens(-1, -1, 1)
+        return MediaTokens(hf_config.image_token_id, hf_config.video_token_id, vision.spatial_merge_size)
 
 
 @dataclass
@@ -41,12 +59,20 @@ class Policy:
         return _unwrap(self.chunks[0])
 
     @property
+    def is_multimodal(self) -> bool:
+        return getattr(self.hf_config, "vision_config", None) is not None
+
+    @property
+    def media_tokens(self) -> MediaTokens:
+        return MediaTokens.of(self.hf_config)
+
+    @property
     def image_token_id(self) -> int:
-        return self.hf_config.image_token_id
+        return self.media_tokens.image
 
     @property
     def video_token_id(self) -> int:
-        return self.hf_config.video_token_id
+        return self.media_tokens.video
 
 
 def _unwrap(module):
@@ -68,7 +94,7 @@ def resolve_checkpoint(model_cfg: ModelConfig, cache_dir: Path) -> Path:
                 "model.unknown-builtin", f"`model.checkpoint` names unknown built-in model `{name}`",
                 help="built-in models: " + ", ".join(BUILTIN_PREFIX + b for b in BUILTINS)))
         target = cache_dir / f"{name}-seed{model_cfg.tiny_seed}"
-        _write_builtin_once(target, model_cfg.tiny_seed)
+        _write_builtin_once(target, name, model_cfg.tiny_seed)
         return target
     path = Path(spec).expanduser()
     config = path / "config.json"
@@ -85,15 +111,18 @@ def resolve_checkpoint(model_cfg: ModelConfig, cache_dir: Path) -> Path:
     return path
 
 
-def _write_builtin_once(target: Path, seed: int) -> None:
+def _write_builtin_once(target: Path, name: str, seed: int) -> None:
     import torch.distributed as dist
 
-    from rlflow.model.tiny import write_tiny_checkpoint
+    from rlflow.model.tiny import write_tiny_checkpoint, write_tiny_text_checkpoint
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0 and not (target / "config.json").exists():
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        write_tiny_checkpoint(tmp, seed=seed)
+        if name == "tiny-qwen3":
+            write_tiny_text_checkpoint(tmp, family="qwen3", seed=seed)
+        else:
+            write_tiny_checkpoint(tmp, seed=seed)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, target)
     if dist.is_initialized():
@@ -134,7 +163,7 @@ def load_policy(checkpoint: Path, model_cfg: ModelConfig, parallel_cfg: Parallel
     from rlflow.model import vision_attention
 
     for chunk in chunks:
-        if getattr(_unwrap(chunk), "pre_process", False):
+        if getattr(_unwrap(chunk), "visual", None) is not None:
             vision_attention.install(_unwrap(chunk).visual)
         chunk.train(trainable)
         if not trainable:
@@ -153,8 +182,10 @@ def _configure_provider(provider, hf_config, model_cfg: ModelConfig, parallel_cf
     # Always the local (non-TE) spec: identical numerics on CPU and GPU, and rlflow's generation
     # decoder (rlflow/generation/decoder.py) reads this spec's weights directly.
     provider.transformer_layer_spec = local_layer_spec
-    # megatron-bridge 0.6.2 keeps its default [16, 24, 24] instead of reading the checkpoint's.
-    provider.mrope_section = list(_mrope_section(hf_config))
+    multimodal = getattr(hf_config, "vision_config", None) is not None
+    if multimodal:
+        # megatron-bridge 0.6.2 keeps its default [16, 24, 24] instead of reading the checkpoint's.
+        provider.mrope_section = list(_mrope_section(hf_config))
     provider.tensor_model_parallel_size = parallel_cfg.tensor_parallel_size
     provider.pipeline_model_parallel_size = parallel_cfg.pipeline_parallel_size
     provider.context_parallel_size = parallel_cfg.context_parallel_size
@@ -176,9 +207,10 @@ def _configure_provider(provider, hf_config, model_cfg: ModelConfig, parallel_cf
     provider.apply_rope_fusion = False
     provider.persist_layer_norm = False
     provider.cross_entropy_loss_fusion = False
-    provider.freeze_vision_model = model_cfg.freeze_vision
-    provider.freeze_vision_projection = model_cfg.freeze_vision
-    provider.freeze_language_model = False
+    if multimodal:
+        provider.freeze_vision_model = model_cfg.freeze_vision
+        provider.freeze_vision_projection = model_cfg.freeze_vision
+        provider.freeze_language_model = False
 
 
 def _mrope_section(hf_config) -> list[int]:

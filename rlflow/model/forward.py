@@ -49,7 +49,9 @@ class Media:
 
 def placeholder_counts(media: Media, merge_size: int) -> tuple[int, int]:
     """How many image and video pad tokens the prompt must hold for this media."""
-    per_item = lambda grid: 0 if grid is None else int((grid.prod(-1) // merge_size**2).sum())
+    def per_item(grid):
+        return 0 if grid is None else int((grid.prod(-1) // merge_size**2).sum())
+
     return per_item(media.image_grid_thw), per_item(media.video_grid_thw)
 
 
@@ -106,12 +108,31 @@ def attention_mask_4d(attention_mask: torch.Tensor) -> torch.Tensor:
     return causal[None, None] | ~attention_mask.bool()[:, None, None, :]
 
 
+def language_model(core):
+    """The megatron-core GPT language model: inside a vision-language model, or the model itself."""
+    return getattr(core, "language_model", core)
+
+
+def is_multimodal(core) -> bool:
+    return hasattr(core, "language_model")
+
+
 def policy_logits(core, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: Media,
                   prompt_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Logits [B, T, V/tp] for every position (vocab-sharded under tensor parallelism).
 
     prompt_mask [B, T] marks prompt tokens; media pad tokens outside it are generated text.
+    Text-only models take right-padded rows: megatron-core numbers RoPE positions 0..T-1.
     """
+    if not is_multimodal(core):
+        if media.num_images or media.num_videos:
+            raise ValueError("a text-only model was given images or video")
+        valid = attention_mask.bool()
+        if bool((valid[:, 1:] & ~valid[:, :-1]).any()):
+            raise ValueError("text-only models need right-padded rows (padding after the tokens)")
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        return core(input_ids=input_ids, position_ids=positions,
+                    attention_mask=attention_mask_4d(attention_mask))
     positions, _ = mrope_positions(core, input_ids, attention_mask, media, prompt_mask)
     decoder_input = embed(core, input_ids, media, prompt_mask) if core.pre_process else None
     return core.language_model(

@@ -170,6 +170,48 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, lm_head_scale: flo
     return out
 
 
+def write_tiny_text_checkpoint(out_dir: str | Path, family: str = "qwen3", seed: int = 0,
+                               lm_head_scale: float = 1.0) -> Path:
+    """A tiny random text-only Qwen2 or Qwen3 checkpoint (Qwen3: per-head query/key RMSNorm),
+    with the same locally built tokenizer and chat template as the vision-language one."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import (
+        GenerationConfig,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    classes = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+    if family not in classes:
+        raise ValueError(f"family must be one of {sorted(classes)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = PRESETS["tiny"]
+    tokenizer = _build_tokenizer(sizes.tokenizer_vocab, seed)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    config_cls, model_cls = classes[family]
+    config = config_cls(vocab_size=len(tokenizer), hidden_size=sizes.hidden,
+                        intermediate_size=sizes.intermediate, num_hidden_layers=2,
+                        num_attention_heads=sizes.heads, num_key_value_heads=sizes.kv_heads,
+                        head_dim=sizes.hidden // sizes.heads, max_position_embeddings=4096,
+                        rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+                        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
+                        pad_token_id=ids["<|endoftext|>"])
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    if lm_head_scale != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(lm_head_scale)
+    model.generation_config = GenerationConfig(eos_token_id=ids["<|im_end|>"],
+                                               pad_token_id=ids["<|endoftext|>"], do_sample=False)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def _corpus(seed: int, lines: int = 3000):
     rng = random.Random(seed)
     for _ in range(lines):

@@ -44,7 +44,9 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq
     starts = [a for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
     if len(set(lengths)) == 1 and starts[0] == 0 and sum(lengths) == q.shape[0]:
         # The common case (same-size images, contiguous windows): a view, no gather.
-        view = lambda t: t.view(len(lengths), lengths[0], *t.shape[1:]).transpose(1, 2)
+        def view(t):
+            return t.view(len(lengths), lengths[0], *t.shape[1:]).transpose(1, 2)
+
         attended = F.scaled_dot_product_attention(view(q), view(k), view(v), scale=scale)
         return attended.transpose(1, 2).reshape(q.shape)
     out = torch.empty_like(q)
@@ -54,7 +56,8 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq
     for n, group in by_length.items():
         index = (torch.tensor(group, device=q.device)[:, None]
                  + torch.arange(n, device=q.device)[None]).reshape(-1)
-        pick = lambda t: t.index_select(0, index).view(len(group), n, *t.shape[1:]).transpose(1, 2)
-        attended = F.scaled_dot_product_attention(pick(q), pick(k), pick(v), scale=scale)
+        picked = [t.index_select(0, index).view(len(group), n, *t.shape[1:]).transpose(1, 2)
+                  for t in (q, k, v)]
+        attended = F.scaled_dot_product_attention(*picked, scale=scale)
         out.index_copy_(0, index, attended.transpose(1, 2).reshape(-1, *q.shape[1:]))
     return out

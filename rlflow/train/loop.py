@@ -196,10 +196,9 @@ def _sampling(t: Trainer, step: int, temperature: float) -> SamplingParams:
 
 
 def _train_batch(t: Trainer, prompts, completions, advantages):
-    config = t.policy.core.config
-    return build_train_batch(prompts, completions, advantages, config.image_token_id,
-                             config.video_token_id, config.vision_config.spatial_merge_size,
-                             t.encoder.pad_token_id)
+    media = t.policy.media_tokens
+    return build_train_batch(prompts, completions, advantages, media.image, media.video,
+                             media.merge_size, t.encoder.pad_token_id)
 
 
 def _step_metrics(t, rewards, per_reward, correct, completions, batch, old_logprobs, entropy, update,

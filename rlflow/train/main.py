@@ -17,6 +17,9 @@ from pathlib import Path
 from rlflow.errors import RlflowError, print_diagnostics
 from rlflow.train.faults import inject_failure
 
+# The node launcher's contract (rlflow/launch/node.py): 76 = stopped because another rank failed.
+EXIT_PEER_FAILED = 76
+
 _PEER_FAILURE_HINTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                        "NCCL communicator was aborted", "ProcessGroupNCCL", "Socket Timeout")
 
@@ -27,9 +30,8 @@ def default_run_dir(recipe) -> Path:
 
 def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
     """Returns the process exit code; never raises."""
-    from rlflow.recipe import load_checked
-
     from rlflow.model import library_logs
+    from rlflow.recipe import load_checked
 
     library_logs.quiet()
     rank = int(os.environ.get("RANK", "0"))
@@ -56,8 +58,7 @@ def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
             print_diagnostics(err.diagnostics)
         _hard_exit(err.exit_code)
     except BaseException as err:  # noqa: BLE001 - the top of a rank: report, then leave at once
-        _report(err, rank)
-        _hard_exit(1)
+        _hard_exit(EXIT_PEER_FAILED if _report(err, rank) else 1)
     return 1
 
 
@@ -67,13 +68,15 @@ def _same_on_all_ranks(err: RlflowError) -> bool:
                for d in err.diagnostics)
 
 
-def _report(err: BaseException, rank: int) -> None:
+def _report(err: BaseException, rank: int) -> bool:
+    """Print the error once; True when it is only the echo of another rank's death."""
     text = "".join(traceback.format_exception(err))
     if any(hint in text for hint in _PEER_FAILURE_HINTS):
-        print(f"[rank {rank}] stopping: a peer rank failed (its error is printed above)",
+        print(f"[rank {rank}] stopping: a peer rank failed (its error is reported by the launcher)",
               file=sys.stderr, flush=True)
-        return
+        return True
     print(f"[rank {rank}] error: {type(err).__name__}: {err}\n{text}", file=sys.stderr, flush=True)
+    return False
 
 
 def _hard_exit(code: int) -> None:
