@@ -53,3 +53,11 @@ def make_prompt(processor, kind: str, question: str, seed: int = 0, frames: int 
     return Prompt(sample_id=f"{kind}-{seed}", text=text, token_ids=tuple(enc["input_ids"][0].tolist()),
                   media_tokens_expanded=True, media=media, images=images, video=video,
                   video_fps=fps if video else None)
+
+
+def mixed_prompts(processor) -> list:
+    """One batch of different lengths and media kinds: image, text-only, video, a second image."""
+    return [make_prompt(processor, "image", "How many red squares are there?", seed=1),
+            make_prompt(processor, "text", "How many?", seed=2),
+            make_prompt(processor, "video", "How many objects appear in the video?", seed=3),
+            make_prompt(processor, "image", "Count the circles.", seed=4)]

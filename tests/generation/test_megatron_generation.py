@@ -11,16 +11,12 @@ import torch
 from rlflow.generation.base import Prompt, SamplingParams
 from rlflow.generation.megatron import MegatronGeneration
 from rlflow.generation.placeholders import expanded_token_ids
-from tests.tiny import make_prompt
+from tests.tiny import mixed_prompts
 
 
-@pytest.fixture(scope="module")
-def mixed_prompts(tiny_processor):
-    # Different lengths and media kinds in one batch: image, text-only, video, a second image.
-    return [make_prompt(tiny_processor, "image", "How many red squares are there?", seed=1),
-            make_prompt(tiny_processor, "text", "How many?", seed=2),
-            make_prompt(tiny_processor, "video", "How many objects appear in the video?", seed=3),
-            make_prompt(tiny_processor, "image", "Count the circles.", seed=4)]
+@pytest.fixture(scope="module", name="mixed_prompts")
+def mixed_prompts_fixture(tiny_processor):
+    return mixed_prompts(tiny_processor)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import torch
 
 from rlflow.generation.base import Prompt, SamplingParams
 from tests.generation.conftest import leftover_weight_files
-from tests.tiny import FP32, SINGLE, make_prompt
+from tests.tiny import FP32, SINGLE, mixed_prompts
 
 TOLERANCE = 1e-4
 
@@ -27,10 +27,7 @@ def policy(single_rank, tiny_ckpt):
 
 @pytest.fixture(scope="module")
 def prompts(tiny_processor):
-    return [make_prompt(tiny_processor, "image", "How many red squares are there?", seed=1),
-            make_prompt(tiny_processor, "text", "How many?", seed=2),
-            make_prompt(tiny_processor, "video", "How many objects appear in the video?", seed=3),
-            make_prompt(tiny_processor, "image", "Count the circles.", seed=4)]
+    return mixed_prompts(tiny_processor)
 
 
 @pytest.fixture(scope="module")
