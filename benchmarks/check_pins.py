@@ -81,8 +81,10 @@ def metadata(dynamic: bool, version: str, module: str) -> tuple[str, str, dict[s
 def build(base: Path, dynamic: bool, bump_tags: int) -> Path:
     """The benchmark repository; returns the root (the training repo)."""
     urls = {}
-    for name, tags in (("emerging-optimizers", ("0.2.0", "0.3.0")),
-                       ("fast-hadamard-transform", ("1.0.4",))):
+    for name, tags in (
+        ("emerging-optimizers", ("0.2.0", "0.3.0")),
+        ("fast-hadamard-transform", ("1.0.4",)),
+    ):
         repo = None
         for version in tags:
             if repo is None:
@@ -98,7 +100,11 @@ def build(base: Path, dynamic: bool, bump_tags: int) -> Path:
                 git(repo, "tag", f"v0.4.{i}")
         urls[name] = f"file://{repo}"
     lm_version, lm_build, lm_files = metadata(dynamic, "0.19.2", "megatron.core")
-    lm = make_repo(base / "upstream" / "Megatron-LM", {**lm_files, "pyproject.toml": f"""\
+    lm = make_repo(
+        base / "upstream" / "Megatron-LM",
+        {
+            **lm_files,
+            "pyproject.toml": f"""\
 [project]
 name = "megatron-core"
 {lm_version}
@@ -114,11 +120,17 @@ mlm = ["flask-restful", "sentencepiece", "tiktoken", "wandb", "transformers"]
 test = ["pytest", "pytest-mock", "coverage"]
 
 [tool.uv.sources]
-emerging_optimizers = {{ git = "{urls['emerging-optimizers']}", rev = "v0.3.0" }}
-fast-hadamard-transform = {{ git = "{urls['fast-hadamard-transform']}", rev = "v1.0.4" }}
-{lm_build}"""})
+emerging_optimizers = {{ git = "{urls["emerging-optimizers"]}", rev = "v0.3.0" }}
+fast-hadamard-transform = {{ git = "{urls["fast-hadamard-transform"]}", rev = "v1.0.4" }}
+{lm_build}""",
+        },
+    )
     mb_version, mb_build, mb_files = metadata(dynamic, "0.6.2", "megatron.bridge")
-    bridge = make_repo(base / "upstream" / "Megatron-Bridge", {**mb_files, "pyproject.toml": f"""\
+    bridge = make_repo(
+        base / "upstream" / "Megatron-Bridge",
+        {
+            **mb_files,
+            "pyproject.toml": f"""\
 [project]
 name = "megatron-bridge"
 {mb_version}
@@ -128,16 +140,26 @@ dependencies = ["megatron-core[dev,mlm]", "transformers>=5.0", "datasets", "acce
 
 [tool.uv.sources]
 megatron-core = {{ path = "3rdparty/Megatron-LM", editable = true }}
-{mb_build}"""})
+{mb_build}""",
+        },
+    )
     add_submodule(bridge, lm, "3rdparty/Megatron-LM")
-    automodel = make_repo(base / "upstream" / "Automodel", {"pyproject.toml": f"""\
+    automodel = make_repo(
+        base / "upstream" / "Automodel",
+        {
+            "pyproject.toml": f"""\
 [project]
 name = "nemo-automodel"
 version = "0.3.0"
 requires-python = ">=3.10"
 dependencies = ["torch>=2.6", "transformers>=5.0", "datasets", "torchdata", "pyyaml", "wandb"]
-{HATCH}"""})
-    root = make_repo(base / "trainer", {"pyproject.toml": f"""\
+{HATCH}"""
+        },
+    )
+    root = make_repo(
+        base / "trainer",
+        {
+            "pyproject.toml": f"""\
 [project]
 name = "trainer"
 version = "0.1.0"
@@ -151,14 +173,16 @@ automodel = ["nemo-automodel"]
 [tool.uv]
 # Flow transitively from megatron-core[dev]: keep in sync with Megatron-LM's [tool.uv.sources].
 constraint-dependencies = [
-    "emerging-optimizers @ git+{urls['emerging-optimizers']}@v0.3.0",
-    "fast-hadamard-transform @ git+{urls['fast-hadamard-transform']}@v1.0.4",
+    "emerging-optimizers @ git+{urls["emerging-optimizers"]}@v0.3.0",
+    "fast-hadamard-transform @ git+{urls["fast-hadamard-transform"]}@v1.0.4",
 ]
 
 [tool.uv.sources]
 megatron-bridge = {{ path = "submodules/Megatron-Bridge", editable = true }}
 nemo-automodel = {{ path = "submodules/Automodel", editable = true }}
-"""})
+"""
+        },
+    )
     add_submodule(root, bridge, "submodules/Megatron-Bridge")
     add_submodule(root, automodel, "submodules/Automodel")
     return root
@@ -169,7 +193,9 @@ def run_once(command: list[str], cwd: Path, env: dict, expect: int = 0, says: st
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     output = done.stdout + done.stderr
-    assert done.returncode == expect and says in output, f"{command}: exit {done.returncode}\n{output}"
+    assert done.returncode == expect and says in output, (
+        f"{command}: exit {done.returncode}\n{output}"
+    )
     return elapsed
 
 
@@ -188,15 +214,22 @@ def bump_megatron_lm(root: Path, tag: str) -> None:
 def row(name: str, samples: list[float], baseline: float | None) -> str:
     median = statistics.median(samples)
     ratio = f"{median / baseline:.1f}x" if baseline else "1x"
-    return (f"| {name} | {median:.3f} | {min(samples):.3f} | {max(samples):.3f} | {len(samples)} "
-            f"| {ratio} |")
+    return (
+        f"| {name} | {median:.3f} | {min(samples):.3f} | {max(samples):.3f} | {len(samples)} "
+        f"| {ratio} |"
+    )
 
 
 def measure(base: Path, dynamic: bool, args) -> None:
     root = build(base, dynamic, bump_tags=args.bump_runs)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    uv_env = {**env, "UV_CACHE_DIR": str(base / "uv-cache"), "UV_PYTHON": sys.executable,
-              "UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1"}
+    uv_env = {
+        **env,
+        "UV_CACHE_DIR": str(base / "uv-cache"),
+        "UV_PYTHON": sys.executable,
+        "UV_PYTHON_DOWNLOADS": "never",
+        "UV_NO_CONFIG": "1",
+    }
     uv = [str(BIN / "uv"), "lock", "--check", "-q"]
     first_lock = [run_once(uv[:2] + ["-q"], root, {**uv_env, "UV_CACHE_DIR": str(base / "first")})]
     git(root, "add", "uv.lock")
@@ -206,8 +239,9 @@ def measure(base: Path, dynamic: bool, args) -> None:
     run_once(check, root, env)  # writes the .pyc files a normal install has
     # An empty cache prefix and no writing: every module compiled from source, every time.
     no_pyc = {**env, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(base / "no-pyc")}
-    samples: dict[str, list[float]] = {k: [] for k in
-                                       ("pins", "nopyc", "start", "uv", "offline", "bpins", "buv", "block")}
+    samples: dict[str, list[float]] = {
+        k: [] for k in ("pins", "nopyc", "start", "uv", "offline", "bpins", "buv", "block")
+    }
     for i in range(args.runs):  # interleaved, so a busy machine slows every command alike
         samples["pins"].append(run_once(check, root, env))
         samples["nopyc"].append(run_once(check, root, no_pyc))
@@ -227,31 +261,58 @@ def measure(base: Path, dynamic: bool, args) -> None:
     report(root, dynamic, samples, first_lock)
 
 
-def report(root: Path, dynamic: bool, samples: dict[str, list[float]], first_lock: list[float]) -> None:
+def report(
+    root: Path, dynamic: bool, samples: dict[str, list[float]], first_lock: list[float]
+) -> None:
     base = statistics.median(samples["pins"])
-    kind = ("dynamic: setuptools computes the version, as Megatron-LM and Megatron-Bridge do"
-            if dynamic else "static: uv reads pyproject.toml, no build")
+    kind = (
+        "dynamic: setuptools computes the version, as Megatron-LM and Megatron-Bridge do"
+        if dynamic
+        else "static: uv reads pyproject.toml, no build"
+    )
     print(f"\n### Submodule metadata {kind}\n")
-    print(f"3 submodules (Megatron-Bridge nesting Megatron-LM, Automodel), "
-          f"{len(list(root.rglob('pyproject.toml')))} pyproject.toml files; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs after the runs\n")
+    print(
+        f"3 submodules (Megatron-Bridge nesting Megatron-LM, Automodel), "
+        f"{len(list(root.rglob('pyproject.toml')))} pyproject.toml files; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs after the runs\n"
+    )
     print("| command | median s | min s | max s | runs | / check-pins |")
     print("|---|---|---|---|---|---|")
     print(row("pins agree, lock up to date: `rlflow check-pins`", samples["pins"], None))
-    print(row("... `rlflow check-pins`, no bytecode cache (all compiled from source)",
-              samples["nopyc"], base))
+    print(
+        row(
+            "... `rlflow check-pins`, no bytecode cache (all compiled from source)",
+            samples["nopyc"],
+            base,
+        )
+    )
     print(row("... `python -c pass` (interpreter start-up)", samples["start"], base))
     print(row("... `uv lock --check`, warm cache", samples["uv"], base))
     print(row("... `uv lock --check --offline`, warm cache", samples["offline"], base))
     print(row("(the first `uv lock` of this repository, empty cache)", first_lock, base))
     bump = statistics.median(samples["bpins"])
-    print(row("after a Megatron-LM bump (the incident): `rlflow check-pins` (exit 1)",
-              samples["bpins"], base))
+    print(
+        row(
+            "after a Megatron-LM bump (the incident): `rlflow check-pins` (exit 1)",
+            samples["bpins"],
+            base,
+        )
+    )
     print(row("... `uv lock --check`, warm cache (exit 1: conflicting URLs)", samples["buv"], bump))
-    print(row("... `uv lock` right after, same bump (exit 1: conflicting URLs)",
-              samples["block"], bump))
-    print(row("... `uv lock --check`, empty cache: a CI runner (exit 1: conflicting URLs)",
-              samples["bcold"], bump))
+    print(
+        row(
+            "... `uv lock` right after, same bump (exit 1: conflicting URLs)",
+            samples["block"],
+            bump,
+        )
+    )
+    print(
+        row(
+            "... `uv lock --check`, empty cache: a CI runner (exit 1: conflicting URLs)",
+            samples["bcold"],
+            bump,
+        )
+    )
 
 
 def main() -> None:

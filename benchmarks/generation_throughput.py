@@ -52,8 +52,13 @@ def make_prompts(config, n: int, image: int, device) -> list[Prompt]:
     for i in range(n):
         # ordinary tokens of rlflow's tokenizer (ids 0-7 are its special tokens)
         text = torch.randint(16, 500, (38,), generator=generator).tolist()
-        ids = text[:20] + [config.vision_start_token_id] + [config.image_token_id] * pads + \
-            [config.vision_end_token_id] + text[20:]
+        ids = (
+            text[:20]
+            + [config.vision_start_token_id]
+            + [config.image_token_id] * pads
+            + [config.vision_end_token_id]
+            + text[20:]
+        )
         pixels = torch.randn(patches * patches, 3 * 2 * 14 * 14, generator=generator)
         media = Media(pixel_values=pixels, image_grid_thw=torch.tensor([[1, patches, patches]]))
         prompts.append(Prompt(f"p{i}", "", tuple(ids), True, media))
@@ -104,14 +109,23 @@ def roofline(hf_model, prompts, new_tokens: int, ceil: dict) -> dict:
     step_bytes = lm_params * 2 + batch * mean_context * kv_per_token
     patches = sum(int(p.media.pixel_values.shape[0]) for p in prompts)
     attention = 4 * text.num_hidden_layers * batch * prompt_len**2 / 2 * text.hidden_size
-    prefill_flops = (2 * (lm_params - embedding) * batch * prompt_len + 2 * vision_params * patches
-                     + attention + 2 * embedding * batch)
+    prefill_flops = (
+        2 * (lm_params - embedding) * batch * prompt_len
+        + 2 * vision_params * patches
+        + attention
+        + 2 * embedding * batch
+    )
     step_s = step_bytes / (ceil["copy_tb_s"] * 1e12)
     ttft_s = prefill_flops / (ceil["matmul_tflop_s"] * 1e12)
     total = ttft_s + (new_tokens - 1) * step_s
-    return {"decode_step_ms": 1e3 * step_s, "ttft_ms": 1e3 * ttft_s, "total_s": total,
-            "tokens_per_s": batch * new_tokens / total, "prefill_tflop": prefill_flops / 1e12,
-            "step_gbytes": step_bytes / 1e9}
+    return {
+        "decode_step_ms": 1e3 * step_s,
+        "ttft_ms": 1e3 * ttft_s,
+        "total_s": total,
+        "tokens_per_s": batch * new_tokens / total,
+        "prefill_tflop": prefill_flops / 1e12,
+        "step_gbytes": step_bytes / 1e9,
+    }
 
 
 def time_hf(model, prompts, new_tokens: int, reps: int, sample: bool, device) -> dict:
@@ -119,10 +133,18 @@ def time_hf(model, prompts, new_tokens: int, reps: int, sample: bool, device) ->
     media = Media.concat([p.media for p in prompts]).to(device)
     types = torch.zeros_like(ids)
     types[ids == model.config.image_token_id] = 1
-    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types,
-                  pixel_values=media.pixel_values.to(torch.bfloat16), image_grid_thw=media.image_grid_thw,
-                  do_sample=sample, temperature=1.0 if sample else None, top_p=None, top_k=None,
-                  pad_token_id=0)
+    kwargs = dict(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        mm_token_type_ids=types,
+        pixel_values=media.pixel_values.to(torch.bfloat16),
+        image_grid_thw=media.image_grid_thw,
+        do_sample=sample,
+        temperature=1.0 if sample else None,
+        top_p=None,
+        top_k=None,
+        pad_token_id=0,
+    )
 
     def run(n):
         _sync(device)
@@ -138,9 +160,18 @@ def time_hf(model, prompts, new_tokens: int, reps: int, sample: bool, device) ->
     return _summary(totals, ttft, len(prompts), new_tokens, device)
 
 
-def time_rlflow(backend: MegatronGeneration, prompts, new_tokens: int, reps: int, sample: bool, device):
-    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0 if sample else 0.0, top_p=1.0,
-                            top_k=0, seed=0, stop_token_ids=(), ignore_eos=True)
+def time_rlflow(
+    backend: MegatronGeneration, prompts, new_tokens: int, reps: int, sample: bool, device
+):
+    params = SamplingParams(
+        max_new_tokens=new_tokens,
+        temperature=1.0 if sample else 0.0,
+        top_p=1.0,
+        top_k=0,
+        seed=0,
+        stop_token_ids=(),
+        ignore_eos=True,
+    )
     backend.generate(prompts, params)  # warm-up: captures the CUDA graph for this shape
     _reset_peak(device)
     totals, ttfts = [], []
@@ -153,10 +184,16 @@ def time_rlflow(backend: MegatronGeneration, prompts, new_tokens: int, reps: int
 
 def _summary(totals, ttft, batch, new_tokens, device) -> dict:
     total = statistics.median(totals)
-    return {"tokens_per_s": batch * new_tokens / total, "total_s": total, "ttft_ms": 1e3 * ttft,
-            "decode_step_ms": 1e3 * (total - ttft) / (new_tokens - 1),
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan"),
-            "runs_s": totals}
+    return {
+        "tokens_per_s": batch * new_tokens / total,
+        "total_s": total,
+        "ttft_ms": 1e3 * ttft,
+        "decode_step_ms": 1e3 * (total - ttft) / (new_tokens - 1),
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30
+        if device.type == "cuda"
+        else float("nan"),
+        "runs_s": totals,
+    }
 
 
 def agreement(backend, hf_model, prompts, device, new_tokens: int = 16) -> dict:
@@ -167,11 +204,18 @@ def agreement(backend, hf_model, prompts, device, new_tokens: int = 16) -> dict:
     media = Media.concat([p.media for p in prompts]).to(device)
     types = torch.zeros_like(ids)
     types[ids == hf_model.config.image_token_id] = 1
-    ref = hf_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=types,
-                            pixel_values=media.pixel_values.to(torch.bfloat16),
-                            image_grid_thw=media.image_grid_thw, do_sample=False,
-                            max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
-    ref = ref[:, ids.shape[1]:].tolist()
+    ref = hf_model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        mm_token_type_ids=types,
+        pixel_values=media.pixel_values.to(torch.bfloat16),
+        image_grid_thw=media.image_grid_thw,
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=0,
+    )
+    ref = ref[:, ids.shape[1] :].tolist()
     first = sum(a.token_ids[0] == b[0] for a, b in zip(ours, ref))
     prefix = []
     for a, b in zip(ours, ref):
@@ -179,7 +223,10 @@ def agreement(backend, hf_model, prompts, device, new_tokens: int = 16) -> dict:
         while n < new_tokens and a.token_ids[n] == b[n]:
             n += 1
         prefix.append(n)
-    return {"first_token_match": f"{first}/{len(prompts)}", "mean_identical_prefix": statistics.mean(prefix)}
+    return {
+        "first_token_match": f"{first}/{len(prompts)}",
+        "mean_identical_prefix": statistics.mean(prefix),
+    }
 
 
 def _sync(device):
@@ -195,12 +242,17 @@ def _reset_peak(device):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--tiny", action="store_true", help="tiny model, CPU smoke test of the script")
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny model, CPU smoke test of the script"
+    )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--variants", default="graph,graph+compile",
-                        help="rlflow variants: eager, graph, graph+compile")
+    parser.add_argument(
+        "--variants",
+        default="graph,graph+compile",
+        help="rlflow variants: eager, graph, graph+compile",
+    )
     parser.add_argument("--skip-hf", action="store_true")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -210,9 +262,15 @@ def main() -> None:
 
     library_logs.quiet()
     parallel.init_parallel(ParallelismConfig(1, 1, 1, 1), seed=0)
-    results: dict = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                     "torch": torch.__version__, "batch": args.batch, "new_tokens": args.new_tokens}
-    ckpt = Path(os.environ.get("TMPDIR", "/tmp")) / ("rlflow-bench-tiny" if args.tiny else "rlflow-bench-3b")
+    results: dict = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "batch": args.batch,
+        "new_tokens": args.new_tokens,
+    }
+    ckpt = Path(os.environ.get("TMPDIR", "/tmp")) / (
+        "rlflow-bench-tiny" if args.tiny else "rlflow-bench-3b"
+    )
     start = time.perf_counter()
     write_random_checkpoint(ckpt, "tiny" if args.tiny else "qwen25vl-3b", device)
     results["checkpoint_write_s"] = time.perf_counter() - start
@@ -232,12 +290,21 @@ def main() -> None:
     print(json.dumps(results["roofline"]), flush=True)
 
     for variant in args.variants.split(","):
-        backend = MegatronGeneration(policy, pad_token_id=0, max_batch_size=args.batch,
-                                     cuda_graphs="graph" in variant, compile_decode="compile" in variant)
+        backend = MegatronGeneration(
+            policy,
+            pad_token_id=0,
+            max_batch_size=args.batch,
+            cuda_graphs="graph" in variant,
+            compile_decode="compile" in variant,
+        )
         try:
             start = time.perf_counter()
-            row = {"greedy": time_rlflow(backend, prompts, args.new_tokens, args.reps, False, device),
-                   "sample_t1": time_rlflow(backend, prompts, args.new_tokens, args.reps, True, device)}
+            row = {
+                "greedy": time_rlflow(backend, prompts, args.new_tokens, args.reps, False, device),
+                "sample_t1": time_rlflow(
+                    backend, prompts, args.new_tokens, args.reps, True, device
+                ),
+            }
             row["setup_and_timing_s"] = time.perf_counter() - start
             row["agreement_vs_hf"] = agreement(backend, hf_model, prompts[:16], device)
         except Exception as err:  # a variant that fails is reported, the others still run
@@ -250,7 +317,8 @@ def main() -> None:
     if not args.skip_hf:
         results["hf_generate_sdpa"] = {
             "greedy": time_hf(hf_model, prompts, args.new_tokens, args.reps, False, device),
-            "sample_t1": time_hf(hf_model, prompts, args.new_tokens, args.reps, True, device)}
+            "sample_t1": time_hf(hf_model, prompts, args.new_tokens, args.reps, True, device),
+        }
         print("hf", json.dumps(results["hf_generate_sdpa"]), flush=True)
     (args.out / "generation_results.json").write_text(json.dumps(results, indent=2))
     print_table(results)
@@ -259,16 +327,24 @@ def main() -> None:
 def print_table(results: dict) -> None:
     roof = results["roofline"]
     hf = results.get("hf_generate_sdpa", {}).get("greedy")
-    print(f"\n{'system':34} {'tok/s':>9} {'% roof':>7} {'x HF':>6} {'ms/step':>8} {'TTFT ms':>8} {'peak GiB':>9}")
-    rows = [(k, v["greedy"]) for k, v in results.items() if k.startswith("rlflow_") and "greedy" in v]
+    print(
+        f"\n{'system':34} {'tok/s':>9} {'% roof':>7} {'x HF':>6} {'ms/step':>8} {'TTFT ms':>8} {'peak GiB':>9}"
+    )
+    rows = [
+        (k, v["greedy"]) for k, v in results.items() if k.startswith("rlflow_") and "greedy" in v
+    ]
     if hf:
         rows.append(("hf_generate_sdpa", hf))
     for name, r in rows:
         ratio = r["tokens_per_s"] / hf["tokens_per_s"] if hf else float("nan")
-        print(f"{name:34} {r['tokens_per_s']:9,.0f} {100 * r['tokens_per_s'] / roof['tokens_per_s']:6.1f}% "
-              f"{ratio:6.2f} {r['decode_step_ms']:8.2f} {r['ttft_ms']:8.0f} {r['peak_gib']:9.1f}")
-    print(f"{'roofline (prefill + decode)':34} {roof['tokens_per_s']:9,.0f} {100.0:6.1f}% {'':6} "
-          f"{roof['decode_step_ms']:8.2f} {roof['ttft_ms']:8.0f}")
+        print(
+            f"{name:34} {r['tokens_per_s']:9,.0f} {100 * r['tokens_per_s'] / roof['tokens_per_s']:6.1f}% "
+            f"{ratio:6.2f} {r['decode_step_ms']:8.2f} {r['ttft_ms']:8.0f} {r['peak_gib']:9.1f}"
+        )
+    print(
+        f"{'roofline (prefill + decode)':34} {roof['tokens_per_s']:9,.0f} {100.0:6.1f}% {'':6} "
+        f"{roof['decode_step_ms']:8.2f} {roof['ttft_ms']:8.0f}"
+    )
 
 
 if __name__ == "__main__":

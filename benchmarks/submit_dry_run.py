@@ -26,10 +26,19 @@ _SCRIPT = Path(sys.executable).parent / "rlflow"
 RLFLOW = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "rlflow.cli"]
 CASES = {
     "tests/launch/recipes/tiny-cpu.yaml --nodes 8 --gpus 4": [
-        str(REPO / "tests/launch/recipes/tiny-cpu.yaml"), "--nodes", "8", "--gpus", "4"],
+        str(REPO / "tests/launch/recipes/tiny-cpu.yaml"),
+        "--nodes",
+        "8",
+        "--gpus",
+        "4",
+    ],
     "recipes/vlm_grpo-qwen25vl-3b-clevr-4n8g-megatron-tp2.yaml --nodes 4 --gpus 8": [
-        str(REPO / "recipes/vlm_grpo-qwen25vl-3b-clevr-4n8g-megatron-tp2.yaml"), "--nodes", "4",
-        "--gpus", "8"],
+        str(REPO / "recipes/vlm_grpo-qwen25vl-3b-clevr-4n8g-megatron-tp2.yaml"),
+        "--nodes",
+        "4",
+        "--gpus",
+        "8",
+    ],
 }
 
 
@@ -50,28 +59,47 @@ def sample(argv: list[str], cwd: Path, runs: int) -> tuple[list[float], list[flo
 
 def row(name: str, where: str, times: tuple[list[float], list[float]]) -> str:
     walls, cpus = times
-    return (f"| {name} | {where} | {statistics.median(walls) * 1000:.0f} | "
-            f"{min(walls) * 1000:.0f} | {max(walls) * 1000:.0f} | {statistics.median(cpus) * 1000:.0f} |")
+    return (
+        f"| {name} | {where} | {statistics.median(walls) * 1000:.0f} | "
+        f"{min(walls) * 1000:.0f} | {max(walls) * 1000:.0f} | {statistics.median(cpus) * 1000:.0f} |"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
     runs = parser.parse_args().runs
-    print(f"{runs} runs each; times in ms; rlflow = {' '.join(RLFLOW)}; "
-          f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n")
+    print(
+        f"{runs} runs each; times in ms; rlflow = {' '.join(RLFLOW)}; "
+        f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n"
+    )
     print("| command | working directory | wall median | wall min | wall max | CPU median |")
     print("| --- | --- | --- | --- | --- | --- |")
-    print(row("python -c pass (interpreter start-up)", "-",
-              sample([sys.executable, "-c", "pass"], REPO, runs)))
+    print(
+        row(
+            "python -c pass (interpreter start-up)",
+            "-",
+            sample([sys.executable, "-c", "pass"], REPO, runs),
+        )
+    )
     print(row("rlflow --help", "-", sample([*RLFLOW, "--help"], REPO, runs)))
     with tempfile.TemporaryDirectory() as outside:
         for name, args in CASES.items():
             argv = [*RLFLOW, "submit", *args, "--dry-run"]
-            print(row(f"rlflow submit {name} --dry-run", "this repository (pin check runs)",
-                      sample(argv, REPO, runs)))
-            print(row(f"rlflow submit {name} --dry-run", "outside git (no pin check)",
-                      sample(argv, Path(outside), runs)))
+            print(
+                row(
+                    f"rlflow submit {name} --dry-run",
+                    "this repository (pin check runs)",
+                    sample(argv, REPO, runs),
+                )
+            )
+            print(
+                row(
+                    f"rlflow submit {name} --dry-run",
+                    "outside git (no pin check)",
+                    sample(argv, Path(outside), runs),
+                )
+            )
 
 
 if __name__ == "__main__":

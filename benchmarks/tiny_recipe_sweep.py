@@ -24,10 +24,26 @@ CONFIGS = {
     "lr1e-3_p8": ["optimizer.lr=1.0e-3"],
     "lr3e-4_p16": ["optimizer.lr=3.0e-4", "grpo.num_prompts_per_step=16"],
     "lr1e-3_p16": ["optimizer.lr=1.0e-3", "grpo.num_prompts_per_step=16"],
-    "lr3e-4_p16_t07": ["optimizer.lr=3.0e-4", "grpo.num_prompts_per_step=16", "generation.temperature=0.7"],
-    "lr1e-3_p16_ws25": ["optimizer.lr=1.0e-3", "grpo.num_prompts_per_step=16", "warm_start.num_steps=25"],
-    "lr3e-4_p16_mb1": ["optimizer.lr=3.0e-4", "grpo.num_prompts_per_step=16", "grpo.num_minibatches=1"],
-    "lr1e-4_p16_ws60": ["optimizer.lr=1.0e-4", "grpo.num_prompts_per_step=16", "warm_start.num_steps=60"],
+    "lr3e-4_p16_t07": [
+        "optimizer.lr=3.0e-4",
+        "grpo.num_prompts_per_step=16",
+        "generation.temperature=0.7",
+    ],
+    "lr1e-3_p16_ws25": [
+        "optimizer.lr=1.0e-3",
+        "grpo.num_prompts_per_step=16",
+        "warm_start.num_steps=25",
+    ],
+    "lr3e-4_p16_mb1": [
+        "optimizer.lr=3.0e-4",
+        "grpo.num_prompts_per_step=16",
+        "grpo.num_minibatches=1",
+    ],
+    "lr1e-4_p16_ws60": [
+        "optimizer.lr=1.0e-4",
+        "grpo.num_prompts_per_step=16",
+        "warm_start.num_steps=60",
+    ],
 }
 
 
@@ -39,19 +55,40 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     names = args.only.split(",") if args.only else list(CONFIGS)
-    common = [f"grpo.max_num_steps={args.steps}", "grpo.val_period=20", "grpo.max_val_samples=128",
-              "logging.progress_bar=false", "checkpointing.enabled=false",
-              "generation.compile_decode=false"]
+    common = [
+        f"grpo.max_num_steps={args.steps}",
+        "grpo.val_period=20",
+        "grpo.max_val_samples=128",
+        "logging.progress_bar=false",
+        "checkpointing.enabled=false",
+        "generation.compile_decode=false",
+    ]
     procs = {}
     start = time.perf_counter()
     for name in names:
         run_dir = Path("/tmp/rlflow-sweep") / name
-        command = [sys.executable, "-m", "rlflow.cli", "train", RECIPE, *common, *CONFIGS[name],
-                   "--run-dir", str(run_dir)]
+        command = [
+            sys.executable,
+            "-m",
+            "rlflow.cli",
+            "train",
+            RECIPE,
+            *common,
+            *CONFIGS[name],
+            "--run-dir",
+            str(run_dir),
+        ]
         log = open(args.out / f"{name}.log", "w")
-        procs[name] = (subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"}),
-                       run_dir)
+        procs[name] = (
+            subprocess.Popen(
+                command,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "2"},
+            ),
+            run_dir,
+        )
     summary = {}
     for name, (proc, run_dir) in procs.items():
         code = proc.wait()

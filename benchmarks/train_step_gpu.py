@@ -24,14 +24,28 @@ sys.path.insert(0, str(ROOT))
 RUNS = {
     "tiny-cpu-recipe-on-gpu": (
         "recipes/tiny-qwen25vl-clevr-1n1g-cpu.yaml",
-        ["grpo.max_num_steps=20", "grpo.val_period=10", "logging.progress_bar=false",
-         "checkpointing.enabled=false"]),
+        [
+            "grpo.max_num_steps=20",
+            "grpo.val_period=10",
+            "logging.progress_bar=false",
+            "checkpointing.enabled=false",
+        ],
+    ),
     "qwen25vl-3b-random-1gpu": (
         "recipes/vlm_grpo-qwen25vl-3b-clevr-4n8g-megatron-tp2.yaml",
-        ["parallelism.tensor_parallel_size=1", "grpo.num_prompts_per_step=8",
-         "grpo.num_generations_per_prompt=8", "generation.max_new_tokens=128",
-         "optimizer.micro_batch_size=8", "grpo.val_period=0", "grpo.val_at_start=false",
-         "grpo.val_at_end=false", "checkpointing.enabled=false", "data.max_objects=4"]),
+        [
+            "parallelism.tensor_parallel_size=1",
+            "grpo.num_prompts_per_step=8",
+            "grpo.num_generations_per_prompt=8",
+            "generation.max_new_tokens=128",
+            "optimizer.micro_batch_size=8",
+            "grpo.val_period=0",
+            "grpo.val_at_start=false",
+            "grpo.val_at_end=false",
+            "checkpointing.enabled=false",
+            "data.max_objects=4",
+        ],
+    ),
 }
 
 
@@ -40,6 +54,7 @@ def summarise(run_dir: Path) -> dict:
 
     steps = [r for r in read_metrics(run_dir) if "time/step" in r]
     later = steps[1:] or steps  # the first step includes CUDA-graph capture and allocator warm-up
+
     def med(key):
         return statistics.median(r[key] for r in later if key in r)
 
@@ -58,8 +73,9 @@ def summarise(run_dir: Path) -> dict:
         "first_step_s": steps[0]["time/step"],
         "allocated_gib_per_step": [round(r.get("memory/allocated_gib", 0.0), 3) for r in steps],
         "peak_gib_per_step": [round(r.get("memory/peak_gib", 0.0), 3) for r in steps],
-        "val_accuracy": [(r["step"], r["val/accuracy"]) for r in read_metrics(run_dir)
-                         if "val/accuracy" in r],
+        "val_accuracy": [
+            (r["step"], r["val/accuracy"]) for r in read_metrics(run_dir) if "val/accuracy" in r
+        ],
     }
 
 
@@ -73,21 +89,43 @@ def main() -> None:
     if not (args.checkpoint_3b / "config.json").exists():
         from rlflow.model.tiny import PRESETS, write_tiny_checkpoint
 
-        write_tiny_checkpoint(args.checkpoint_3b, seed=0, sizes=PRESETS["qwen25vl-3b"], device="cuda")
+        write_tiny_checkpoint(
+            args.checkpoint_3b, seed=0, sizes=PRESETS["qwen25vl-3b"], device="cuda"
+        )
     results = {}
     for name, (recipe, overrides) in RUNS.items():
         run_dir = Path("/tmp/rlflow-bench-runs") / name
         extra = []
         if "3b" in name:
-            extra = [f"model.checkpoint={args.checkpoint_3b}", f"grpo.max_num_steps={args.steps_3b}"]
-        command = [sys.executable, "-m", "rlflow.cli", "train", recipe, *overrides, *extra,
-                   "--run-dir", str(run_dir)]
+            extra = [
+                f"model.checkpoint={args.checkpoint_3b}",
+                f"grpo.max_num_steps={args.steps_3b}",
+            ]
+        command = [
+            sys.executable,
+            "-m",
+            "rlflow.cli",
+            "train",
+            recipe,
+            *overrides,
+            *extra,
+            "--run-dir",
+            str(run_dir),
+        ]
         start = time.perf_counter()
-        proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.run(
+            command,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         (args.out / f"{name}.log").write_text(proc.stdout + proc.stderr)
-        row = {"command": " ".join(command[1:]), "exit_code": proc.returncode,
-               "wall_s": time.perf_counter() - start}
+        row = {
+            "command": " ".join(command[1:]),
+            "exit_code": proc.returncode,
+            "wall_s": time.perf_counter() - start,
+        }
         if proc.returncode == 0:
             row.update(summarise(run_dir))
         else:

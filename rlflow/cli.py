@@ -22,7 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rlflow.pins.command:check_pins",
         "Check that submodule pyproject pins agree with the root pyproject.",
     ),
-    "submit": ("rlflow.launch.command:submit", "Render a recipe to an sbatch script and submit it."),
+    "submit": (
+        "rlflow.launch.command:submit",
+        "Render a recipe to an sbatch script and submit it.",
+    ),
     "status": ("rlflow.launch.command:status", "Show the state of a submitted job."),
     "logs": ("rlflow.launch.command:logs", "Print (or follow) a job's training log."),
     "cancel": ("rlflow.launch.command:cancel", "Cancel a submitted job."),

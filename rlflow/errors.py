@@ -98,7 +98,9 @@ class RlflowError(Exception):
     """
 
     def __init__(self, diagnostics: Diagnostic | list[Diagnostic], exit_code: int = EXIT_USAGE):
-        self.diagnostics = [diagnostics] if isinstance(diagnostics, Diagnostic) else list(diagnostics)
+        self.diagnostics = (
+            [diagnostics] if isinstance(diagnostics, Diagnostic) else list(diagnostics)
+        )
         self.exit_code = exit_code
         super().__init__("\n".join(d.render() for d in self.diagnostics))
 
@@ -115,7 +117,10 @@ def print_diagnostics(
     """Print all diagnostics then a count (text), or one JSON document (json)."""
     stream = stream or sys.stderr
     if fmt == "json":
-        doc = {"diagnostics": [d.to_json() for d in diagnostics], "summary": summary_line(diagnostics)}
+        doc = {
+            "diagnostics": [d.to_json() for d in diagnostics],
+            "summary": summary_line(diagnostics),
+        }
         print(json.dumps(doc, indent=2), file=stream)
         return
     for d in diagnostics:

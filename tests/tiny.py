@@ -18,8 +18,9 @@ def tiny_checkpoint(root: str, lm_head_scale: float = 8.0) -> Path:
     """A tiny Qwen2.5-VL checkpoint; lm_head scaled so greedy decoding has no near-ties."""
     from rlflow.model.tiny import write_tiny_checkpoint
 
-    return write_tiny_checkpoint(Path(root) / f"tiny-scale{lm_head_scale}", seed=0,
-                                 lm_head_scale=lm_head_scale)
+    return write_tiny_checkpoint(
+        Path(root) / f"tiny-scale{lm_head_scale}", seed=0, lm_head_scale=lm_head_scale
+    )
 
 
 def random_image(seed: int, size: int = 112):
@@ -29,35 +30,60 @@ def random_image(seed: int, size: int = 112):
     return Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
 
 
-def make_prompt(processor, kind: str, question: str, seed: int = 0, frames: int = 4, fps: float = 2.0):
+def make_prompt(
+    processor, kind: str, question: str, seed: int = 0, frames: int = 4, fps: float = 2.0
+):
     """A Prompt of one media kind built with the checkpoint's own processor (expanded form)."""
     from rlflow.generation.base import Prompt
     from rlflow.model.forward import Media
 
     content = ([{"type": kind}] if kind != "text" else []) + [{"type": "text", "text": question}]
-    text = processor.apply_chat_template([{"role": "user", "content": content}],
-                                         add_generation_prompt=True, tokenize=False)
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
     kwargs, images, video = {}, (), None
     if kind == "image":
         images = (random_image(seed),)
         kwargs["images"] = list(images)
     if kind == "video":
         video = tuple(random_image(seed + i) for i in range(frames))
-        kwargs.update(videos=[list(video)], do_sample_frames=False,
-                      video_metadata=[{"fps": fps, "total_num_frames": frames,
-                                       "frames_indices": list(range(frames)),
-                                       "duration": frames / fps}])
+        kwargs.update(
+            videos=[list(video)],
+            do_sample_frames=False,
+            video_metadata=[
+                {
+                    "fps": fps,
+                    "total_num_frames": frames,
+                    "frames_indices": list(range(frames)),
+                    "duration": frames / fps,
+                }
+            ],
+        )
     enc = processor(text=[text], return_tensors="pt", **kwargs)
-    media = Media(enc.get("pixel_values"), enc.get("image_grid_thw"), enc.get("pixel_values_videos"),
-                  enc.get("video_grid_thw"), enc.get("second_per_grid_ts"))
-    return Prompt(sample_id=f"{kind}-{seed}", text=text, token_ids=tuple(enc["input_ids"][0].tolist()),
-                  media_tokens_expanded=True, media=media, images=images, video=video,
-                  video_fps=fps if video else None)
+    media = Media(
+        enc.get("pixel_values"),
+        enc.get("image_grid_thw"),
+        enc.get("pixel_values_videos"),
+        enc.get("video_grid_thw"),
+        enc.get("second_per_grid_ts"),
+    )
+    return Prompt(
+        sample_id=f"{kind}-{seed}",
+        text=text,
+        token_ids=tuple(enc["input_ids"][0].tolist()),
+        media_tokens_expanded=True,
+        media=media,
+        images=images,
+        video=video,
+        video_fps=fps if video else None,
+    )
 
 
 def mixed_prompts(processor) -> list:
     """One batch of different lengths and media kinds: image, text-only, video, a second image."""
-    return [make_prompt(processor, "image", "How many red squares are there?", seed=1),
-            make_prompt(processor, "text", "How many?", seed=2),
-            make_prompt(processor, "video", "How many objects appear in the video?", seed=3),
-            make_prompt(processor, "image", "Count the circles.", seed=4)]
+    return [
+        make_prompt(processor, "image", "How many red squares are there?", seed=1),
+        make_prompt(processor, "text", "How many?", seed=2),
+        make_prompt(processor, "video", "How many objects appear in the video?", seed=3),
+        make_prompt(processor, "image", "Count the circles.", seed=4),
+    ]

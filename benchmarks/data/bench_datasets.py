@@ -30,8 +30,9 @@ def rows_per_second(dataset, n: int) -> float:
 def synthetic(data) -> None:
     video = dataclasses.replace(data.video, num_frames=8, temporal_patch_size=2, fps=2.0)
     for size in (56, 112, 448):
-        cfg = dataclasses.replace(data, image_size=size, max_objects=10 if size == 448 else 4,
-                                  video=video)
+        cfg = dataclasses.replace(
+            data, image_size=size, max_objects=10 if size == 448 else 4, video=video
+        )
         for kind in ("clevr", "video", "text", "mixed"):
             split = dataclasses.replace(data.train, kind=kind, num_samples=2000)
             rate = rows_per_second(build_dataset(split, cfg), 2000)
@@ -44,13 +45,16 @@ def jsonl(data, rows: int = 20_000) -> None:
         Image.new("RGB", (480, 320), 90).save(root / "a.png")
         line = '{"image": "a.png", "problem": "How many items are there?", "solution": "<answer> 3 </answer>"}\n'
         (root / "t.jsonl").write_text(line * rows)
-        split = dataclasses.replace(data.train, kind="jsonl", path=str(root / "t.jsonl"),
-                                    image_root=None, num_samples=rows)
+        split = dataclasses.replace(
+            data.train, kind="jsonl", path=str(root / "t.jsonl"), image_root=None, num_samples=rows
+        )
         start = time.perf_counter()
         dataset = build_dataset(split, data)
         built = time.perf_counter() - start
-        print(f"jsonl: build (parse + check) {rows} rows: {built:.2f} s; "
-              f"read rows with a 480x320 PNG: {rows_per_second(dataset, 2000):,.0f} rows/s")
+        print(
+            f"jsonl: build (parse + check) {rows} rows: {built:.2f} s; "
+            f"read rows with a 480x320 PNG: {rows_per_second(dataset, 2000):,.0f} rows/s"
+        )
 
 
 def scoring(data, rows: int = 4096) -> None:

@@ -35,8 +35,11 @@ def timed(fn, reps: int) -> tuple[float, object]:
 
 def parity(ours, reference) -> dict:
     same = sum(a.token_ids == b.token_ids for a, b in zip(ours, reference, strict=True))
-    gap = max(abs(x - y) for a, b in zip(ours, reference, strict=True)
-              for x, y in zip(a.logprobs, b.logprobs, strict=False))
+    gap = max(
+        abs(x - y)
+        for a, b in zip(ours, reference, strict=True)
+        for x, y in zip(a.logprobs, b.logprobs, strict=False)
+    )
     return {"rows_identical": f"{same}/{len(ours)}", "max_abs_logprob_diff": gap}
 
 
@@ -62,11 +65,18 @@ def main() -> None:
     checkpoint = tiny_checkpoint(str(work))
     policy = load_policy(checkpoint, FP32, SINGLE, trainable=False)
     processor = AutoProcessor.from_pretrained(str(checkpoint))
-    recipe = load_checked(ROOT / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml",
-                          ["generation.backend=vllm"]).recipe
-    kinds = [("image", "How many red squares are there?"), ("text", "How many?"),
-             ("video", "How many objects appear in the video?"), ("image", "Count the circles.")]
-    mixed = [make_prompt(processor, kind, question, seed=i) for i, (kind, question) in enumerate(kinds)]
+    recipe = load_checked(
+        ROOT / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml", ["generation.backend=vllm"]
+    ).recipe
+    kinds = [
+        ("image", "How many red squares are there?"),
+        ("text", "How many?"),
+        ("video", "How many objects appear in the video?"),
+        ("image", "Count the circles."),
+    ]
+    mixed = [
+        make_prompt(processor, kind, question, seed=i) for i, (kind, question) in enumerate(kinds)
+    ]
     eos, pad = processor.tokenizer.eos_token_id, processor.tokenizer.pad_token_id
 
     start = time.perf_counter()
@@ -75,8 +85,10 @@ def main() -> None:
     megatron, hf = MegatronGeneration(policy, pad, 64), HFGeneration(policy, pad, 64)
     greedy = SamplingParams(24, 0.0, 1.0, 0, 0, (eos,), True)
     ours = vllm.generate(mixed, greedy)
-    result = {"vs_megatron": parity(ours, megatron.generate(mixed, greedy)),
-              "vs_hf": parity(ours, hf.generate(mixed, greedy))}
+    result = {
+        "vs_megatron": parity(ours, megatron.generate(mixed, greedy)),
+        "vs_hf": parity(ours, hf.generate(mixed, greedy)),
+    }
 
     rollouts = [p for p in mixed for _ in range(16)]  # 64 rollouts, as a tiny-recipe GRPO step
     sampled = SamplingParams(8, 1.0, 1.0, 0, 1, (eos,), True)
@@ -90,12 +102,15 @@ def main() -> None:
         "command": "uv run python benchmarks/vllm/bench_backend.py " + " ".join(sys.argv[1:]),
         "model": "tiny Qwen2.5-VL (rlflow.model.tiny, lm_head_scale 8), fp32, CPU",
         "vllm": vllm.worker.info.get("vllm_version"),
-        "load_average_1m_at_end": os.getloadavg()[0], "cpus": os.cpu_count(),
+        "load_average_1m_at_end": os.getloadavg()[0],
+        "cpus": os.cpu_count(),
         "worker_startup_s": round(startup, 2),
         "worker_ready_s": round(vllm.worker.info["startup_seconds"], 2),
         "parity_greedy_24_tokens_image_text_video_image": result,
-        "generate_64_rollouts_8_tokens_s": {"vllm": round(gen_vllm, 3),
-                                            "megatron": round(gen_megatron, 3)},
+        "generate_64_rollouts_8_tokens_s": {
+            "vllm": round(gen_vllm, 3),
+            "megatron": round(gen_megatron, 3),
+        },
         "refresh_weights_s_median": round(refresh, 4),
     }
     (HERE / "backend_bench.json").write_text(json.dumps(doc, indent=2) + "\n")

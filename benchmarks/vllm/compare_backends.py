@@ -28,8 +28,18 @@ BACKENDS = ("megatron", "vllm")
 
 
 def run(recipe: str, backend: str, run_dir: Path, overrides: list[str]) -> float:
-    cmd = [sys.executable, "-m", "rlflow.cli", "train", recipe, f"generation.backend={backend}",
-           "logging.progress_bar=false", *overrides, "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlflow.cli",
+        "train",
+        recipe,
+        f"generation.backend={backend}",
+        "logging.progress_bar=false",
+        *overrides,
+        "--run-dir",
+        str(run_dir),
+    ]
     print("$", " ".join(cmd), flush=True)
     start = time.monotonic()
     subprocess.run(cmd, check=True, cwd=ROOT)
@@ -47,7 +57,9 @@ def summary(run_dir: Path, wall_s: float) -> dict:
     return {
         "wall_s": round(wall_s, 1),
         "val_accuracy": val,
-        "train_accuracy_last10": round(statistics.fmean(r["train/accuracy"] for r in steps[-10:]), 4),
+        "train_accuracy_last10": round(
+            statistics.fmean(r["train/accuracy"] for r in steps[-10:]), 4
+        ),
         "tmpe_median": statistics.median(tmpe),
         "tmpe_max": max(tmpe),
         "tmpe_token_max": max(r["train/token_mult_prob_error_max"] for r in steps),
@@ -69,20 +81,33 @@ def main() -> None:
     results = {}
     for backend, run_dir in dirs.items():
         if run_dir.exists():
-            raise SystemExit(f"{run_dir} exists (a run there would resume): remove it or pick --runs-dir")
+            raise SystemExit(
+                f"{run_dir} exists (a run there would resume): remove it or pick --runs-dir"
+            )
         results[backend] = summary(run_dir, run(args.recipe, backend, run_dir, args.overrides))
     labels = [f"backend: {b}" for b in BACKENDS]
     runs = [dirs[b] for b in BACKENDS]
-    for key, name, title in (("val/accuracy", "grpo_accuracy", "validation accuracy (greedy)"),
-                             ("train/accuracy", "grpo_train_accuracy", "train accuracy (sampled)"),
-                             ("train/token_mult_prob_error", "grpo_tmpe",
-                              "token_mult_prob_error (generator vs trainer)")):
+    for key, name, title in (
+        ("val/accuracy", "grpo_accuracy", "validation accuracy (greedy)"),
+        ("train/accuracy", "grpo_train_accuracy", "train accuracy (sampled)"),
+        (
+            "train/token_mult_prob_error",
+            "grpo_tmpe",
+            "token_mult_prob_error (generator vs trainer)",
+        ),
+    ):
         compare_runs(runs, labels, key, HERE / f"{name}.png", f"tiny GRPO, {title}")
-    doc = {"command": " ".join([sys.argv[0], *sys.argv[1:]]), "recipe": args.recipe,
-           "overrides": args.overrides, "results": results}
+    doc = {
+        "command": " ".join([sys.argv[0], *sys.argv[1:]]),
+        "recipe": args.recipe,
+        "overrides": args.overrides,
+        "results": results,
+    }
     (HERE / "grpo_parity.json").write_text(json.dumps(doc, indent=2) + "\n")
     # The recipe exactly as both runs used it (the tiny recipe is still being tuned).
-    (HERE / "grpo_recipe.resolved.yaml").write_text((dirs["vllm"] / "recipe.resolved.yaml").read_text())
+    (HERE / "grpo_recipe.resolved.yaml").write_text(
+        (dirs["vllm"] / "recipe.resolved.yaml").read_text()
+    )
     print(json.dumps(results, indent=2))
 
 

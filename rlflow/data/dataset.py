@@ -26,8 +26,9 @@ class Dataset(Protocol):
     def __getitem__(self, index: int) -> Sample: ...
 
 
-def build_dataset(split_cfg: DatasetConfig, data_cfg: DataConfig, *,
-                  condition: str | None = None) -> Dataset:
+def build_dataset(
+    split_cfg: DatasetConfig, data_cfg: DataConfig, *, condition: str | None = None
+) -> Dataset:
     """The dataset a split describes. `condition` ("A" | "B") restricts synthetic scenes to a
     CLEVR-CoGenT colour/shape condition: train on A, validate on B for unseen combinations."""
     if split_cfg.kind == "jsonl":
@@ -35,11 +36,17 @@ def build_dataset(split_cfg: DatasetConfig, data_cfg: DataConfig, *,
 
         split = _split_name(split_cfg, data_cfg)
         if not split_cfg.path:
-            raise RlflowError(Diagnostic(
-                "data.jsonl-path", f"`data.{split}.kind` is jsonl, but `data.{split}.path` is not set",
-                help=f"set data.{split}.path to a JSONL file with image, problem and solution fields"))
+            raise RlflowError(
+                Diagnostic(
+                    "data.jsonl-path",
+                    f"`data.{split}.kind` is jsonl, but `data.{split}.path` is not set",
+                    help=f"set data.{split}.path to a JSONL file with image, problem and solution fields",
+                )
+            )
         return JsonlDataset(split_cfg.path, split_cfg.image_root, split_cfg.num_samples, split)
-    spec = SceneSpec(data_cfg.image_size, data_cfg.max_objects, data_cfg.video.num_frames, condition)
+    spec = SceneSpec(
+        data_cfg.image_size, data_cfg.max_objects, data_cfg.video.num_frames, condition
+    )
     grid_for(spec.image_size, spec.max_objects)  # raises now if the objects cannot fit the image
     if split_cfg.kind == "mixed":
         kinds = mixed_kinds(split_cfg.num_samples, split_cfg.seed, data_cfg.mix)
@@ -70,10 +77,14 @@ def mixed_kinds(num_samples: int, seed: int, mix: Mapping[str, float]) -> list[s
     """Each row's kind: counts exactly proportional to `mix` (largest remainder), seeded order."""
     unknown = sorted(set(mix) - set(SYNTHETIC_KINDS))
     if unknown or sum(max(v, 0) for v in mix.values()) <= 0:
-        raise RlflowError(Diagnostic(
-            "data.mix", f"data.mix must give positive shares to {', '.join(SYNTHETIC_KINDS)}"
-                        + (f"; {', '.join(unknown)} is not a row type" if unknown else ""),
-            help="e.g. data.mix: {clevr: 0.5, video: 0.25, text: 0.25}"))
+        raise RlflowError(
+            Diagnostic(
+                "data.mix",
+                f"data.mix must give positive shares to {', '.join(SYNTHETIC_KINDS)}"
+                + (f"; {', '.join(unknown)} is not a row type" if unknown else ""),
+                help="e.g. data.mix: {clevr: 0.5, video: 0.25, text: 0.25}",
+            )
+        )
     shares = {k: max(mix[k], 0) for k in SYNTHETIC_KINDS if mix.get(k, 0) > 0}
     total = sum(shares.values())
     exact = {k: num_samples * s / total for k, s in shares.items()}
@@ -87,7 +98,7 @@ def mixed_kinds(num_samples: int, seed: int, mix: Mapping[str, float]) -> list[s
 
 
 def _split_name(split_cfg: DatasetConfig, data_cfg: DataConfig) -> str:
-    """"train" or "validation" for error messages that name the recipe key to change."""
+    """ "train" or "validation" for error messages that name the recipe key to change."""
     if split_cfg is data_cfg.validation:
         return "validation"
     return "train" if split_cfg is data_cfg.train else "<split>"
@@ -95,9 +106,13 @@ def _split_name(split_cfg: DatasetConfig, data_cfg: DataConfig) -> str:
 
 def _check_video(spec: SceneSpec, kinds: list[str]) -> None:
     if "video" in kinds and not spec.num_frames:
-        raise RlflowError(Diagnostic(
-            "data.video-frames", "the data has video rows, but data.video.num_frames is not set",
-            help="set data.video.num_frames (e.g. 4), temporal_patch_size and fps"))
+        raise RlflowError(
+            Diagnostic(
+                "data.video-frames",
+                "the data has video rows, but data.video.num_frames is not set",
+                help="set data.video.num_frames (e.g. 4), temporal_patch_size and fps",
+            )
+        )
 
 
 def _generators() -> dict[str, Callable[..., Sample]]:

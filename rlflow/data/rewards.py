@@ -76,13 +76,20 @@ class RewardError(RlflowError):
 
     def __init__(self, reward: str, sample_id: str, completion: str, message: str, help: str):
         self.reward, self.sample_id, self.completion = reward, sample_id, completion
-        super().__init__(Diagnostic(
-            "reward.failed", f"reward `{reward}` {message} on row {sample_id}",
-            notes=(f"completion: {shorten(completion)}",), help=help), exit_code=EXIT_FINDINGS)
+        super().__init__(
+            Diagnostic(
+                "reward.failed",
+                f"reward `{reward}` {message} on row {sample_id}",
+                notes=(f"completion: {shorten(completion)}",),
+                help=help,
+            ),
+            exit_code=EXIT_FINDINGS,
+        )
 
 
-def score(completions: Sequence[str], samples: Sequence[Sample], weights: Mapping[str, float]
-          ) -> tuple[list[float], dict[str, list[float]], list[bool]]:
+def score(
+    completions: Sequence[str], samples: Sequence[Sample], weights: Mapping[str, float]
+) -> tuple[list[float], dict[str, list[float]], list[bool]]:
     """Score rollouts: (weighted totals, each reward's scores, exact-match correctness).
 
     `samples[i]` is the prompt row `completions[i]` answered: repeat each row once per
@@ -90,26 +97,45 @@ def score(completions: Sequence[str], samples: Sequence[Sample], weights: Mappin
     """
     assert len(completions) == len(samples), "one sample per completion"
     shares = normalized_weights(weights)
-    per_reward = {name: [_run(name, c, s) for c, s in zip(completions, samples, strict=True)]
-                  for name in shares}
-    totals = [sum(share * per_reward[name][row] for name, share in shares.items())
-              for row in range(len(completions))]
+    per_reward = {
+        name: [_run(name, c, s) for c, s in zip(completions, samples, strict=True)]
+        for name in shares
+    }
+    totals = [
+        sum(share * per_reward[name][row] for name, share in shares.items())
+        for row in range(len(completions))
+    ]
     exact = per_reward.get("exact_match") or [
-        _run("exact_match", c, s) for c, s in zip(completions, samples, strict=True)]
+        _run("exact_match", c, s) for c, s in zip(completions, samples, strict=True)
+    ]
     return totals, per_reward, [value == 1.0 for value in exact]
 
 
 def normalized_weights(weights: Mapping[str, float]) -> dict[str, float]:
     """Recipe weights -> shares summing to 1; unknown names and bad weights are errors."""
-    problems = [Diagnostic("recipe.unknown-reward", f"`rewards.{name}` is not a known reward",
-                           help="known rewards: " + ", ".join(sorted(REWARDS)))
-                for name in weights if name not in REWARDS]
-    problems += [Diagnostic("recipe.range", f"`rewards.{name}` weight {w} must not be negative")
-                 for name, w in weights.items() if w < 0]
+    problems = [
+        Diagnostic(
+            "recipe.unknown-reward",
+            f"`rewards.{name}` is not a known reward",
+            help="known rewards: " + ", ".join(sorted(REWARDS)),
+        )
+        for name in weights
+        if name not in REWARDS
+    ]
+    problems += [
+        Diagnostic("recipe.range", f"`rewards.{name}` weight {w} must not be negative")
+        for name, w in weights.items()
+        if w < 0
+    ]
     total = sum(weights.values())
     if not problems and total <= 0:
-        problems.append(Diagnostic("recipe.range", "the reward weights add up to 0",
-                                   help="give at least one reward a positive weight"))
+        problems.append(
+            Diagnostic(
+                "recipe.range",
+                "the reward weights add up to 0",
+                help="give at least one reward a positive weight",
+            )
+        )
     if problems:
         raise RlflowError(problems)
     return {name: w / total for name, w in weights.items()}
@@ -119,12 +145,22 @@ def _run(name: str, completion: str, sample: Sample) -> float:
     try:
         value = REWARDS[name](completion, sample.answer)
     except Exception as exc:
-        raise RewardError(name, sample.id, completion, f"raised {type(exc).__name__}: {exc}",
-                          help=f"fix the reward `{name}` (traceback above) or the row's "
-                               f"reference answer {sample.answer!r}") from exc
+        raise RewardError(
+            name,
+            sample.id,
+            completion,
+            f"raised {type(exc).__name__}: {exc}",
+            help=f"fix the reward `{name}` (traceback above) or the row's "
+            f"reference answer {sample.answer!r}",
+        ) from exc
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise RewardError(name, sample.id, completion, f"returned {value!r}, not a number in [0, 1]",
-                          help=f"make `{name}` return a float between 0 and 1")
+        raise RewardError(
+            name,
+            sample.id,
+            completion,
+            f"returned {value!r}, not a number in [0, 1]",
+            help=f"make `{name}` return a float between 0 and 1",
+        )
     return float(value)
 
 

@@ -19,7 +19,9 @@ class PromptSampler:
 
     def __init__(self, dataset_len: int, batch_size: int, seed: int):
         if dataset_len < 1 or batch_size < 1:
-            raise ValueError(f"dataset_len ({dataset_len}) and batch_size ({batch_size}) must be >= 1")
+            raise ValueError(
+                f"dataset_len ({dataset_len}) and batch_size ({batch_size}) must be >= 1"
+            )
         self.dataset_len, self.batch_size, self.seed = dataset_len, batch_size, seed
         self._seek(epoch=0, position=0)
 
@@ -40,19 +42,26 @@ class PromptSampler:
         return self._epoch
 
     def state_dict(self) -> dict[str, int]:
-        return {"dataset_len": self.dataset_len, "seed": self.seed, "epoch": self._epoch,
-                "position": self._position}
+        return {
+            "dataset_len": self.dataset_len,
+            "seed": self.seed,
+            "epoch": self._epoch,
+            "position": self._position,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a saved position; the dataset size and seed must be the saved ones."""
         for key in ("dataset_len", "seed"):
             if state[key] != getattr(self, key):
-                raise RlflowError(Diagnostic(
-                    "data.resume-mismatch",
-                    f"the checkpoint's data position was saved with {key}={state[key]}, "
-                    f"but this run has {key}={getattr(self, key)}",
-                    help="resume with the recipe the run started with, or start a new run "
-                         "directory to train on different data"))
+                raise RlflowError(
+                    Diagnostic(
+                        "data.resume-mismatch",
+                        f"the checkpoint's data position was saved with {key}={state[key]}, "
+                        f"but this run has {key}={getattr(self, key)}",
+                        help="resume with the recipe the run started with, or start a new run "
+                        "directory to train on different data",
+                    )
+                )
         self._seek(state["epoch"], state["position"])
 
     def _seek(self, epoch: int, position: int) -> None:

@@ -95,12 +95,15 @@ def grid_for(image_size: int, max_objects: int) -> tuple[int, int]:
     cell = image_size // grid
     if cell < MIN_CELL_PIXELS:
         largest = (image_size // MIN_CELL_PIXELS) ** 2
-        raise RlflowError(Diagnostic(
-            "data.scene-too-small",
-            f"{max_objects} objects do not fit a {image_size}x{image_size} image "
-            f"(each needs a cell of at least {MIN_CELL_PIXELS} pixels)",
-            help=f"lower data.max_objects to {largest} or less, or raise data.image_size to "
-                 f"{MIN_CELL_PIXELS * needed} or more"))
+        raise RlflowError(
+            Diagnostic(
+                "data.scene-too-small",
+                f"{max_objects} objects do not fit a {image_size}x{image_size} image "
+                f"(each needs a cell of at least {MIN_CELL_PIXELS} pixels)",
+                help=f"lower data.max_objects to {largest} or less, or raise data.image_size to "
+                f"{MIN_CELL_PIXELS * needed} or more",
+            )
+        )
     return grid, cell
 
 
@@ -109,9 +112,13 @@ def allowed_combos(condition: str | None) -> list[Combo]:
     if condition is None:
         return [(c, s) for s in SHAPES for c in COLORS]
     if condition not in COGENT:
-        raise RlflowError(Diagnostic(
-            "data.cogent-condition", f"CoGenT condition {condition!r} is not one of A, B",
-            help="use condition='A' for training and 'B' for the unseen-combination validation"))
+        raise RlflowError(
+            Diagnostic(
+                "data.cogent-condition",
+                f"CoGenT condition {condition!r} is not one of A, B",
+                help="use condition='A' for training and 'B' for the unseen-combination validation",
+            )
+        )
     return [(c, s) for s in SHAPES for c in COGENT[condition][s]]
 
 
@@ -126,8 +133,9 @@ def sample_query(rng: random.Random, template: str, combos: list[Combo]) -> Quer
     }[template]
 
 
-def sample_counting_objects(rng: random.Random, query: Query, combos: list[Combo],
-                            max_objects: int) -> list[tuple[str, str, str]]:
+def sample_counting_objects(
+    rng: random.Random, query: Query, combos: list[Combo], max_objects: int
+) -> list[tuple[str, str, str]]:
     """(colour, shape, size) for a scene whose answer to `query` is uniform on 1..max_objects."""
     matching = [c for c in combos if query.matches(*c)]
     others = [c for c in combos if not query.matches(*c)]
@@ -139,13 +147,21 @@ def sample_counting_objects(rng: random.Random, query: Query, combos: list[Combo
     return [(color, shape, rng.choice(tuple(SIZES))) for color, shape in picks]
 
 
-def place(rng: random.Random, attributes: list[tuple[str, str, str]], grid: int, cell_pixels: int,
-          frames: list[int] | None = None, num_frames: int = 1) -> Scene:
+def place(
+    rng: random.Random,
+    attributes: list[tuple[str, str, str]],
+    grid: int,
+    cell_pixels: int,
+    frames: list[int] | None = None,
+    num_frames: int = 1,
+) -> Scene:
     """Put each object in its own grid cell (never overlapping), optionally with a frame each."""
     cells = rng.sample(range(grid * grid), len(attributes))
     frames = frames if frames is not None else [0] * len(attributes)
-    objects = tuple(SceneObject(color, shape, size, cell, frame)
-                    for (color, shape, size), cell, frame in zip(attributes, cells, frames, strict=True))
+    objects = tuple(
+        SceneObject(color, shape, size, cell, frame)
+        for (color, shape, size), cell, frame in zip(attributes, cells, frames, strict=True)
+    )
     return Scene(grid=grid, cell_pixels=cell_pixels, objects=objects, num_frames=num_frames)
 
 

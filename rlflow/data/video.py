@@ -30,16 +30,26 @@ def make_video_row(rng: random.Random, row_id: str, spec: SceneSpec) -> Sample:
     template = rng.choice(TEMPLATES)
     if template == "frame":
         query, scene = _frame_scene(rng, spec)
-        question = (f"The video has {spec.num_frames} frames, numbered from 1. "
-                    f"In which frame does the {query.color} {query.shape} appear?")
+        question = (
+            f"The video has {spec.num_frames} frames, numbered from 1. "
+            f"In which frame does the {query.color} {query.shape} appear?"
+        )
         answer = str(frame_of(scene, query) + 1)
     else:
         query, scene = _counting_clip(rng, spec, template)
         question = f"How many {query.noun()} appear in the video?"
         answer = str(count(scene, query))
     frames = tuple(render(scene, spec.image_size, frame=t) for t in range(spec.num_frames))
-    return Sample(id=row_id, media="video", question=question, answer=answer, video=frames,
-                  kind="video", template=template, scene=scene)
+    return Sample(
+        id=row_id,
+        media="video",
+        question=question,
+        answer=answer,
+        video=frames,
+        kind="video",
+        template=template,
+        scene=scene,
+    )
 
 
 def frame_of(scene: Scene, query: Query) -> int:

@@ -46,8 +46,9 @@ def is_ready(spec: EnvSpec, env_dir: Path) -> bool:
     return bool(marker) and marker.get("digest") == spec.digest and python.exists()
 
 
-def ensure_env(spec: EnvSpec, root: str | Path, rebuild: bool = False,
-               say: Callable[[str], None] = print) -> Path:
+def ensure_env(
+    spec: EnvSpec, root: str | Path, rebuild: bool = False, say: Callable[[str], None] = print
+) -> Path:
     """The environment's folder under `root`, built first if missing, unfinished or `rebuild`."""
     env_dir = spec.path(root)
     if not rebuild and is_ready(spec, env_dir):
@@ -86,17 +87,26 @@ def _build(spec: EnvSpec, env_dir: Path, say: Callable[[str], None]) -> None:
             _run(title, argv, log, log_path)
             say(f"  {title}: {time.monotonic() - step_start:.0f} s")
         verify = [str(env_dir / "bin" / "python"), "-c", _VERIFY, *spec.imports]
-        found = json.loads(_run("verify: import " + ", ".join(spec.imports or ("nothing",)), verify,
-                                log, log_path).strip().splitlines()[-1])
+        found = json.loads(
+            _run("verify: import " + ", ".join(spec.imports or ("nothing",)), verify, log, log_path)
+            .strip()
+            .splitlines()[-1]
+        )
     shutil.move(log_path, env_dir / BUILD_LOG)
-    marker = {"digest": spec.digest, "spec": asdict(spec),
-              "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
-              "build_seconds": round(time.monotonic() - start, 1), **found}
+    marker = {
+        "digest": spec.digest,
+        "spec": asdict(spec),
+        "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "build_seconds": round(time.monotonic() - start, 1),
+        **found,
+    }
     tmp = env_dir / (MARKER + ".tmp")
     tmp.write_text(json.dumps(marker, indent=2) + "\n")
     os.replace(tmp, env_dir / MARKER)
-    say(f"built in {marker['build_seconds']:.0f} s: " +
-        ", ".join(f"{k} {v}" for k, v in found["versions"].items()))
+    say(
+        f"built in {marker['build_seconds']:.0f} s: "
+        + ", ".join(f"{k} {v}" for k, v in found["versions"].items())
+    )
 
 
 def build_steps(spec: EnvSpec, env_dir: Path) -> list[tuple[str, list[str]]]:
@@ -108,16 +118,37 @@ def build_steps(spec: EnvSpec, env_dir: Path) -> list[tuple[str, list[str]]]:
         if spec.packages:
             steps.append(("install", [uv, "pip", "install", "--python", python, *spec.packages]))
         if spec.remove:
-            steps.append(("remove " + " ".join(spec.remove),
-                          [uv, "pip", "uninstall", "--python", python, *spec.remove]))
+            steps.append(
+                (
+                    "remove " + " ".join(spec.remove),
+                    [uv, "pip", "uninstall", "--python", python, *spec.remove],
+                )
+            )
     else:
         steps = [("create venv", [find_python(spec.python), "-m", "venv", str(env_dir)])]
         if spec.packages:
-            steps.append(("install", [python, "-m", "pip", "install", "--no-input", "--progress-bar",
-                                      "off", *spec.packages]))
+            steps.append(
+                (
+                    "install",
+                    [
+                        python,
+                        "-m",
+                        "pip",
+                        "install",
+                        "--no-input",
+                        "--progress-bar",
+                        "off",
+                        *spec.packages,
+                    ],
+                )
+            )
         if spec.remove:
-            steps.append(("remove " + " ".join(spec.remove),
-                          [python, "-m", "pip", "uninstall", "-y", *spec.remove]))
+            steps.append(
+                (
+                    "remove " + " ".join(spec.remove),
+                    [python, "-m", "pip", "uninstall", "-y", *spec.remove],
+                )
+            )
     if spec.patch_torchvision:
         steps.append(("patch torchvision", [python, str(PATCH_TORCHVISION)]))
     return steps
@@ -129,15 +160,22 @@ def find_python(version: str) -> str:
     if found:
         return found
     try:
-        out = subprocess.run([_uv(), "python", "find", version], capture_output=True, text=True,
-                             timeout=60, env=clean_env())
+        out = subprocess.run(
+            [_uv(), "python", "find", version],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=clean_env(),
+        )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip()
     except (EnvBuildError, OSError, subprocess.TimeoutExpired):
         pass
-    raise EnvBuildError(f"no Python {version} interpreter found (python{version} is not on PATH "
-                        f"and `uv python find {version}` found none); install one, e.g. "
-                        f"`uv python install {version}`")
+    raise EnvBuildError(
+        f"no Python {version} interpreter found (python{version} is not on PATH "
+        f"and `uv python find {version}` found none); install one, e.g. "
+        f"`uv python install {version}`"
+    )
 
 
 def _uv() -> str:
@@ -149,8 +187,18 @@ def _uv() -> str:
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The caller's environment without what points Python at the trainer's venv."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "UV_PROJECT_ENVIRONMENT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "VIRTUAL_ENV",
+            "PYTHONPATH",
+            "PYTHONHOME",
+            "PYTHONSTARTUP",
+            "UV_PROJECT_ENVIRONMENT",
+        )
+    }
     env.update(extra or {})
     return env
 
@@ -160,14 +208,20 @@ def _run(title: str, argv: list[str], log, log_path: Path) -> str:
     log.write(f"\n$ {' '.join(argv)}\n")
     log.flush()
     start = log.tell()
-    code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                          env=clean_env({"PIP_DISABLE_PIP_VERSION_CHECK": "1"})).returncode
+    code = subprocess.run(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env=clean_env({"PIP_DISABLE_PIP_VERSION_CHECK": "1"}),
+    ).returncode
     log.flush()
     with open(log_path) as reader:
         reader.seek(start)
         output = reader.read()
     if code != 0:
         tail = "\n".join(output.strip().splitlines()[-15:])
-        raise EnvBuildError(f"{title} failed (exit {code}): {' '.join(argv)}\n"
-                            f"{tail}\n(full log: {log_path})")
+        raise EnvBuildError(
+            f"{title} failed (exit {code}): {' '.join(argv)}\n{tail}\n(full log: {log_path})"
+        )
     return output

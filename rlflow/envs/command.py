@@ -11,7 +11,8 @@ from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
 ENV_NAMES = ("vllm",)
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   rlflow setup-env vllm recipes/tiny-qwen25vl-clevr-1n1g-cpu.yaml
   rlflow setup-env vllm recipes/my.yaml --check        # is it built? exit 1 if not
@@ -21,13 +22,20 @@ Examples:
 In a recipe, so every node builds it before training (`rlflow submit` runs it once per node):
   slurm:
     setup_command: uv run --frozen --no-sync rlflow setup-env vllm "$RLFLOW_RUN_DIR/recipe.yaml"
-""")
+"""
+)
 @click.argument("name", type=click.Choice(ENV_NAMES))
 @click.argument("recipe", required=False, type=click.Path(dir_okay=False))
 @click.argument("overrides", nargs=-1)
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
-              help="Build this device kind's pin set (default: generation.vllm.device; auto detects).")
-@click.option("--check", is_flag=True, help="Only report whether the environment is built; exit 1 if not.")
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    default=None,
+    help="Build this device kind's pin set (default: generation.vllm.device; auto detects).",
+)
+@click.option(
+    "--check", is_flag=True, help="Only report whether the environment is built; exit 1 if not."
+)
 @click.option("--rebuild", is_flag=True, help="Remove and build again (nothing may be using it).")
 @click.pass_context
 def setup_env(ctx, name, recipe, overrides, device, check, rebuild):
@@ -48,13 +56,20 @@ def setup_env(ctx, name, recipe, overrides, device, check, rebuild):
         click.echo(f"{'ready' if ready else 'missing'}: {env_dir}\n  {spec.describe()}")
         ctx.exit(0 if ready else EXIT_FINDINGS)
     try:
-        env_dir = ensure_env(spec, cfg.env_root, rebuild=rebuild, say=lambda s: click.echo(s, err=True))
+        env_dir = ensure_env(
+            spec, cfg.env_root, rebuild=rebuild, say=lambda s: click.echo(s, err=True)
+        )
     except EnvBuildError as err:
-        raise RlflowError(Diagnostic("env.build-failed", f"building the {name} environment failed",
-                                     notes=tuple(str(err).splitlines()),
-                                     help="fix the cause above and run the same command again; "
-                                          "a half-built environment is removed first"),
-                          exit_code=EXIT_FINDINGS) from None
+        raise RlflowError(
+            Diagnostic(
+                "env.build-failed",
+                f"building the {name} environment failed",
+                notes=tuple(str(err).splitlines()),
+                help="fix the cause above and run the same command again; "
+                "a half-built environment is removed first",
+            ),
+            exit_code=EXIT_FINDINGS,
+        ) from None
     click.echo(env_dir)
 
 

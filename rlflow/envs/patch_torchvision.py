@@ -39,8 +39,11 @@ def main() -> int:
         print(f"already patched: {path}")
         return 0
     if ANCHOR not in source:
-        print(f"error: {path} does not have the layout this patch expects (torchvision 0.28); "
-              f"pin a torchvision release this patch knows, or drop patch_torchvision", file=sys.stderr)
+        print(
+            f"error: {path} does not have the layout this patch expects (torchvision 0.28); "
+            f"pin a torchvision release this patch knows, or drop patch_torchvision",
+            file=sys.stderr,
+        )
         return 1
     source = source.replace(ANCHOR, ANCHOR + HELPER, 1)
     count = source.count("@torch.library.register_fake(")

@@ -55,7 +55,7 @@ def expand_root(root: str | Path) -> Path:
 
 
 def detect_device() -> str:
-    """"cuda" on a node with an NVIDIA driver, else "cpu" (no torch import: this runs anywhere)."""
+    """ "cuda" on a node with an NVIDIA driver, else "cpu" (no torch import: this runs anywhere)."""
     if shutil.which("nvidia-smi") or os.path.exists("/dev/nvidiactl"):
         return "cuda"
     return "cpu"
@@ -65,9 +65,16 @@ def vllm_spec(vllm_cfg, device: str | None = None) -> EnvSpec:
     """The vLLM pin set for this node (recipe `generation.vllm`), by device kind."""
     kind = device or (detect_device() if vllm_cfg.device == "auto" else vllm_cfg.device)
     pins = getattr(vllm_cfg, kind)
-    return EnvSpec(name="vllm", device=kind, python=pins.python, installer=pins.installer,
-                   packages=tuple(pins.packages), remove=tuple(pins.remove),
-                   patch_torchvision=pins.patch_torchvision, imports=("torch", "vllm"))
+    return EnvSpec(
+        name="vllm",
+        device=kind,
+        python=pins.python,
+        installer=pins.installer,
+        packages=tuple(pins.packages),
+        remove=tuple(pins.remove),
+        patch_torchvision=pins.patch_torchvision,
+        imports=("torch", "vllm"),
+    )
 
 
 def read_marker(env_dir: Path) -> dict | None:
@@ -79,4 +86,5 @@ def read_marker(env_dir: Path) -> dict | None:
 
 def setup_command_hint(spec: EnvSpec) -> str:
     return f"rlflow setup-env {spec.name} RECIPE" + (
-        f" --device {spec.device}" if spec.device != detect_device() else "")
+        f" --device {spec.device}" if spec.device != detect_device() else ""
+    )

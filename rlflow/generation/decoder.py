@@ -54,21 +54,26 @@ class Decoder:
         self.kv_heads = attention.num_query_groups_per_partition
         self.head_dim = attention.hidden_size_per_attention_head
         self.eps = config.layernorm_epsilon
-        self.scale = config.softmax_scale or self.head_dim ** -0.5
+        self.scale = config.softmax_scale or self.head_dim**-0.5
         self.embedding = lm.embedding
         self.inv_freq = lm.rotary_pos_emb.inv_freq
         self.rotary = lm.rotary_pos_emb
         self.mrope_section = getattr(lm, "mrope_section", None)
         self.final_norm = lm.decoder.final_layernorm.weight
-        self.output_weight = (lm.shared_embedding_or_output_weight()
-                              if lm.share_embeddings_and_output_weights else lm.output_layer.weight)
+        self.output_weight = (
+            lm.shared_embedding_or_output_weight()
+            if lm.share_embeddings_and_output_weights
+            else lm.output_layer.weight
+        )
         self.tp_group = None
         from megatron.core import parallel_state
 
         if parallel_state.get_tensor_model_parallel_world_size() > 1:
             self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.layers = [_weights(layer) for layer in lm.decoder.layers]
-        self.dims = Dims(self.heads, self.kv_heads, self.head_dim, self.eps, self.scale, self.tp_group)
+        self.dims = Dims(
+            self.heads, self.kv_heads, self.head_dim, self.eps, self.scale, self.tp_group
+        )
         # Decode only: fuses each layer's norms, rotary and elementwise work into fewer kernels.
         # One compiled graph serves every layer (same shapes), so it compiles once.
         self._compiled_layer = torch.compile(layer_step, dynamic=False) if compile_decode else None
@@ -108,17 +113,29 @@ class Decoder:
 
     # --- the transformer ------------------------------------------------------------------------
 
-    def forward(self, hidden: torch.Tensor, cos, sin, cache: KVCache, slot: torch.Tensor | int,
-                mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos,
+        sin,
+        cache: KVCache,
+        slot: torch.Tensor | int,
+        mask: torch.Tensor,
+    ) -> torch.Tensor:
         """hidden [B, S, H] for cache slots slot..slot+S-1 -> hidden [B, S, H] (before final norm).
 
         mask: additive [B, 1, S, T] (0 = attend, -inf = blocked) over the cache keys attended.
         S > 1 is a prefill written at slot 0; S == 1 is a decode step at a (tensor) slot.
         """
-        step = self._compiled_layer if (self._compiled_layer and not isinstance(slot, int)) else layer_step
+        step = (
+            self._compiled_layer
+            if (self._compiled_layer and not isinstance(slot, int))
+            else layer_step
+        )
         for index, w in enumerate(self.layers):
-            hidden = step(hidden, w, cos, sin, cache.keys[index], cache.values[index], slot, mask,
-                          self.dims)
+            hidden = step(
+                hidden, w, cos, sin, cache.keys[index], cache.values[index], slot, mask, self.dims
+            )
         return hidden
 
 
@@ -156,15 +173,16 @@ def _attention(x, w: LayerWeights, cos, sin, keys, values, slot, mask, dims: Dim
     q = _rotate(q, cos[:, :, None], sin[:, :, None])
     k = _rotate(k, cos, sin)
     if isinstance(slot, int):
-        keys[:, :, slot:slot + length] = k
-        values[:, :, slot:slot + length] = v
+        keys[:, :, slot : slot + length] = k
+        values[:, :, slot : slot + length] = v
         keys, values = keys[:, :, : slot + length], values[:, :, : slot + length]
     else:  # decode under a CUDA graph: the slot is a device tensor, the shapes never change
         keys.index_copy_(2, slot, k)
         values.index_copy_(2, slot, v)
     q = q.reshape(batch, dims.kv_heads, group * length, dims.head_dim)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=_group_mask(mask, group),
-                                         scale=dims.scale)
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=_group_mask(mask, group), scale=dims.scale
+    )
     out = out.view(batch, dims.kv_heads, group, length, dims.head_dim)
     out = out.permute(0, 3, 1, 2, 4).reshape(batch, length, dims.heads * dims.head_dim)
     return _reduce(F.linear(out, w.proj_weight), w.proj_bias, dims)
@@ -180,8 +198,16 @@ def _reduce(x: torch.Tensor, bias: torch.Tensor | None, dims: Dims) -> torch.Ten
 class KVCache:
     """Static per-layer key/value buffers [B, kv_heads, T, head_dim]; keys are stored rotated."""
 
-    def __init__(self, num_layers: int, batch: int, kv_heads: int, length: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        num_layers: int,
+        batch: int,
+        kv_heads: int,
+        length: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         shape = (batch, kv_heads, length, head_dim)
         self.length = length
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -235,8 +261,11 @@ def _group_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
     if group == 1:
         return mask
     # queries are laid out group-major (g0: s0..sS-1, g1: s0..), so the rows repeat as a block
-    return mask.repeat(1, 1, group, 1) if mask.shape[2] > 1 else mask.expand(
-        mask.shape[0], 1, group, mask.shape[3])
+    return (
+        mask.repeat(1, 1, group, 1)
+        if mask.shape[2] > 1
+        else mask.expand(mask.shape[0], 1, group, mask.shape[3])
+    )
 
 
 def _weights(layer) -> LayerWeights:

@@ -27,7 +27,7 @@ def hf_module_name(exported: str, multimodal: bool) -> str:
     if exported.startswith("visual."):
         return "model." + exported
     if exported.startswith("model."):
-        return "model.language_model." + exported[len("model."):]
+        return "model.language_model." + exported[len("model.") :]
     return exported
 
 
@@ -35,20 +35,28 @@ def load_hf_model(checkpoint, dtype: torch.dtype, device):
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen2_5_VLForConditionalGeneration
 
     config = AutoConfig.from_pretrained(str(checkpoint))
-    cls = (Qwen2_5_VLForConditionalGeneration if getattr(config, "vision_config", None) is not None
-           else AutoModelForCausalLM)
+    cls = (
+        Qwen2_5_VLForConditionalGeneration
+        if getattr(config, "vision_config", None) is not None
+        else AutoModelForCausalLM
+    )
     model = cls.from_pretrained(str(checkpoint), dtype=dtype, attn_implementation="sdpa")
     return model.to(device).eval()
 
 
 def copy_policy_into(model, policy: Policy) -> None:
     """Overwrite an HF model's weights with the Megatron policy's current ones (all must match)."""
-    state = {hf_module_name(k, policy.is_multimodal): v for k, v in export_hf_state_dict(policy).items()}
+    state = {
+        hf_module_name(k, policy.is_multimodal): v for k, v in export_hf_state_dict(policy).items()
+    }
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not (m == "lm_head.weight" and model.config.tie_word_embeddings)]
+    missing = [
+        m for m in missing if not (m == "lm_head.weight" and model.config.tie_word_embeddings)
+    ]
     if missing or unexpected:
-        raise RuntimeError(f"HF weight names do not line up: missing {missing[:5]}, "
-                           f"unexpected {unexpected[:5]}")
+        raise RuntimeError(
+            f"HF weight names do not line up: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
 
 
 class HFGeneration(GenerationBackend):
@@ -70,20 +78,24 @@ class HFGeneration(GenerationBackend):
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
         out = []
         for start in range(0, len(prompts), self.max_batch_size):
-            out += self._batch(prompts[start:start + self.max_batch_size], params, params.seed + start)
+            out += self._batch(
+                prompts[start : start + self.max_batch_size], params, params.seed + start
+            )
         return out
 
     @torch.no_grad()
     def _batch(self, prompts: list[Prompt], params: SamplingParams, seed: int) -> list[Completion]:
         media_ids = self.policy.media_tokens
-        rows = [expanded_token_ids(p, media_ids.image, media_ids.video, media_ids.merge_size)
-                for p in prompts]
+        rows = [
+            expanded_token_ids(p, media_ids.image, media_ids.video, media_ids.merge_size)
+            for p in prompts
+        ]
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
         for i, row in enumerate(rows):
-            input_ids[i, width - len(row):] = torch.tensor(row)
-            attention[i, width - len(row):] = 1
+            input_ids[i, width - len(row) :] = torch.tensor(row)
+            attention[i, width - len(row) :] = 1
         media = Media.concat([p.media for p in prompts]).to(self.device)
         kwargs = {k: v for k, v in vars(media).items() if v is not None}
         if self.policy.is_multimodal:  # Qwen2.5-VL's generate needs the token types for mrope
@@ -94,13 +106,20 @@ class HFGeneration(GenerationBackend):
         greedy = params.temperature == 0
         torch.manual_seed(seed)
         result = self.model.generate(
-            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs,
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            **kwargs,
             max_new_tokens=params.max_new_tokens,
             min_new_tokens=params.max_new_tokens if params.ignore_eos else 0,
-            do_sample=not greedy, temperature=None if greedy else params.temperature,
-            top_p=None if greedy else params.top_p, top_k=None if greedy else (params.top_k or None),
+            do_sample=not greedy,
+            temperature=None if greedy else params.temperature,
+            top_p=None if greedy else params.top_p,
+            top_k=None if greedy else (params.top_k or None),
             eos_token_id=None if params.ignore_eos else list(params.stop_token_ids),
-            pad_token_id=self.pad_token_id, output_logits=True, return_dict_in_generate=True)
+            pad_token_id=self.pad_token_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         new_tokens = result.sequences[:, width:]
         logprobs = torch.stack([torch.log_softmax(step.float(), -1) for step in result.logits], 1)
         chosen = logprobs.gather(2, new_tokens[:, : logprobs.shape[1], None])[..., 0]

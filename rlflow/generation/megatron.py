@@ -34,8 +34,14 @@ class MegatronGeneration(GenerationBackend):
 
     name = "megatron"
 
-    def __init__(self, policy, pad_token_id: int, max_batch_size: int, cuda_graphs: bool = True,
-                 compile_decode: bool = False):
+    def __init__(
+        self,
+        policy,
+        pad_token_id: int,
+        max_batch_size: int,
+        cuda_graphs: bool = True,
+        compile_decode: bool = False,
+    ):
         self.policy = policy
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
@@ -49,7 +55,7 @@ class MegatronGeneration(GenerationBackend):
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
         out: list[Completion] = []
         for start in range(0, len(prompts), self.max_batch_size):
-            chunk = prompts[start:start + self.max_batch_size]
+            chunk = prompts[start : start + self.max_batch_size]
             out += self._generate_batch(chunk, params, seed=params.seed + start)
         return out
 
@@ -57,7 +63,9 @@ class MegatronGeneration(GenerationBackend):
         self._graphs.clear()
 
     @torch.no_grad()
-    def _generate_batch(self, prompts: list[Prompt], params: SamplingParams, seed: int) -> list[Completion]:
+    def _generate_batch(
+        self, prompts: list[Prompt], params: SamplingParams, seed: int
+    ) -> list[Completion]:
         core = self.policy.core
         was_training = core.training
         core.eval()
@@ -66,17 +74,33 @@ class MegatronGeneration(GenerationBackend):
         finally:
             core.train(was_training)
 
-    def _cache(self, decoder: Decoder, batch: int, length: int, device) -> tuple[KVCache, DecodeGraph | None]:
+    def _cache(
+        self, decoder: Decoder, batch: int, length: int, device
+    ) -> tuple[KVCache, DecodeGraph | None]:
         """A KV cache (and its captured decode graph), reused across calls of the same shape."""
         if not self.cuda_graphs:
-            return KVCache(len(decoder.layers), batch, decoder.kv_heads, length, decoder.head_dim,
-                           self.policy.dtype, device), None
+            return KVCache(
+                len(decoder.layers),
+                batch,
+                decoder.kv_heads,
+                length,
+                decoder.head_dim,
+                self.policy.dtype,
+                device,
+            ), None
         # Round the cache length up so a few graphs serve every prompt length (memory stays flat).
         length = -(-length // 64) * 64
         key = (batch, length)
         if key not in self._graphs:
-            cache = KVCache(len(decoder.layers), batch, decoder.kv_heads, length, decoder.head_dim,
-                            self.policy.dtype, device)
+            cache = KVCache(
+                len(decoder.layers),
+                batch,
+                decoder.kv_heads,
+                length,
+                decoder.head_dim,
+                self.policy.dtype,
+                device,
+            )
             self._graphs[key] = (cache, DecodeGraph(decoder, cache, self.policy.dtype))
         return self._graphs[key]
 
@@ -84,8 +108,10 @@ class MegatronGeneration(GenerationBackend):
         device = next(core.parameters()).device
         dtype = self.policy.dtype
         tokens_of = self.policy.media_tokens
-        rows = [expanded_token_ids(p, tokens_of.image, tokens_of.video, tokens_of.merge_size)
-                for p in prompts]
+        rows = [
+            expanded_token_ids(p, tokens_of.image, tokens_of.video, tokens_of.merge_size)
+            for p in prompts
+        ]
         input_ids, valid = _left_pad(rows, self.pad_token_id, device)
         media = Media.concat([p.media for p in prompts]).to(device)
         batch, prompt_len = input_ids.shape
@@ -140,13 +166,18 @@ class MegatronGeneration(GenerationBackend):
                 logits = graph.run(token, position, slot)
             else:
                 cos, sin = decoder.rotary_decode(position, dtype)
-                hidden = decoder.forward(decoder.embed(token[:, None]), cos, sin, cache, slot,
-                                         mask[:, :, :, : slot + 1])
+                hidden = decoder.forward(
+                    decoder.embed(token[:, None]), cos, sin, cache, slot, mask[:, :, :, : slot + 1]
+                )
                 logits = decoder.logits(hidden[:, -1])
         _sync(device)
         total = time.perf_counter() - t0
-        self.last_timings = {"prefill_s": t_prefill, "total_s": total, "steps": steps,
-                             "decode_ms_per_step": 1e3 * (total - t_prefill) / max(steps - 1, 1)}
+        self.last_timings = {
+            "prefill_s": t_prefill,
+            "total_s": total,
+            "steps": steps,
+            "decode_ms_per_step": 1e3 * (total - t_prefill) / max(steps - 1, 1),
+        }
         return _completions(tokens[:, :steps].tolist(), logprobs[:, :steps].tolist(), params)
 
 
@@ -155,8 +186,11 @@ def _prefill_mask(valid: torch.Tensor, dtype) -> torch.Tensor:
     length = valid.shape[1]
     causal = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
     allowed = (causal[None, None] & valid[:, None, None, :]) | torch.eye(
-        length, dtype=torch.bool, device=valid.device)[None, None]
-    return torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill(~allowed, float("-inf"))
+        length, dtype=torch.bool, device=valid.device
+    )[None, None]
+    return torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill(
+        ~allowed, float("-inf")
+    )
 
 
 def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,13 +198,14 @@ def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, to
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     valid = torch.zeros((len(rows), width), dtype=torch.bool)
     for i, row in enumerate(rows):
-        ids[i, width - len(row):] = torch.tensor(row)
-        valid[i, width - len(row):] = True
+        ids[i, width - len(row) :] = torch.tensor(row)
+        valid[i, width - len(row) :] = True
     return ids.to(device), valid.to(device)
 
 
-def _completions(tokens: list[list[int]], logprobs: list[list[float]],
-                 params: SamplingParams) -> list[Completion]:
+def _completions(
+    tokens: list[list[int]], logprobs: list[list[float]], params: SamplingParams
+) -> list[Completion]:
     out = []
     stops = set(params.stop_token_ids)
     for row_tokens, row_logprobs in zip(tokens, logprobs):
@@ -180,8 +215,11 @@ def _completions(tokens: list[list[int]], logprobs: list[list[float]],
                 if tok in stops:
                     end, reason = i + 1, "stop"
                     break
-        out.append(Completion(token_ids=row_tokens[:end], logprobs=row_logprobs[:end],
-                              finish_reason=reason))
+        out.append(
+            Completion(
+                token_ids=row_tokens[:end], logprobs=row_logprobs[:end], finish_reason=reason
+            )
+        )
     return out
 
 

@@ -13,8 +13,9 @@ from rlflow.generation.base import Prompt
 from rlflow.model.forward import placeholder_counts
 
 
-def expanded_token_ids(prompt: Prompt, image_token_id: int, video_token_id: int,
-                       merge_size: int) -> list[int]:
+def expanded_token_ids(
+    prompt: Prompt, image_token_id: int, video_token_id: int, merge_size: int
+) -> list[int]:
     """The prompt's token ids with one pad token per visual embedding."""
     want_images, want_videos = placeholder_counts(prompt.media, merge_size)
     ids = list(prompt.token_ids)
@@ -23,7 +24,8 @@ def expanded_token_ids(prompt: Prompt, image_token_id: int, video_token_id: int,
         if got != (want_images, want_videos):
             raise ValueError(
                 f"prompt {prompt.sample_id}: marked expanded but holds {got[0]} image and {got[1]} "
-                f"video pad tokens; its media need {want_images} and {want_videos}")
+                f"video pad tokens; its media need {want_images} and {want_videos}"
+            )
         return ids
     per_image = _per_item(prompt.media.image_grid_thw, merge_size)
     per_video = _per_item(prompt.media.video_grid_thw, merge_size)
@@ -31,7 +33,8 @@ def expanded_token_ids(prompt: Prompt, image_token_id: int, video_token_id: int,
         raise ValueError(
             f"prompt {prompt.sample_id}: compact form needs one pad token per media item "
             f"({len(per_image)} images, {len(per_video)} videos), found "
-            f"{ids.count(image_token_id)} and {ids.count(video_token_id)}")
+            f"{ids.count(image_token_id)} and {ids.count(video_token_id)}"
+        )
     out: list[int] = []
     images, videos = iter(per_image), iter(per_video)
     for token in ids:

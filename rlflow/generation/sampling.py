@@ -7,8 +7,9 @@ import torch
 from rlflow.generation.base import SamplingParams
 
 
-def sample_tokens(logits: torch.Tensor, params: SamplingParams,
-                  generator: torch.Generator | None) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> torch.Tensor:
     """logits [B, V] (fp32) -> tokens [B]. temperature 0 is greedy (argmax, first index on ties)."""
     if params.temperature == 0:
         return logits.argmax(dim=-1)

@@ -34,8 +34,17 @@ from rlflow.generation.vllm_process import WorkerError, WorkerProcess
 MEDIA_LIMITS = {"image": 1, "video": 1}
 RESETS = ("encoder", "prefix")  # both, always: see vllm_worker.reload
 # Variables of the trainer's torch.distributed job that must not leak into vLLM's own setup.
-_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-              "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+_DIST_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 class VLLMGeneration(GenerationBackend):
@@ -50,20 +59,35 @@ class VLLMGeneration(GenerationBackend):
         self._refreshes = 0
         self._weights_root = _node_local_dir(policy)
         self.log_path = Path(run_dir) / "vllm" / f"worker-rank{_rank()}.log"
-        config = {"model": str(policy.checkpoint), "dtype": _dtype_name(policy),
-                  "max_model_len": max_model_len, "max_num_seqs": gen_cfg.max_batch_size,
-                  "enforce_eager": self.cfg.enforce_eager,
-                  "gpu_memory_utilization": self.cfg.gpu_memory_utilization,
-                  "limit_mm_per_prompt": MEDIA_LIMITS, "seed": 0}
+        config = {
+            "model": str(policy.checkpoint),
+            "dtype": _dtype_name(policy),
+            "max_model_len": max_model_len,
+            "max_num_seqs": gen_cfg.max_batch_size,
+            "enforce_eager": self.cfg.enforce_eager,
+            "gpu_memory_utilization": self.cfg.gpu_memory_utilization,
+            "limit_mm_per_prompt": MEDIA_LIMITS,
+            "seed": 0,
+        }
         try:
-            self.worker = WorkerProcess(self.env_dir / "bin" / "python", config, self.log_path,
-                                        self._worker_env(), self.cfg.startup_timeout_s)
+            self.worker = WorkerProcess(
+                self.env_dir / "bin" / "python",
+                config,
+                self.log_path,
+                self._worker_env(),
+                self.cfg.startup_timeout_s,
+            )
         except WorkerError as err:
-            raise RlflowError(Diagnostic(
-                "vllm.start-failed", f"the vLLM worker did not start (environment {self.env_dir})",
-                notes=tuple(str(err).splitlines()),
-                help=f"if the environment is broken, rebuild it: `{setup_command_hint(self.spec)} "
-                     f"--rebuild`"), exit_code=EXIT_FINDINGS) from None
+            raise RlflowError(
+                Diagnostic(
+                    "vllm.start-failed",
+                    f"the vLLM worker did not start (environment {self.env_dir})",
+                    notes=tuple(str(err).splitlines()),
+                    help=f"if the environment is broken, rebuild it: `{setup_command_hint(self.spec)} "
+                    f"--rebuild`",
+                ),
+                exit_code=EXIT_FINDINGS,
+            ) from None
         self._finalizer = weakref.finalize(self, self.worker.stop)
         self.refresh_weights()  # the policy may already differ from the checkpoint on disk
 
@@ -73,11 +97,19 @@ class VLLMGeneration(GenerationBackend):
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
         self._check_usable()
-        reply = self._call({"op": "generate", "requests": [to_request(p) for p in prompts],
-                            "params": _params(params)}, "generate")
+        reply = self._call(
+            {
+                "op": "generate",
+                "requests": [to_request(p) for p in prompts],
+                "params": _params(params),
+            },
+            "generate",
+        )
         media = self.policy.media_tokens
-        return [to_completion(prompt, row, media.image, media.video, media.merge_size)
-                for prompt, row in zip(prompts, reply["outputs"], strict=True)]
+        return [
+            to_completion(prompt, row, media.image, media.video, media.merge_size)
+            for prompt, row in zip(prompts, reply["outputs"], strict=True)
+        ]
 
     def refresh_weights(self) -> float:
         """Export the policy, write it node-locally, reload in vLLM, reset both caches.
@@ -89,8 +121,9 @@ class VLLMGeneration(GenerationBackend):
         self._check_usable()
         self._refreshes += 1
         start = time.perf_counter()
-        folder = Path(tempfile.mkdtemp(prefix=f"rlflow-vllm-weights-{os.getpid()}-",
-                                       dir=self._weights_root))
+        folder = Path(
+            tempfile.mkdtemp(prefix=f"rlflow-vllm-weights-{os.getpid()}-", dir=self._weights_root)
+        )
         try:
             try:
                 state = export_hf_state_dict(self.policy)
@@ -100,7 +133,9 @@ class VLLMGeneration(GenerationBackend):
             except BaseException as err:
                 self._fail(f"weight refresh failed while writing the weights: {err}")
                 raise
-            self._call({"op": "reload", "path": str(path), "resets": list(RESETS)}, "weight refresh")
+            self._call(
+                {"op": "reload", "path": str(path), "resets": list(RESETS)}, "weight refresh"
+            )
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return time.perf_counter() - start
@@ -113,12 +148,16 @@ class VLLMGeneration(GenerationBackend):
             return self.worker.call(message, self.cfg.request_timeout_s)
         except WorkerError as err:
             self._fail(f"{what} failed")
-            raise RlflowError(Diagnostic(
-                "vllm.worker-failed", f"vLLM {what} failed; the run cannot go on with this backend",
-                notes=tuple(str(err).splitlines()),
-                help="the run stops here rather than go on with stale weights or a dead engine; "
-                     "rerun after fixing the cause (a run resumes from its last checkpoint)"),
-                exit_code=EXIT_FINDINGS) from None
+            raise RlflowError(
+                Diagnostic(
+                    "vllm.worker-failed",
+                    f"vLLM {what} failed; the run cannot go on with this backend",
+                    notes=tuple(str(err).splitlines()),
+                    help="the run stops here rather than go on with stale weights or a dead engine; "
+                    "rerun after fixing the cause (a run resumes from its last checkpoint)",
+                ),
+                exit_code=EXIT_FINDINGS,
+            ) from None
 
     def _fail(self, reason: str) -> None:
         self._failed = reason
@@ -126,16 +165,27 @@ class VLLMGeneration(GenerationBackend):
 
     def _check_usable(self) -> None:
         if self._failed is not None:
-            raise RlflowError(Diagnostic(
-                "vllm.unusable", f"the vLLM backend stopped after an earlier failure ({self._failed})",
-                help="its weights may be stale, so it generates nothing more; restart the run "
-                     "(it resumes from the last checkpoint)"), exit_code=EXIT_FINDINGS)
+            raise RlflowError(
+                Diagnostic(
+                    "vllm.unusable",
+                    f"the vLLM backend stopped after an earlier failure ({self._failed})",
+                    help="its weights may be stale, so it generates nothing more; restart the run "
+                    "(it resumes from the last checkpoint)",
+                ),
+                exit_code=EXIT_FINDINGS,
+            )
 
     def _worker_env(self) -> dict[str, str]:
-        env = clean_env({"VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # one process: nothing to orphan
-                         "VLLM_CPU_KVCACHE_SPACE": str(self.cfg.kv_cache_space_gb),
-                         "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        env = clean_env(
+            {
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # one process: nothing to orphan
+                "VLLM_CPU_KVCACHE_SPACE": str(self.cfg.kv_cache_space_gb),
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+            }
+        )
         for name in _DIST_VARS:
             env.pop(name, None)
         device = _policy_device(self.policy)
@@ -152,27 +202,39 @@ def find_env(spec, env_root: str) -> Path:
     if is_ready(spec, env_dir):
         return env_dir
     state = "was not finished (a build died half-way)" if env_dir.exists() else "is not built"
-    raise RlflowError(Diagnostic(
-        "vllm.env-missing", f"vLLM's environment for this node {state}: {env_dir}",
-        notes=(f"pin set: {spec.describe()}",),
-        help=f"build it on every node before training: `{setup_command_hint(spec)}`; under "
-             f"`rlflow submit`, set slurm.setup_command to `uv run --frozen --no-sync rlflow "
-             f"setup-env vllm \"$RLFLOW_RUN_DIR/recipe.yaml\"`"), exit_code=EXIT_FINDINGS)
+    raise RlflowError(
+        Diagnostic(
+            "vllm.env-missing",
+            f"vLLM's environment for this node {state}: {env_dir}",
+            notes=(f"pin set: {spec.describe()}",),
+            help=f"build it on every node before training: `{setup_command_hint(spec)}`; under "
+            f"`rlflow submit`, set slurm.setup_command to `uv run --frozen --no-sync rlflow "
+            f'setup-env vllm "$RLFLOW_RUN_DIR/recipe.yaml"`',
+        ),
+        exit_code=EXIT_FINDINGS,
+    )
 
 
 def to_request(prompt: Prompt) -> dict:
     """A prompt as the worker takes it: compact chat text, images and frames as PNG bytes."""
     if len(prompt.images) > MEDIA_LIMITS["image"]:
-        raise ValueError(f"prompt {prompt.sample_id} has {len(prompt.images)} images; the vLLM "
-                         f"backend takes at most {MEDIA_LIMITS['image']} per prompt")
+        raise ValueError(
+            f"prompt {prompt.sample_id} has {len(prompt.images)} images; the vLLM "
+            f"backend takes at most {MEDIA_LIMITS['image']} per prompt"
+        )
     video = None
     if prompt.video is not None:
         video = {"frames": [_png(frame) for frame in prompt.video], "fps": prompt.video_fps}
-    return {"prompt": prompt.text, "images": [_png(image) for image in prompt.images], "video": video}
+    return {
+        "prompt": prompt.text,
+        "images": [_png(image) for image in prompt.images],
+        "video": video,
+    }
 
 
-def to_completion(prompt: Prompt, row: dict, image_token_id: int, video_token_id: int,
-                  merge_size: int) -> Completion:
+def to_completion(
+    prompt: Prompt, row: dict, image_token_id: int, video_token_id: int, merge_size: int
+) -> Completion:
     """The worker's reply row -> Completion, after checking vLLM saw the prompt the trainer sees."""
     from rlflow.generation.placeholders import expanded_token_ids
 
@@ -182,17 +244,28 @@ def to_completion(prompt: Prompt, row: dict, image_token_id: int, video_token_id
         # Training on a prompt vLLM never saw would make every logprob ratio meaningless.
         pairs = enumerate(zip(ours, theirs, strict=False))
         at = next((i for i, (a, b) in pairs if a != b), min(len(ours), len(theirs)))
-        raise RuntimeError(f"prompt {prompt.sample_id}: vLLM's prompt tokens differ from the "
-                           f"trainer's at position {at} ({len(theirs)} vs {len(ours)} tokens); "
-                           f"its image/video processing disagrees with the checkpoint's processor")
-    return Completion(token_ids=row["token_ids"], logprobs=row["logprobs"],
-                      finish_reason="stop" if row["finish_reason"] == "stop" else "length")
+        raise RuntimeError(
+            f"prompt {prompt.sample_id}: vLLM's prompt tokens differ from the "
+            f"trainer's at position {at} ({len(theirs)} vs {len(ours)} tokens); "
+            f"its image/video processing disagrees with the checkpoint's processor"
+        )
+    return Completion(
+        token_ids=row["token_ids"],
+        logprobs=row["logprobs"],
+        finish_reason="stop" if row["finish_reason"] == "stop" else "length",
+    )
 
 
 def _params(params: SamplingParams) -> dict:
-    return {"max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
-            "top_p": params.top_p, "top_k": params.top_k, "seed": params.seed,
-            "stop_token_ids": list(params.stop_token_ids), "ignore_eos": params.ignore_eos}
+    return {
+        "max_new_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
+        "seed": params.seed,
+        "stop_token_ids": list(params.stop_token_ids),
+        "ignore_eos": params.ignore_eos,
+    }
 
 
 def _png(image) -> bytes:

@@ -30,19 +30,41 @@ class WorkerError(RuntimeError):
 
 
 class WorkerProcess:
-    def __init__(self, python: Path, config: dict, log_path: Path, env: dict[str, str],
-                 startup_timeout_s: float):
+    def __init__(
+        self,
+        python: Path,
+        config: dict,
+        log_path: Path,
+        env: dict[str, str],
+        startup_timeout_s: float,
+    ):
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         ours, theirs = socket.socketpair()
         # -I: isolated from the trainer's PYTHONPATH/user site, and the script's folder (which
         # holds rlflow's vllm.py) is not put first on sys.path where it would shadow vLLM.
-        argv = [str(python), "-I", "-u", str(WORKER_SCRIPT), "--fd", str(theirs.fileno()),
-                "--parent", str(os.getpid()), "--config", json.dumps(config)]
+        argv = [
+            str(python),
+            "-I",
+            "-u",
+            str(WORKER_SCRIPT),
+            "--fd",
+            str(theirs.fileno()),
+            "--parent",
+            str(os.getpid()),
+            "--config",
+            json.dumps(config),
+        ]
         with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=env, pass_fds=[theirs.fileno()],
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                pass_fds=[theirs.fileno()],
+                start_new_session=True,
+            )
         theirs.close()  # only the worker holds its end: its death is end-of-file here
         self.sock = ours
         self.pid = self.proc.pid
@@ -61,8 +83,12 @@ class WorkerProcess:
     def call(self, message: dict, timeout_s: float) -> dict:
         """Send one request and wait for its reply; raise WorkerError on any failure."""
         if not self.alive():
-            raise WorkerError(self._failure(f"the vLLM worker (pid {self.pid}) is not running "
-                                            f"(exit code {self.proc.returncode})"))
+            raise WorkerError(
+                self._failure(
+                    f"the vLLM worker (pid {self.pid}) is not running "
+                    f"(exit code {self.proc.returncode})"
+                )
+            )
         try:
             send_message(self.sock, message)
         except OSError as err:
@@ -83,14 +109,21 @@ class WorkerProcess:
                 break
             except TimeoutError:
                 if not self.alive():
-                    raise WorkerError(self._failure(f"the vLLM worker (pid {self.pid}) died during "
-                                                    f"{what} (exit code {self.proc.returncode})")) from None
+                    raise WorkerError(
+                        self._failure(
+                            f"the vLLM worker (pid {self.pid}) died during "
+                            f"{what} (exit code {self.proc.returncode})"
+                        )
+                    ) from None
                 if time.monotonic() > deadline:
                     self.stop(ask_first=False)
-                    raise WorkerError(self._failure(
-                        f"the vLLM worker gave no answer to {what} within {timeout_s:.0f} s; stopped it "
-                        f"(raise generation.vllm.request_timeout_s / startup_timeout_s if it is "
-                        f"just slow)")) from None
+                    raise WorkerError(
+                        self._failure(
+                            f"the vLLM worker gave no answer to {what} within {timeout_s:.0f} s; stopped it "
+                            f"(raise generation.vllm.request_timeout_s / startup_timeout_s if it is "
+                            f"just slow)"
+                        )
+                    ) from None
             except OSError:
                 break  # a reset connection reads as end-of-file below
         # The rest of the reply must also arrive before the deadline (a stopped worker cannot stall us).
@@ -99,14 +132,21 @@ class WorkerProcess:
             reply = recv_message(self.sock)
         except TimeoutError:
             self.stop(ask_first=False)
-            raise WorkerError(self._failure(f"the vLLM worker's answer to {what} did not finish "
-                                            f"arriving within {timeout_s:.0f} s; stopped it")) from None
+            raise WorkerError(
+                self._failure(
+                    f"the vLLM worker's answer to {what} did not finish "
+                    f"arriving within {timeout_s:.0f} s; stopped it"
+                )
+            ) from None
         except OSError:
             reply = None
         if reply is None:
             code = self._wait_exit(5.0)
-            raise WorkerError(self._failure(f"the vLLM worker (pid {self.pid}) died during {what} "
-                                            f"(exit code {code})"))
+            raise WorkerError(
+                self._failure(
+                    f"the vLLM worker (pid {self.pid}) died during {what} (exit code {code})"
+                )
+            )
         return reply
 
     def _wait_exit(self, seconds: float) -> int | None:
@@ -154,8 +194,10 @@ class WorkerProcess:
         """The error's last line up front; its traceback tail if it answered, else the log tail."""
         if error:
             last = error.rstrip().splitlines()[-1]
-            return (f"{headline}: {last}\nworker traceback (end):\n{_last_lines(error, 12)}\n"
-                    f"full log: {self.log_path}")
+            return (
+                f"{headline}: {last}\nworker traceback (end):\n{_last_lines(error, 12)}\n"
+                f"full log: {self.log_path}"
+            )
         return f"{headline}\nlast lines of {self.log_path}:\n{self.log_tail()}"
 
 

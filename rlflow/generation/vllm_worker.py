@@ -106,9 +106,14 @@ def vllm_input(request: dict) -> dict:
     if video is not None:
         count, fps = len(video["frames"]), video["fps"]
         # Qwen2.5-VL needs metadata with the frames; they are already sampled (do_sample_frames).
-        metadata = {"fps": fps, "duration": count / fps, "total_num_frames": count,
-                    "frames_indices": list(range(count)), "video_backend": "opencv",
-                    "do_sample_frames": False}
+        metadata = {
+            "fps": fps,
+            "duration": count / fps,
+            "total_num_frames": count,
+            "frames_indices": list(range(count)),
+            "video_backend": "opencv",
+            "do_sample_frames": False,
+        }
         media["video"] = ([_image(b) for b in video["frames"]], metadata)
     out = {"prompt": request["prompt"]}
     if media:
@@ -146,9 +151,14 @@ def generate(llm, message: dict) -> dict:
         tokens = list(completion.token_ids)
         steps = zip(tokens, completion.logprobs, strict=True)
         logprobs = [step[token].logprob for token, step in steps]
-        rows.append({"token_ids": tokens, "logprobs": logprobs,
-                     "finish_reason": completion.finish_reason,
-                     "prompt_token_ids": list(output.prompt_token_ids)})
+        rows.append(
+            {
+                "token_ids": tokens,
+                "logprobs": logprobs,
+                "finish_reason": completion.finish_reason,
+                "prompt_token_ids": list(output.prompt_token_ids),
+            }
+        )
     return {"outputs": rows}
 
 
@@ -218,8 +228,11 @@ def main() -> int:
     sock = socket.socket(fileno=args.fd)
     config = json.loads(args.config)
     start = time.perf_counter()
-    print(f"rlflow-vllm-worker: pid {os.getpid()}, python {sys.version.split()[0]}, "
-          f"starting vLLM on {config['model']}", flush=True)
+    print(
+        f"rlflow-vllm-worker: pid {os.getpid()}, python {sys.version.split()[0]}, "
+        f"starting vLLM on {config['model']}",
+        flush=True,
+    )
     try:
         import vllm
 
@@ -229,8 +242,14 @@ def main() -> int:
         print(text, file=sys.stderr, flush=True)
         send_message(sock, {"ok": False, "error": text})
         return 1
-    send_message(sock, {"ok": True, "vllm_version": vllm.__version__,
-                        "startup_seconds": time.perf_counter() - start})
+    send_message(
+        sock,
+        {
+            "ok": True,
+            "vllm_version": vllm.__version__,
+            "startup_seconds": time.perf_counter() - start,
+        },
+    )
     print(f"rlflow-vllm-worker: ready in {time.perf_counter() - start:.1f} s", flush=True)
     return serve(sock, llm)
 

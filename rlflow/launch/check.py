@@ -20,24 +20,47 @@ from rlflow.recipe.load import LoadedRecipe
 # sbatch options that rlflow sets from the flags and the recipe: a second copy in
 # slurm.extra_sbatch_args would silently win or clash, so it is refused.
 OWNED_SBATCH_OPTIONS = {
-    "-N": "--nodes", "--nodes": "--nodes", "--gpus-per-node": "--gpus", "--gpus": "--gpus",
-    "-G": "--gpus", "--gres": "--gpus", "--ntasks-per-node": "--nodes", "-n": "--nodes",
-    "--ntasks": "--nodes", "-t": "--time", "--time": "--time", "-J": "run.name",
-    "--job-name": "run.name", "-o": "run.output_dir", "--output": "run.output_dir",
-    "-e": "run.output_dir", "--error": "run.output_dir", "-D": "the submit directory",
-    "--chdir": "the submit directory", "--signal": "slurm.signal_grace_seconds",
-    "--requeue": "slurm.max_requeues", "--no-requeue": "slurm.max_requeues",
-    "-d": "--after", "--dependency": "--after", "-p": "slurm.partition",
-    "--partition": "slurm.partition", "-A": "slurm.account", "--account": "slurm.account",
-    "-q": "slurm.qos", "--qos": "slurm.qos", "-c": "slurm.cpus_per_task",
-    "--cpus-per-task": "slurm.cpus_per_task", "--mem": "slurm.mem",
+    "-N": "--nodes",
+    "--nodes": "--nodes",
+    "--gpus-per-node": "--gpus",
+    "--gpus": "--gpus",
+    "-G": "--gpus",
+    "--gres": "--gpus",
+    "--ntasks-per-node": "--nodes",
+    "-n": "--nodes",
+    "--ntasks": "--nodes",
+    "-t": "--time",
+    "--time": "--time",
+    "-J": "run.name",
+    "--job-name": "run.name",
+    "-o": "run.output_dir",
+    "--output": "run.output_dir",
+    "-e": "run.output_dir",
+    "--error": "run.output_dir",
+    "-D": "the submit directory",
+    "--chdir": "the submit directory",
+    "--signal": "slurm.signal_grace_seconds",
+    "--requeue": "slurm.max_requeues",
+    "--no-requeue": "slurm.max_requeues",
+    "-d": "--after",
+    "--dependency": "--after",
+    "-p": "slurm.partition",
+    "--partition": "slurm.partition",
+    "-A": "slurm.account",
+    "--account": "slurm.account",
+    "-q": "slurm.qos",
+    "--qos": "slurm.qos",
+    "-c": "slurm.cpus_per_task",
+    "--cpus-per-task": "slurm.cpus_per_task",
+    "--mem": "slurm.mem",
 }
 # Values that land in `#SBATCH` lines: sbatch ends a line at a newline and drops backslashes.
 _SBATCH_UNSAFE = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
-def check_all(loaded: LoadedRecipe, plan: JobPlan, script: str, *, skip_pins: bool,
-              repo_root: Path) -> list[Diagnostic]:
+def check_all(
+    loaded: LoadedRecipe, plan: JobPlan, script: str, *, skip_pins: bool, repo_root: Path
+) -> list[Diagnostic]:
     """Every check, in the order a user would fix things."""
     problems = check_world_size(loaded, plan.world_size)
     problems += check_sbatch_values(loaded, plan)
@@ -60,25 +83,40 @@ def check_sbatch_values(loaded: LoadedRecipe, plan: JobPlan) -> list[Diagnostic]
             values.append((("slurm", key), f"slurm.{key}", getattr(plan, key)))
     for i, arg in enumerate(plan.extra_sbatch_args):
         values.append((("slurm", "extra_sbatch_args"), f"slurm.extra_sbatch_args[{i}]", arg))
-    problems = [_unsafe_value(loaded, path, name, value) for path, name, value in values
-                if _SBATCH_UNSAFE.search(value)]
+    problems = [
+        _unsafe_value(loaded, path, name, value)
+        for path, name, value in values
+        if _SBATCH_UNSAFE.search(value)
+    ]
     if _SBATCH_UNSAFE.search(plan.workdir):
-        problems.append(Diagnostic(
-            "submit.sbatch-value", f"the working directory {plan.workdir!r} contains a newline, "
-            "control character or backslash, which an #SBATCH line cannot hold",
-            help="submit from a directory with a plainer name"))
+        problems.append(
+            Diagnostic(
+                "submit.sbatch-value",
+                f"the working directory {plan.workdir!r} contains a newline, "
+                "control character or backslash, which an #SBATCH line cannot hold",
+                help="submit from a directory with a plainer name",
+            )
+        )
     if not plan.job_name.strip():
-        problems.append(loaded.diagnostic(("run", "name"), "submit.job-name",
-                                          "`run.name` is empty", help="name the run, e.g. clevr-3b"))
+        problems.append(
+            loaded.diagnostic(
+                ("run", "name"),
+                "submit.job-name",
+                "`run.name` is empty",
+                help="name the run, e.g. clevr-3b",
+            )
+        )
     return problems + _extra_arg_problems(loaded, plan.extra_sbatch_args)
 
 
 def _unsafe_value(loaded: LoadedRecipe, path: tuple[str, ...], name: str, value: str) -> Diagnostic:
     return loaded.diagnostic(
-        path, "submit.sbatch-value",
+        path,
+        "submit.sbatch-value",
         f"`{name}` is {value!r}: a newline, control character or backslash cannot go into an "
         f"#SBATCH line (sbatch would end the line there, or drop the backslash)",
-        help="use a value without them")
+        help="use a value without them",
+    )
 
 
 def _extra_arg_problems(loaded: LoadedRecipe, args: tuple[str, ...]) -> list[Diagnostic]:
@@ -87,17 +125,25 @@ def _extra_arg_problems(loaded: LoadedRecipe, args: tuple[str, ...]) -> list[Dia
         # --long[=value], or -x[value]: the option's own name
         option = arg.split("=", 1)[0] if arg.startswith("--") else arg[:2]
         if not arg.startswith("-"):
-            problems.append(loaded.diagnostic(
-                ("slurm", "extra_sbatch_args"), "submit.extra-sbatch-arg",
-                f"`slurm.extra_sbatch_args[{i}]` is {arg!r}, which is not an sbatch option",
-                help="write each option as one item, with its value after `=`, "
-                     "e.g. \"--constraint=h100\""))
+            problems.append(
+                loaded.diagnostic(
+                    ("slurm", "extra_sbatch_args"),
+                    "submit.extra-sbatch-arg",
+                    f"`slurm.extra_sbatch_args[{i}]` is {arg!r}, which is not an sbatch option",
+                    help="write each option as one item, with its value after `=`, "
+                    'e.g. "--constraint=h100"',
+                )
+            )
         elif option in OWNED_SBATCH_OPTIONS:
-            problems.append(loaded.diagnostic(
-                ("slurm", "extra_sbatch_args"), "submit.extra-sbatch-arg",
-                f"`slurm.extra_sbatch_args[{i}]` sets {option}, which rlflow sets from "
-                f"{OWNED_SBATCH_OPTIONS[option]}",
-                help=f"remove {arg!r} and use {OWNED_SBATCH_OPTIONS[option]} instead"))
+            problems.append(
+                loaded.diagnostic(
+                    ("slurm", "extra_sbatch_args"),
+                    "submit.extra-sbatch-arg",
+                    f"`slurm.extra_sbatch_args[{i}]` sets {option}, which rlflow sets from "
+                    f"{OWNED_SBATCH_OPTIONS[option]}",
+                    help=f"remove {arg!r} and use {OWNED_SBATCH_OPTIONS[option]} instead",
+                )
+            )
     return problems
 
 
@@ -105,21 +151,34 @@ def check_container(loaded: LoadedRecipe) -> list[Diagnostic]:
     slurm = loaded.recipe.slurm
     problems = []
     if slurm.container_image is not None and not slurm.container_image.strip():
-        problems.append(loaded.diagnostic(("slurm", "container_image"), "submit.container",
-                                          "`slurm.container_image` is empty",
-                                          help="set an image, or null to run on the host"))
+        problems.append(
+            loaded.diagnostic(
+                ("slurm", "container_image"),
+                "submit.container",
+                "`slurm.container_image` is empty",
+                help="set an image, or null to run on the host",
+            )
+        )
     if slurm.container_mounts and slurm.container_image is None:
-        problems.append(loaded.diagnostic(
-            ("slurm", "container_mounts"), "submit.container",
-            "`slurm.container_mounts` is set, but `slurm.container_image` is null",
-            help="mounts only apply inside a container: set slurm.container_image, or remove them"))
+        problems.append(
+            loaded.diagnostic(
+                ("slurm", "container_mounts"),
+                "submit.container",
+                "`slurm.container_mounts` is set, but `slurm.container_image` is null",
+                help="mounts only apply inside a container: set slurm.container_image, or remove them",
+            )
+        )
     for i, mount in enumerate(slurm.container_mounts):
         if "," in mount or not mount.strip():
-            problems.append(loaded.diagnostic(
-                ("slurm", "container_mounts"), "submit.container",
-                f"`slurm.container_mounts[{i}]` is {mount!r}: pyxis separates mounts with commas, "
-                f"so one mount cannot contain a comma or be empty",
-                help="write one src:dst[:flags] mount per list item"))
+            problems.append(
+                loaded.diagnostic(
+                    ("slurm", "container_mounts"),
+                    "submit.container",
+                    f"`slurm.container_mounts[{i}]` is {mount!r}: pyxis separates mounts with commas, "
+                    f"so one mount cannot contain a comma or be empty",
+                    help="write one src:dst[:flags] mount per list item",
+                )
+            )
     return problems
 
 
@@ -130,10 +189,14 @@ def check_paths(loaded: LoadedRecipe, plan: JobPlan) -> list[Diagnostic]:
     parent = Path(plan.run_dir).parent
     existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("/"))
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        problems.append(loaded.diagnostic(
-            ("run", "output_dir"), "submit.output-dir",
-            f"cannot create the run directory under {parent}: {existing} is not a writable directory",
-            help="set run.output_dir to a directory you can write to"))
+        problems.append(
+            loaded.diagnostic(
+                ("run", "output_dir"),
+                "submit.output-dir",
+                f"cannot create the run directory under {parent}: {existing} is not a writable directory",
+                help="set run.output_dir to a directory you can write to",
+            )
+        )
     recipe = loaded.recipe
     inputs = []
     if not recipe.model.checkpoint.startswith("builtin:"):
@@ -141,14 +204,22 @@ def check_paths(loaded: LoadedRecipe, plan: JobPlan) -> list[Diagnostic]:
     for split in ("train", "validation"):
         dataset = getattr(recipe.data, split)
         if dataset.kind == "jsonl":
-            inputs += [(("data", split, key), getattr(dataset, key)) for key in ("path", "image_root")
-                       if getattr(dataset, key)]
+            inputs += [
+                (("data", split, key), getattr(dataset, key))
+                for key in ("path", "image_root")
+                if getattr(dataset, key)
+            ]
     for path, value in inputs:
         if not Path(plan.workdir, value).exists():
-            problems.append(loaded.diagnostic(
-                path, "submit.path-missing", f"`{'.'.join(path)}` is {value!r}, which does not exist here",
-                help="fix the path; if it exists only on the compute nodes, this warning is harmless",
-                severity="warning"))
+            problems.append(
+                loaded.diagnostic(
+                    path,
+                    "submit.path-missing",
+                    f"`{'.'.join(path)}` is {value!r}, which does not exist here",
+                    help="fix the path; if it exists only on the compute nodes, this warning is harmless",
+                    severity="warning",
+                )
+            )
     return problems
 
 
@@ -165,12 +236,15 @@ def pin_diagnostics(start: Path) -> list[Diagnostic]:
         checkout = walk(start)
         from rlflow.pins.command import analyse
 
-        analysis = analyse(checkout, (checkout.root / "pyproject.toml").read_text(encoding="utf-8"),
-                           strict=False)
+        analysis = analyse(
+            checkout, (checkout.root / "pyproject.toml").read_text(encoding="utf-8"), strict=False
+        )
     except RlflowError as err:
         if all(d.code in ("RF100", "RF101") for d in err.diagnostics):
-            return [replace(d, severity="warning", message=f"pin check not run: {d.message}")
-                    for d in err.diagnostics]
+            return [
+                replace(d, severity="warning", message=f"pin check not run: {d.message}")
+                for d in err.diagnostics
+            ]
         return err.diagnostics
     if not analysis.findings:
         return []
@@ -179,11 +253,15 @@ def pin_diagnostics(start: Path) -> list[Diagnostic]:
     found = [_rooted(to_diagnostic(f, analysis.findings), checkout.root) for f in analysis.findings]
     errors = sum(d.severity == "error" for d in found)
     if errors:
-        found.append(Diagnostic(
-            "submit.pins", f"check-pins found {errors} pin problem{'s' * (errors != 1)} in "
-            f"{checkout.root}: not submitting",
-            help="fix them (`rlflow check-pins --fix` moves the root pins), or pass "
-                 "--skip-pin-check to submit anyway"))
+        found.append(
+            Diagnostic(
+                "submit.pins",
+                f"check-pins found {errors} pin problem{'s' * (errors != 1)} in "
+                f"{checkout.root}: not submitting",
+                help="fix them (`rlflow check-pins --fix` moves the root pins), or pass "
+                "--skip-pin-check to submit anyway",
+            )
+        )
     return found
 
 
@@ -197,13 +275,18 @@ def _rooted(diagnostic: Diagnostic, root: Path) -> Diagnostic:
 def check_script_syntax(script: str) -> list[Diagnostic]:
     """`bash -n` on the rendered script: a template bug must never reach the queue."""
     try:
-        result = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True,
-                                timeout=30)
+        result = subprocess.run(
+            ["bash", "-n"], input=script, capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.TimeoutExpired) as err:
         return [Diagnostic("submit.bash", f"could not run `bash -n` on the script: {err}")]
     if result.returncode == 0:
         return []
-    return [Diagnostic("submit.bash", "the rendered script does not parse (`bash -n`): "
-                       + result.stderr.strip(),
-                       help="this is a bug in templates/sbatch.sh.j2 or rlflow: please report it "
-                            "with the output of --dry-run")]
+    return [
+        Diagnostic(
+            "submit.bash",
+            "the rendered script does not parse (`bash -n`): " + result.stderr.strip(),
+            help="this is a bug in templates/sbatch.sh.j2 or rlflow: please report it "
+            "with the output of --dry-run",
+        )
+    ]

@@ -56,27 +56,65 @@ class Prepared:
 @click.command(epilog=SUBMIT_EPILOG)
 @click.argument("recipe", type=click.Path(dir_okay=False))
 @click.argument("overrides", nargs=-1)
-@click.option("--nodes", type=click.IntRange(min=1), required=True,
-              help="Nodes to allocate (fills #SBATCH --nodes and cluster.num_nodes).")
-@click.option("--gpus", type=click.IntRange(min=1), required=True,
-              help="GPUs per node, one rank each (with slurm.request_gpus=false: ranks per node).")
-@click.option("--time", "time_limit", metavar="TIME",
-              help="Time limit, overriding slurm.time_limit (e.g. 04:00:00).")
-@click.option("--after", multiple=True, metavar="JOBID",
-              help="Start after this job has ended (repeatable); see --dependency-type.")
-@click.option("--dependency-type", default="afterok", show_default=True,
-              type=click.Choice(["afterok", "afterany", "afternotok"]),
-              help="What --after waits for: success, any end, or failure.")
-@click.option("--command", "rank_command", metavar="COMMAND",
-              help="Run this command on every rank instead of `rlflow train` (smoke tests).")
-@click.option("--dry-run", is_flag=True,
-              help="Print the script and the resolved recipe, run every check, submit nothing.")
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    required=True,
+    help="Nodes to allocate (fills #SBATCH --nodes and cluster.num_nodes).",
+)
+@click.option(
+    "--gpus",
+    type=click.IntRange(min=1),
+    required=True,
+    help="GPUs per node, one rank each (with slurm.request_gpus=false: ranks per node).",
+)
+@click.option(
+    "--time",
+    "time_limit",
+    metavar="TIME",
+    help="Time limit, overriding slurm.time_limit (e.g. 04:00:00).",
+)
+@click.option(
+    "--after",
+    multiple=True,
+    metavar="JOBID",
+    help="Start after this job has ended (repeatable); see --dependency-type.",
+)
+@click.option(
+    "--dependency-type",
+    default="afterok",
+    show_default=True,
+    type=click.Choice(["afterok", "afterany", "afternotok"]),
+    help="What --after waits for: success, any end, or failure.",
+)
+@click.option(
+    "--command",
+    "rank_command",
+    metavar="COMMAND",
+    help="Run this command on every rank instead of `rlflow train` (smoke tests).",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Print the script and the resolved recipe, run every check, submit nothing.",
+)
 @click.option("--skip-pin-check", is_flag=True, help="Submit even if check-pins finds drift.")
 @click.option("--parsable", is_flag=True, help="Print only the job id.")
 @click.pass_context
-def submit(ctx: click.Context, recipe: str, overrides: tuple[str, ...], nodes: int, gpus: int,
-           time_limit: str | None, after: tuple[str, ...], dependency_type: str,
-           rank_command: str | None, dry_run: bool, skip_pin_check: bool, parsable: bool) -> None:
+def submit(
+    ctx: click.Context,
+    recipe: str,
+    overrides: tuple[str, ...],
+    nodes: int,
+    gpus: int,
+    time_limit: str | None,
+    after: tuple[str, ...],
+    dependency_type: str,
+    rank_command: str | None,
+    dry_run: bool,
+    skip_pin_check: bool,
+    parsable: bool,
+) -> None:
     """Render a recipe to an sbatch script and submit it.
 
     RECIPE is a recipe file (recipes/*.yaml); OVERRIDES are dotted key=value pairs applied on
@@ -84,8 +122,14 @@ def submit(ctx: click.Context, recipe: str, overrides: tuple[str, ...], nodes: i
     """
     from rlflow.launch.plan import SubmitFlags
 
-    flags = SubmitFlags(nodes=nodes, gpus=gpus, time=time_limit, after=after,
-                        dependency_type=dependency_type, command=rank_command)
+    flags = SubmitFlags(
+        nodes=nodes,
+        gpus=gpus,
+        time=time_limit,
+        after=after,
+        dependency_type=dependency_type,
+        command=rank_command,
+    )
     prepared = prepare(Path(recipe), overrides, flags, skip_pins=skip_pin_check)
     if prepared.warnings:
         print_diagnostics(prepared.warnings)
@@ -97,8 +141,16 @@ def submit(ctx: click.Context, recipe: str, overrides: tuple[str, ...], nodes: i
     ctx.exit(EXIT_OK)
 
 
-def prepare(recipe: Path, overrides: tuple[str, ...], flags, *, skip_pins: bool,
-            cwd: str | None = None, now: datetime | None = None, token: str | None = None) -> Prepared:
+def prepare(
+    recipe: Path,
+    overrides: tuple[str, ...],
+    flags,
+    *,
+    skip_pins: bool,
+    cwd: str | None = None,
+    now: datetime | None = None,
+    token: str | None = None,
+) -> Prepared:
     """Everything up to the submission; raises with every problem found (nothing is written)."""
     from rlflow.launch.check import check_all
     from rlflow.launch.plan import apply_flags, make_plan
@@ -111,8 +163,14 @@ def prepare(recipe: Path, overrides: tuple[str, ...], flags, *, skip_pins: bool,
     loaded, problems = apply_flags(loaded, flags)
     problems += check_recipe(loaded)
     _raise_on_errors(problems)
-    plan = make_plan(loaded, flags, cwd=cwd, python=sys.executable, now=now or datetime.now(),
-                     token=token or secrets.token_hex(3))
+    plan = make_plan(
+        loaded,
+        flags,
+        cwd=cwd,
+        python=sys.executable,
+        now=now or datetime.now(),
+        token=token or secrets.token_hex(3),
+    )
     script = render(plan)
     problems += check_all(loaded, plan, script, skip_pins=skip_pins, repo_root=Path(cwd))
     _raise_on_errors(problems)
@@ -147,9 +205,11 @@ def show_dry_run(prepared: Prepared) -> None:
     out("# ---- summary ----")
     out(_summary(plan))
     warned = len(prepared.warnings)
-    out(f"checks:     recipe, flags vs cluster, parallelism fits {plan.world_size} ranks, sbatch "
+    out(
+        f"checks:     recipe, flags vs cluster, parallelism fits {plan.world_size} ranks, sbatch "
         f"values, paths, {prepared.pins}, bash -n: no errors"
-        + (f", {warned} warning{'s' * (warned != 1)} (above)" if warned else ""))
+        + (f", {warned} warning{'s' * (warned != 1)} (above)" if warned else "")
+    )
     out("dry run: nothing submitted, no Slurm controller contacted")
 
 
@@ -161,13 +221,15 @@ def _shape(plan) -> str:
 
 def _summary(plan) -> str:
     hours = plan.time_limit_seconds / 3600
-    return "\n".join([
-        f"run dir:    {plan.run_dir}",
-        f"job:        {plan.job_name!r}: {_shape(plan)} = {plan.world_size} "
-        f"rank{'s' * (plan.world_size != 1)}, time limit {plan.time_limit}",
-        f"GPU-hours:  {plan.gpu_hours:.1f} ({_shape(plan)} x {hours:.2f} h)",
-        f"each rank:  {' '.join(plan.rank_command)}",
-    ])
+    return "\n".join(
+        [
+            f"run dir:    {plan.run_dir}",
+            f"job:        {plan.job_name!r}: {_shape(plan)} = {plan.world_size} "
+            f"rank{'s' * (plan.world_size != 1)}, time limit {plan.time_limit}",
+            f"GPU-hours:  {plan.gpu_hours:.1f} ({_shape(plan)} x {hours:.2f} h)",
+            f"each rank:  {' '.join(plan.rank_command)}",
+        ]
+    )
 
 
 def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
@@ -175,8 +237,11 @@ def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
     from rlflow.launch import rundir, slurm
 
     plan = prepared.plan
-    files = {"script.sbatch": prepared.script, "recipe.yaml": prepared.recipe_text,
-             "git.json": rundir.git_json(plan.workdir)}
+    files = {
+        "script.sbatch": prepared.script,
+        "recipe.yaml": prepared.recipe_text,
+        "git.json": rundir.git_json(plan.workdir),
+    }
     staged = rundir.stage(plan.run_dir, files)
     try:
         job_id = slurm.sbatch_held(staged.script)
@@ -208,8 +273,10 @@ def show_submitted(prepared: Prepared, job_id: str, run_dir: Path, parsable: boo
         click.echo(job_id)
         return
     plan = prepared.plan
-    click.echo(f"submitted job {job_id}: {_shape(plan)}, time limit {plan.time_limit} "
-               f"({plan.gpu_hours:.1f} GPU-hours)")
+    click.echo(
+        f"submitted job {job_id}: {_shape(plan)}, time limit {plan.time_limit} "
+        f"({plan.gpu_hours:.1f} GPU-hours)"
+    )
     click.echo(f"run dir: {run_dir}")
     click.echo(f"logs:    {run_dir / 'logs' / 'rank-0.log'}   (rlflow logs {job_id} --follow)")
 
@@ -219,7 +286,9 @@ def show_submitted(prepared: Prepared, job_id: str, run_dir: Path, parsable: boo
 JOB_HELP = "JOB is a job id or a run directory (which holds the job id)."
 
 
-@click.command(epilog="\b\nExamples:\n  rlflow status 1234\n  rlflow status runs/clevr-20260101-120000-a1b2c3")
+@click.command(
+    epilog="\b\nExamples:\n  rlflow status 1234\n  rlflow status runs/clevr-20260101-120000-a1b2c3"
+)
 @click.argument("job")
 @click.pass_context
 def status(ctx: click.Context, job: str) -> None:
@@ -234,14 +303,23 @@ def status(ctx: click.Context, job: str) -> None:
     ctx.exit(EXIT_OK)
 
 
-@click.command(epilog="\b\nExamples:\n  rlflow logs 1234 --follow\n  rlflow logs 1234 --rank 3\n"
-                      "  rlflow logs 1234 --batch")
+@click.command(
+    epilog="\b\nExamples:\n  rlflow logs 1234 --follow\n  rlflow logs 1234 --rank 3\n"
+    "  rlflow logs 1234 --batch"
+)
 @click.argument("job")
-@click.option("--follow", "-f", is_flag=True,
-              help="Keep printing as the log grows, until the job ends (exit 0 if it completed).")
-@click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Whose log to print.")
-@click.option("--batch", is_flag=True, help="Print the batch script's log (slurm-<job>.out) instead.")
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Keep printing as the log grows, until the job ends (exit 0 if it completed).",
+)
+@click.option(
+    "--rank", type=click.IntRange(min=0), default=0, show_default=True, help="Whose log to print."
+)
+@click.option(
+    "--batch", is_flag=True, help="Print the batch script's log (slurm-<job>.out) instead."
+)
 @click.pass_context
 def logs(ctx: click.Context, job: str, follow: bool, rank: int, batch: bool) -> None:
     """Print (or follow) a job's training log.
@@ -259,7 +337,9 @@ def logs(ctx: click.Context, job: str, follow: bool, rank: int, batch: bool) -> 
     ctx.exit(EXIT_OK if state == "COMPLETED" else EXIT_FINDINGS)
 
 
-@click.command(epilog="\b\nExamples:\n  rlflow cancel 1234\n  rlflow cancel runs/clevr-20260101-120000-a1b2c3")
+@click.command(
+    epilog="\b\nExamples:\n  rlflow cancel 1234\n  rlflow cancel runs/clevr-20260101-120000-a1b2c3"
+)
 @click.argument("job")
 @click.pass_context
 def cancel(ctx: click.Context, job: str) -> None:

@@ -33,9 +33,13 @@ def resolve(text: str) -> JobRef:
     id_file = path / JOB_ID_FILE
     if id_file.is_file():
         return JobRef(id_file.read_text().strip(), path.resolve())
-    raise RlflowError(Diagnostic(
-        "jobs.unknown", f"`{text}` is neither a job id nor a run directory with a `{JOB_ID_FILE}` file",
-        help="pass the number `rlflow submit` printed, or the run directory it created"))
+    raise RlflowError(
+        Diagnostic(
+            "jobs.unknown",
+            f"`{text}` is neither a job id nor a run directory with a `{JOB_ID_FILE}` file",
+            help="pass the number `rlflow submit` printed, or the run directory it created",
+        )
+    )
 
 
 def _run_dir_of(job_id: str) -> Path | None:
@@ -50,26 +54,37 @@ def describe(ref: JobRef) -> str:
     """A few lines: state, time, nodes, restarts, where the logs are, the first failure."""
     fields = slurm.job_fields(ref.job_id)
     if fields is not None:
-        lines = [f"job {ref.job_id} ({fields.get('JobName', '?')}): {fields.get('JobState', '?')}"
-                 f", {fields.get('RunTime', '?')} of {fields.get('TimeLimit', '?')}"
-                 f", nodes {fields.get('NodeList', '?')}",
-                 f"  reason: {fields.get('Reason', '?')}   exit code: {fields.get('ExitCode', '?')}"
-                 f"   restarts: {fields.get('Restarts', '0')}"]
+        lines = [
+            f"job {ref.job_id} ({fields.get('JobName', '?')}): {fields.get('JobState', '?')}"
+            f", {fields.get('RunTime', '?')} of {fields.get('TimeLimit', '?')}"
+            f", nodes {fields.get('NodeList', '?')}",
+            f"  reason: {fields.get('Reason', '?')}   exit code: {fields.get('ExitCode', '?')}"
+            f"   restarts: {fields.get('Restarts', '0')}",
+        ]
         if fields.get("Dependency", "(null)") != "(null)":
             lines.append(f"  waits for: {fields['Dependency']}")
     else:
         record = slurm.accounting(ref.job_id)
         if record is None:
-            raise RlflowError(Diagnostic(
-                "jobs.not-found", f"Slurm knows no job {ref.job_id} (neither scontrol nor sacct)",
-                help="check the id; SLURM_CONF picks the cluster"), EXIT_FINDINGS)
-        lines = [f"job {ref.job_id} ({record['JobName']}): {record['State']}, {record['Elapsed']} of "
-                 f"{record['Timelimit']}, nodes {record['NodeList']}",
-                 f"  exit code: {record['ExitCode']}   started {record['Start']}, ended {record['End']}"]
+            raise RlflowError(
+                Diagnostic(
+                    "jobs.not-found",
+                    f"Slurm knows no job {ref.job_id} (neither scontrol nor sacct)",
+                    help="check the id; SLURM_CONF picks the cluster",
+                ),
+                EXIT_FINDINGS,
+            )
+        lines = [
+            f"job {ref.job_id} ({record['JobName']}): {record['State']}, {record['Elapsed']} of "
+            f"{record['Timelimit']}, nodes {record['NodeList']}",
+            f"  exit code: {record['ExitCode']}   started {record['Start']}, ended {record['End']}",
+        ]
     if ref.run_dir is not None:
-        lines += [f"  run dir: {ref.run_dir}",
-                  f"  logs:    {ref.run_dir / 'logs' / 'rank-0.log'} (rank 0), "
-                  f"{ref.run_dir / 'logs' / f'slurm-{ref.job_id}.out'} (batch script)"]
+        lines += [
+            f"  run dir: {ref.run_dir}",
+            f"  logs:    {ref.run_dir / 'logs' / 'rank-0.log'} (rank 0), "
+            f"{ref.run_dir / 'logs' / f'slurm-{ref.job_id}.out'} (batch script)",
+        ]
         lines += [f"  failure: {line}" for line in _failures(ref.run_dir)]
     return "\n".join(lines)
 
@@ -91,20 +106,30 @@ def _failures(run_dir: Path) -> list[str]:
 
 def log_path(ref: JobRef, rank: int, batch: bool) -> Path:
     if ref.run_dir is None:
-        raise RlflowError(Diagnostic(
-            "jobs.no-run-dir", f"cannot find the run directory of job {ref.job_id}",
-            help="Slurm no longer shows the job (or it was not submitted by rlflow): "
-                 "pass the run directory instead of the job id"), EXIT_FINDINGS)
+        raise RlflowError(
+            Diagnostic(
+                "jobs.no-run-dir",
+                f"cannot find the run directory of job {ref.job_id}",
+                help="Slurm no longer shows the job (or it was not submitted by rlflow): "
+                "pass the run directory instead of the job id",
+            ),
+            EXIT_FINDINGS,
+        )
     name = f"slurm-{ref.job_id}.out" if batch else f"rank-{rank}.log"
     return ref.run_dir / "logs" / name
 
 
 def print_log(path: Path) -> None:
     if not path.is_file():
-        raise RlflowError(Diagnostic(
-            "jobs.no-log", f"{path} does not exist (yet)",
-            help="a pending job has no logs; `rlflow status` shows its state, "
-                 "`rlflow logs JOB --follow` waits for them"), EXIT_FINDINGS)
+        raise RlflowError(
+            Diagnostic(
+                "jobs.no-log",
+                f"{path} does not exist (yet)",
+                help="a pending job has no logs; `rlflow status` shows its state, "
+                "`rlflow logs JOB --follow` waits for them",
+            ),
+            EXIT_FINDINGS,
+        )
     with open(path, "rb") as log:
         sys.stdout.buffer.write(log.read())
     sys.stdout.flush()

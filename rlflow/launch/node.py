@@ -76,22 +76,29 @@ def node_info(environ: dict[str, str], num_nodes: int, ranks_per_node: int) -> N
     def need(name: str) -> str:
         value = environ.get(name, "")
         if not value:
-            raise LaunchError(f"{name} is not set: the launcher runs under srun inside an rlflow "
-                              f"job script, which sets it")
+            raise LaunchError(
+                f"{name} is not set: the launcher runs under srun inside an rlflow "
+                f"job script, which sets it"
+            )
         return value
 
     node_rank = int(need("SLURM_NODEID"))
     step_nodes = int(environ.get("SLURM_STEP_NUM_NODES") or need("SLURM_NNODES"))
     if step_nodes != num_nodes:
-        raise LaunchError(f"this step runs on {step_nodes} nodes, but the job was planned for "
-                          f"{num_nodes}: submit again with --nodes {step_nodes}, not by editing the script")
+        raise LaunchError(
+            f"this step runs on {step_nodes} nodes, but the job was planned for "
+            f"{num_nodes}: submit again with --nodes {step_nodes}, not by editing the script"
+        )
     hostname = environ.get("SLURMD_NODENAME") or socket.gethostname()
     head = environ.get("RLFLOW_HEAD_NODE")
     if node_rank == 0 and head and hostname != head:
-        raise LaunchError(f"node rank 0 runs on {hostname}, but MASTER_ADDR points at {head}: "
-                          f"rank 0 would never be found")
-    return NodeInfo(node_rank, num_nodes, ranks_per_node, hostname,
-                    need("MASTER_ADDR"), need("MASTER_PORT"))
+        raise LaunchError(
+            f"node rank 0 runs on {hostname}, but MASTER_ADDR points at {head}: "
+            f"rank 0 would never be found"
+        )
+    return NodeInfo(
+        node_rank, num_nodes, ranks_per_node, hostname, need("MASTER_ADDR"), need("MASTER_PORT")
+    )
 
 
 def rank_environment(base: dict[str, str], info: NodeInfo, local_rank: int) -> dict[str, str]:
@@ -129,18 +136,24 @@ def exit_code(returncode: int) -> int:
 
 
 class Launcher:
-    def __init__(self, info: NodeInfo, command: list[str], log_dir: Path, status_dir: Path,
-                 stop_grace: float):
+    def __init__(
+        self, info: NodeInfo, command: list[str], log_dir: Path, status_dir: Path, stop_grace: float
+    ):
         self.info, self.command, self.stop_grace = info, command, stop_grace
         self.status_dir = status_dir
-        self.ranks = [Rank(info.global_rank(i), i, log_dir / f"rank-{info.global_rank(i)}.log")
-                      for i in range(info.ranks_per_node)]
+        self.ranks = [
+            Rank(info.global_rank(i), i, log_dir / f"rank-{info.global_rank(i)}.log")
+            for i in range(info.ranks_per_node)
+        ]
         self.pending_signals: list[int] = []
         self.warned_at: float | None = None  # when SIGUSR1 was last passed on
 
     def say(self, message: str, stream=sys.stdout) -> None:
-        print(f"rlflow node {self.info.node_rank} ({self.info.hostname}): {message}",
-              file=stream, flush=True)
+        print(
+            f"rlflow node {self.info.node_rank} ({self.info.hostname}): {message}",
+            file=stream,
+            flush=True,
+        )
 
     def run(self) -> int:
         self.status_dir.mkdir(parents=True, exist_ok=True)
@@ -150,8 +163,10 @@ class Launcher:
         failed = self.start()
         if failed is not None:
             return self.fail(failed)
-        self.say(f"started ranks {self.ranks[0].rank}-{self.ranks[-1].rank} of "
-                 f"{self.info.world_size}, rendezvous {self.info.master_addr}:{self.info.master_port}")
+        self.say(
+            f"started ranks {self.ranks[0].rank}-{self.ranks[-1].rank} of "
+            f"{self.info.world_size}, rendezvous {self.info.master_addr}:{self.info.master_port}"
+        )
         return self.watch()
 
     def start(self) -> Rank | None:
@@ -159,17 +174,24 @@ class Launcher:
         for rank in self.ranks:
             rank.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(rank.log_path, "ab") as log:
-                log.write(f"==== rlflow: rank {rank.rank} on {self.info.hostname}, "
-                          f"job {os.environ.get('SLURM_JOB_ID', '?')} attempt "
-                          f"{os.environ.get('SLURM_RESTART_COUNT', '0')}, "
-                          f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode())
+                log.write(
+                    f"==== rlflow: rank {rank.rank} on {self.info.hostname}, "
+                    f"job {os.environ.get('SLURM_JOB_ID', '?')} attempt "
+                    f"{os.environ.get('SLURM_RESTART_COUNT', '0')}, "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode()
+                )
                 log.flush()
                 try:
                     # Own process group: a wrapper (uv run, bash -c) and its children stop together.
                     rank.process = subprocess.Popen(
-                        self.command, env=rank_environment(dict(os.environ), self.info, rank.local_rank),
-                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                        start_new_session=True, preexec_fn=_ignore_warning_until_handled)
+                        self.command,
+                        env=rank_environment(dict(os.environ), self.info, rank.local_rank),
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        preexec_fn=_ignore_warning_until_handled,
+                    )
                 except OSError as err:
                     log.write(f"rlflow: cannot run {self.command[0]!r}: {err}\n".encode())
                     rank.exit_code = 127 if isinstance(err, FileNotFoundError) else 126
@@ -183,7 +205,10 @@ class Launcher:
             code = self.handle_signals()
             if code is not None:
                 return code
-            if self.warned_at is not None and time.monotonic() - self.warned_at >= WARNING_REPEAT_SECONDS:
+            if (
+                self.warned_at is not None
+                and time.monotonic() - self.warned_at >= WARNING_REPEAT_SECONDS
+            ):
                 self.warned_at = time.monotonic()
                 self.signal_all(self.running(), signal.SIGUSR1)
             for rank in self.running():
@@ -200,8 +225,10 @@ class Launcher:
             if first_stop is None and any(r.exit_code == EX_TEMPFAIL for r in self.ranks):
                 first_stop = time.monotonic()
             if first_stop is not None and time.monotonic() - first_stop > self.stop_grace:
-                self.say(f"ranks {self.names(self.running())} still run {self.stop_grace:g}s after "
-                         f"a rank stopped for a requeue: stopping them")
+                self.say(
+                    f"ranks {self.names(self.running())} still run {self.stop_grace:g}s after "
+                    f"a rank stopped for a requeue: stopping them"
+                )
                 self.stop(self.running())
             time.sleep(POLL_SECONDS)
 
@@ -223,8 +250,11 @@ class Launcher:
 
     def fail(self, rank: Rank) -> int:
         others = self.running()
-        self.say(f"rank {rank.rank} exited with code {rank.exit_code}"
-                 + (f"; stopping ranks {self.names(others)}" if others else ""), sys.stderr)
+        self.say(
+            f"rank {rank.rank} exited with code {rank.exit_code}"
+            + (f"; stopping ranks {self.names(others)}" if others else ""),
+            sys.stderr,
+        )
         self.stop(others)
         self.record_failure(rank)
         self.show_log_tail(rank)
@@ -235,7 +265,8 @@ class Launcher:
         if stopped:
             self.say(f"ranks {self.names(stopped)} saved and stopped for a requeue (exit 75)")
             (self.status_dir / f"stopped-node-{self.info.node_rank}").write_text(
-                f"ranks {self.names(stopped)} on {self.info.hostname} exited 75\n")
+                f"ranks {self.names(stopped)} on {self.info.hostname} exited 75\n"
+            )
         else:
             self.say("all ranks finished")
         return 0
@@ -245,8 +276,10 @@ class Launcher:
 
         A rank that only saw a peer die (exit 76) is recorded apart, in peer-failure, so a
         node that noticed the death first never hides the node where the error happened."""
-        text = (f"{rank.exit_code}\nrank {rank.rank} on {self.info.hostname} (node "
-                f"{self.info.node_rank}) exited with code {rank.exit_code}; log: {rank.log_path}\n")
+        text = (
+            f"{rank.exit_code}\nrank {rank.rank} on {self.info.hostname} (node "
+            f"{self.info.node_rank}) exited with code {rank.exit_code}; log: {rank.log_path}\n"
+        )
         name = "peer-failure" if rank.exit_code == EX_PEER_FAILED else "first-failure"
         try:
             fd = os.open(self.status_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -292,16 +325,21 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" not in argv:
         raise LaunchError("no command: put the per-rank command after `--`")
     split = argv.index("--")
-    parser = argparse.ArgumentParser(prog="python -m rlflow.launch.node",
-                                     description="Start and watch this node's ranks.")
+    parser = argparse.ArgumentParser(
+        prog="python -m rlflow.launch.node", description="Start and watch this node's ranks."
+    )
     parser.add_argument("--num-nodes", type=int, required=True)
     parser.add_argument("--ranks-per-node", type=int, required=True)
     parser.add_argument("--log-dir", type=Path, required=True)
     parser.add_argument("--status-dir", type=Path, required=True)
-    parser.add_argument("--stop-grace", type=float, required=True,
-                        help="seconds the other ranks get after one stopped for a requeue")
+    parser.add_argument(
+        "--stop-grace",
+        type=float,
+        required=True,
+        help="seconds the other ranks get after one stopped for a requeue",
+    )
     args = parser.parse_args(argv[:split])
-    command = argv[split + 1:]
+    command = argv[split + 1 :]
     if not command:
         raise LaunchError("no command after `--`")
     return args, command

@@ -87,17 +87,21 @@ def apply_flags(loaded: LoadedRecipe, flags: SubmitFlags) -> tuple[LoadedRecipe,
     problems = conflicts + _flag_problems(flags)
     filled = loaded
     if not conflicts:
-        filled = with_values(filled, {("cluster", "num_nodes"): flags.nodes,
-                                      ("cluster", "gpus_per_node"): flags.gpus},
-                             Origin(f"submit --nodes {flags.nodes} --gpus {flags.gpus}"))
+        filled = with_values(
+            filled,
+            {("cluster", "num_nodes"): flags.nodes, ("cluster", "gpus_per_node"): flags.gpus},
+            Origin(f"submit --nodes {flags.nodes} --gpus {flags.gpus}"),
+        )
     if flags.time is not None and parse_time_limit(flags.time):
-        filled = with_values(filled, {("slurm", "time_limit"): flags.time},
-                             Origin(f"submit --time {flags.time}"))
+        filled = with_values(
+            filled, {("slurm", "time_limit"): flags.time}, Origin(f"submit --time {flags.time}")
+        )
     return filled, problems
 
 
-def make_plan(loaded: LoadedRecipe, flags: SubmitFlags, *, cwd: str, python: str,
-              now: datetime, token: str) -> JobPlan:
+def make_plan(
+    loaded: LoadedRecipe, flags: SubmitFlags, *, cwd: str, python: str, now: datetime, token: str
+) -> JobPlan:
     """The job's plan; `loaded` must already carry the flags (see `apply_flags`)."""
     recipe = loaded.recipe
     slurm = recipe.slurm
@@ -160,33 +164,51 @@ def _rank_command(rlflow_command: str, custom: str | None, run_dir: str) -> tupl
 def _cluster_conflicts(loaded: LoadedRecipe, flags: SubmitFlags) -> list[Diagnostic]:
     cluster = loaded.recipe.cluster
     problems = []
-    for key, flag, wanted in (("num_nodes", "--nodes", flags.nodes),
-                              ("gpus_per_node", "--gpus", flags.gpus)):
+    for key, flag, wanted in (
+        ("num_nodes", "--nodes", flags.nodes),
+        ("gpus_per_node", "--gpus", flags.gpus),
+    ):
         value = getattr(cluster, key)
         if value is not None and value != wanted:
-            problems.append(loaded.diagnostic(
-                ("cluster", key), "submit.cluster-conflict",
-                f"`cluster.{key}` is {value} in the recipe, but `{flag} {wanted}` was given",
-                help=f"`{flag}` decides the job's shape: remove `cluster.{key}` from the recipe "
-                     f"(submit fills it in), or pass `{flag} {value}`"))
+            problems.append(
+                loaded.diagnostic(
+                    ("cluster", key),
+                    "submit.cluster-conflict",
+                    f"`cluster.{key}` is {value} in the recipe, but `{flag} {wanted}` was given",
+                    help=f"`{flag}` decides the job's shape: remove `cluster.{key}` from the recipe "
+                    f"(submit fills it in), or pass `{flag} {value}`",
+                )
+            )
     return problems
 
 
 def _flag_problems(flags: SubmitFlags) -> list[Diagnostic]:
     problems = []
     if flags.time is not None and not parse_time_limit(flags.time):
-        problems.append(_flag_error(
-            "submit.time", f"`--time {flags.time}` is not a Slurm time limit",
-            "use minutes, MM:SS, HH:MM:SS or D-HH:MM:SS, e.g. --time 04:00:00"))
+        problems.append(
+            _flag_error(
+                "submit.time",
+                f"`--time {flags.time}` is not a Slurm time limit",
+                "use minutes, MM:SS, HH:MM:SS or D-HH:MM:SS, e.g. --time 04:00:00",
+            )
+        )
     for job in flags.after:
         if not _JOB_ID.match(job):
-            problems.append(_flag_error(
-                "submit.after", f"`--after {job}` is not a job id",
-                "pass the number `rlflow submit` printed, e.g. --after 1234"))
+            problems.append(
+                _flag_error(
+                    "submit.after",
+                    f"`--after {job}` is not a job id",
+                    "pass the number `rlflow submit` printed, e.g. --after 1234",
+                )
+            )
     if flags.dependency_type not in DEPENDENCY_TYPES:
-        problems.append(_flag_error(
-            "submit.dependency-type", f"`--dependency-type {flags.dependency_type}` is not known",
-            "use one of " + ", ".join(DEPENDENCY_TYPES)))
+        problems.append(
+            _flag_error(
+                "submit.dependency-type",
+                f"`--dependency-type {flags.dependency_type}` is not known",
+                "use one of " + ", ".join(DEPENDENCY_TYPES),
+            )
+        )
     if flags.command is not None:
         problems += _command_problems(flags.command)
     return problems
@@ -196,11 +218,21 @@ def _command_problems(command: str) -> list[Diagnostic]:
     try:
         words = shlex.split(command)
     except ValueError as err:
-        return [_flag_error("submit.command", f"cannot split `--command {command}` into words: {err}",
-                            "quote it like a shell command line, e.g. --command \"python x.py --a 1\"")]
+        return [
+            _flag_error(
+                "submit.command",
+                f"cannot split `--command {command}` into words: {err}",
+                'quote it like a shell command line, e.g. --command "python x.py --a 1"',
+            )
+        ]
     if not words:
-        return [_flag_error("submit.command", "`--command` is empty",
-                            "give the program each rank runs, e.g. --command \"python x.py\"")]
+        return [
+            _flag_error(
+                "submit.command",
+                "`--command` is empty",
+                'give the program each rank runs, e.g. --command "python x.py"',
+            )
+        ]
     return []
 
 

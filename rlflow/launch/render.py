@@ -33,10 +33,14 @@ def _environment():
     import jinja2  # ~30 ms; only submit needs it
 
     if not (TEMPLATE_DIR / TEMPLATE_NAME).is_file():
-        raise RlflowError(Diagnostic(
-            "submit.template-missing", f"the sbatch template {TEMPLATE_DIR / TEMPLATE_NAME} is missing",
-            help="rlflow submit renders templates/ from its source checkout: run it from a clone "
-                 "installed with `uv sync`"))
+        raise RlflowError(
+            Diagnostic(
+                "submit.template-missing",
+                f"the sbatch template {TEMPLATE_DIR / TEMPLATE_NAME} is missing",
+                help="rlflow submit renders templates/ from its source checkout: run it from a clone "
+                "installed with `uv sync`",
+            )
+        )
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
         undefined=jinja2.StrictUndefined,

@@ -85,23 +85,32 @@ def git_state(directory: str) -> dict:
 
 def _submodules(top: str) -> list[dict]:
     """`git submodule status --recursive` as records; state says whether the checkout matches."""
-    states = {" ": "matches", "+": "differs from the recorded commit", "-": "not initialized",
-              "U": "merge conflict"}
+    states = {
+        " ": "matches",
+        "+": "differs from the recorded commit",
+        "-": "not initialized",
+        "U": "merge conflict",
+    }
     out = _git(top, "submodule", "status", "--recursive") or ""
     records = []
     for line in out.splitlines():
         if len(line) < 42:
             continue
         commit, _, rest = line[1:].partition(" ")
-        records.append({"path": rest.split(" (")[0], "commit": commit,
-                        "state": states.get(line[0], line[0])})
+        records.append(
+            {"path": rest.split(" (")[0], "commit": commit, "state": states.get(line[0], line[0])}
+        )
     return records
 
 
 def _git(directory: str, *args: str) -> str | None:
     try:
-        result = subprocess.run(["git", "-C", directory, *args], capture_output=True, text=True,
-                                timeout=GIT_TIMEOUT_SECONDS)
+        result = subprocess.run(
+            ["git", "-C", directory, *args],
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_SECONDS,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return result.stdout if result.returncode == 0 else None

@@ -15,8 +15,19 @@ from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
 
 TIMEOUT_SECONDS = 60
 # States after which a job does not run again by itself.
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                "BOOT_FAIL", "DEADLINE", "PREEMPTED", "REVOKED", "SPECIAL_EXIT"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+    "REVOKED",
+    "SPECIAL_EXIT",
+}
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][\w/:]*)=")
 
 
@@ -24,18 +35,28 @@ def run(args: list[str], timeout: float = TIMEOUT_SECONDS) -> subprocess.Complet
     """Run a Slurm client command; a missing binary or a silent controller is an RlflowError."""
     shown = shlex.join(args)
     try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            args, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
     except FileNotFoundError:
-        raise RlflowError(Diagnostic(
-            "slurm.not-found", f"`{args[0]}` is not on PATH",
-            help="run this on a Slurm login node (or put Slurm's client commands on PATH); "
-                 "`--dry-run` needs no Slurm"), EXIT_FINDINGS) from None
+        raise RlflowError(
+            Diagnostic(
+                "slurm.not-found",
+                f"`{args[0]}` is not on PATH",
+                help="run this on a Slurm login node (or put Slurm's client commands on PATH); "
+                "`--dry-run` needs no Slurm",
+            ),
+            EXIT_FINDINGS,
+        ) from None
     except subprocess.TimeoutExpired:
-        raise RlflowError(Diagnostic(
-            "slurm.timeout", f"`{shown}` did not answer within {timeout:g} s",
-            help="is the controller reachable? `scontrol ping` says; SLURM_CONF picks the cluster"),
-            EXIT_FINDINGS) from None
+        raise RlflowError(
+            Diagnostic(
+                "slurm.timeout",
+                f"`{shown}` did not answer within {timeout:g} s",
+                help="is the controller reachable? `scontrol ping` says; SLURM_CONF picks the cluster",
+            ),
+            EXIT_FINDINGS,
+        ) from None
 
 
 def failed(what: str, result: subprocess.CompletedProcess, help: str | None = None) -> RlflowError:
@@ -47,9 +68,12 @@ def sbatch_held(script: Path) -> str:
     """Submit `script` on hold (released once its run directory is in place); the job id."""
     result = run(["sbatch", "--parsable", "--hold", str(script)])
     if result.returncode != 0:
-        raise failed("sbatch refused the job", result,
-                     help="fix what sbatch says (partition, account, limits) and submit again; "
-                          "nothing was submitted")
+        raise failed(
+            "sbatch refused the job",
+            result,
+            help="fix what sbatch says (partition, account, limits) and submit again; "
+            "nothing was submitted",
+        )
     job_id = result.stdout.strip().split(";")[0]
     if not re.fullmatch(r"\d+", job_id):
         raise failed(f"sbatch printed {result.stdout.strip()!r} instead of a job id", result)
@@ -82,15 +106,24 @@ def parse_fields(line: str) -> dict[str, str]:
     fields = {}
     for match, following in zip(matches, matches[1:] + [None], strict=True):
         end = following.start() if following else len(line)
-        fields[match[1]] = line[match.end():end].strip()
+        fields[match[1]] = line[match.end() : end].strip()
     return fields
 
 
 def accounting(job_id: str) -> dict[str, str] | None:
     """The job's record in slurmdbd (sacct), for jobs the controller no longer shows."""
     # JobName last: a name may hold the "|" separator, so it takes whatever remains.
-    columns = ["JobID", "State", "ExitCode", "Elapsed", "Timelimit", "NodeList", "Start", "End",
-               "JobName"]
+    columns = [
+        "JobID",
+        "State",
+        "ExitCode",
+        "Elapsed",
+        "Timelimit",
+        "NodeList",
+        "Start",
+        "End",
+        "JobName",
+    ]
     result = run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", ",".join(columns)])
     lines = result.stdout.strip().splitlines() if result.returncode == 0 else []
     values = lines[-1].split("|", len(columns) - 1) if lines else []

@@ -38,7 +38,9 @@ class MediaTokens:
         vision = getattr(hf_config, "vision_config", None)
         if vision is None:
             return MediaTokens(-1, -1, 1)
-        return MediaTokens(hf_config.image_token_id, hf_config.video_token_id, vision.spatial_merge_size)
+        return MediaTokens(
+            hf_config.image_token_id, hf_config.video_token_id, vision.spatial_merge_size
+        )
 
 
 @dataclass
@@ -88,26 +90,38 @@ def resolve_checkpoint(model_cfg: ModelConfig, cache_dir: Path) -> Path:
     """
     spec = model_cfg.checkpoint
     if spec.startswith(BUILTIN_PREFIX):
-        name = spec[len(BUILTIN_PREFIX):]
+        name = spec[len(BUILTIN_PREFIX) :]
         if name not in BUILTINS:
-            raise RlflowError(Diagnostic(
-                "model.unknown-builtin", f"`model.checkpoint` names unknown built-in model `{name}`",
-                help="built-in models: " + ", ".join(BUILTIN_PREFIX + b for b in BUILTINS)))
+            raise RlflowError(
+                Diagnostic(
+                    "model.unknown-builtin",
+                    f"`model.checkpoint` names unknown built-in model `{name}`",
+                    help="built-in models: " + ", ".join(BUILTIN_PREFIX + b for b in BUILTINS),
+                )
+            )
         target = cache_dir / f"{name}-seed{model_cfg.tiny_seed}"
         _write_builtin_once(target, name, model_cfg.tiny_seed)
         return target
     path = Path(spec).expanduser()
     config = path / "config.json"
     if not config.is_file():
-        raise RlflowError(Diagnostic(
-            "model.not-found", f"`model.checkpoint` is `{spec}`, which has no config.json",
-            help="point model.checkpoint at an HF checkpoint directory (config.json, *.safetensors, "
-                 "tokenizer and processor files), or use builtin:tiny-qwen25vl"))
+        raise RlflowError(
+            Diagnostic(
+                "model.not-found",
+                f"`model.checkpoint` is `{spec}`, which has no config.json",
+                help="point model.checkpoint at an HF checkpoint directory (config.json, *.safetensors, "
+                "tokenizer and processor files), or use builtin:tiny-qwen25vl",
+            )
+        )
     architectures = json.loads(config.read_text()).get("architectures") or []
     if not set(architectures) & set(SUPPORTED_ARCHITECTURES):
-        raise RlflowError(Diagnostic(
-            "model.unsupported", f"checkpoint `{spec}` is {architectures}, which rlflow does not train yet",
-            help="supported architectures: " + ", ".join(SUPPORTED_ARCHITECTURES)))
+        raise RlflowError(
+            Diagnostic(
+                "model.unsupported",
+                f"checkpoint `{spec}` is {architectures}, which rlflow does not train yet",
+                help="supported architectures: " + ", ".join(SUPPORTED_ARCHITECTURES),
+            )
+        )
     return path
 
 
@@ -129,8 +143,9 @@ def _write_builtin_once(target: Path, name: str, seed: int) -> None:
         dist.barrier()
 
 
-def load_policy(checkpoint: Path, model_cfg: ModelConfig, parallel_cfg: ParallelismConfig,
-                trainable: bool) -> Policy:
+def load_policy(
+    checkpoint: Path, model_cfg: ModelConfig, parallel_cfg: ParallelismConfig, trainable: bool
+) -> Policy:
     """Build the Megatron model for this rank and load the HF weights into it."""
     from rlflow.model import cpu_compat, library_logs, te_guard
 
@@ -157,9 +172,12 @@ def load_policy(checkpoint: Path, model_cfg: ModelConfig, parallel_cfg: Parallel
     if trainable:
         # Wrapped here rather than by the bridge, whose wrapper insists on CUDA streams.
         # Grads are reduced in fp32, without overlap: rlflow's steps are short; this stays simple.
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=False)
-        chunks = [DistributedDataParallel(_unwrap(chunk).config, ddp_config, chunk) for chunk in chunks]
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
+        )
+        chunks = [
+            DistributedDataParallel(_unwrap(chunk).config, ddp_config, chunk) for chunk in chunks
+        ]
     from rlflow.model import vision_attention
 
     for chunk in chunks:
@@ -169,14 +187,21 @@ def load_policy(checkpoint: Path, model_cfg: ModelConfig, parallel_cfg: Parallel
         if not trainable:
             for param in chunk.parameters():
                 param.requires_grad_(False)
-    policy = Policy(chunks=chunks, bridge=bridge, hf_config=hf_config, checkpoint=checkpoint,
-                    dtype=dtype, trainable=trainable)
+    policy = Policy(
+        chunks=chunks,
+        bridge=bridge,
+        hf_config=hf_config,
+        checkpoint=checkpoint,
+        dtype=dtype,
+        trainable=trainable,
+    )
     policy.extra["provider"] = provider
     return policy
 
 
-def _configure_provider(provider, hf_config, model_cfg: ModelConfig, parallel_cfg: ParallelismConfig,
-                        dtype: torch.dtype) -> None:
+def _configure_provider(
+    provider, hf_config, model_cfg: ModelConfig, parallel_cfg: ParallelismConfig, dtype: torch.dtype
+) -> None:
     from megatron.bridge.models.gpt_provider import local_layer_spec
 
     # Always the local (non-TE) spec: identical numerics on CPU and GPU, and rlflow's generation
@@ -219,14 +244,23 @@ def _mrope_section(hf_config) -> list[int]:
         params = getattr(text, attr, None) or {}
         if "mrope_section" in params:
             return params["mrope_section"]
-    raise RlflowError(Diagnostic("model.mrope", "the checkpoint's config has no mrope_section",
-                                 help="Qwen2.5-VL configs set text_config.rope_parameters.mrope_section"))
+    raise RlflowError(
+        Diagnostic(
+            "model.mrope",
+            "the checkpoint's config has no mrope_section",
+            help="Qwen2.5-VL configs set text_config.rope_parameters.mrope_section",
+        )
+    )
 
 
 def export_hf_state_dict(policy: Policy) -> dict[str, torch.Tensor]:
     """Megatron weights -> HF checkpoint names (full tensors on every rank, on CPU)."""
-    return {name: tensor.detach().cpu() for name, tensor in
-            policy.bridge.export_hf_weights(policy.chunks, cpu=True, show_progress=False)}
+    return {
+        name: tensor.detach().cpu()
+        for name, tensor in policy.bridge.export_hf_weights(
+            policy.chunks, cpu=True, show_progress=False
+        )
+    }
 
 
 def copy_weights(src: Policy, dst: Policy) -> None:

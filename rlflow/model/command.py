@@ -7,14 +7,21 @@ import click
 from rlflow.model.presets import PRESET_NAMES
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   rlflow init-tiny-model /tmp/tiny-vlm
   rlflow init-tiny-model /scratch/qwen25vl-3b-random --preset qwen25vl-3b --device cuda
-""")
+"""
+)
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--preset", type=click.Choice(PRESET_NAMES), default="tiny", show_default=True,
-              help="tiny: ~1 M parameters for CPU tests; qwen25vl-3b: the real 3B shapes.")
+@click.option(
+    "--preset",
+    type=click.Choice(PRESET_NAMES),
+    default="tiny",
+    show_default=True,
+    help="tiny: ~1 M parameters for CPU tests; qwen25vl-3b: the real 3B shapes.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Weight and tokenizer seed.")
 @click.option("--device", default="cpu", show_default=True, help="Where to initialise the weights.")
 def init_tiny_model(directory, preset, seed, device):

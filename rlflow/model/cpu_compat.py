@@ -155,14 +155,16 @@ def _patch_grad_clipping() -> None:
         norm_type = float(norm_type)
         if norm_type == float("inf"):
             total = torch.tensor([max((g.abs().max().item() for g in grads), default=0.0)])
-            torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.MAX,
-                                         group=grad_stats_parallel_group)
+            torch.distributed.all_reduce(
+                total, op=torch.distributed.ReduceOp.MAX, group=grad_stats_parallel_group
+            )
             return total.item()
         total = torch.zeros(1)
         for g in grads:
             total += torch.norm(g, norm_type) ** norm_type
-        torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM,
-                                     group=grad_stats_parallel_group)
+        torch.distributed.all_reduce(
+            total, op=torch.distributed.ReduceOp.SUM, group=grad_stats_parallel_group
+        )
         return total.item() ** (1.0 / norm_type)
 
     def clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decoupled_grad=False):

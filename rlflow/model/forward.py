@@ -34,8 +34,12 @@ class Media:
         return 0 if self.video_grid_thw is None else int(self.video_grid_thw.shape[0])
 
     def to(self, device) -> Media:
-        return Media(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
-                        for f in fields(self)})
+        return Media(
+            **{
+                f.name: None if getattr(self, f.name) is None else getattr(self, f.name).to(device)
+                for f in fields(self)
+            }
+        )
 
     @staticmethod
     def concat(items: list[Media]) -> Media:
@@ -49,6 +53,7 @@ class Media:
 
 def placeholder_counts(media: Media, merge_size: int) -> tuple[int, int]:
     """How many image and video pad tokens the prompt must hold for this media."""
+
     def per_item(grid):
         return 0 if grid is None else int((grid.prod(-1) // merge_size**2).sum())
 
@@ -62,41 +67,65 @@ def media_slots(core, input_ids: torch.Tensor, prompt_mask: torch.Tensor | None,
     return slots if prompt_mask is None else slots & prompt_mask
 
 
-def mrope_positions(core, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: Media,
-                    prompt_mask: torch.Tensor | None = None):
+def mrope_positions(
+    core,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    media: Media,
+    prompt_mask: torch.Tensor | None = None,
+):
     """Qwen2.5-VL's 3-D positions [3, B, T] (padding ignored) and per-row deltas [B, 1]."""
     image_slots = media_slots(core, input_ids, prompt_mask, core.config.image_token_id)
     video_slots = media_slots(core, input_ids, prompt_mask, core.config.video_token_id)
     want = placeholder_counts(media, core.config.vision_config.spatial_merge_size)
     got = (int(image_slots.sum()), int(video_slots.sum()))
     if got != want:
-        raise ValueError(f"the batch holds {got[0]} image and {got[1]} video pad tokens, but its "
-                         f"media give {want[0]} and {want[1]} embeddings")
+        raise ValueError(
+            f"the batch holds {got[0]} image and {got[1]} video pad tokens, but its "
+            f"media give {want[0]} and {want[1]} embeddings"
+        )
     token_types = torch.zeros_like(input_ids, dtype=torch.int)
     token_types[image_slots] = 1
     token_types[video_slots] = 2
-    return core.get_rope_index(input_ids, token_types, media.image_grid_thw, media.video_grid_thw,
-                               second_per_grid_ts=media.second_per_grid_ts,
-                               attention_mask=attention_mask)
+    return core.get_rope_index(
+        input_ids,
+        token_types,
+        media.image_grid_thw,
+        media.video_grid_thw,
+        second_per_grid_ts=media.second_per_grid_ts,
+        attention_mask=attention_mask,
+    )
 
 
-def embed(core, input_ids: torch.Tensor, media: Media,
-          prompt_mask: torch.Tensor | None = None) -> torch.Tensor:
+def embed(
+    core, input_ids: torch.Tensor, media: Media, prompt_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Token embeddings with vision-tower features placed at the pad tokens: [T, B, H]."""
     embeddings = core.language_model.embedding(input_ids=input_ids, position_ids=None)
     embeddings = embeddings.transpose(0, 1)  # [B, T, H]
     for pixels, grid, token_id, features_fn in (
-        (media.pixel_values, media.image_grid_thw, core.config.image_token_id, core.get_image_features),
-        (media.pixel_values_videos, media.video_grid_thw, core.config.video_token_id,
-         core.get_video_features),
+        (
+            media.pixel_values,
+            media.image_grid_thw,
+            core.config.image_token_id,
+            core.get_image_features,
+        ),
+        (
+            media.pixel_values_videos,
+            media.video_grid_thw,
+            core.config.video_token_id,
+            core.get_video_features,
+        ),
     ):
         if pixels is None:
             continue
         features = torch.cat(features_fn(pixels, grid, return_dict=True).pooler_output)
         slots = media_slots(core, input_ids, prompt_mask, token_id)
         if int(slots.sum()) != features.shape[0]:
-            raise ValueError(f"prompt holds {int(slots.sum())} pad tokens for token id {token_id} "
-                             f"but the media give {features.shape[0]} embeddings")
+            raise ValueError(
+                f"prompt holds {int(slots.sum())} pad tokens for token id {token_id} "
+                f"but the media give {features.shape[0]} embeddings"
+            )
         embeddings = embeddings.masked_scatter(slots.unsqueeze(-1), features.to(embeddings.dtype))
     return embeddings.transpose(0, 1).contiguous()
 
@@ -104,7 +133,9 @@ def embed(core, input_ids: torch.Tensor, media: Media,
 def attention_mask_4d(attention_mask: torch.Tensor) -> torch.Tensor:
     """megatron-core's boolean mask [B, 1, T, T], True = blocked: causal plus padded keys."""
     length = attention_mask.shape[1]
-    causal = torch.triu(torch.ones(length, length, dtype=torch.bool, device=attention_mask.device), 1)
+    causal = torch.triu(
+        torch.ones(length, length, dtype=torch.bool, device=attention_mask.device), 1
+    )
     return causal[None, None] | ~attention_mask.bool()[:, None, None, :]
 
 
@@ -117,8 +148,13 @@ def is_multimodal(core) -> bool:
     return hasattr(core, "language_model")
 
 
-def policy_logits(core, input_ids: torch.Tensor, attention_mask: torch.Tensor, media: Media,
-                  prompt_mask: torch.Tensor | None = None) -> torch.Tensor:
+def policy_logits(
+    core,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    media: Media,
+    prompt_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Logits [B, T, V/tp] for every position (vocab-sharded under tensor parallelism).
 
     prompt_mask [B, T] marks prompt tokens; media pad tokens outside it are generated text.
@@ -131,8 +167,11 @@ def policy_logits(core, input_ids: torch.Tensor, attention_mask: torch.Tensor, m
         if bool((valid[:, 1:] & ~valid[:, :-1]).any()):
             raise ValueError("text-only models need right-padded rows (padding after the tokens)")
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        return core(input_ids=input_ids, position_ids=positions,
-                    attention_mask=attention_mask_4d(attention_mask))
+        return core(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=attention_mask_4d(attention_mask),
+        )
     positions, _ = mrope_positions(core, input_ids, attention_mask, media, prompt_mask)
     decoder_input = embed(core, input_ids, media, prompt_mask) if core.pre_process else None
     return core.language_model(

@@ -11,12 +11,21 @@ from __future__ import annotations
 import logging
 import warnings
 
-_NOISY = ("megatron", "megatron.core", "megatron.bridge", "megatron.training", "transformers",
-          "torch.distributed")
+_NOISY = (
+    "megatron",
+    "megatron.core",
+    "megatron.bridge",
+    "megatron.training",
+    "transformers",
+    "torch.distributed",
+)
 # Notices nobody can act on: "fusion disabled without TE/apex", "GPTModel is deprecated",
 # "no CUDA runtime" when torch's extension helpers load on a CPU machine.
-_NOTICES = ("megatron.bridge.utils.fusions", "megatron.core.models.gpt.gpt_model",
-            "torch.utils.cpp_extension")
+_NOTICES = (
+    "megatron.bridge.utils.fusions",
+    "megatron.core.models.gpt.gpt_model",
+    "torch.utils.cpp_extension",
+)
 
 
 def quiet() -> None:

@@ -44,16 +44,23 @@ class PromptEncoder:
         if not self.multimodal:
             return self._encode_text(sample)
         messages = to_messages(sample, self.data_cfg.prompt_suffix)
-        text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = self.processor.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
         kwargs = {}
         if sample.images:
             kwargs["images"] = list(sample.images)
         if sample.video is not None:
             fps = self.data_cfg.video.fps
             kwargs["videos"] = [list(sample.video)]
-            kwargs["video_metadata"] = [{"fps": fps, "total_num_frames": len(sample.video),
-                                         "frames_indices": list(range(len(sample.video))),
-                                         "duration": len(sample.video) / fps}]
+            kwargs["video_metadata"] = [
+                {
+                    "fps": fps,
+                    "total_num_frames": len(sample.video),
+                    "frames_indices": list(range(len(sample.video))),
+                    "duration": len(sample.video) / fps,
+                }
+            ]
             kwargs["do_sample_frames"] = False
         enc = self.processor(text=[text], return_tensors="pt", **kwargs)
         token_ids = tuple(enc["input_ids"][0].tolist())
@@ -65,30 +72,50 @@ class PromptEncoder:
             video_grid_thw=enc.get("video_grid_thw"),
             second_per_grid_ts=enc.get("second_per_grid_ts"),
         )
-        return Prompt(sample_id=sample.id, text=text, token_ids=token_ids, media_tokens_expanded=True,
-                      media=media, images=tuple(sample.images), video=sample.video,
-                      video_fps=self.data_cfg.video.fps if sample.video is not None else None)
+        return Prompt(
+            sample_id=sample.id,
+            text=text,
+            token_ids=token_ids,
+            media_tokens_expanded=True,
+            media=media,
+            images=tuple(sample.images),
+            video=sample.video,
+            video_fps=self.data_cfg.video.fps if sample.video is not None else None,
+        )
 
     def _encode_text(self, sample) -> Prompt:
         if sample.images or sample.video is not None:
-            raise RlflowError(Diagnostic(
-                "data.media-for-text-model",
-                f"sample `{sample.id}` has an image or video, but the model is text-only",
-                help="use data kind `text` with a text-only checkpoint, or a vision-language one"))
+            raise RlflowError(
+                Diagnostic(
+                    "data.media-for-text-model",
+                    f"sample `{sample.id}` has an image or video, but the model is text-only",
+                    help="use data kind `text` with a text-only checkpoint, or a vision-language one",
+                )
+            )
         messages = [{"role": "user", "content": sample.question + self.data_cfg.prompt_suffix}]
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
         token_ids = tuple(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         self._check_length(sample, token_ids)
-        return Prompt(sample_id=sample.id, text=text, token_ids=token_ids, media_tokens_expanded=True,
-                      media=Media())
+        return Prompt(
+            sample_id=sample.id,
+            text=text,
+            token_ids=token_ids,
+            media_tokens_expanded=True,
+            media=Media(),
+        )
 
     def _check_length(self, sample, token_ids) -> None:
         if len(token_ids) > self.data_cfg.max_prompt_tokens:
-            raise RlflowError(Diagnostic(
-                "data.prompt-too-long",
-                f"sample `{sample.id}` gives a {len(token_ids)}-token prompt, over "
-                f"data.max_prompt_tokens={self.data_cfg.max_prompt_tokens}",
-                help="raise data.max_prompt_tokens, or use smaller images (data.image_size)"))
+            raise RlflowError(
+                Diagnostic(
+                    "data.prompt-too-long",
+                    f"sample `{sample.id}` gives a {len(token_ids)}-token prompt, over "
+                    f"data.max_prompt_tokens={self.data_cfg.max_prompt_tokens}",
+                    help="raise data.max_prompt_tokens, or use smaller images (data.image_size)",
+                )
+            )
 
     def completion_ids(self, text: str) -> list[int]:
         """Token ids of an assistant reply followed by the end-of-turn token (warm start targets)."""

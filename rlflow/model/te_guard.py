@@ -59,8 +59,9 @@ class _LoraLayersOnlyFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in _NAMES or _importing_module() != _IMPORTER:
             return None
-        return importlib.util.spec_from_loader(fullname, _StubLoader(),
-                                               is_package=fullname == _NAMES[0])
+        return importlib.util.spec_from_loader(
+            fullname, _StubLoader(), is_package=fullname == _NAMES[0]
+        )
 
 
 def _importing_module() -> str | None:

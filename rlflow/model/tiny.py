@@ -88,15 +88,32 @@ class ModelSizes:
 PRESETS = {
     "tiny": ModelSizes(),
     # Qwen2.5-VL-3B's shapes (3.75 B parameters), for GPU benchmarks with random weights.
-    "qwen25vl-3b": ModelSizes(vocab_size=151936, hidden=2048, intermediate=11008, layers=36, heads=16,
-                              kv_heads=2, tie_embeddings=True, rope_theta=1000000.0, vision_depth=32,
-                              vision_hidden=1280, vision_intermediate=3420, vision_heads=16,
-                              vision_full_attention=(7, 15, 23, 31)),
+    "qwen25vl-3b": ModelSizes(
+        vocab_size=151936,
+        hidden=2048,
+        intermediate=11008,
+        layers=36,
+        heads=16,
+        kv_heads=2,
+        tie_embeddings=True,
+        rope_theta=1000000.0,
+        vision_depth=32,
+        vision_hidden=1280,
+        vision_intermediate=3420,
+        vision_heads=16,
+        vision_full_attention=(7, 15, 23, 31),
+    ),
 }
 assert tuple(PRESETS) == PRESET_NAMES, "rlflow/model/presets.py lists the CLI's preset names"
 
-def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, lm_head_scale: float = 1.0,
-                          sizes: ModelSizes = PRESETS["tiny"], device: str = "cpu") -> Path:
+
+def write_tiny_checkpoint(
+    out_dir: str | Path,
+    seed: int = 0,
+    lm_head_scale: float = 1.0,
+    sizes: ModelSizes = PRESETS["tiny"],
+    device: str = "cpu",
+) -> Path:
     """Write a tiny random Qwen2.5-VL checkpoint to `out_dir` (created); bit-reproducible per seed.
 
     lm_head_scale > 1 widens the random logits (fewer near-ties): parity tests use it so greedy
@@ -123,8 +140,11 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, lm_head_scale: flo
             num_key_value_heads=sizes.kv_heads,
             max_position_embeddings=4096,
             rms_norm_eps=1e-6,
-            rope_parameters={"rope_type": "default", "rope_theta": sizes.rope_theta,
-                             "mrope_section": mrope_section},
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": sizes.rope_theta,
+                "mrope_section": mrope_section,
+            },
             bos_token_id=ids["<|endoftext|>"],
             eos_token_id=ids["<|im_end|>"],
             pad_token_id=ids["<|endoftext|>"],
@@ -153,7 +173,8 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, lm_head_scale: flo
     torch.manual_seed(seed)
     with torch.device(device):  # a 3B-shaped model initialises in seconds on a GPU
         model = Qwen2_5_VLForConditionalGeneration._from_config(
-            config, dtype=torch.float32 if device == "cpu" else torch.bfloat16).eval()
+            config, dtype=torch.float32 if device == "cpu" else torch.bfloat16
+        ).eval()
     if lm_head_scale != 1.0 and not sizes.tie_embeddings:
         with torch.no_grad():
             model.lm_head.weight.mul_(lm_head_scale)
@@ -165,13 +186,15 @@ def write_tiny_checkpoint(out_dir: str | Path, seed: int = 0, lm_head_scale: flo
     )
     model.save_pretrained(out, safe_serialization=True)
     _save_processor(out, tokenizer)
-    (out / "rlflow_tiny.json").write_text(json.dumps({"seed": seed, "lm_head_scale": lm_head_scale,
-                                                      **sizes.__dict__}, indent=2))
+    (out / "rlflow_tiny.json").write_text(
+        json.dumps({"seed": seed, "lm_head_scale": lm_head_scale, **sizes.__dict__}, indent=2)
+    )
     return out
 
 
-def write_tiny_text_checkpoint(out_dir: str | Path, family: str = "qwen3", seed: int = 0,
-                               lm_head_scale: float = 1.0) -> Path:
+def write_tiny_text_checkpoint(
+    out_dir: str | Path, family: str = "qwen3", seed: int = 0, lm_head_scale: float = 1.0
+) -> Path:
     """A tiny random text-only Qwen2 or Qwen3 checkpoint (Qwen3: per-head query/key RMSNorm),
     with the same locally built tokenizer and chat template as the vision-language one."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -193,20 +216,30 @@ def write_tiny_text_checkpoint(out_dir: str | Path, family: str = "qwen3", seed:
     tokenizer = _build_tokenizer(sizes.tokenizer_vocab, seed)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config_cls, model_cls = classes[family]
-    config = config_cls(vocab_size=len(tokenizer), hidden_size=sizes.hidden,
-                        intermediate_size=sizes.intermediate, num_hidden_layers=2,
-                        num_attention_heads=sizes.heads, num_key_value_heads=sizes.kv_heads,
-                        head_dim=sizes.hidden // sizes.heads, max_position_embeddings=4096,
-                        rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
-                        bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"],
-                        pad_token_id=ids["<|endoftext|>"])
+    config = config_cls(
+        vocab_size=len(tokenizer),
+        hidden_size=sizes.hidden,
+        intermediate_size=sizes.intermediate,
+        num_hidden_layers=2,
+        num_attention_heads=sizes.heads,
+        num_key_value_heads=sizes.kv_heads,
+        head_dim=sizes.hidden // sizes.heads,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
     torch.manual_seed(seed)
     model = model_cls(config).eval()
     if lm_head_scale != 1.0:
         with torch.no_grad():
             model.lm_head.weight.mul_(lm_head_scale)
-    model.generation_config = GenerationConfig(eos_token_id=ids["<|im_end|>"],
-                                               pad_token_id=ids["<|endoftext|>"], do_sample=False)
+    model.generation_config = GenerationConfig(
+        eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], do_sample=False
+    )
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
@@ -253,11 +286,21 @@ def _save_processor(out: Path, tokenizer) -> None:
     from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
     # 56x56 (one merged token) .. 224x224 pixels per image; a 112x112 image gives 16 tokens.
-    image_processor = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=224 * 224, patch_size=14,
-                                            merge_size=2, temporal_patch_size=2)
-    video_processor = Qwen2VLVideoProcessor(min_pixels=56 * 56, max_pixels=224 * 224 * 4,
-                                            patch_size=14, merge_size=2, temporal_patch_size=2,
-                                            do_sample_frames=False)
-    processor = Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=tokenizer,
-                                    video_processor=video_processor, chat_template=CHAT_TEMPLATE)
+    image_processor = Qwen2VLImageProcessor(
+        min_pixels=56 * 56, max_pixels=224 * 224, patch_size=14, merge_size=2, temporal_patch_size=2
+    )
+    video_processor = Qwen2VLVideoProcessor(
+        min_pixels=56 * 56,
+        max_pixels=224 * 224 * 4,
+        patch_size=14,
+        merge_size=2,
+        temporal_patch_size=2,
+        do_sample_frames=False,
+    )
+    processor = Qwen2_5_VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=CHAT_TEMPLATE,
+    )
     processor.save_pretrained(out)

@@ -21,13 +21,22 @@ def install(visual) -> None:
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
 
     for block in visual.blocks:
-        block.attn.forward = types.MethodType(_make_forward(apply_rotary_pos_emb_vision), block.attn)
+        block.attn.forward = types.MethodType(
+            _make_forward(apply_rotary_pos_emb_vision), block.attn
+        )
 
 
 def _make_forward(apply_rotary):
-    def forward(self, hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs):
+    def forward(
+        self, hidden_states, cu_seqlens, position_embeddings=None, max_seqlen=None, **kwargs
+    ):
         length = hidden_states.shape[0]
-        q, k, v = self.qkv(hidden_states).reshape(length, 3, self.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+        q, k, v = (
+            self.qkv(hidden_states)
+            .reshape(length, 3, self.num_heads, -1)
+            .permute(1, 0, 2, 3)
+            .unbind(0)
+        )
         cos, sin = position_embeddings
         q, k = apply_rotary(q, k, cos, sin)
         out = windowed_attention(q, k, v, cu_seqlens, self.scaling)
@@ -36,8 +45,9 @@ def _make_forward(apply_rotary):
     return forward
 
 
-def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                       scale: float) -> torch.Tensor:
+def windowed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Attention within each [cu_seqlens[i], cu_seqlens[i+1]) segment; q, k, v: [S, heads, D]."""
     bounds = cu_seqlens.tolist()
     lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
@@ -54,10 +64,13 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seq
     for start, n in zip(starts, lengths):
         by_length.setdefault(n, []).append(start)
     for n, group in by_length.items():
-        index = (torch.tensor(group, device=q.device)[:, None]
-                 + torch.arange(n, device=q.device)[None]).reshape(-1)
-        picked = [t.index_select(0, index).view(len(group), n, *t.shape[1:]).transpose(1, 2)
-                  for t in (q, k, v)]
+        index = (
+            torch.tensor(group, device=q.device)[:, None] + torch.arange(n, device=q.device)[None]
+        ).reshape(-1)
+        picked = [
+            t.index_select(0, index).view(len(group), n, *t.shape[1:]).transpose(1, 2)
+            for t in (q, k, v)
+        ]
         attended = F.scaled_dot_product_attention(*picked, scale=scale)
         out.index_copy_(0, index, attended.transpose(1, 2).reshape(-1, *q.shape[1:]))
     return out

@@ -30,20 +30,38 @@ stale policy entry. Policy: [tool.rlflow.pins] in the root pyproject.toml (see R
 
 
 @click.command("check-pins", epilog=EPILOG)
-@click.option("--repo", type=click.Path(path_type=Path, file_okay=False), default=Path("."),
-              help="The repository to check (or any directory inside it).  [default: .]")
-@click.option("--strict", is_flag=True,
-              help="Treat warnings (e.g. uninitialized submodules) as errors.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="json: one document for tools (CI, editors).")
-@click.option("--fix", is_flag=True,
-              help="Move root pins to the submodules' values, keeping comments; print the diff.")
-@click.option("--example", is_flag=True,
-              help="Build the bundled example repository (root pins emerging-optimizers v0.2.0, "
-                   "a nested Megatron-LM pins v0.3.0) in a temporary directory and check it.")
+@click.option(
+    "--repo",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("."),
+    help="The repository to check (or any directory inside it).  [default: .]",
+)
+@click.option(
+    "--strict", is_flag=True, help="Treat warnings (e.g. uninitialized submodules) as errors."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one document for tools (CI, editors).",
+)
+@click.option(
+    "--fix",
+    is_flag=True,
+    help="Move root pins to the submodules' values, keeping comments; print the diff.",
+)
+@click.option(
+    "--example",
+    is_flag=True,
+    help="Build the bundled example repository (root pins emerging-optimizers v0.2.0, "
+    "a nested Megatron-LM pins v0.3.0) in a temporary directory and check it.",
+)
 @click.pass_context
-def check_pins(ctx: click.Context, repo: Path, strict: bool, fmt: str, fix: bool,
-               example: bool) -> None:
+def check_pins(
+    ctx: click.Context, repo: Path, strict: bool, fmt: str, fix: bool, example: bool
+) -> None:
     """Check that submodule pyproject pins agree with the root pyproject.
 
     Walks the git submodules under the repository (nested ones included), reads every
@@ -111,8 +129,10 @@ def analyse(checkout, root_text: str, strict: bool) -> Analysis:
 
     docs = [parse_document("pyproject.toml", root_text)]
     docs += [load_document(checkout.root, f"{p}/pyproject.toml") for p in checkout.pyprojects[1:]]
-    manifests = [read_manifest(doc, project, checkout.root / project, is_root=project == "")
-                 for doc, project in zip(docs, checkout.pyprojects, strict=True)]
+    manifests = [
+        read_manifest(doc, project, checkout.root / project, is_root=project == "")
+        for doc, project in zip(docs, checkout.pyprojects, strict=True)
+    ]
     policy = load_policy(docs[0])
     findings, allowed = apply_allowlist(compare(manifests, checkout.submodules, policy), policy)
     if strict:
@@ -124,12 +144,14 @@ def report(analysis: Analysis, fmt: str, extra: dict | None = None) -> None:
     from rlflow.pins import report as render
 
     if fmt == "json":
-        document = render.json_document(analysis.findings, analysis.allowed, analysis.checked,
-                                        analysis.exit_code)
+        document = render.json_document(
+            analysis.findings, analysis.allowed, analysis.checked, analysis.exit_code
+        )
         render.print_json({**document, **(extra or {})})
     else:
-        render.print_text(analysis.findings, analysis.allowed, analysis.checked,
-                          analysis.checkout.root)
+        render.print_text(
+            analysis.findings, analysis.allowed, analysis.checked, analysis.checkout.root
+        )
 
 
 def fix_and_report(analysis: Analysis, options: Options) -> int:
@@ -172,15 +194,21 @@ def to_internal_error(left: list):
     from rlflow.errors import Diagnostic
 
     names = ", ".join(sorted({f"{f.code} `{f.package}`" for f in left}))
-    return Diagnostic("RF107", f"--fix did not resolve {names}; pyproject.toml left untouched",
-                      help="please report this; fix the pins by hand meanwhile")
+    return Diagnostic(
+        "RF107",
+        f"--fix did not resolve {names}; pyproject.toml left untouched",
+        help="please report this; fix the pins by hand meanwhile",
+    )
 
 
 def _write_error(err: OSError):
     from rlflow.errors import Diagnostic
 
-    return Diagnostic("RF107", f"cannot write pyproject.toml: {err}",
-                      help="nothing was changed; check permissions and run again")
+    return Diagnostic(
+        "RF107",
+        f"cannot write pyproject.toml: {err}",
+        help="nothing was changed; check permissions and run again",
+    )
 
 
 def _read_root(root: Path) -> str:
@@ -189,8 +217,9 @@ def _read_root(root: Path) -> str:
     except (OSError, UnicodeDecodeError) as err:
         from rlflow.errors import Diagnostic
 
-        raise RlflowError(Diagnostic("RF102", f"cannot read pyproject.toml: {err}",
-                                     file="pyproject.toml")) from None
+        raise RlflowError(
+            Diagnostic("RF102", f"cannot read pyproject.toml: {err}", file="pyproject.toml")
+        ) from None
 
 
 def _checked(checkout) -> str:
@@ -205,7 +234,13 @@ def _print_usage_error(err: RlflowError, fmt: str) -> None:
     if fmt == "json":
         from rlflow.pins.report import print_json
 
-        print_json({"diagnostics": [d.to_json() for d in err.diagnostics], "allowed": [],
-                    "summary": "unusable input", "exit_code": err.exit_code})
+        print_json(
+            {
+                "diagnostics": [d.to_json() for d in err.diagnostics],
+                "allowed": [],
+                "summary": "unusable input",
+                "exit_code": err.exit_code,
+            }
+        )
         return
     print_diagnostics(err.diagnostics)

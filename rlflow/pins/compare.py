@@ -27,8 +27,9 @@ from rlflow.pins.versions import disjoint
 URL_KINDS = ("git", "url", "path")
 
 
-def compare(manifests: list[Manifest], submodules: tuple[Submodule, ...],
-            policy: Policy) -> list[Finding]:
+def compare(
+    manifests: list[Manifest], submodules: tuple[Submodule, ...], policy: Policy
+) -> list[Finding]:
     """All findings for one checkout; `manifests[0]` is the root."""
     root = manifests[0]
     overridden = {r.package for r in root.requirements if r.scope == "override"}
@@ -41,14 +42,17 @@ def compare(manifests: list[Manifest], submodules: tuple[Submodule, ...],
             findings += package_findings(package, by_package[package], root.conflicts, policy)
     findings += index_findings(manifests)
     findings += state_findings(submodules)
-    findings += [Finding("RF009", "warning", package=name, location=where,
-                         detail=f"lockstep entry `{name}`")
-                 for name, where in policy.lockstep.items() if name not in by_package]
+    findings += [
+        Finding("RF009", "warning", package=name, location=where, detail=f"lockstep entry `{name}`")
+        for name, where in policy.lockstep.items()
+        if name not in by_package
+    ]
     return findings
 
 
-def package_findings(package: str, pins: list[Pin], conflicts: tuple[frozenset[str], ...],
-                     policy: Policy) -> list[Finding]:
+def package_findings(
+    package: str, pins: list[Pin], conflicts: tuple[frozenset[str], ...], policy: Policy
+) -> list[Finding]:
     url_pins = [p for p in pins if p.kind in URL_KINDS]
     version_pins = [p for p in pins if p.kind == "version"]
     index_pins = [p for p in pins if p.kind == "index"]
@@ -59,8 +63,9 @@ def package_findings(package: str, pins: list[Pin], conflicts: tuple[frozenset[s
         findings.append(Finding("RF002", "warning", package=package, theirs=tuple(remote)))
     version_pairs = _pairs(version_pins, lambda a, b: disjoint(a.key, b.key), conflicts)
     findings += _grouped("RF004", package, version_pairs)
-    index_pairs = _pairs(index_pins, lambda a, b: a.key != b.key and a.display != b.display,
-                         conflicts)
+    index_pairs = _pairs(
+        index_pins, lambda a, b: a.key != b.key and a.display != b.display, conflicts
+    )
     findings += _grouped("RF003", package, index_pairs)
     if package in policy.lockstep:
         reported = {(id(a), id(b)) for a, b in pairs + version_pairs}
@@ -127,9 +132,16 @@ def _grouped(code: str, package: str | None, pairs: list[tuple]) -> list[Finding
     for ours, theirs in pairs:
         ours_of[id(ours)] = ours
         theirs_of[id(ours)].append(theirs)
-    return [Finding(code, "error", package=package or _index_name(ours), ours=ours,
-                    theirs=tuple(theirs_of[key]))
-            for key, ours in ours_of.items()]
+    return [
+        Finding(
+            code,
+            "error",
+            package=package or _index_name(ours),
+            ours=ours,
+            theirs=tuple(theirs_of[key]),
+        )
+        for key, ours in ours_of.items()
+    ]
 
 
 def _index_name(site) -> str | None:

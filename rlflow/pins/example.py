@@ -98,16 +98,31 @@ def add_submodule(parent: Path, child: Path, rel: str) -> None:
 def git(cwd: Path, *args: str) -> str:
     """Run git with a fixed identity and no user/system config, so it behaves the same anywhere;
     `protocol.file.allow=always` lets submodules be cloned from local paths."""
-    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_AUTHOR_NAME": "rlflow example", "GIT_AUTHOR_EMAIL": "example@rlflow.invalid",
-           "GIT_COMMITTER_NAME": "rlflow example", "GIT_COMMITTER_EMAIL": "example@rlflow.invalid"}
+    env = {
+        **os.environ,
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "rlflow example",
+        "GIT_AUTHOR_EMAIL": "example@rlflow.invalid",
+        "GIT_COMMITTER_NAME": "rlflow example",
+        "GIT_COMMITTER_EMAIL": "example@rlflow.invalid",
+    }
     try:
-        done = subprocess.run(["git", "-c", "protocol.file.allow=always", *args], cwd=cwd, env=env,
-                              capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            ["git", "-c", "protocol.file.allow=always", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     except FileNotFoundError:
         done = None
     if done is None or done.returncode != 0:
         reason = done.stderr.strip() if done else "git is not installed"
-        raise RlflowError(Diagnostic("RF106", f"building the example: `git {' '.join(args)}` "
-                                     f"failed in {cwd}: {reason}"))
+        raise RlflowError(
+            Diagnostic(
+                "RF106", f"building the example: `git {' '.join(args)}` failed in {cwd}: {reason}"
+            )
+        )
     return done.stdout

@@ -21,8 +21,11 @@ from rlflow.pins.model import Finding, IndexDef, Pin
 from rlflow.pins.versions import exact_version
 
 FIXABLE_CODES = ("RF001", "RF003", "RF004", "RF005")
-_REQUIREMENT_HEAD = re.compile(r"^(?P<head>\s*[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[^\]]*\])?\s*)"
-                               r"(?P<spec>[^;]*?)(?P<tail>\s*(;.*)?)$", re.DOTALL)
+_REQUIREMENT_HEAD = re.compile(
+    r"^(?P<head>\s*[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[^\]]*\])?\s*)"
+    r"(?P<spec>[^;]*?)(?P<tail>\s*(;.*)?)$",
+    re.DOTALL,
+)
 
 
 @dataclass(frozen=True)
@@ -54,14 +57,23 @@ def plan(finding: Finding, findings: list[Finding]) -> Edit | Refusal | None:
     if ours is None:
         return Refusal(f"the root does not pin `{finding.package}`: add the pin by hand")
     if not ours.is_root or any(t.is_root for t in theirs):
-        return Refusal("the submodules disagree with each other (or two root pins do): bump a "
-                       "submodule, or force one value with the root's override-dependencies")
+        return Refusal(
+            "the submodules disagree with each other (or two root pins do): bump a "
+            "submodule, or force one value with the root's override-dependencies"
+        )
     if len({_target_key(t) for t in theirs}) > 1:
         values = ", ".join(f"`{t.display}` ({t.location})" for t in theirs)
-        return Refusal(f"the submodules pin different values ({values}): which one is right "
-                       "is a decision, not a fix")
-    if any(f.package == finding.package and f.code == finding.code and f.ours is not None
-           and not f.ours.is_root for f in findings):
+        return Refusal(
+            f"the submodules pin different values ({values}): which one is right "
+            "is a decision, not a fix"
+        )
+    if any(
+        f.package == finding.package
+        and f.code == finding.code
+        and f.ours is not None
+        and not f.ours.is_root
+        for f in findings
+    ):
         return Refusal(f"the submodules disagree about `{finding.package}` among themselves")
     if isinstance(ours, IndexDef):
         return Edit((Change(ours.doc_path, theirs[0].url),), f'set url = "{theirs[0].url}"')
@@ -79,15 +91,19 @@ def _pin_edit(code: str, ours: Pin, target: Pin) -> Edit | Refusal:
         return _git_edit(ours, target)
     if ours.kind == target.kind == "url" and ours.requirement:
         return _requirement_edit(ours, ours.requirement.replace(ours.url, target.url, 1))
-    return Refusal(f"the root uses a {ours.kind} source and the submodule a {target.kind} "
-                   "source: change the kind of source by hand")
+    return Refusal(
+        f"the root uses a {ours.kind} source and the submodule a {target.kind} "
+        "source: change the kind of source by hand"
+    )
 
 
 def _version_edit(code: str, ours: Pin, target: Pin) -> Edit | Refusal:
     version = exact_version(target.key)
     if version is None and code == "RF004":
-        return Refusal(f"the submodule allows a range (`{target.display}`), not one version: "
-                       "pick the version by hand")
+        return Refusal(
+            f"the submodule allows a range (`{target.display}`), not one version: "
+            "pick the version by hand"
+        )
     spec = f"=={version}" if version else target.display
     if ours.origin == "tool.uv.dependency-metadata":
         if version is None:
@@ -131,8 +147,11 @@ def _git_source_edit(ours: Pin, target: Pin) -> Edit:
         words.append(f'{key} = "{target.ref}"')
     if ours.subdirectory != target.subdirectory:
         changes.append(Change(table + ("subdirectory",), target.subdirectory))
-        words.append(f'subdirectory = "{target.subdirectory}"' if target.subdirectory
-                     else "remove `subdirectory`")
+        words.append(
+            f'subdirectory = "{target.subdirectory}"'
+            if target.subdirectory
+            else "remove `subdirectory`"
+        )
     return Edit(tuple(changes), "set " + ", ".join(words))
 
 
@@ -193,7 +212,9 @@ def _rename_inline(tomlkit, doc, change: Change) -> None:
     table = parent[name]
     pattern = re.compile(rf"(?<![\w-]){re.escape(key)}(\s*=\s*)(\"(?:[^\"\\]|\\.)*\"|'[^']*')")
     value = tomlkit.string(change.value).as_string()
-    text, count = pattern.subn(lambda m: f"{change.rename_to}{m.group(1)}{value}", table.as_string(), 1)
+    text, count = pattern.subn(
+        lambda m: f"{change.rename_to}{m.group(1)}{value}", table.as_string(), 1
+    )
     assert count == 1, f"{key} not found in {table.as_string()}"  # we located it while parsing
     item = tomlkit.parse(f"x = {text}")["x"]
     item.trivia.comment_ws, item.trivia.comment = table.trivia.comment_ws, table.trivia.comment
@@ -208,8 +229,15 @@ def _string_like(tomlkit, old, value: str):
 
 def unified_diff(old: str, new: str, rel_file: str) -> str:
     import difflib  # ~10-30 ms: only --fix needs it
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=f"a/{rel_file}", tofile=f"b/{rel_file}"))
+
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            fromfile=f"a/{rel_file}",
+            tofile=f"b/{rel_file}",
+        )
+    )
 
 
 def write_atomically(path: Path, new: str, expected_old: str) -> None:

@@ -47,8 +47,16 @@ class Document:
     def bad_value(self, path: tuple, message: str, help: str | None = None) -> RlflowError:
         where = self.loc(path)
         key = ".".join(str(p) for p in path)
-        return RlflowError(Diagnostic("RF103", f"{message} (at `{key}`)", file=where.file,
-                                      line=where.line, column=where.column, help=help))
+        return RlflowError(
+            Diagnostic(
+                "RF103",
+                f"{message} (at `{key}`)",
+                file=where.file,
+                line=where.line,
+                column=where.column,
+                help=help,
+            )
+        )
 
 
 def load_document(root: Path, rel_file: str) -> Document:
@@ -56,11 +64,18 @@ def load_document(root: Path, rel_file: str) -> Document:
     try:
         text = (root / rel_file).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise RlflowError(Diagnostic("RF101", f"no pyproject.toml at `{rel_file}`", file=rel_file,
-                                     help="run check-pins at the root of a uv project")) from None
+        raise RlflowError(
+            Diagnostic(
+                "RF101",
+                f"no pyproject.toml at `{rel_file}`",
+                file=rel_file,
+                help="run check-pins at the root of a uv project",
+            )
+        ) from None
     except (OSError, UnicodeDecodeError) as err:
-        raise RlflowError(Diagnostic("RF102", f"cannot read `{rel_file}`: {err}",
-                                     file=rel_file)) from None
+        raise RlflowError(
+            Diagnostic("RF102", f"cannot read `{rel_file}`: {err}", file=rel_file)
+        ) from None
     return parse_document(rel_file, text)
 
 
@@ -81,10 +96,17 @@ def _toml_error(rel_file: str, text: str, err: tomllib.TOMLDecodeError) -> Rlflo
     elif match:
         line = max(len(text.splitlines()), 1)
     reason = _TOML_POSITION.sub("", message) or "invalid TOML"
-    return RlflowError(Diagnostic("RF102", f"malformed TOML: {reason[:1].lower()}{reason[1:]}",
-                                  file=rel_file, line=line, column=column,
-                                  help="fix the TOML syntax; `python -m tomllib` style parsers "
-                                       "(and uv) reject this file too"))
+    return RlflowError(
+        Diagnostic(
+            "RF102",
+            f"malformed TOML: {reason[:1].lower()}{reason[1:]}",
+            file=rel_file,
+            line=line,
+            column=column,
+            help="fix the TOML syntax; `python -m tomllib` style parsers "
+            "(and uv) reject this file too",
+        )
+    )
 
 
 def read_manifest(doc: Document, project: str, abs_dir: Path, is_root: bool) -> Manifest:
@@ -125,7 +147,9 @@ class _Reader:
 
     def check(self, value: Any, kind: type | tuple[type, ...], path: tuple) -> Any:
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise self.doc.bad_value(path, f"expected {_type_name(kind)}, found {_type_name(value)}")
+            raise self.doc.bad_value(
+                path, f"expected {_type_name(kind)}, found {_type_name(value)}"
+            )
         return value
 
     # -- requirements ---------------------------------------------------------------------
@@ -145,7 +169,11 @@ class _Reader:
         out = []
         for path, scope in self.requirement_lists():
             for i, item in enumerate(self.get(path, list, [])):
-                if scope.startswith("group:") and isinstance(item, dict) and "include-group" in item:
+                if (
+                    scope.startswith("group:")
+                    and isinstance(item, dict)
+                    and "include-group" in item
+                ):
                     continue  # `{include-group = "x"}`: x's requirements are read on their own
                 text = self.check(item, str, path + (i,))
                 out.append(self.requirement(text, path + (i,), scope))
@@ -157,29 +185,55 @@ class _Reader:
             parsed = Pep508(text)
         except InvalidRequirement as err:
             where = self.doc.loc(path, needle)
-            raise RlflowError(Diagnostic(
-                "RF103", f"`{text}` is not a valid requirement: {err}", file=where.file,
-                line=where.line, column=where.column,
-                help="write it as PEP 508: `name[extras] (specifiers) ; markers` or `name @ URL`",
-            )) from None
+            raise RlflowError(
+                Diagnostic(
+                    "RF103",
+                    f"`{text}` is not a valid requirement: {err}",
+                    file=where.file,
+                    line=where.line,
+                    column=where.column,
+                    help="write it as PEP 508: `name[extras] (specifiers) ; markers` or `name @ URL`",
+                )
+            ) from None
         package = canonicalize_name(parsed.name)
         location = self.doc.loc(path, needle)
         pin = self.requirement_pin(parsed, package, text, path, location)
-        return Requirement(package, frozenset(canonicalize_name(e) for e in parsed.extras), scope, pin)
+        return Requirement(
+            package, frozenset(canonicalize_name(e) for e in parsed.extras), scope, pin
+        )
 
-    def requirement_pin(self, parsed: Pep508, package: str, text: str, path: tuple,
-                        location: Location) -> Pin | None:
+    def requirement_pin(
+        self, parsed: Pep508, package: str, text: str, path: tuple, location: Location
+    ) -> Pin | None:
         origin = _origin(path)
-        common = dict(package=package, origin=origin, location=location, project=self.project,
-                      doc_path=path, marker=str(parsed.marker) if parsed.marker else None,
-                      requirement=text)
+        common = dict(
+            package=package,
+            origin=origin,
+            location=location,
+            project=self.project,
+            doc_path=path,
+            marker=str(parsed.marker) if parsed.marker else None,
+            requirement=text,
+        )
         if parsed.url:
             url = parse_direct_url(parsed.url, self.abs_dir)
-            return Pin(kind=url.kind, key=url.key, display=parsed.url, url=parsed.url,
-                       repo=url.repo, ref=url.ref, subdirectory=url.subdirectory, **common)
+            return Pin(
+                kind=url.kind,
+                key=url.key,
+                display=parsed.url,
+                url=parsed.url,
+                repo=url.repo,
+                ref=url.ref,
+                subdirectory=url.subdirectory,
+                **common,
+            )
         if len(parsed.specifier):
-            return Pin(kind="version", key=_spec_key(parsed.specifier),
-                       display=str(parsed.specifier), **common)
+            return Pin(
+                kind="version",
+                key=_spec_key(parsed.specifier),
+                display=str(parsed.specifier),
+                **common,
+            )
         return None
 
     # -- [tool.uv.sources] ----------------------------------------------------------------
@@ -203,46 +257,78 @@ class _Reader:
             return f"group:{canonicalize_name(self.check(source['group'], str, path + ('group',)))}"
         return None
 
-    def source_pin(self, package: str, source: dict, path: tuple,
-                   index_urls: dict[str, str]) -> Pin | None:
+    def source_pin(
+        self, package: str, source: dict, path: tuple, index_urls: dict[str, str]
+    ) -> Pin | None:
         for key in ("git", "url", "path", "index", "subdirectory", "marker", *_GIT_REFS):
             if key in source:
                 self.check(source[key], str, path + (key,))
         marker = source.get("marker")
-        common = dict(package=package, origin="tool.uv.sources", project=self.project,
-                      doc_path=path, marker=marker)
+        common = dict(
+            package=package,
+            origin="tool.uv.sources",
+            project=self.project,
+            doc_path=path,
+            marker=marker,
+        )
         if "git" in source:
             return self.git_source(source, path, common)
         if "url" in source:
             url = parse_direct_url(source["url"], self.abs_dir)
-            return Pin(kind=url.kind, key=url.key, display=source["url"], url=source["url"],
-                       location=self.value_loc(path, "url"), **common)
+            return Pin(
+                kind=url.kind,
+                key=url.key,
+                display=source["url"],
+                url=source["url"],
+                location=self.value_loc(path, "url"),
+                **common,
+            )
         if "path" in source:
-            return Pin(kind="path", key=path_key(source["path"], self.abs_dir),
-                       display=source["path"], location=self.value_loc(path, "path"), **common)
+            return Pin(
+                kind="path",
+                key=path_key(source["path"], self.abs_dir),
+                display=source["path"],
+                location=self.value_loc(path, "path"),
+                **common,
+            )
         if "index" in source:
             name = source["index"]
             key = f"index:{index_urls[name]}" if name in index_urls else f"index-name:{name}"
-            return Pin(kind="index", key=key, display=name,
-                       location=self.value_loc(path, "index"), **common)
+            return Pin(
+                kind="index",
+                key=key,
+                display=name,
+                location=self.value_loc(path, "index"),
+                **common,
+            )
         if "workspace" in source:
             return None  # a workspace member is built from this checkout: nothing to drift
-        raise self.doc.bad_value(path, "a source needs one of `git`, `url`, `path`, `index` or "
-                                 "`workspace`")
+        raise self.doc.bad_value(
+            path, "a source needs one of `git`, `url`, `path`, `index` or `workspace`"
+        )
 
     def git_source(self, source: dict, path: tuple, common: dict) -> Pin:
         refs = [k for k in _GIT_REFS if k in source]
         if len(refs) > 1:
-            raise self.doc.bad_value(path, f"a git source takes one of rev, tag or branch, "
-                                     f"not {' and '.join(refs)}")
+            raise self.doc.bad_value(
+                path, f"a git source takes one of rev, tag or branch, not {' and '.join(refs)}"
+            )
         ref_key = refs[0] if refs else None
         ref = source[ref_key] if ref_key else None
         repo = normalize_repo(source["git"])
         subdirectory = source.get("subdirectory")
-        return Pin(kind="git", key=git_key(repo, ref, subdirectory), display=ref or source["git"],
-                   url=source["git"], repo=repo, ref_key=ref_key, ref=ref,
-                   subdirectory=subdirectory, location=self.value_loc(path, ref_key or "git"),
-                   **common)
+        return Pin(
+            kind="git",
+            key=git_key(repo, ref, subdirectory),
+            display=ref or source["git"],
+            url=source["git"],
+            repo=repo,
+            ref_key=ref_key,
+            ref=ref,
+            subdirectory=subdirectory,
+            location=self.value_loc(path, ref_key or "git"),
+            **common,
+        )
 
     def value_loc(self, path: tuple, key: str) -> Location:
         """The value of `key` inside the source at `path` (inline table or [table] form)."""
@@ -262,8 +348,9 @@ class _Reader:
                 raise self.doc.bad_value(path, "an index needs a `url`")
             url = self.check(entry["url"], str, path + ("url",))
             if name:
-                out.append(IndexDef(name, url, self.value_loc(path, "url"), self.project,
-                                    path + ("url",)))
+                out.append(
+                    IndexDef(name, url, self.value_loc(path, "url"), self.project, path + ("url",))
+                )
         return out
 
     def metadata_pins(self) -> list[Pin]:
@@ -275,8 +362,9 @@ class _Reader:
                 continue
             name = self.check(entry["name"], str, path + ("name",))
             version = self.check(entry["version"], str, path + ("version",))
-            out.append(self.exact_pin(name, version, path + ("version",),
-                                      "tool.uv.dependency-metadata"))
+            out.append(
+                self.exact_pin(name, version, path + ("version",), "tool.uv.dependency-metadata")
+            )
         return out
 
     def version_pin(self, name: str | None) -> Pin | None:
@@ -290,9 +378,16 @@ class _Reader:
             spec = SpecifierSet(f"=={version}")
         except InvalidSpecifier:
             raise self.doc.bad_value(path, f"`{version}` is not a valid version") from None
-        return Pin(package=canonicalize_name(name), kind="version", key=_spec_key(spec),
-                   display=str(spec), origin=origin, project=self.project, doc_path=path,
-                   location=self.doc.loc(path, re.compile(r"=\s*(?P<at>)")))
+        return Pin(
+            package=canonicalize_name(name),
+            kind="version",
+            key=_spec_key(spec),
+            display=str(spec),
+            origin=origin,
+            project=self.project,
+            doc_path=path,
+            location=self.doc.loc(path, re.compile(r"=\s*(?P<at>)")),
+        )
 
     def conflicts(self) -> list[frozenset[str]]:
         out = []
@@ -319,8 +414,14 @@ def _origin(path: tuple) -> str:
 
 
 def _type_name(value: Any) -> str:
-    names = {str: "a string", list: "an array", dict: "a table", bool: "a boolean",
-             int: "an integer", float: "a number"}
+    names = {
+        str: "a string",
+        list: "an array",
+        dict: "a table",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+    }
     if isinstance(value, type):
         return names.get(value, value.__name__)
     if isinstance(value, tuple):

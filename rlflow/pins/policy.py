@@ -67,7 +67,9 @@ def load_policy(doc) -> Policy:
     return Policy(lockstep, allow)
 
 
-def apply_allowlist(findings: list[Finding], policy: Policy) -> tuple[list[Finding], list[tuple[Finding, AllowEntry]]]:
+def apply_allowlist(
+    findings: list[Finding], policy: Policy
+) -> tuple[list[Finding], list[tuple[Finding, AllowEntry]]]:
     """Split findings into (kept, allowed); every allow entry that matched nothing -> RF009."""
     kept, allowed, used = [], [], set()
     for finding in findings:
@@ -79,8 +81,15 @@ def apply_allowlist(findings: list[Finding], policy: Policy) -> tuple[list[Findi
             used.add(id(entry))
     for entry in policy.allow:
         if id(entry) not in used:
-            kept.append(Finding("RF009", "warning", package=entry.package, location=entry.location,
-                                detail=f"allow entry for `{entry.package}`"))
+            kept.append(
+                Finding(
+                    "RF009",
+                    "warning",
+                    package=entry.package,
+                    location=entry.location,
+                    detail=f"allow entry for `{entry.package}`",
+                )
+            )
     return kept, allowed
 
 
@@ -94,22 +103,33 @@ def _list(doc, table: dict, key: str) -> list:
 def _allow_entry(doc, entry, i: int) -> AllowEntry:
     path = TABLE + ("allow", i)
     if not isinstance(entry, dict):
-        raise _bad(doc, path, "each allow entry must be a table: { package = \"...\", reason = \"...\" }")
+        raise _bad(
+            doc, path, 'each allow entry must be a table: { package = "...", reason = "..." }'
+        )
     _reject_unknown(doc, entry, path, _ALLOW_KEYS)
     for key in ("package", "reason"):
         if not isinstance(entry.get(key), str) or not entry[key].strip():
-            raise _bad(doc, path, f"allow entry needs a non-empty `{key}`",
-                       help="say why the difference is harmless, e.g. reason = \"only in the "
-                            "submodule's test group\"")
+            raise _bad(
+                doc,
+                path,
+                f"allow entry needs a non-empty `{key}`",
+                help='say why the difference is harmless, e.g. reason = "only in the '
+                "submodule's test group\"",
+            )
     code = entry.get("code")
     if code is not None and code not in FINDING_CODES:
-        raise _bad(doc, path, f"unknown finding code `{code}`",
-                   help=f"use one of {', '.join(FINDING_CODES)}")
+        raise _bad(
+            doc,
+            path,
+            f"unknown finding code `{code}`",
+            help=f"use one of {', '.join(FINDING_CODES)}",
+        )
     submodule = entry.get("submodule")
     if submodule is not None and not isinstance(submodule, str):
         raise _bad(doc, path, "`submodule` must be a path relative to the repository root")
-    return AllowEntry(canonicalize_name(entry["package"]), entry["reason"], code, submodule,
-                      doc.loc(path))
+    return AllowEntry(
+        canonicalize_name(entry["package"]), entry["reason"], code, submodule, doc.loc(path)
+    )
 
 
 def _reject_unknown(doc, table: dict, path: tuple, known: tuple[str, ...]) -> None:
@@ -119,11 +139,18 @@ def _reject_unknown(doc, table: dict, path: tuple, known: tuple[str, ...]) -> No
 
             guess = difflib.get_close_matches(str(key), known, n=1)
             hint = f"did you mean `{guess[0]}`?" if guess else f"known keys: {', '.join(known)}"
-            raise _bad(doc, path + (key,), f"unknown key `{key}` in [{'.'.join(map(str, path[:3]))}]",
-                       help=hint)
+            raise _bad(
+                doc,
+                path + (key,),
+                f"unknown key `{key}` in [{'.'.join(map(str, path[:3]))}]",
+                help=hint,
+            )
 
 
 def _bad(doc, path: tuple, message: str, help: str | None = None) -> RlflowError:
     where = doc.loc(path)
-    return RlflowError(Diagnostic("RF104", message, file=where.file, line=where.line,
-                                  column=where.column, help=help))
+    return RlflowError(
+        Diagnostic(
+            "RF104", message, file=where.file, line=where.line, column=where.column, help=help
+        )
+    )

@@ -63,8 +63,11 @@ def _activated_scopes(root: Manifest, subs: list[Manifest]) -> dict[str, dict[st
         if sub.name:
             by_name[sub.name].append(sub)
     active: dict[str, dict[str, set[str]]] = {}
-    queue = [(req, _root_scope(req.scope)) for req in root.requirements
-             if req.scope not in ("constraint", "override")]
+    queue = [
+        (req, _root_scope(req.scope))
+        for req in root.requirements
+        if req.scope not in ("constraint", "override")
+    ]
     while queue:
         req, root_scope = queue.pop()
         for sub in by_name.get(req.package, []):
@@ -102,12 +105,14 @@ def _replaced_by_source(manifest: Manifest, req) -> bool:
     requirement names its own URL (`x @ git+...@v1` with a source at v2 resolves to v2)."""
     if req.pin.kind not in ("git", "url", "path"):
         return False
-    return any(pin.package == req.package and scope in (None, req.scope)
-               for pin, scope in manifest.sources)
+    return any(
+        pin.package == req.package and scope in (None, req.scope) for pin, scope in manifest.sources
+    )
 
 
-def _source_reach(manifest: Manifest, package: str, limited_to: str | None,
-                  active: dict[str, set[str]]) -> set[str]:
+def _source_reach(
+    manifest: Manifest, package: str, limited_to: str | None, active: dict[str, set[str]]
+) -> set[str]:
     reach: set[str] = set()
     for req in manifest.requirements:
         if req.package != package or req.scope not in active:

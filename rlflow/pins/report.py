@@ -27,17 +27,29 @@ def to_diagnostic(finding: Finding, findings: list[Finding]) -> Diagnostic:
     message, help_text = _WORDS[finding.code](finding)
     fix = plan(finding, findings)
     if isinstance(fix, Edit):
-        help_text = f"{fix.description} at {finding.ours.location} (or run `rlflow check-pins --fix`)"
+        help_text = (
+            f"{fix.description} at {finding.ours.location} (or run `rlflow check-pins --fix`)"
+        )
     elif isinstance(fix, Refusal) and help_text is None:
         help_text = fix.reason
-    where = finding.ours.location if finding.ours else (
-        finding.location or (finding.theirs[0].location if finding.theirs else None))
+    where = (
+        finding.ours.location
+        if finding.ours
+        else (finding.location or (finding.theirs[0].location if finding.theirs else None))
+    )
     notes = [_site_note(s) for s in finding.theirs]
     if finding.code in UV_SAYS and finding.package:
         notes.append(UV_SAYS[finding.code].format(package=finding.package))
-    return Diagnostic(finding.code, message, finding.severity,
-                      file=where.file if where else None, line=where.line if where else None,
-                      column=where.column if where else None, help=help_text, notes=tuple(notes))
+    return Diagnostic(
+        finding.code,
+        message,
+        finding.severity,
+        file=where.file if where else None,
+        line=where.line if where else None,
+        column=where.column if where else None,
+        help=help_text,
+        notes=tuple(notes),
+    )
 
 
 def print_text(findings: list[Finding], allowed: list, checked: str, root, stream=None) -> None:
@@ -47,9 +59,15 @@ def print_text(findings: list[Finding], allowed: list, checked: str, root, strea
         print(diagnostic.render(root), file=stream)
         print(file=stream)
     for finding, entry in allowed:
-        print(f"allowed[{finding.code}]: `{finding.package}` ({entry.reason}) "
-              f"-- {entry.location}", file=stream)
-    tail = f"{summary_line(diagnostics)} ({checked})" if diagnostics else f"ok: {checked}, no pin drift"
+        print(
+            f"allowed[{finding.code}]: `{finding.package}` ({entry.reason}) -- {entry.location}",
+            file=stream,
+        )
+    tail = (
+        f"{summary_line(diagnostics)} ({checked})"
+        if diagnostics
+        else f"ok: {checked}, no pin drift"
+    )
     print(tail, file=stream)
 
 
@@ -61,13 +79,23 @@ def json_document(findings: list[Finding], allowed: list, checked: str, exit_cod
         data["ours"] = _site_json(finding.ours) if finding.ours else None
         data["theirs"] = [_site_json(s) for s in finding.theirs]
         if finding.submodule:
-            data["submodule"] = {"path": finding.submodule.path, "gitlink": finding.submodule.gitlink,
-                                 "head": finding.submodule.head}
+            data["submodule"] = {
+                "path": finding.submodule.path,
+                "gitlink": finding.submodule.gitlink,
+                "head": finding.submodule.head,
+            }
         diagnostics.append(data)
     return {
         "diagnostics": diagnostics,
-        "allowed": [{"code": f.code, "package": f.package, "reason": e.reason,
-                     "allowed_at": str(e.location)} for f, e in allowed],
+        "allowed": [
+            {
+                "code": f.code,
+                "package": f.package,
+                "reason": e.reason,
+                "allowed_at": str(e.location),
+            }
+            for f, e in allowed
+        ],
         "checked": checked,
         "summary": summary_line([to_diagnostic(f, findings) for f in findings]),
         "exit_code": exit_code,
@@ -91,12 +119,21 @@ def _who(site: Pin | IndexDef) -> str:
 
 def _whose(sites) -> str:
     names = sorted({_who(s) for s in sites})
-    return names[0] if len(names) == 1 else "submodules " + ", ".join(n.split(" ", 1)[1] for n in names)
+    return (
+        names[0]
+        if len(names) == 1
+        else "submodules " + ", ".join(n.split(" ", 1)[1] for n in names)
+    )
 
 
 def _site_json(site: Pin | IndexDef) -> dict:
-    data = {"file": site.location.file, "line": site.location.line, "column": site.location.column,
-            "project": site.project, "value": site.display}
+    data = {
+        "file": site.location.file,
+        "line": site.location.line,
+        "column": site.location.column,
+        "project": site.project,
+        "value": site.display,
+    }
     if isinstance(site, Pin):
         data.update(kind=site.kind, key=site.key, origin=site.origin)
     return data
@@ -129,71 +166,98 @@ def _short(pin: Pin, versus: Pin) -> str:
 def _rf001(f: Finding):
     ours, theirs = _pair(f)
     what = "git revs" if all(_same_repo(f.ours, t) for t in f.theirs) else "URLs"
-    return (f"conflicting {what} for `{f.package}`: {_who(f.ours)} pins `{ours}`, "
-            f"{_whose(f.theirs)} pins `{theirs}`", None)
+    return (
+        f"conflicting {what} for `{f.package}`: {_who(f.ours)} pins `{ours}`, "
+        f"{_whose(f.theirs)} pins `{theirs}`",
+        None,
+    )
 
 
 def _rf002(f: Finding):
     pin = f.theirs[0]
     suggestion = _as_requirement(pin)
-    return (f"`{f.package}` is pinned by URL in submodule `{pin.project}` but not at the root",
-            f"add `{suggestion}` to [tool.uv] constraint-dependencies in pyproject.toml: uv "
-            "rejects a transitive URL dependency unless the root declares it (or every project "
-            "in between is a local path dependency), and git pins attach only to direct requirements")
+    return (
+        f"`{f.package}` is pinned by URL in submodule `{pin.project}` but not at the root",
+        f"add `{suggestion}` to [tool.uv] constraint-dependencies in pyproject.toml: uv "
+        "rejects a transitive URL dependency unless the root declares it (or every project "
+        "in between is a local path dependency), and git pins attach only to direct requirements",
+    )
 
 
 def _rf003(f: Finding):
     if isinstance(f.ours, IndexDef):
         theirs = " / ".join(sorted({t.url for t in f.theirs}))
-        return (f"index `{f.ours.name}` has two URLs: {_who(f.ours)} says `{f.ours.url}`, "
-                f"{_whose(f.theirs)} says `{theirs}` (uv compares index URLs verbatim: a trailing "
-                "slash is a conflict)", None)
+        return (
+            f"index `{f.ours.name}` has two URLs: {_who(f.ours)} says `{f.ours.url}`, "
+            f"{_whose(f.theirs)} says `{theirs}` (uv compares index URLs verbatim: a trailing "
+            "slash is a conflict)",
+            None,
+        )
     theirs = " / ".join(sorted({t.display for t in f.theirs}))
-    return (f"`{f.package}` comes from index `{f.ours.display}` in {_who(f.ours)} but from "
-            f"`{theirs}` in {_whose(f.theirs)}, and their URLs differ", None)
+    return (
+        f"`{f.package}` comes from index `{f.ours.display}` in {_who(f.ours)} but from "
+        f"`{theirs}` in {_whose(f.theirs)}, and their URLs differ",
+        None,
+    )
 
 
 def _rf004(f: Finding):
     theirs = " / ".join(sorted({t.display for t in f.theirs}))
-    return (f"no version of `{f.package}` satisfies both `{f.ours.display}` ({_who(f.ours)}) and "
-            f"`{theirs}` ({_whose(f.theirs)})", None)
+    return (
+        f"no version of `{f.package}` satisfies both `{f.ours.display}` ({_who(f.ours)}) and "
+        f"`{theirs}` ({_whose(f.theirs)})",
+        None,
+    )
 
 
 def _rf005(f: Finding):
     if f.ours is None:
         pin = f.theirs[0]
-        return (f"`{f.package}` is in [tool.rlflow.pins] lockstep but the root does not pin it",
-                f"pin it at the root exactly as submodule `{pin.project}` does: `{_as_requirement(pin)}`")
+        return (
+            f"`{f.package}` is in [tool.rlflow.pins] lockstep but the root does not pin it",
+            f"pin it at the root exactly as submodule `{pin.project}` does: `{_as_requirement(pin)}`",
+        )
     ours, theirs = _pair(f)
-    return (f"`{f.package}` is in [tool.rlflow.pins] lockstep but {_who(f.ours)} pins `{ours}`, "
-            f"{_whose(f.theirs)} pins `{theirs}`", None)
+    return (
+        f"`{f.package}` is in [tool.rlflow.pins] lockstep but {_who(f.ours)} pins `{ours}`, "
+        f"{_whose(f.theirs)} pins `{theirs}`",
+        None,
+    )
 
 
 def _rf006(f: Finding):
     sub = f.submodule
-    return (f"submodule `{sub.path}` is checked out at {sub.head[:12]} but its parent records "
-            f"{sub.gitlink[:12]}: the pins checked are not the ones that will be committed",
-            f"check out the recorded commit (`git submodule update --recursive {sub.path}`), or "
-            f"record the checked-out one (`git add {sub.path}`)")
+    return (
+        f"submodule `{sub.path}` is checked out at {sub.head[:12]} but its parent records "
+        f"{sub.gitlink[:12]}: the pins checked are not the ones that will be committed",
+        f"check out the recorded commit (`git submodule update --recursive {sub.path}`), or "
+        f"record the checked-out one (`git add {sub.path}`)",
+    )
 
 
 def _rf007(f: Finding):
     sub = f.submodule
-    return (f"submodule `{sub.path}` is not initialized: its pins were not checked",
-            f"run `git submodule update --init --recursive {sub.path}`")
+    return (
+        f"submodule `{sub.path}` is not initialized: its pins were not checked",
+        f"run `git submodule update --init --recursive {sub.path}`",
+    )
 
 
 def _rf008(f: Finding):
     sub = f.submodule
-    return (f"`{sub.path}/pyproject.toml` has uncommitted changes: the pins checked are not the "
-            f"ones its commit {(sub.head or '')[:12]} records",
-            f"commit them in the submodule and stage the new gitlink (`git add {sub.path}`), or "
-            f"discard them (`git -C {sub.path} checkout -- pyproject.toml`)")
+    return (
+        f"`{sub.path}/pyproject.toml` has uncommitted changes: the pins checked are not the "
+        f"ones its commit {(sub.head or '')[:12]} records",
+        f"commit them in the submodule and stage the new gitlink (`git add {sub.path}`), or "
+        f"discard them (`git -C {sub.path} checkout -- pyproject.toml`)",
+    )
 
 
 def _rf009(f: Finding):
-    return (f"[tool.rlflow.pins] {f.detail} matches nothing",
-            "remove the entry, or check the package name (PEP 503 names: `a_b` == `a-b`)")
+    return (
+        f"[tool.rlflow.pins] {f.detail} matches nothing",
+        "remove the entry, or check the package name (PEP 503 names: `a_b` == `a-b`)",
+    )
 
 
 def _as_requirement(pin: Pin) -> str:
@@ -207,5 +271,14 @@ def _as_requirement(pin: Pin) -> str:
     return f"{pin.package} @ {pin.display}"
 
 
-_WORDS = {"RF001": _rf001, "RF002": _rf002, "RF003": _rf003, "RF004": _rf004, "RF005": _rf005,
-          "RF006": _rf006, "RF007": _rf007, "RF008": _rf008, "RF009": _rf009}
+_WORDS = {
+    "RF001": _rf001,
+    "RF002": _rf002,
+    "RF003": _rf003,
+    "RF004": _rf004,
+    "RF005": _rf005,
+    "RF006": _rf006,
+    "RF007": _rf007,
+    "RF008": _rf008,
+    "RF009": _rf009,
+}

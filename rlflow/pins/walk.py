@@ -31,17 +31,26 @@ def walk(start: Path) -> Checkout:
     """The repository containing `start`, its root pyproject and every submodule below it."""
     root = find_root(start)
     if not (root / "pyproject.toml").is_file():
-        raise RlflowError(Diagnostic(
-            "RF101", f"no pyproject.toml at the repository root `{root}`",
-            help="check-pins compares submodule pins with the root pyproject.toml; run it in "
-                 "(or pass --repo) a uv project"))
+        raise RlflowError(
+            Diagnostic(
+                "RF101",
+                f"no pyproject.toml at the repository root `{root}`",
+                help="check-pins compares submodule pins with the root pyproject.toml; run it in "
+                "(or pass --repo) a uv project",
+            )
+        )
     pyprojects, submodules = [""], []
     if (root / ".gitmodules").is_file():
         try:
             import git  # heavy-ish: only repositories with submodules need it
         except ImportError as err:  # gitpython refuses to load without a git executable
-            raise RlflowError(Diagnostic("RF106", f"cannot run git: {err}".splitlines()[0],
-                                         help="install git (or set GIT_PYTHON_GIT_EXECUTABLE)")) from None
+            raise RlflowError(
+                Diagnostic(
+                    "RF106",
+                    f"cannot run git: {err}".splitlines()[0],
+                    help="install git (or set GIT_PYTHON_GIT_EXECUTABLE)",
+                )
+            ) from None
         _walk_level(git, root, "", pyprojects, submodules, seen=set())
     return Checkout(root, tuple(pyprojects), tuple(submodules))
 
@@ -50,16 +59,25 @@ def find_root(start: Path) -> Path:
     """The working tree root above `start`, like `git rev-parse --show-toplevel`."""
     start = start.expanduser()
     if not start.is_dir():
-        raise RlflowError(Diagnostic("RF100", f"`{start}` is not a directory",
-                                     help="pass --repo the path of a git checkout"))
+        raise RlflowError(
+            Diagnostic(
+                "RF100",
+                f"`{start}` is not a directory",
+                help="pass --repo the path of a git checkout",
+            )
+        )
     for directory in [start.resolve(), *start.resolve().parents]:
         marker = directory / ".git"
         if (marker / "HEAD").is_file() or (marker.is_file() and _is_gitdir_file(marker)):
             return directory
-    raise RlflowError(Diagnostic(
-        "RF100", f"`{start}` is not inside a git repository",
-        help="check-pins reads submodules through git: run it in a clone (`git init` for a new "
-             "project)"))
+    raise RlflowError(
+        Diagnostic(
+            "RF100",
+            f"`{start}` is not inside a git repository",
+            help="check-pins reads submodules through git: run it in a clone (`git init` for a new "
+            "project)",
+        )
+    )
 
 
 def _is_gitdir_file(marker: Path) -> bool:
@@ -69,8 +87,14 @@ def _is_gitdir_file(marker: Path) -> bool:
         return False
 
 
-def _walk_level(git, root: Path, parent_rel: str, pyprojects: list[str],
-                submodules: list[Submodule], seen: set[Path]) -> None:
+def _walk_level(
+    git,
+    root: Path,
+    parent_rel: str,
+    pyprojects: list[str],
+    submodules: list[Submodule],
+    seen: set[Path],
+) -> None:
     parent_abs = root / parent_rel
     if parent_abs.resolve() in seen:
         return
@@ -101,7 +125,8 @@ def _inspect(git, root: Path, rel: str, entry: _Declared, gitlink: str) -> Submo
     with _open_repo(git, sub_abs, rel) as repo:
         try:
             status = repo.git(no_optional_locks=True).status(
-                "--porcelain=v2", "--branch", "--", "pyproject.toml")
+                "--porcelain=v2", "--branch", "--", "pyproject.toml"
+            )
         except git.GitCommandError as err:
             raise _git_failed(rel, err) from None
     head, dirty = None, False
@@ -139,10 +164,14 @@ class _open_repo:
         try:
             self.repo = self.git.Repo(self.path)
         except (self.git.InvalidGitRepositoryError, self.git.NoSuchPathError):
-            raise RlflowError(Diagnostic(
-                "RF106", f"`{self.rel}` has a .git but is not a usable git repository",
-                help=f"re-create it: `git submodule deinit -f {self.rel} && "
-                     f"git submodule update --init --recursive {self.rel}`")) from None
+            raise RlflowError(
+                Diagnostic(
+                    "RF106",
+                    f"`{self.rel}` has a .git but is not a usable git repository",
+                    help=f"re-create it: `git submodule deinit -f {self.rel} && "
+                    f"git submodule update --init --recursive {self.rel}`",
+                )
+            ) from None
         return self.repo
 
     def __exit__(self, *exc) -> None:
@@ -151,8 +180,13 @@ class _open_repo:
 
 def _git_failed(rel: str, err) -> RlflowError:
     stderr = (getattr(err, "stderr", "") or "").strip().strip("'").strip()
-    return RlflowError(Diagnostic("RF106", f"git failed in `{rel}`: {stderr or err}",
-                                  help="check that `git status` works there"))
+    return RlflowError(
+        Diagnostic(
+            "RF106",
+            f"git failed in `{rel}`: {stderr or err}",
+            help="check that `git status` works there",
+        )
+    )
 
 
 def read_gitmodules(git, root: Path, parent_rel: str) -> list[_Declared]:
@@ -160,8 +194,10 @@ def read_gitmodules(git, root: Path, parent_rel: str) -> list[_Declared]:
     rel_file = posixpath.join(parent_rel, ".gitmodules") if parent_rel else ".gitmodules"
     parser = git.GitConfigParser(str(root / rel_file), read_only=True)
     try:
-        sections = {s: parser.get(s, "path") if parser.has_option(s, "path") else ""
-                    for s in parser.sections()}
+        sections = {
+            s: parser.get(s, "path") if parser.has_option(s, "path") else ""
+            for s in parser.sections()
+        }
         text = (root / rel_file).read_text(encoding="utf-8")
     except (configparser.Error, OSError, ValueError) as err:
         line = getattr(err, "lineno", None) or _first_error_line(err)
@@ -198,12 +234,25 @@ def _path_line(lines: list[str], name: str) -> int | None:
 
 def _safe_path(path: str, rel_file: str, line: int | None) -> str:
     normalized = posixpath.normpath(path) if path else ""
-    if not normalized or normalized == "." or normalized.startswith(("/", "../")) or normalized == "..":
-        raise _bad_gitmodules(rel_file, line, f"submodule path `{path}` is not inside the repository")
+    if (
+        not normalized
+        or normalized == "."
+        or normalized.startswith(("/", "../"))
+        or normalized == ".."
+    ):
+        raise _bad_gitmodules(
+            rel_file, line, f"submodule path `{path}` is not inside the repository"
+        )
     return normalized
 
 
 def _bad_gitmodules(rel_file: str, line: int | None, reason: str) -> RlflowError:
-    return RlflowError(Diagnostic(
-        "RF105", f"malformed `{rel_file}`: {reason}", file=rel_file, line=line,
-        help="fix it so that `git config -f .gitmodules --list` reads it"))
+    return RlflowError(
+        Diagnostic(
+            "RF105",
+            f"malformed `{rel_file}`: {reason}",
+            file=rel_file,
+            line=line,
+            help="fix it so that `git config -f .gitmodules --list` reads it",
+        )
+    )

@@ -23,13 +23,19 @@ SYNTHETIC_KINDS = ("clevr", "video", "text")
 _TIME_PATTERNS = [
     (re.compile(r"^(\d+)$"), lambda m: int(m[1]) * 60),
     (re.compile(r"^(\d+):(\d{1,2})$"), lambda m: int(m[1]) * 60 + int(m[2])),
-    (re.compile(r"^(\d+):(\d{1,2}):(\d{1,2})$"),
-     lambda m: int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3])),
+    (
+        re.compile(r"^(\d+):(\d{1,2}):(\d{1,2})$"),
+        lambda m: int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3]),
+    ),
     (re.compile(r"^(\d+)-(\d{1,2})$"), lambda m: int(m[1]) * 86400 + int(m[2]) * 3600),
-    (re.compile(r"^(\d+)-(\d{1,2}):(\d{1,2})$"),
-     lambda m: int(m[1]) * 86400 + int(m[2]) * 3600 + int(m[3]) * 60),
-    (re.compile(r"^(\d+)-(\d{1,2}):(\d{1,2}):(\d{1,2})$"),
-     lambda m: int(m[1]) * 86400 + int(m[2]) * 3600 + int(m[3]) * 60 + int(m[4])),
+    (
+        re.compile(r"^(\d+)-(\d{1,2}):(\d{1,2})$"),
+        lambda m: int(m[1]) * 86400 + int(m[2]) * 3600 + int(m[3]) * 60,
+    ),
+    (
+        re.compile(r"^(\d+)-(\d{1,2}):(\d{1,2}):(\d{1,2})$"),
+        lambda m: int(m[1]) * 86400 + int(m[2]) * 3600 + int(m[3]) * 60 + int(m[4]),
+    ),
 ]
 
 
@@ -44,8 +50,16 @@ def parse_time_limit(text: str) -> int | None:
 
 def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
     problems: list[Diagnostic] = []
-    for rule in (_video_keys, _datasets, _rewards, _grpo, _generation, _parallel_sizes, _slurm,
-                 _checkpointing):
+    for rule in (
+        _video_keys,
+        _datasets,
+        _rewards,
+        _grpo,
+        _generation,
+        _parallel_sizes,
+        _slurm,
+        _checkpointing,
+    ):
         problems += rule(loaded)
     return problems
 
@@ -60,53 +74,83 @@ def check_world_size(loaded: LoadedRecipe, world_size: int) -> list[Diagnostic]:
     if world_size % product == 0:
         return []
     offenders = [f"{axis}={size}" for axis, size in sizes.items() if size > 1 and world_size % size]
-    detail = ", ".join(offenders) if offenders else " x ".join(f"{a}={s}" for a, s in sizes.items() if s > 1)
+    detail = (
+        ", ".join(offenders)
+        if offenders
+        else " x ".join(f"{a}={s}" for a, s in sizes.items() if s > 1)
+    )
     axis = next((a for a, s in sizes.items() if s > 1 and world_size % s), None) or next(
-        (a for a, s in sizes.items() if s > 1), PARALLEL_AXES[0])
-    return [loaded.diagnostic(
-        ("parallelism", axis), "recipe.parallelism",
-        f"parallel sizes multiply to {product}, which does not divide the world size {world_size} "
-        f"({detail})",
-        help=f"choose sizes whose product divides {world_size} (nodes x GPUs per node), "
-             f"or change --nodes/--gpus")]
+        (a for a, s in sizes.items() if s > 1), PARALLEL_AXES[0]
+    )
+    return [
+        loaded.diagnostic(
+            ("parallelism", axis),
+            "recipe.parallelism",
+            f"parallel sizes multiply to {product}, which does not divide the world size {world_size} "
+            f"({detail})",
+            help=f"choose sizes whose product divides {world_size} (nodes x GPUs per node), "
+            f"or change --nodes/--gpus",
+        )
+    ]
 
 
 def _video_keys(loaded: LoadedRecipe) -> list[Diagnostic]:
     video = loaded.recipe.data.video
-    values = {"num_frames": video.num_frames, "temporal_patch_size": video.temporal_patch_size,
-              "fps": video.fps}
+    values = {
+        "num_frames": video.num_frames,
+        "temporal_patch_size": video.temporal_patch_size,
+        "fps": video.fps,
+    }
     set_keys = [k for k, v in values.items() if v is not None]
     uses_video = any(_dataset_uses(loaded, split, "video") for split in ("train", "validation"))
     problems = []
     if set_keys and len(set_keys) < len(values):
         for key in values:
             if values[key] is None:
-                problems.append(loaded.diagnostic(
-                    ("data", "video", set_keys[0]), "recipe.video-incomplete",
-                    f"`data.video.{key}` is not set, but `data.video.{set_keys[0]}` is",
-                    help=f"set `data.video.{key}` too (the video settings go together), "
-                         f"or set all of data.video to null"))
+                problems.append(
+                    loaded.diagnostic(
+                        ("data", "video", set_keys[0]),
+                        "recipe.video-incomplete",
+                        f"`data.video.{key}` is not set, but `data.video.{set_keys[0]}` is",
+                        help=f"set `data.video.{key}` too (the video settings go together), "
+                        f"or set all of data.video to null",
+                    )
+                )
     elif uses_video and not set_keys:
-        problems.append(loaded.diagnostic(
-            ("data", "video"), "recipe.video-incomplete",
-            "the data has video rows, but `data.video.num_frames`, `temporal_patch_size` and `fps` "
-            "are not set",
-            help="set data.video.num_frames (e.g. 4), data.video.temporal_patch_size (2 for "
-                 "Qwen2.5-VL) and data.video.fps (e.g. 2.0)"))
+        problems.append(
+            loaded.diagnostic(
+                ("data", "video"),
+                "recipe.video-incomplete",
+                "the data has video rows, but `data.video.num_frames`, `temporal_patch_size` and `fps` "
+                "are not set",
+                help="set data.video.num_frames (e.g. 4), data.video.temporal_patch_size (2 for "
+                "Qwen2.5-VL) and data.video.fps (e.g. 2.0)",
+            )
+        )
     if video.num_frames is not None and video.temporal_patch_size:
         if video.num_frames % video.temporal_patch_size:
-            problems.append(loaded.diagnostic(
-                ("data", "video", "num_frames"), "recipe.video-frames",
-                f"`data.video.num_frames` ({video.num_frames}) is not a multiple of "
-                f"`temporal_patch_size` ({video.temporal_patch_size})",
-                help="Qwen2.5-VL folds temporal_patch_size frames into one patch: use a multiple"))
+            problems.append(
+                loaded.diagnostic(
+                    ("data", "video", "num_frames"),
+                    "recipe.video-frames",
+                    f"`data.video.num_frames` ({video.num_frames}) is not a multiple of "
+                    f"`temporal_patch_size` ({video.temporal_patch_size})",
+                    help="Qwen2.5-VL folds temporal_patch_size frames into one patch: use a multiple",
+                )
+            )
     for key in ("num_frames", "temporal_patch_size"):
         if values[key] is not None and values[key] < 1:
-            problems.append(loaded.diagnostic(("data", "video", key), "recipe.range",
-                                              f"`data.video.{key}` must be at least 1"))
+            problems.append(
+                loaded.diagnostic(
+                    ("data", "video", key), "recipe.range", f"`data.video.{key}` must be at least 1"
+                )
+            )
     if video.fps is not None and video.fps <= 0:
-        problems.append(loaded.diagnostic(("data", "video", "fps"), "recipe.range",
-                                          "`data.video.fps` must be positive"))
+        problems.append(
+            loaded.diagnostic(
+                ("data", "video", "fps"), "recipe.range", "`data.video.fps` must be positive"
+            )
+        )
     return problems
 
 
@@ -123,31 +167,62 @@ def _datasets(loaded: LoadedRecipe) -> list[Diagnostic]:
     for split in ("train", "validation"):
         dataset = getattr(data, split)
         if dataset.kind == "jsonl" and not dataset.path:
-            problems.append(loaded.diagnostic(
-                ("data", split, "kind"), "recipe.jsonl-path",
-                f"`data.{split}.kind` is jsonl, but `data.{split}.path` is not set",
-                help=f"set data.{split}.path to a JSONL file with image, problem and solution fields"))
+            problems.append(
+                loaded.diagnostic(
+                    ("data", split, "kind"),
+                    "recipe.jsonl-path",
+                    f"`data.{split}.kind` is jsonl, but `data.{split}.path` is not set",
+                    help=f"set data.{split}.path to a JSONL file with image, problem and solution fields",
+                )
+            )
         if dataset.num_samples < 1:
-            problems.append(loaded.diagnostic(("data", split, "num_samples"), "recipe.range",
-                                              f"`data.{split}.num_samples` must be at least 1"))
+            problems.append(
+                loaded.diagnostic(
+                    ("data", split, "num_samples"),
+                    "recipe.range",
+                    f"`data.{split}.num_samples` must be at least 1",
+                )
+            )
     for kind, share in data.mix.items():
         if kind not in SYNTHETIC_KINDS:
-            problems.append(loaded.diagnostic(
-                ("data", "mix", kind), "recipe.unknown-key", f"`data.mix.{kind}` is not a row type",
-                help="row types are " + ", ".join(SYNTHETIC_KINDS)))
+            problems.append(
+                loaded.diagnostic(
+                    ("data", "mix", kind),
+                    "recipe.unknown-key",
+                    f"`data.mix.{kind}` is not a row type",
+                    help="row types are " + ", ".join(SYNTHETIC_KINDS),
+                )
+            )
         elif share < 0:
-            problems.append(loaded.diagnostic(("data", "mix", kind), "recipe.range",
-                                              f"`data.mix.{kind}` must not be negative"))
-    if sum(max(v, 0) for v in data.mix.values()) <= 0 and "mixed" in (data.train.kind, data.validation.kind):
-        problems.append(loaded.diagnostic(("data", "mix"), "recipe.range",
-                                          "`data.mix` shares must add up to more than 0"))
+            problems.append(
+                loaded.diagnostic(
+                    ("data", "mix", kind), "recipe.range", f"`data.mix.{kind}` must not be negative"
+                )
+            )
+    if sum(max(v, 0) for v in data.mix.values()) <= 0 and "mixed" in (
+        data.train.kind,
+        data.validation.kind,
+    ):
+        problems.append(
+            loaded.diagnostic(
+                ("data", "mix"), "recipe.range", "`data.mix` shares must add up to more than 0"
+            )
+        )
     if data.image_size < 28:
-        problems.append(loaded.diagnostic(
-            ("data", "image_size"), "recipe.range", "`data.image_size` must be at least 28 pixels",
-            help="Qwen2.5-VL needs at least one 2x2 block of 14-pixel patches"))
+        problems.append(
+            loaded.diagnostic(
+                ("data", "image_size"),
+                "recipe.range",
+                "`data.image_size` must be at least 28 pixels",
+                help="Qwen2.5-VL needs at least one 2x2 block of 14-pixel patches",
+            )
+        )
     if data.max_objects < 1:
-        problems.append(loaded.diagnostic(("data", "max_objects"), "recipe.range",
-                                          "`data.max_objects` must be at least 1"))
+        problems.append(
+            loaded.diagnostic(
+                ("data", "max_objects"), "recipe.range", "`data.max_objects` must be at least 1"
+            )
+        )
     return problems
 
 
@@ -158,60 +233,102 @@ def _rewards(loaded: LoadedRecipe) -> list[Diagnostic]:
     for name, weight in loaded.recipe.rewards.items():
         if name not in REWARDS:
             close = [n for n in REWARDS if n.startswith(name[:3])]
-            problems.append(loaded.diagnostic(
-                ("rewards", name), "recipe.unknown-reward", f"`rewards.{name}` is not a known reward",
-                help=(f"did you mean `{close[0]}`? " if close else "") +
-                     "known rewards: " + ", ".join(sorted(REWARDS))))
+            problems.append(
+                loaded.diagnostic(
+                    ("rewards", name),
+                    "recipe.unknown-reward",
+                    f"`rewards.{name}` is not a known reward",
+                    help=(f"did you mean `{close[0]}`? " if close else "")
+                    + "known rewards: "
+                    + ", ".join(sorted(REWARDS)),
+                )
+            )
         elif weight < 0:
-            problems.append(loaded.diagnostic(("rewards", name), "recipe.range",
-                                              f"`rewards.{name}` weight must not be negative"))
+            problems.append(
+                loaded.diagnostic(
+                    ("rewards", name),
+                    "recipe.range",
+                    f"`rewards.{name}` weight must not be negative",
+                )
+            )
     if not loaded.recipe.rewards or sum(loaded.recipe.rewards.values()) <= 0:
-        problems.append(loaded.diagnostic(("rewards",), "recipe.range",
-                                          "`rewards` needs at least one reward with a positive weight"))
+        problems.append(
+            loaded.diagnostic(
+                ("rewards",),
+                "recipe.range",
+                "`rewards` needs at least one reward with a positive weight",
+            )
+        )
     return problems
 
 
 def _grpo(loaded: LoadedRecipe) -> list[Diagnostic]:
     grpo, loss, opt = loaded.recipe.grpo, loaded.recipe.loss, loaded.recipe.optimizer
     problems = []
-    positive = [("grpo", "num_prompts_per_step", grpo.num_prompts_per_step),
-                ("grpo", "max_num_steps", grpo.max_num_steps),
-                ("grpo", "max_val_samples", grpo.max_val_samples),
-                ("grpo", "num_minibatches", grpo.num_minibatches),
-                ("optimizer", "micro_batch_size", opt.micro_batch_size),
-                ("warm_start", "batch_size", loaded.recipe.warm_start.batch_size)]
+    positive = [
+        ("grpo", "num_prompts_per_step", grpo.num_prompts_per_step),
+        ("grpo", "max_num_steps", grpo.max_num_steps),
+        ("grpo", "max_val_samples", grpo.max_val_samples),
+        ("grpo", "num_minibatches", grpo.num_minibatches),
+        ("optimizer", "micro_batch_size", opt.micro_batch_size),
+        ("warm_start", "batch_size", loaded.recipe.warm_start.batch_size),
+    ]
     for section, key, value in positive:
         if value < 1:
-            problems.append(loaded.diagnostic((section, key), "recipe.range",
-                                              f"`{section}.{key}` must be at least 1"))
+            problems.append(
+                loaded.diagnostic(
+                    (section, key), "recipe.range", f"`{section}.{key}` must be at least 1"
+                )
+            )
     if grpo.num_generations_per_prompt < 2:
-        problems.append(loaded.diagnostic(
-            ("grpo", "num_generations_per_prompt"), "recipe.range",
-            "`grpo.num_generations_per_prompt` must be at least 2",
-            help="GRPO compares generations of the same prompt; one generation has no baseline"))
-    for section, key, value in [("grpo", "val_period", grpo.val_period),
-                                ("warm_start", "num_steps", loaded.recipe.warm_start.num_steps),
-                                ("loss", "ratio_clip_low", loss.ratio_clip_low),
-                                ("loss", "ratio_clip_high", loss.ratio_clip_high),
-                                ("loss", "kl_penalty", loss.kl_penalty),
-                                ("optimizer", "max_grad_norm", opt.max_grad_norm),
-                                ("optimizer", "weight_decay", opt.weight_decay)]:
+        problems.append(
+            loaded.diagnostic(
+                ("grpo", "num_generations_per_prompt"),
+                "recipe.range",
+                "`grpo.num_generations_per_prompt` must be at least 2",
+                help="GRPO compares generations of the same prompt; one generation has no baseline",
+            )
+        )
+    for section, key, value in [
+        ("grpo", "val_period", grpo.val_period),
+        ("warm_start", "num_steps", loaded.recipe.warm_start.num_steps),
+        ("loss", "ratio_clip_low", loss.ratio_clip_low),
+        ("loss", "ratio_clip_high", loss.ratio_clip_high),
+        ("loss", "kl_penalty", loss.kl_penalty),
+        ("optimizer", "max_grad_norm", opt.max_grad_norm),
+        ("optimizer", "weight_decay", opt.weight_decay),
+    ]:
         if value < 0:
-            problems.append(loaded.diagnostic((section, key), "recipe.range",
-                                              f"`{section}.{key}` must not be negative"))
+            problems.append(
+                loaded.diagnostic(
+                    (section, key), "recipe.range", f"`{section}.{key}` must not be negative"
+                )
+            )
     if loss.ratio_clip_low >= 1:
-        problems.append(loaded.diagnostic(("loss", "ratio_clip_low"), "recipe.range",
-                                          "`loss.ratio_clip_low` must be below 1",
-                                          help="the ratio is clipped to [1 - low, 1 + high]"))
+        problems.append(
+            loaded.diagnostic(
+                ("loss", "ratio_clip_low"),
+                "recipe.range",
+                "`loss.ratio_clip_low` must be below 1",
+                help="the ratio is clipped to [1 - low, 1 + high]",
+            )
+        )
     rollouts = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
     if grpo.num_minibatches >= 1 and rollouts % grpo.num_minibatches:
-        problems.append(loaded.diagnostic(
-            ("grpo", "num_minibatches"), "recipe.range",
-            f"`grpo.num_minibatches` ({grpo.num_minibatches}) does not divide the step's "
-            f"{rollouts} rollouts (num_prompts_per_step x num_generations_per_prompt)"))
+        problems.append(
+            loaded.diagnostic(
+                ("grpo", "num_minibatches"),
+                "recipe.range",
+                f"`grpo.num_minibatches` ({grpo.num_minibatches}) does not divide the step's "
+                f"{rollouts} rollouts (num_prompts_per_step x num_generations_per_prompt)",
+            )
+        )
     if opt.lr <= 0:
-        problems.append(loaded.diagnostic(("optimizer", "lr"), "recipe.range",
-                                          "`optimizer.lr` must be positive"))
+        problems.append(
+            loaded.diagnostic(
+                ("optimizer", "lr"), "recipe.range", "`optimizer.lr` must be positive"
+            )
+        )
     return problems
 
 
@@ -219,23 +336,46 @@ def _generation(loaded: LoadedRecipe) -> list[Diagnostic]:
     gen = loaded.recipe.generation
     problems = []
     if gen.max_new_tokens < 1:
-        problems.append(loaded.diagnostic(("generation", "max_new_tokens"), "recipe.range",
-                                          "`generation.max_new_tokens` must be at least 1"))
+        problems.append(
+            loaded.diagnostic(
+                ("generation", "max_new_tokens"),
+                "recipe.range",
+                "`generation.max_new_tokens` must be at least 1",
+            )
+        )
     for key in ("temperature", "val_temperature"):
         if getattr(gen, key) < 0:
-            problems.append(loaded.diagnostic(("generation", key), "recipe.range",
-                                              f"`generation.{key}` must not be negative",
-                                              help="0 means greedy decoding"))
+            problems.append(
+                loaded.diagnostic(
+                    ("generation", key),
+                    "recipe.range",
+                    f"`generation.{key}` must not be negative",
+                    help="0 means greedy decoding",
+                )
+            )
     if not 0 < gen.top_p <= 1:
-        problems.append(loaded.diagnostic(("generation", "top_p"), "recipe.range",
-                                          "`generation.top_p` must be in (0, 1]"))
+        problems.append(
+            loaded.diagnostic(
+                ("generation", "top_p"), "recipe.range", "`generation.top_p` must be in (0, 1]"
+            )
+        )
     if gen.top_k < 0:
-        problems.append(loaded.diagnostic(("generation", "top_k"), "recipe.range",
-                                          "`generation.top_k` must not be negative",
-                                          help="0 disables top-k"))
+        problems.append(
+            loaded.diagnostic(
+                ("generation", "top_k"),
+                "recipe.range",
+                "`generation.top_k` must not be negative",
+                help="0 disables top-k",
+            )
+        )
     if gen.max_batch_size < 1:
-        problems.append(loaded.diagnostic(("generation", "max_batch_size"), "recipe.range",
-                                          "`generation.max_batch_size` must be at least 1"))
+        problems.append(
+            loaded.diagnostic(
+                ("generation", "max_batch_size"),
+                "recipe.range",
+                "`generation.max_batch_size` must be at least 1",
+            )
+        )
     return problems + _vllm(loaded)
 
 
@@ -245,33 +385,53 @@ def _vllm(loaded: LoadedRecipe) -> list[Diagnostic]:
     problems = []
     for key in ("kv_cache_space_gb", "startup_timeout_s", "request_timeout_s"):
         if getattr(vllm, key) < 1:
-            problems.append(loaded.diagnostic((*where, key), "recipe.range",
-                                              f"`generation.vllm.{key}` must be at least 1"))
+            problems.append(
+                loaded.diagnostic(
+                    (*where, key), "recipe.range", f"`generation.vllm.{key}` must be at least 1"
+                )
+            )
     if not 0 < vllm.gpu_memory_utilization <= 1:
-        problems.append(loaded.diagnostic((*where, "gpu_memory_utilization"), "recipe.range",
-                                          "`generation.vllm.gpu_memory_utilization` must be in (0, 1]",
-                                          help="the share of the GPU vLLM may take; the trainer "
-                                               "shares the GPU, so leave it room"))
+        problems.append(
+            loaded.diagnostic(
+                (*where, "gpu_memory_utilization"),
+                "recipe.range",
+                "`generation.vllm.gpu_memory_utilization` must be in (0, 1]",
+                help="the share of the GPU vLLM may take; the trainer "
+                "shares the GPU, so leave it room",
+            )
+        )
     for device in ("cpu", "cuda"):
         pins = getattr(vllm, device)
         if not re.fullmatch(r"3\.(8|9|[1-9]\d)", pins.python):  # 3.1 is YAML's reading of 3.10
-            problems.append(loaded.diagnostic(
-                (*where, device, "python"), "recipe.vllm-python",
-                f"`generation.vllm.{device}.python` is {pins.python!r}, not a Python 3.8+ version",
-                help='write it as a quoted string, e.g. "3.11" (YAML reads 3.10 as 3.1)'))
+            problems.append(
+                loaded.diagnostic(
+                    (*where, device, "python"),
+                    "recipe.vllm-python",
+                    f"`generation.vllm.{device}.python` is {pins.python!r}, not a Python 3.8+ version",
+                    help='write it as a quoted string, e.g. "3.11" (YAML reads 3.10 as 3.1)',
+                )
+            )
         if not pins.packages:
-            problems.append(loaded.diagnostic(
-                (*where, device, "packages"), "recipe.range",
-                f"`generation.vllm.{device}.packages` is empty: the environment would hold no vLLM",
-                help="list pinned requirements, e.g. [\"vllm==0.32.0\"]"))
+            problems.append(
+                loaded.diagnostic(
+                    (*where, device, "packages"),
+                    "recipe.range",
+                    f"`generation.vllm.{device}.packages` is empty: the environment would hold no vLLM",
+                    help='list pinned requirements, e.g. ["vllm==0.32.0"]',
+                )
+            )
     return problems
 
 
 def _parallel_sizes(loaded: LoadedRecipe) -> list[Diagnostic]:
     par = loaded.recipe.parallelism
-    return [loaded.diagnostic(("parallelism", axis), "recipe.range",
-                              f"`parallelism.{axis}` must be at least 1")
-            for axis in PARALLEL_AXES if getattr(par, axis) < 1]
+    return [
+        loaded.diagnostic(
+            ("parallelism", axis), "recipe.range", f"`parallelism.{axis}` must be at least 1"
+        )
+        for axis in PARALLEL_AXES
+        if getattr(par, axis) < 1
+    ]
 
 
 def _slurm(loaded: LoadedRecipe) -> list[Diagnostic]:
@@ -279,30 +439,57 @@ def _slurm(loaded: LoadedRecipe) -> list[Diagnostic]:
     problems = []
     seconds = parse_time_limit(slurm.time_limit)
     if seconds is None or seconds <= 0:
-        problems.append(loaded.diagnostic(
-            ("slurm", "time_limit"), "recipe.time-limit",
-            f"`slurm.time_limit` is {slurm.time_limit!r}, which Slurm does not read as a time",
-            help="use D-HH:MM:SS, HH:MM:SS, MM:SS or minutes, e.g. \"04:00:00\""))
+        problems.append(
+            loaded.diagnostic(
+                ("slurm", "time_limit"),
+                "recipe.time-limit",
+                f"`slurm.time_limit` is {slurm.time_limit!r}, which Slurm does not read as a time",
+                help='use D-HH:MM:SS, HH:MM:SS, MM:SS or minutes, e.g. "04:00:00"',
+            )
+        )
     elif slurm.signal_grace_seconds >= seconds:
-        problems.append(loaded.diagnostic(
-            ("slurm", "signal_grace_seconds"), "recipe.range",
-            f"`slurm.signal_grace_seconds` ({slurm.signal_grace_seconds}) must be shorter than the "
-            f"time limit ({seconds} s)"))
+        problems.append(
+            loaded.diagnostic(
+                ("slurm", "signal_grace_seconds"),
+                "recipe.range",
+                f"`slurm.signal_grace_seconds` ({slurm.signal_grace_seconds}) must be shorter than the "
+                f"time limit ({seconds} s)",
+            )
+        )
     if slurm.signal_grace_seconds < 1 or slurm.signal_grace_seconds > 65535:
-        problems.append(loaded.diagnostic(("slurm", "signal_grace_seconds"), "recipe.range",
-                                          "`slurm.signal_grace_seconds` must be 1..65535"))
+        problems.append(
+            loaded.diagnostic(
+                ("slurm", "signal_grace_seconds"),
+                "recipe.range",
+                "`slurm.signal_grace_seconds` must be 1..65535",
+            )
+        )
     if slurm.max_requeues < 0:
-        problems.append(loaded.diagnostic(("slurm", "max_requeues"), "recipe.range",
-                                          "`slurm.max_requeues` must not be negative"))
+        problems.append(
+            loaded.diagnostic(
+                ("slurm", "max_requeues"),
+                "recipe.range",
+                "`slurm.max_requeues` must not be negative",
+            )
+        )
     for name in slurm.env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            problems.append(loaded.diagnostic(
-                ("slurm", "env", name), "recipe.env-name",
-                f"`slurm.env.{name}` is not a valid environment variable name",
-                help="use letters, digits and underscores, not starting with a digit"))
+            problems.append(
+                loaded.diagnostic(
+                    ("slurm", "env", name),
+                    "recipe.env-name",
+                    f"`slurm.env.{name}` is not a valid environment variable name",
+                    help="use letters, digits and underscores, not starting with a digit",
+                )
+            )
     if not slurm.rlflow_command.strip():
-        problems.append(loaded.diagnostic(("slurm", "rlflow_command"), "recipe.range",
-                                          "`slurm.rlflow_command` must not be empty"))
+        problems.append(
+            loaded.diagnostic(
+                ("slurm", "rlflow_command"),
+                "recipe.range",
+                "`slurm.rlflow_command` must not be empty",
+            )
+        )
     return problems
 
 
@@ -311,6 +498,11 @@ def _checkpointing(loaded: LoadedRecipe) -> list[Diagnostic]:
     problems = []
     for key in ("save_period", "keep_last"):
         if getattr(ckpt, key) < 1:
-            problems.append(loaded.diagnostic(("checkpointing", key), "recipe.range",
-                                              f"`checkpointing.{key}` must be at least 1"))
+            problems.append(
+                loaded.diagnostic(
+                    ("checkpointing", key),
+                    "recipe.range",
+                    f"`checkpointing.{key}` must be at least 1",
+                )
+            )
     return problems

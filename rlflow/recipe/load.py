@@ -49,8 +49,14 @@ class LoadedRecipe:
     def origin(self, *path: str) -> Origin | None:
         return self.origins.get(tuple(path))
 
-    def diagnostic(self, path: KeyPath, code: str, message: str, help: str | None = None,
-                   severity: str = "error") -> Diagnostic:
+    def diagnostic(
+        self,
+        path: KeyPath,
+        code: str,
+        message: str,
+        help: str | None = None,
+        severity: str = "error",
+    ) -> Diagnostic:
         """A diagnostic pointing at the place that set `path` (or its nearest parent)."""
         origin = None
         for n in range(len(path), 0, -1):
@@ -106,8 +112,9 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def _diag(code: str, message: str, origin: Origin | None, help: str | None = None,
-          severity: str = "error") -> Diagnostic:
+def _diag(
+    code: str, message: str, origin: Origin | None, help: str | None = None, severity: str = "error"
+) -> Diagnostic:
     return Diagnostic(
         code=code,
         message=message,
@@ -124,23 +131,42 @@ def _read_yaml(path: Path) -> tuple[dict, dict[KeyPath, Origin]]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise RlflowError(_diag("recipe.not-found", f"recipe file `{shown}` does not exist",
-                                None, "check the path; recipes live in recipes/*.yaml")) from None
+        raise RlflowError(
+            _diag(
+                "recipe.not-found",
+                f"recipe file `{shown}` does not exist",
+                None,
+                "check the path; recipes live in recipes/*.yaml",
+            )
+        ) from None
     except (OSError, UnicodeDecodeError) as err:
-        raise RlflowError(_diag("recipe.unreadable", f"cannot read `{shown}`: {err}", None)) from None
+        raise RlflowError(
+            _diag("recipe.unreadable", f"cannot read `{shown}`: {err}", None)
+        ) from None
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         origin = Origin(shown, mark.line + 1, mark.column + 1) if mark else Origin(shown)
         problem = getattr(err, "problem", None) or str(err)
-        raise RlflowError(_diag("recipe.yaml", f"invalid YAML: {problem}", origin,
-                                "fix the YAML syntax at this position")) from None
+        raise RlflowError(
+            _diag(
+                "recipe.yaml",
+                f"invalid YAML: {problem}",
+                origin,
+                "fix the YAML syntax at this position",
+            )
+        ) from None
     if root is None:
         return {}, {}
     if not isinstance(root, yaml.MappingNode):
-        raise RlflowError(_diag("recipe.not-a-mapping", "a recipe must be a mapping of sections",
-                                Origin(shown, root.start_mark.line + 1, root.start_mark.column + 1)))
+        raise RlflowError(
+            _diag(
+                "recipe.not-a-mapping",
+                "a recipe must be a mapping of sections",
+                Origin(shown, root.start_mark.line + 1, root.start_mark.column + 1),
+            )
+        )
     origins: dict[KeyPath, Origin] = {}
     constructor = yaml.SafeLoader("")
     return _node_to_python(root, (), shown, origins, constructor), origins
@@ -152,8 +178,13 @@ def _node_to_python(node, path: KeyPath, file: str, origins: dict, constructor) 
             return constructor.construct_object(node, deep=True)
         except yaml.YAMLError as err:
             mark = node.start_mark
-            raise RlflowError(_diag("recipe.yaml", f"invalid value: {err}",
-                                    Origin(file, mark.line + 1, mark.column + 1))) from None
+            raise RlflowError(
+                _diag(
+                    "recipe.yaml",
+                    f"invalid value: {err}",
+                    Origin(file, mark.line + 1, mark.column + 1),
+                )
+            ) from None
     result: dict = {}
     for key_node, value_node in node.value:
         key = str(key_node.value)
@@ -161,8 +192,14 @@ def _node_to_python(node, path: KeyPath, file: str, origins: dict, constructor) 
         origin = Origin(file, mark.line + 1, mark.column + 1)
         if key in result:
             first = origins[path + (key,)]
-            raise RlflowError(_diag("recipe.duplicate-key", f"`{'.'.join(path + (key,))}` is set twice",
-                                    origin, f"remove one of the two; the first is at line {first.line}"))
+            raise RlflowError(
+                _diag(
+                    "recipe.duplicate-key",
+                    f"`{'.'.join(path + (key,))}` is set twice",
+                    origin,
+                    f"remove one of the two; the first is at line {first.line}",
+                )
+            )
         origins[path + (key,)] = origin
         result[key] = _node_to_python(value_node, path + (key,), file, origins, constructor)
     return result
@@ -172,25 +209,42 @@ def _load_with_defaults(path: Path, chain: tuple[Path, ...]) -> tuple[dict, dict
     resolved = path.resolve()
     if resolved in chain:
         cycle = " -> ".join(_display(p) for p in chain + (resolved,))
-        raise RlflowError(_diag("recipe.defaults-cycle", f"`defaults:` form a cycle: {cycle}",
-                                Origin(_display(path)), "remove one of the `defaults:` entries"))
+        raise RlflowError(
+            _diag(
+                "recipe.defaults-cycle",
+                f"`defaults:` form a cycle: {cycle}",
+                Origin(_display(path)),
+                "remove one of the `defaults:` entries",
+            )
+        )
     own, own_origins = _read_yaml(path)
     parents = own.pop("defaults", [])
     defaults_origin = own_origins.pop(("defaults",), None)
     if isinstance(parents, str):
         parents = [parents]
     if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
-        raise RlflowError(_diag("recipe.defaults", "`defaults:` must be a file name or a list of them",
-                                defaults_origin, "e.g. `defaults: base.yaml`"))
+        raise RlflowError(
+            _diag(
+                "recipe.defaults",
+                "`defaults:` must be a file name or a list of them",
+                defaults_origin,
+                "e.g. `defaults: base.yaml`",
+            )
+        )
     merged: dict = {}
     origins: dict[KeyPath, Origin] = {}
     files: list[Path] = []
     for parent in parents:
-        parent_path = (path.parent / parent)
+        parent_path = path.parent / parent
         if not parent_path.exists():
-            raise RlflowError(_diag("recipe.defaults-missing",
-                                    f"`defaults:` names `{parent}`, which does not exist next to `{_display(path)}`",
-                                    defaults_origin, "paths in `defaults:` are relative to the recipe file"))
+            raise RlflowError(
+                _diag(
+                    "recipe.defaults-missing",
+                    f"`defaults:` names `{parent}`, which does not exist next to `{_display(path)}`",
+                    defaults_origin,
+                    "paths in `defaults:` are relative to the recipe file",
+                )
+            )
         data, data_origins, data_files = _load_with_defaults(parent_path, chain + (resolved,))
         _deep_merge(merged, origins, data, data_origins)
         files += [f for f in data_files if f not in files]
@@ -199,7 +253,9 @@ def _load_with_defaults(path: Path, chain: tuple[Path, ...]) -> tuple[dict, dict
     return merged, origins, files
 
 
-def _deep_merge(into: dict, into_origins: dict, new: dict, new_origins: dict, path: KeyPath = ()) -> None:
+def _deep_merge(
+    into: dict, into_origins: dict, new: dict, new_origins: dict, path: KeyPath = ()
+) -> None:
     """Merge `new` over `into`: mappings merge key by key, everything else replaces."""
     for key, value in new.items():
         key_path = path + (key,)
@@ -209,7 +265,9 @@ def _deep_merge(into: dict, into_origins: dict, new: dict, new_origins: dict, pa
             into[key] = _deepcopy(value)
             for p in [p for p in into_origins if p[: len(key_path)] == key_path]:
                 del into_origins[p]
-            into_origins.update({p: o for p, o in new_origins.items() if p[: len(key_path)] == key_path})
+            into_origins.update(
+                {p: o for p, o in new_origins.items() if p[: len(key_path)] == key_path}
+            )
         if key_path in new_origins:
             into_origins[key_path] = new_origins[key_path]
 
@@ -226,8 +284,14 @@ def _apply_override(text: str, data: dict, origins: dict, problems: list[Diagnos
     origin = Origin(f"command line `{text}`")
     key, sep, raw = text.partition("=")
     if not sep or not key or any(not part for part in key.split(".")):
-        problems.append(_diag("recipe.override", f"cannot read override `{text}`", None,
-                              "write overrides as dotted.key=value, e.g. grpo.max_num_steps=20"))
+        problems.append(
+            _diag(
+                "recipe.override",
+                f"cannot read override `{text}`",
+                None,
+                "write overrides as dotted.key=value, e.g. grpo.max_num_steps=20",
+            )
+        )
         return
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
@@ -241,8 +305,14 @@ def _apply_override(text: str, data: dict, origins: dict, problems: list[Diagnos
             if part not in node:
                 problems.append(_unknown_key(path[: i + 1], list(node), origin))
             else:
-                problems.append(_diag("recipe.override", f"`{'.'.join(path[: i + 1])}` is not a section",
-                                      origin, f"`{'.'.join(path[: i + 1])}` holds a value; set it directly"))
+                problems.append(
+                    _diag(
+                        "recipe.override",
+                        f"`{'.'.join(path[: i + 1])}` is not a section",
+                        origin,
+                        f"`{'.'.join(path[: i + 1])}` holds a value; set it directly",
+                    )
+                )
             return
         node = child
     if path[-1] not in node and not _is_mapping_key(path):
@@ -290,7 +360,9 @@ def _type_name(tp: Any) -> str:
         return f"a mapping of {_type_name(get_args(tp)[0])} to {_type_name(get_args(tp)[1])}"
     if dataclasses.is_dataclass(tp):
         return "a section (mapping)"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+        tp, str(tp)
+    )
 
 
 def _build(tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Diagnostic]) -> Any:
@@ -299,8 +371,14 @@ def _build(tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Dia
     origin = origins.get(path)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            problems.append(_diag("recipe.type", f"`{name}` must be a section (a mapping of keys)",
-                                  origin, f"got {value!r}"))
+            problems.append(
+                _diag(
+                    "recipe.type",
+                    f"`{name}` must be a section (a mapping of keys)",
+                    origin,
+                    f"got {value!r}",
+                )
+            )
             return None
         hints = typing.get_type_hints(tp)
         fields = [f.name for f in dataclasses.fields(tp)]
@@ -310,25 +388,39 @@ def _build(tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Dia
         kwargs = {}
         for field_name in fields:
             if field_name not in value:
-                problems.append(_diag(
-                    "recipe.missing-key", f"`{'.'.join(path + (field_name,))}` is not set", origin,
-                    "every key needs a value: start the recipe with `defaults: base.yaml`, "
-                    "which sets them all, or set this one"))
+                problems.append(
+                    _diag(
+                        "recipe.missing-key",
+                        f"`{'.'.join(path + (field_name,))}` is not set",
+                        origin,
+                        "every key needs a value: start the recipe with `defaults: base.yaml`, "
+                        "which sets them all, or set this one",
+                    )
+                )
                 continue
-            kwargs[field_name] = _build(hints[field_name], value[field_name], path + (field_name,),
-                                        origins, problems)
+            kwargs[field_name] = _build(
+                hints[field_name], value[field_name], path + (field_name,), origins, problems
+            )
         return tp(**kwargs)
     return _check_value(tp, value, path, origins, problems)
 
 
-def _check_value(tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Diagnostic]) -> Any:
+def _check_value(
+    tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Diagnostic]
+) -> Any:
     name = ".".join(path)
     origin = origins.get(path)
     kind = get_origin(tp)
 
     def bad(extra: str = "") -> None:
-        problems.append(_diag("recipe.type", f"`{name}` is {value!r}, but must be {_type_name(tp)}",
-                              origin, extra or None))
+        problems.append(
+            _diag(
+                "recipe.type",
+                f"`{name}` is {value!r}, but must be {_type_name(tp)}",
+                origin,
+                extra or None,
+            )
+        )
 
     if kind in (typing.Union, types.UnionType):
         options = get_args(tp)
@@ -359,8 +451,10 @@ def _check_value(tp: Any, value: Any, path: KeyPath, origins: dict, problems: li
         if not isinstance(value, dict):
             bad()
             return None
-        return {str(k): _check_value(value_type, v, path + (str(k),), origins, problems)
-                for k, v in value.items()}
+        return {
+            str(k): _check_value(value_type, v, path + (str(k),), origins, problems)
+            for k, v in value.items()
+        }
     if tp is bool:
         if not isinstance(value, bool):
             bad("write true or false")

@@ -75,7 +75,9 @@ class LossConfig:
     ratio_clip_high: float
     kl_penalty: float  # weight of KL(policy || reference); 0 disables the reference forward
     kl_type: Literal["k1", "k3"]
-    token_level_loss: bool  # true: mean over all tokens; false: mean per sequence, then over sequences
+    token_level_loss: (
+        bool  # true: mean over all tokens; false: mean per sequence, then over sequences
+    )
 
 
 @dataclass(frozen=True)
@@ -108,11 +110,15 @@ class VllmPins:
 @dataclass(frozen=True)
 class VllmConfig:
     env_root: str  # per-pin-set environments live in folders under it (`rlflow setup-env vllm`)
-    device: Literal["auto", "cpu", "cuda"]  # which pin set a node gets; auto: cuda where a driver is
+    device: Literal[
+        "auto", "cpu", "cuda"
+    ]  # which pin set a node gets; auto: cuda where a driver is
     cpu: VllmPins
     cuda: VllmPins
     kv_cache_space_gb: int  # CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)
-    gpu_memory_utilization: float  # CUDA only: share of the GPU vLLM may take (the trainer shares it)
+    gpu_memory_utilization: (
+        float  # CUDA only: share of the GPU vLLM may take (the trainer shares it)
+    )
     enforce_eager: bool  # no CUDA graphs / compilation: fast start-up
     startup_timeout_s: int  # the worker must be ready within this
     request_timeout_s: int  # one generate or weight refresh must finish within this
@@ -175,7 +181,9 @@ class SlurmConfig:
     setup_command: str | None  # run once per node before training (e.g. build a venv)
     signal_grace_seconds: int  # Slurm sends SIGUSR1 this long before the time limit
     max_requeues: int  # requeue after a time-limit warning at most this many times
-    rlflow_command: str  # how the nodes run rlflow, e.g. "uv run --frozen rlflow" or ".venv/bin/rlflow"
+    rlflow_command: (
+        str  # how the nodes run rlflow, e.g. "uv run --frozen rlflow" or ".venv/bin/rlflow"
+    )
     request_gpus: bool  # false on CPU-only clusters: no GPU request; --gpus is then ranks per node
 
 

@@ -41,7 +41,9 @@ class Checkpointer:
         return f"tp{info.tp_rank}_pp{info.pp_rank}"
 
     def latest(self) -> Path | None:
-        steps = sorted(p for p in self.root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+        steps = sorted(
+            p for p in self.root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
+        )
         return steps[-1] if steps else None
 
     # --- save ------------------------------------------------------------------------------------
@@ -81,7 +83,9 @@ class Checkpointer:
         parallel.barrier()
 
     def _prune(self) -> None:
-        steps = sorted(p for p in self.root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
+        steps = sorted(
+            p for p in self.root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
+        )
         for old in steps[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -92,14 +96,22 @@ class Checkpointer:
         info = parallel.info()
         state = json.loads((directory / "trainer.json").read_text())
         if state["world_size"] != info.world_size:
-            raise RlflowError(Diagnostic(
-                "checkpoint.world-size",
-                f"checkpoint {directory} was written by {state['world_size']} ranks; this run has "
-                f"{info.world_size}",
-                help="resume with the same --nodes/--gpus, or start a new run directory"))
+            raise RlflowError(
+                Diagnostic(
+                    "checkpoint.world-size",
+                    f"checkpoint {directory} was written by {state['world_size']} ranks; this run has "
+                    f"{info.world_size}",
+                    help="resume with the same --nodes/--gpus, or start a new run directory",
+                )
+            )
         _load_chunks(policy_chunks, directory / f"model_{self._shard()}.pt")
-        optimizer.load_state_dict(torch.load(directory / f"optim_{self._shard()}.pt",
-                                             weights_only=False, map_location=info.device))
+        optimizer.load_state_dict(
+            torch.load(
+                directory / f"optim_{self._shard()}.pt",
+                weights_only=False,
+                map_location=info.device,
+            )
+        )
         _set_rng_state(torch.load(directory / f"rng_rank{info.rank}.pt", weights_only=False))
         return state
 
@@ -118,7 +130,11 @@ def _load_chunks(chunks, path: Path) -> None:
 
 
 def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state

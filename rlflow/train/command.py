@@ -7,19 +7,29 @@ import sys
 import click
 
 
-@click.command(epilog="""\b
+@click.command(
+    epilog="""\b
 Examples:
   rlflow train recipes/tiny-clevr-cpu.yaml
   rlflow train recipes/tiny-clevr-cpu.yaml grpo.max_num_steps=5 --run-dir runs/try
   rlflow train recipes/tiny-clevr-cpu.yaml --nproc 2     # two local ranks (data parallel)
-""")
+"""
+)
 @click.argument("recipe", type=click.Path(dir_okay=False))
 @click.argument("overrides", nargs=-1)
-@click.option("--run-dir", type=click.Path(file_okay=False), default=None,
-              help="Where checkpoints and metrics go (default: run.output_dir/run.name). "
-                   "A run directory with checkpoints resumes from the newest.")
-@click.option("--nproc", type=click.IntRange(min=1), default=None,
-              help="Start this many local ranks (one per GPU, or CPU processes) and wait for them.")
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where checkpoints and metrics go (default: run.output_dir/run.name). "
+    "A run directory with checkpoints resumes from the newest.",
+)
+@click.option(
+    "--nproc",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Start this many local ranks (one per GPU, or CPU processes) and wait for them.",
+)
 def train(recipe, overrides, run_dir, nproc):
     """Run GRPO training (the per-node entry point).
 
@@ -35,8 +45,19 @@ def train(recipe, overrides, run_dir, nproc):
         from rlflow.recipe import load_checked
         from rlflow.train.local import run_local
 
-        directory = Path(run_dir) if run_dir else default_run_dir(load_checked(recipe, overrides).recipe)
-        argv = [sys.executable, "-m", "rlflow.cli", "train", recipe, *overrides, "--run-dir", str(directory)]
+        directory = (
+            Path(run_dir) if run_dir else default_run_dir(load_checked(recipe, overrides).recipe)
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "rlflow.cli",
+            "train",
+            recipe,
+            *overrides,
+            "--run-dir",
+            str(directory),
+        ]
         sys.exit(run_local(argv, nproc, directory))
 
     sys.exit(run(recipe, list(overrides), run_dir))
@@ -44,8 +65,12 @@ def train(recipe, overrides, run_dir, nproc):
 
 @click.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
-@click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Folder for the PNG files (default: RUN_DIR/plots).")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder for the PNG files (default: RUN_DIR/plots).",
+)
 def report(run_dir, out):
     """Plot a run's metrics (reward, accuracy, KL, step time) to PNG files.
 

@@ -14,8 +14,14 @@ def run_local(command: list[str], nproc: int, run_dir: Path) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    info = NodeInfo(node_rank=0, num_nodes=1, ranks_per_node=nproc, hostname=socket.gethostname(),
-                    master_addr="127.0.0.1", master_port=str(port))
+    info = NodeInfo(
+        node_rank=0,
+        num_nodes=1,
+        ranks_per_node=nproc,
+        hostname=socket.gethostname(),
+        master_addr="127.0.0.1",
+        master_port=str(port),
+    )
     logs = run_dir / "logs"
     launcher = Launcher(info, command, logs, logs, stop_grace=60.0)
     code = launcher.run()

@@ -35,15 +35,21 @@ def train(t: Trainer) -> int:
         metrics = grpo_step(t, step)
         t.step = step
         last = step == recipe.grpo.max_num_steps
-        if (recipe.grpo.val_period and step % recipe.grpo.val_period == 0) or (last and recipe.grpo.val_at_end):
+        if (recipe.grpo.val_period and step % recipe.grpo.val_period == 0) or (
+            last and recipe.grpo.val_at_end
+        ):
             metrics.update(validate(t))
         t.log.log(step, metrics)
         stop = t.stop.agreed()
-        if recipe.checkpointing.enabled and (step % recipe.checkpointing.save_period == 0 or last or stop):
+        if recipe.checkpointing.enabled and (
+            step % recipe.checkpointing.save_period == 0 or last or stop
+        ):
             save(t)
         if stop and not last:
-            t.log.write(f"stopping at step {step} on {t.stop.signal_name or 'a peer signal'}: "
-                        f"checkpoint saved, exit {EXIT_REQUEUE} (requeue)")
+            t.log.write(
+                f"stopping at step {step} on {t.stop.signal_name or 'a peer signal'}: "
+                f"checkpoint saved, exit {EXIT_REQUEUE} (requeue)"
+            )
             return EXIT_REQUEUE
     _summary(t)
     return 0
@@ -55,11 +61,15 @@ def _summary(t: Trainer) -> None:
         return
     from rlflow.train.metrics import read_metrics
 
-    points = [(r["step"], r["val/accuracy"]) for r in read_metrics(t.run_dir) if "val/accuracy" in r]
+    points = [
+        (r["step"], r["val/accuracy"]) for r in read_metrics(t.run_dir) if "val/accuracy" in r
+    ]
     if len(points) >= 2:
         (first_step, first), (last_step, last) = points[0], points[-1]
-        t.log.write(f"validation accuracy: {first:.3f} at step {first_step} -> {last:.3f} at step "
-                    f"{last_step} ({100 * (last - first):+.1f} points); metrics: {t.log.path}")
+        t.log.write(
+            f"validation accuracy: {first:.3f} at step {first_step} -> {last:.3f} at step "
+            f"{last_step} ({100 * (last - first):+.1f} points); metrics: {t.log.path}"
+        )
 
 
 def grpo_step(t: Trainer, step: int) -> dict[str, float]:
@@ -68,22 +78,26 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
     timer = StepTimer(sync=_sync_fn(info.device))
     start = time.perf_counter()
     inject_failure(info.rank, f"step{step}")
-    indices = next(t.sampler)[info.dp_rank::info.dp_size]
+    indices = next(t.sampler)[info.dp_rank :: info.dp_size]
     samples = [t.train_data[i] for i in indices]
     prompts = [t.encoder.encode(s) for s in samples]
     rollout_prompts = [p for p in prompts for _ in range(G)]
     rollout_samples = [s for s in samples for _ in range(G)]
 
     with timer("generation"):
-        completions = t.backend.generate(rollout_prompts, _sampling(t, step, recipe.generation.temperature))
+        completions = t.backend.generate(
+            rollout_prompts, _sampling(t, step, recipe.generation.temperature)
+        )
     with timer("reward"):
         from rlflow.data.rewards import score
 
         texts = [t.encoder.decode(c.token_ids) for c in completions]
         rewards, per_reward, correct = score(texts, rollout_samples, recipe.rewards)
-        advantages = grpo.group_advantages(torch.tensor(rewards).view(len(samples), G),
-                                           recipe.grpo.use_leave_one_out_baseline,
-                                           recipe.grpo.normalize_rewards).flatten()
+        advantages = grpo.group_advantages(
+            torch.tensor(rewards).view(len(samples), G),
+            recipe.grpo.use_leave_one_out_baseline,
+            recipe.grpo.normalize_rewards,
+        ).flatten()
     batch = _train_batch(t, rollout_prompts, completions, advantages.tolist())
     with timer("logprobs"):
         micro = recipe.optimizer.micro_batch_size
@@ -92,12 +106,31 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
         if t.reference is not None:
             ref_logprobs, _ = rollout_logprobs(t.reference, batch, micro, with_entropy=False)
     with timer("training"):
-        update = grpo_update(t.policy, t.optimizer, batch, old_logprobs, ref_logprobs, recipe.loss,
-                             micro, recipe.grpo.num_minibatches)
+        update = grpo_update(
+            t.policy,
+            t.optimizer,
+            batch,
+            old_logprobs,
+            ref_logprobs,
+            recipe.loss,
+            micro,
+            recipe.grpo.num_minibatches,
+        )
     with timer("weight_refresh"):
         t.backend.refresh_weights()
-    return _step_metrics(t, rewards, per_reward, correct, completions, batch, old_logprobs, entropy,
-                         update, timer, time.perf_counter() - start)
+    return _step_metrics(
+        t,
+        rewards,
+        per_reward,
+        correct,
+        completions,
+        batch,
+        old_logprobs,
+        entropy,
+        update,
+        timer,
+        time.perf_counter() - start,
+    )
 
 
 @torch.no_grad()
@@ -112,17 +145,24 @@ def validate(t: Trainer) -> dict[str, float]:
     completions = t.backend.generate(prompts, _sampling(t, 0, recipe.generation.val_temperature))
     texts = [t.encoder.decode(c.token_ids) for c in completions]
     rewards, _, correct = score(texts, samples, recipe.rewards)
-    sums = {"val/accuracy": sum(correct), "val/reward": sum(rewards),
-            "val/response_length": sum(len(c.token_ids) for c in completions)}
+    sums = {
+        "val/accuracy": sum(correct),
+        "val/reward": sum(rewards),
+        "val/response_length": sum(len(c.token_ids) for c in completions),
+    }
     for media in ("image", "video", "text"):
         hits = [c for c, s in zip(correct, samples) if s.media == media]
         sums[f"val/accuracy_{media}"] = sum(hits)
         sums[f"val/count_{media}"] = len(hits)
-    totals = dict(zip(sums, parallel.all_reduce_sum(list(sums.values()), parallel.data_parallel_group())))
+    totals = dict(
+        zip(sums, parallel.all_reduce_sum(list(sums.values()), parallel.data_parallel_group()))
+    )
     out = {k: totals[k] / count for k in ("val/accuracy", "val/reward", "val/response_length")}
     for media in ("image", "video", "text"):
         if totals[f"val/count_{media}"]:
-            out[f"val/accuracy_{media}"] = totals[f"val/accuracy_{media}"] / totals[f"val/count_{media}"]
+            out[f"val/accuracy_{media}"] = (
+                totals[f"val/accuracy_{media}"] / totals[f"val/count_{media}"]
+            )
     return out
 
 
@@ -134,11 +174,18 @@ def warm_start(t: Trainer) -> None:
     cfg, opt_cfg = t.recipe.warm_start, t.recipe.optimizer
     if cfg.num_steps == 0:
         return
-    optimizer = Optimizer.create(t.policy, cfg.lr, opt_cfg.weight_decay, opt_cfg.adam_beta1,
-                                 opt_cfg.adam_beta2, opt_cfg.adam_eps, opt_cfg.max_grad_norm)
+    optimizer = Optimizer.create(
+        t.policy,
+        cfg.lr,
+        opt_cfg.weight_decay,
+        opt_cfg.adam_beta1,
+        opt_cfg.adam_beta2,
+        opt_cfg.adam_eps,
+        opt_cfg.max_grad_norm,
+    )
     sampler = PromptSampler(len(t.train_data), cfg.batch_size, t.recipe.run.seed + 1)
     for step in range(1, cfg.num_steps + 1):
-        indices = next(sampler)[t.info.dp_rank::t.info.dp_size]
+        indices = next(sampler)[t.info.dp_rank :: t.info.dp_size]
         samples = [t.train_data[i] for i in indices]
         prompts = [t.encoder.encode(s) for s in samples]
         targets = [t.encoder.completion_ids(reference_completion(s)) for s in samples]
@@ -150,8 +197,9 @@ def warm_start(t: Trainer) -> None:
 
 
 def save(t: Trainer) -> None:
-    t.checkpointer.save(t.step, t.policy.chunks, t.optimizer.inner,
-                        {"sampler": t.sampler.state_dict()})
+    t.checkpointer.save(
+        t.step, t.policy.chunks, t.optimizer.inner, {"sampler": t.sampler.state_dict()}
+    )
 
 
 def _resume_or_start(t: Trainer) -> bool:
@@ -164,7 +212,9 @@ def _resume_or_start(t: Trainer) -> bool:
         if t.recipe.warm_start.num_steps:
             t.backend.refresh_weights()  # backends with their own copy (hf, vllm) must see it
         if t.reference is not None:
-            copy_weights(t.policy, t.reference)  # KL is measured against the policy GRPO starts from
+            copy_weights(
+                t.policy, t.reference
+            )  # KL is measured against the policy GRPO starts from
             t.checkpointer.save_reference(t.reference.chunks)
         t.optimizer = _grpo_optimizer(t)
         return False
@@ -182,27 +232,52 @@ def _resume_or_start(t: Trainer) -> bool:
 
 def _grpo_optimizer(t: Trainer) -> Optimizer:
     o = t.recipe.optimizer
-    return Optimizer.create(t.policy, o.lr, o.weight_decay, o.adam_beta1, o.adam_beta2, o.adam_eps,
-                            o.max_grad_norm)
+    return Optimizer.create(
+        t.policy, o.lr, o.weight_decay, o.adam_beta1, o.adam_beta2, o.adam_eps, o.max_grad_norm
+    )
 
 
 def _sampling(t: Trainer, step: int, temperature: float) -> SamplingParams:
     gen = t.recipe.generation
     # One seed per (run, step, data-parallel rank); tensor-parallel peers share it, so they agree.
     seed = (t.recipe.run.seed * 1_000_003 + step * 9_973 + t.info.dp_rank) % 2**31
-    return SamplingParams(max_new_tokens=gen.max_new_tokens, temperature=temperature, top_p=gen.top_p,
-                          top_k=gen.top_k, seed=seed, stop_token_ids=(t.encoder.eos_token_id,),
-                          ignore_eos=False)
+    return SamplingParams(
+        max_new_tokens=gen.max_new_tokens,
+        temperature=temperature,
+        top_p=gen.top_p,
+        top_k=gen.top_k,
+        seed=seed,
+        stop_token_ids=(t.encoder.eos_token_id,),
+        ignore_eos=False,
+    )
 
 
 def _train_batch(t: Trainer, prompts, completions, advantages):
     media = t.policy.media_tokens
-    return build_train_batch(prompts, completions, advantages, media.image, media.video,
-                             media.merge_size, t.encoder.pad_token_id)
+    return build_train_batch(
+        prompts,
+        completions,
+        advantages,
+        media.image,
+        media.video,
+        media.merge_size,
+        t.encoder.pad_token_id,
+    )
 
 
-def _step_metrics(t, rewards, per_reward, correct, completions, batch, old_logprobs, entropy, update,
-                  timer, step_seconds) -> dict[str, float]:
+def _step_metrics(
+    t,
+    rewards,
+    per_reward,
+    correct,
+    completions,
+    batch,
+    old_logprobs,
+    entropy,
+    update,
+    timer,
+    step_seconds,
+) -> dict[str, float]:
     mask = batch.target_mask
     n_rollouts = len(rewards)
     sums = {
@@ -210,18 +285,24 @@ def _step_metrics(t, rewards, per_reward, correct, completions, batch, old_logpr
         "train/accuracy": sum(correct),
         "train/response_length": sum(len(c.token_ids) for c in completions),
         "train/entropy_sum": float((entropy * mask).sum()),
-        "train/tmpe_sum": float(grpo.token_mult_prob_error(batch.gen_logprobs, old_logprobs, mask)
-                                * mask.sum()),
+        "train/tmpe_sum": float(
+            grpo.token_mult_prob_error(batch.gen_logprobs, old_logprobs, mask) * mask.sum()
+        ),
         "train/tokens": float(mask.sum()),
         "train/rollouts": float(n_rollouts),
         **{f"train/reward_{name}": sum(values) for name, values in per_reward.items()},
     }
     gap = (batch.gen_logprobs - old_logprobs).abs().exp()
     tmpe_max = float(gap[mask].max()) if mask.any() else 1.0
-    totals = dict(zip(sums, parallel.all_reduce_sum(list(sums.values()), parallel.data_parallel_group())))
+    totals = dict(
+        zip(sums, parallel.all_reduce_sum(list(sums.values()), parallel.data_parallel_group()))
+    )
     tokens, rollouts = max(totals.pop("train/tokens"), 1.0), totals.pop("train/rollouts")
-    out = {k: v / rollouts for k, v in totals.items() if k.startswith(("train/reward", "train/acc",
-                                                                          "train/response"))}
+    out = {
+        k: v / rollouts
+        for k, v in totals.items()
+        if k.startswith(("train/reward", "train/acc", "train/response"))
+    }
     out["train/entropy"] = totals["train/entropy_sum"] / tokens
     out["train/token_mult_prob_error"] = totals["train/tmpe_sum"] / tokens
     out["train/token_mult_prob_error_max"] = parallel.all_reduce_max(tmpe_max)

@@ -20,8 +20,14 @@ from rlflow.train.faults import inject_failure
 # The node launcher's contract (rlflow/launch/node.py): 76 = stopped because another rank failed.
 EXIT_PEER_FAILED = 76
 
-_PEER_FAILURE_HINTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                       "NCCL communicator was aborted", "ProcessGroupNCCL", "Socket Timeout")
+_PEER_FAILURE_HINTS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "ProcessGroupNCCL",
+    "Socket Timeout",
+)
 
 
 def default_run_dir(recipe) -> Path:
@@ -64,16 +70,21 @@ def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
 
 def _same_on_all_ranks(err: RlflowError) -> bool:
     # Recipe, checkpoint and data errors come from inputs every rank reads: rank 0 reports them.
-    return all(d.code.split(".")[0] in {"recipe", "model", "data", "train", "checkpoint"}
-               for d in err.diagnostics)
+    return all(
+        d.code.split(".")[0] in {"recipe", "model", "data", "train", "checkpoint"}
+        for d in err.diagnostics
+    )
 
 
 def _report(err: BaseException, rank: int) -> bool:
     """Print the error once; True when it is only the echo of another rank's death."""
     text = "".join(traceback.format_exception(err))
     if any(hint in text for hint in _PEER_FAILURE_HINTS):
-        print(f"[rank {rank}] stopping: a peer rank failed (its error is reported by the launcher)",
-              file=sys.stderr, flush=True)
+        print(
+            f"[rank {rank}] stopping: a peer rank failed (its error is reported by the launcher)",
+            file=sys.stderr,
+            flush=True,
+        )
         return True
     print(f"[rank {rank}] error: {type(err).__name__}: {err}\n{text}", file=sys.stderr, flush=True)
     return False

@@ -30,8 +30,9 @@ class StepTimer:
 
 
 class MetricsLog:
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, progress_bar: bool,
-                 total_steps: int):
+    def __init__(
+        self, run_dir: Path, enabled: bool, tensorboard: bool, progress_bar: bool, total_steps: int
+    ):
         self.enabled = enabled
         self.path = run_dir / METRICS_FILE
         self._tb = None
@@ -45,15 +46,19 @@ class MetricsLog:
         if progress_bar:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, desc="grpo", unit="step", file=sys.stderr,
-                             dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total_steps, desc="grpo", unit="step", file=sys.stderr, dynamic_ncols=True
+            )
 
     def truncate_after(self, step: int) -> None:
         """On resume, forget steps logged after the checkpoint (they will be run again)."""
         if not self.enabled or not self.path.exists():
             return
-        kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= step]
+        kept = [
+            line
+            for line in self.path.read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] <= step
+        ]
         self.path.write_text("".join(line + "\n" for line in kept))
         if self._bar is not None:
             self._bar.n = step
@@ -72,9 +77,11 @@ class MetricsLog:
             self._tb.flush()
         if self._bar is not None and "train/reward" in metrics:
             self._bar.n = step
-            self._bar.set_postfix(reward=f"{metrics['train/reward']:.3f}",
-                                  acc=f"{metrics.get('train/accuracy', 0):.2f}",
-                                  step_s=f"{metrics.get('time/step', 0):.1f}")
+            self._bar.set_postfix(
+                reward=f"{metrics['train/reward']:.3f}",
+                acc=f"{metrics.get('train/accuracy', 0):.2f}",
+                step_s=f"{metrics.get('time/step', 0):.1f}",
+            )
             self._bar.refresh()
 
     def write(self, text: str) -> None:

@@ -23,8 +23,13 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
 
     run = Path(run_dir)
     if not (run / METRICS_FILE).exists():
-        raise RlflowError(Diagnostic("report.no-metrics", f"`{run}` has no {METRICS_FILE}",
-                                     help="pass the run directory of an `rlflow train` run"))
+        raise RlflowError(
+            Diagnostic(
+                "report.no-metrics",
+                f"`{run}` has no {METRICS_FILE}",
+                help="pass the run directory of an `rlflow train` run",
+            )
+        )
     records = read_metrics(run)
     out = Path(out_dir) if out_dir else run / "plots"
     out.mkdir(parents=True, exist_ok=True)
@@ -35,8 +40,13 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
             points = [(r["step"], r[key]) for r in records if key in r]
             if points:
                 steps, values = zip(*points)
-                ax.plot(steps, values, marker="o" if key.startswith("val/") else None,
-                        markersize=3, label=key)
+                ax.plot(
+                    steps,
+                    values,
+                    marker="o" if key.startswith("val/") else None,
+                    markersize=3,
+                    label=key,
+                )
         ax.set_xlabel("step")
         ax.set_title(f"{run.name}: {name}")
         ax.grid(alpha=0.3)
@@ -50,8 +60,9 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
     return written
 
 
-def compare_runs(run_dirs: list[str | Path], labels: list[str], key: str, out: str | Path,
-                 title: str) -> Path:
+def compare_runs(
+    run_dirs: list[str | Path], labels: list[str], key: str, out: str | Path, title: str
+) -> Path:
     """One plot of `key` against step for several runs (e.g. two generation backends)."""
     import matplotlib
 

@@ -21,7 +21,9 @@ from rlflow.model.forward import Media
 class TrainBatch:
     input_ids: torch.Tensor  # [N, L]
     attention_mask: torch.Tensor  # [N, L] bool
-    prompt_mask: torch.Tensor  # [N, L] bool: prompt tokens (media pads outside it are generated text)
+    prompt_mask: (
+        torch.Tensor
+    )  # [N, L] bool: prompt tokens (media pads outside it are generated text)
     target_mask: torch.Tensor  # [N, L-1] bool: target is a generated token
     gen_logprobs: torch.Tensor  # [N, L-1] generator's logprobs at generated targets, 0 elsewhere
     advantages: torch.Tensor  # [N]
@@ -52,22 +54,40 @@ class TrainBatch:
         width = int(self.attention_mask.sum(1).max())
         if width == self.input_ids.shape[1]:
             return self
-        return TrainBatch(self.input_ids[:, :width], self.attention_mask[:, :width],
-                          self.prompt_mask[:, :width], self.target_mask[:, : width - 1], self.gen_logprobs[:, : width - 1],
-                          self.advantages, self.media)
+        return TrainBatch(
+            self.input_ids[:, :width],
+            self.attention_mask[:, :width],
+            self.prompt_mask[:, :width],
+            self.target_mask[:, : width - 1],
+            self.gen_logprobs[:, : width - 1],
+            self.advantages,
+            self.media,
+        )
 
     def to(self, device) -> TrainBatch:
-        return TrainBatch(self.input_ids.to(device), self.attention_mask.to(device),
-                          self.prompt_mask.to(device), self.target_mask.to(device), self.gen_logprobs.to(device),
-                          self.advantages.to(device), self.media)
+        return TrainBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.prompt_mask.to(device),
+            self.target_mask.to(device),
+            self.gen_logprobs.to(device),
+            self.advantages.to(device),
+            self.media,
+        )
 
     def stacked_media(self, device) -> Media:
         return Media.concat(self.media).to(device)
 
 
-def build_train_batch(prompts: list[Prompt], completions: list[Completion], advantages: list[float],
-                      image_token_id: int, video_token_id: int, merge_size: int,
-                      pad_token_id: int) -> TrainBatch:
+def build_train_batch(
+    prompts: list[Prompt],
+    completions: list[Completion],
+    advantages: list[float],
+    image_token_id: int,
+    video_token_id: int,
+    merge_size: int,
+    pad_token_id: int,
+) -> TrainBatch:
     """Right-padded prompt+completion rows (prompts[i] produced completions[i])."""
     rows, starts, logprobs = [], [], []
     for prompt, completion in zip(prompts, completions, strict=True):
@@ -89,5 +109,12 @@ def build_train_batch(prompts: list[Prompt], completions: list[Completion], adva
         # target index t is token t+1: generated tokens start..len-1 are targets start-1..len-2
         target_mask[i, start - 1 : len(row) - 1] = True
         gen_logprobs[i, start - 1 : len(row) - 1] = torch.tensor(lps, dtype=torch.float32)
-    return TrainBatch(input_ids, attention, prompt_mask, target_mask, gen_logprobs,
-                      torch.tensor(advantages, dtype=torch.float32), [p.media for p in prompts])
+    return TrainBatch(
+        input_ids,
+        attention,
+        prompt_mask,
+        target_mask,
+        gen_logprobs,
+        torch.tensor(advantages, dtype=torch.float32),
+        [p.media for p in prompts],
+    )

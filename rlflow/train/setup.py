@@ -39,16 +39,23 @@ def check_layout(recipe: Recipe, info: parallel.ParallelInfo) -> None:
     """Rules that need the world size: fail before any model is built."""
     problems = []
     if recipe.parallelism.pipeline_parallel_size > 1:
-        problems.append(Diagnostic(
-            "train.pipeline-parallel", "rlflow's trainer runs with pipeline_parallel_size=1 for now",
-            help="use tensor_parallel_size (and data parallelism) to spread the model"))
+        problems.append(
+            Diagnostic(
+                "train.pipeline-parallel",
+                "rlflow's trainer runs with pipeline_parallel_size=1 for now",
+                help="use tensor_parallel_size (and data parallelism) to spread the model",
+            )
+        )
     if recipe.grpo.num_prompts_per_step % info.dp_size:
-        problems.append(Diagnostic(
-            "train.data-parallel",
-            f"grpo.num_prompts_per_step ({recipe.grpo.num_prompts_per_step}) is not a multiple of "
-            f"the data-parallel size ({info.dp_size})",
-            help="each data-parallel rank takes an equal share of the prompts: make "
-                 "num_prompts_per_step a multiple of world size / (tensor x pipeline x context)"))
+        problems.append(
+            Diagnostic(
+                "train.data-parallel",
+                f"grpo.num_prompts_per_step ({recipe.grpo.num_prompts_per_step}) is not a multiple of "
+                f"the data-parallel size ({info.dp_size})",
+                help="each data-parallel rank takes an equal share of the prompts: make "
+                "num_prompts_per_step a multiple of world size / (tensor x pipeline x context)",
+            )
+        )
     if problems:
         raise RlflowError(problems)
 
@@ -83,11 +90,28 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     train_data = build_dataset(recipe.data.train, recipe.data)
     val_data = build_dataset(recipe.data.validation, recipe.data)
     sampler = PromptSampler(len(train_data), recipe.grpo.num_prompts_per_step, recipe.run.seed)
-    backend = make_backend(recipe.generation, policy, encoder.pad_token_id, run_dir,
-                           recipe.data.max_prompt_tokens)
-    log = MetricsLog(run_dir, enabled=info.is_main, tensorboard=recipe.logging.tensorboard,
-                     progress_bar=recipe.logging.progress_bar, total_steps=recipe.grpo.max_num_steps)
-    return Trainer(recipe=recipe, run_dir=run_dir, info=info, policy=policy, reference=reference,
-                   encoder=encoder, train_data=train_data, val_data=val_data, sampler=sampler,
-                   backend=backend, checkpointer=Checkpointer(run_dir, recipe.checkpointing.keep_last),
-                   log=log, stop=stop)
+    backend = make_backend(
+        recipe.generation, policy, encoder.pad_token_id, run_dir, recipe.data.max_prompt_tokens
+    )
+    log = MetricsLog(
+        run_dir,
+        enabled=info.is_main,
+        tensorboard=recipe.logging.tensorboard,
+        progress_bar=recipe.logging.progress_bar,
+        total_steps=recipe.grpo.max_num_steps,
+    )
+    return Trainer(
+        recipe=recipe,
+        run_dir=run_dir,
+        info=info,
+        policy=policy,
+        reference=reference,
+        encoder=encoder,
+        train_data=train_data,
+        val_data=val_data,
+        sampler=sampler,
+        backend=backend,
+        checkpointer=Checkpointer(run_dir, recipe.checkpointing.keep_last),
+        log=log,
+        stop=stop,
+    )

@@ -29,15 +29,30 @@ class Optimizer:
     inner: object  # megatron.core.optimizer.MegatronOptimizer
 
     @staticmethod
-    def create(policy: Policy, lr: float, weight_decay: float, beta1: float, beta2: float, eps: float,
-               max_grad_norm: float) -> Optimizer:
+    def create(
+        policy: Policy,
+        lr: float,
+        weight_decay: float,
+        beta1: float,
+        beta2: float,
+        eps: float,
+        max_grad_norm: float,
+    ) -> Optimizer:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         config = OptimizerConfig(
-            optimizer="adam", lr=lr, min_lr=lr, weight_decay=weight_decay, adam_beta1=beta1,
-            adam_beta2=beta2, adam_eps=eps, clip_grad=max_grad_norm,
-            bf16=policy.dtype == torch.bfloat16, params_dtype=policy.dtype,
-            use_distributed_optimizer=False)
+            optimizer="adam",
+            lr=lr,
+            min_lr=lr,
+            weight_decay=weight_decay,
+            adam_beta1=beta1,
+            adam_beta2=beta2,
+            adam_eps=eps,
+            clip_grad=max_grad_norm,
+            bf16=policy.dtype == torch.bfloat16,
+            params_dtype=policy.dtype,
+            use_distributed_optimizer=False,
+        )
         return Optimizer(policy, get_megatron_optimizer(config, policy.chunks))
 
     def zero_grad(self) -> None:
@@ -60,8 +75,13 @@ def token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool = False
     """Per-target logprobs [N, L-1] (and entropy) of the batch under the policy's weights."""
     info = parallel.info()
     batch = batch.to(info.device)
-    logits = policy_logits(policy.core, batch.input_ids, batch.attention_mask,
-                           batch.stacked_media(info.device), batch.prompt_mask)[:, :-1].float()
+    logits = policy_logits(
+        policy.core,
+        batch.input_ids,
+        batch.attention_mask,
+        batch.stacked_media(info.device),
+        batch.prompt_mask,
+    )[:, :-1].float()
     if info.tp_size == 1:
         logprobs = grpo.token_logprobs(logits, batch.targets)
         entropy = grpo.entropy_from_logits(logits) if with_entropy else None
@@ -71,8 +91,9 @@ def token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool = False
         vocab_parallel_cross_entropy,
     )
 
-    logprobs = -vocab_parallel_cross_entropy(logits.transpose(0, 1).contiguous(),
-                                             batch.targets.transpose(0, 1).contiguous()).transpose(0, 1)
+    logprobs = -vocab_parallel_cross_entropy(
+        logits.transpose(0, 1).contiguous(), batch.targets.transpose(0, 1).contiguous()
+    ).transpose(0, 1)
     entropy = None
     if with_entropy:
         with torch.no_grad():
@@ -81,8 +102,9 @@ def token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool = False
 
 
 @torch.no_grad()
-def rollout_logprobs(policy: Policy, batch: TrainBatch, micro_batch_size: int,
-                     with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def rollout_logprobs(
+    policy: Policy, batch: TrainBatch, micro_batch_size: int, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs of every rollout in micro-batches, padded back to the batch width (no grad)."""
     width = batch.input_ids.shape[1] - 1
     logprobs = torch.zeros(len(batch), width)
@@ -93,9 +115,9 @@ def rollout_logprobs(policy: Policy, batch: TrainBatch, micro_batch_size: int,
         for start in range(0, len(batch), micro_batch_size):
             micro = batch.rows(slice(start, start + micro_batch_size))
             lp, ent = token_logprobs(policy, micro, with_entropy)
-            logprobs[start:start + len(micro), : lp.shape[1]] = lp.cpu()
+            logprobs[start : start + len(micro), : lp.shape[1]] = lp.cpu()
             if entropy is not None:
-                entropy[start:start + len(micro), : ent.shape[1]] = ent.cpu()
+                entropy[start : start + len(micro), : ent.shape[1]] = ent.cpu()
     finally:
         policy.core.train(was_training)
     return logprobs, entropy
@@ -104,12 +126,21 @@ def rollout_logprobs(policy: Policy, batch: TrainBatch, micro_batch_size: int,
 def global_counts(mask: torch.Tensor) -> tuple[float, float]:
     """(valid tokens, valid sequences) of a mini-batch summed over data-parallel ranks."""
     tokens, seqs = grpo.valid_counts(mask)
-    return tuple(parallel.all_reduce_sum([float(tokens), float(seqs)], parallel.data_parallel_group()))
+    return tuple(
+        parallel.all_reduce_sum([float(tokens), float(seqs)], parallel.data_parallel_group())
+    )
 
 
-def grpo_update(policy: Policy, optimizer: Optimizer, batch: TrainBatch, old_logprobs: torch.Tensor,
-                ref_logprobs: torch.Tensor | None, loss_cfg: LossConfig, micro_batch_size: int,
-                num_minibatches: int) -> dict[str, float]:
+def grpo_update(
+    policy: Policy,
+    optimizer: Optimizer,
+    batch: TrainBatch,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    loss_cfg: LossConfig,
+    micro_batch_size: int,
+    num_minibatches: int,
+) -> dict[str, float]:
     """num_minibatches optimizer updates over the batch; metrics averaged over updates."""
     totals: dict[str, float] = {}
     size = len(batch) // num_minibatches
@@ -119,21 +150,36 @@ def grpo_update(policy: Policy, optimizer: Optimizer, batch: TrainBatch, old_log
         optimizer.zero_grad()
         sums: dict[str, float] = {}
         for start in range(0, size, micro_batch_size):
-            pick = rows[start:start + micro_batch_size]
-            metrics = _grpo_micro_step(policy, batch.rows(pick), old_logprobs[pick],
-                                       None if ref_logprobs is None else ref_logprobs[pick],
-                                       loss_cfg, num_tokens, num_seqs)
+            pick = rows[start : start + micro_batch_size]
+            metrics = _grpo_micro_step(
+                policy,
+                batch.rows(pick),
+                old_logprobs[pick],
+                None if ref_logprobs is None else ref_logprobs[pick],
+                loss_cfg,
+                num_tokens,
+                num_seqs,
+            )
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + value
-        sums = dict(zip(sums, parallel.all_reduce_sum(list(sums.values()), parallel.data_parallel_group())))
+        sums = dict(
+            zip(sums, parallel.all_reduce_sum(list(sums.values()), parallel.data_parallel_group()))
+        )
         sums["grad_norm"] = optimizer.step()
         for key, value in sums.items():
             totals[key] = totals.get(key, 0.0) + value / num_minibatches
     return totals
 
 
-def _grpo_micro_step(policy, micro: TrainBatch, old_lp, ref_lp, loss_cfg: LossConfig,
-                     num_tokens: float, num_seqs: float) -> dict[str, float]:
+def _grpo_micro_step(
+    policy,
+    micro: TrainBatch,
+    old_lp,
+    ref_lp,
+    loss_cfg: LossConfig,
+    num_tokens: float,
+    num_seqs: float,
+) -> dict[str, float]:
     device = parallel.info().device
     width = micro.input_ids.shape[1] - 1
     logprobs, _ = token_logprobs(policy, micro)
@@ -143,14 +189,25 @@ def _grpo_micro_step(policy, micro: TrainBatch, old_lp, ref_lp, loss_cfg: LossCo
     if ref_lp is not None:
         kl = grpo.kl_estimate(logprobs, ref_lp[:, :width].to(device), loss_cfg.kl_type)
     loss, metrics = grpo.clipped_pg_loss(
-        logprobs, old, micro.advantages.to(device), mask, loss_cfg.ratio_clip_low,
-        loss_cfg.ratio_clip_high, kl, loss_cfg.kl_penalty, loss_cfg.token_level_loss,
-        num_tokens, num_seqs)
+        logprobs,
+        old,
+        micro.advantages.to(device),
+        mask,
+        loss_cfg.ratio_clip_low,
+        loss_cfg.ratio_clip_high,
+        kl,
+        loss_cfg.kl_penalty,
+        loss_cfg.token_level_loss,
+        num_tokens,
+        num_seqs,
+    )
     _backward(loss)
     return {key: float(value) for key, value in metrics.items()}
 
 
-def sft_update(policy: Policy, optimizer: Optimizer, batch: TrainBatch, micro_batch_size: int) -> float:
+def sft_update(
+    policy: Policy, optimizer: Optimizer, batch: TrainBatch, micro_batch_size: int
+) -> float:
     """One supervised step: mean negative logprob of the target tokens; returns the loss."""
     num_tokens, _ = global_counts(batch.target_mask)
     optimizer.zero_grad()

@@ -21,13 +21,30 @@ def base_data():
 def configs(base_data):
     """configs(kind, seed=..., num_samples=..., image_size=..., ...) -> (split_cfg, data_cfg)."""
 
-    def make(kind: str = "clevr", *, seed: int = 1, num_samples: int = 64, path=None,
-             image_root=None, num_frames: int | None = 4, **data_overrides):
-        split = dataclasses.replace(base_data.train, kind=kind, seed=seed, num_samples=num_samples,
-                                    path=path, image_root=image_root)
-        video = dataclasses.replace(base_data.video, num_frames=num_frames,
-                                    temporal_patch_size=2 if num_frames else None,
-                                    fps=2.0 if num_frames else None)
+    def make(
+        kind: str = "clevr",
+        *,
+        seed: int = 1,
+        num_samples: int = 64,
+        path=None,
+        image_root=None,
+        num_frames: int | None = 4,
+        **data_overrides,
+    ):
+        split = dataclasses.replace(
+            base_data.train,
+            kind=kind,
+            seed=seed,
+            num_samples=num_samples,
+            path=path,
+            image_root=image_root,
+        )
+        video = dataclasses.replace(
+            base_data.video,
+            num_frames=num_frames,
+            temporal_patch_size=2 if num_frames else None,
+            fps=2.0 if num_frames else None,
+        )
         data = dataclasses.replace(base_data, train=split, video=video, **data_overrides)
         return split, data
 

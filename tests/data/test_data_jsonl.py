@@ -27,24 +27,34 @@ def write_jsonl(path, lines) -> str:
 
 
 def load(configs, path, image_root=None, num_samples=64):
-    return build_dataset(*configs("jsonl", path=path, image_root=image_root, num_samples=num_samples))
+    return build_dataset(
+        *configs("jsonl", path=path, image_root=image_root, num_samples=num_samples)
+    )
 
 
 def test_r1v_rows_load(configs, images, tmp_path):
-    path = write_jsonl(tmp_path / "train.jsonl", [
-        {"image": "a.png", "problem": "How many items are there in the image?",
-         "solution": "<answer> 3 </answer>"},
-        {"image_path": "b.png", "problem": "<image>How many spheres?", "solution": "2"},
-        "",  # blank lines are skipped
-        {"image": str(images / "c.png"), "problem": "Count.", "solution": 4, "id": "row-c"},
-    ])
+    path = write_jsonl(
+        tmp_path / "train.jsonl",
+        [
+            {
+                "image": "a.png",
+                "problem": "How many items are there in the image?",
+                "solution": "<answer> 3 </answer>",
+            },
+            {"image_path": "b.png", "problem": "<image>How many spheres?", "solution": "2"},
+            "",  # blank lines are skipped
+            {"image": str(images / "c.png"), "problem": "Count.", "solution": 4, "id": "row-c"},
+        ],
+    )
     dataset = load(configs, path, image_root=str(images))
     assert len(dataset) == 3
     rows = [dataset[i] for i in range(3)]
     assert [r.answer for r in rows] == ["3", "2", "4"]
     assert [r.id for r in rows] == ["train.jsonl:1", "train.jsonl:2", "row-c"]
     assert rows[1].question == "How many spheres?"  # the literal marker is dropped
-    assert {(r.media, r.images[0].mode, r.images[0].size) for r in rows} == {("image", "RGB", (40, 30))}
+    assert {(r.media, r.images[0].mode, r.images[0].size) for r in rows} == {
+        ("image", "RGB", (40, 30))
+    }
 
 
 def test_image_root_defaults_to_the_files_directory(configs, images):
@@ -66,37 +76,52 @@ def error_of(configs, path, image_root=None) -> RlflowError:
 
 
 def test_missing_key_names_file_line_and_key(configs, images, tmp_path):
-    path = write_jsonl(tmp_path / "t.jsonl", [
-        {"image": "a.png", "problem": "?", "solution": "1"},
-        {"image": "a.png", "solution": "1"},
-        {"problem": "?", "solution": "1"},
-    ])
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"image": "a.png", "problem": "?", "solution": "1"},
+            {"image": "a.png", "solution": "1"},
+            {"problem": "?", "solution": "1"},
+        ],
+    )
     error = error_of(configs, path, str(images))
     assert [(d.code, d.file, d.line) for d in error.diagnostics] == [
-        ("data.jsonl-missing-key", path, 2), ("data.jsonl-missing-key", path, 3)]
+        ("data.jsonl-missing-key", path, 2),
+        ("data.jsonl-missing-key", path, 3),
+    ]
     assert "line 2 has no `problem` (it has: image, solution)" in error.diagnostics[0].message
     assert "line 3 has no `image`" in error.diagnostics[1].message
     assert f"--> {path}:2" in str(error)
 
 
 def test_bad_json_names_file_line_and_column(configs, images, tmp_path):
-    path = write_jsonl(tmp_path / "t.jsonl", [
-        {"image": "a.png", "problem": "?", "solution": "1"},
-        '{"image": "a.png", "problem": "?" "solution": "1"}',
-        "[1, 2]",
-    ])
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"image": "a.png", "problem": "?", "solution": "1"},
+            '{"image": "a.png", "problem": "?" "solution": "1"}',
+            "[1, 2]",
+        ],
+    )
     first, second = error_of(configs, path, str(images)).diagnostics
-    assert (first.code, first.line, first.column) == ("data.jsonl-bad-json", 2, 35)  # the 1-based column of "solution"
+    assert (first.code, first.line, first.column) == (
+        "data.jsonl-bad-json",
+        2,
+        35,
+    )  # the 1-based column of "solution"
     assert "line 2 is not valid JSON: Expecting ',' delimiter" in first.message
     assert (second.code, second.line) == ("data.jsonl-bad-row", 3)
 
 
 def test_bad_values_are_named(configs, images, tmp_path):
-    path = write_jsonl(tmp_path / "t.jsonl", [
-        {"image": "a.png", "problem": "", "solution": "1"},
-        {"image": "a.png", "problem": "?", "solution": "<answer>  </answer>"},
-        {"image": 7, "problem": "?", "solution": None},
-    ])
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"image": "a.png", "problem": "", "solution": "1"},
+            {"image": "a.png", "problem": "?", "solution": "<answer>  </answer>"},
+            {"image": 7, "problem": "?", "solution": None},
+        ],
+    )
     messages = [d.message for d in error_of(configs, path, str(images)).diagnostics]
     assert messages == [
         "line 1: `problem` must be a non-empty string",
@@ -106,7 +131,9 @@ def test_bad_values_are_named(configs, images, tmp_path):
 
 
 def test_missing_image_is_named(configs, images, tmp_path):
-    path = write_jsonl(tmp_path / "t.jsonl", [{"image": "nope.png", "problem": "?", "solution": "1"}])
+    path = write_jsonl(
+        tmp_path / "t.jsonl", [{"image": "nope.png", "problem": "?", "solution": "1"}]
+    )
     (problem,) = error_of(configs, path, str(images)).diagnostics
     assert (problem.code, problem.line) == ("data.jsonl-missing-image", 1)
     assert f"image {images / 'nope.png'} does not exist" in problem.message
@@ -115,7 +142,9 @@ def test_missing_image_is_named(configs, images, tmp_path):
 
 def test_unreadable_image_fails_when_read(configs, images, tmp_path):
     (images / "broken.png").write_text("not a png")
-    path = write_jsonl(tmp_path / "t.jsonl", [{"image": "broken.png", "problem": "?", "solution": "1"}])
+    path = write_jsonl(
+        tmp_path / "t.jsonl", [{"image": "broken.png", "problem": "?", "solution": "1"}]
+    )
     dataset = load(configs, path, str(images))
     with pytest.raises(RlflowError, match="cannot read image .*broken.png") as caught:
         dataset[0]
@@ -140,5 +169,7 @@ def test_many_problems_are_capped_with_a_count(configs, tmp_path):
 
 def test_jsonl_without_path_names_the_split_key(configs):
     split, data = configs("jsonl", path=None)
-    with pytest.raises(RlflowError, match="`data.train.kind` is jsonl, but `data.train.path` is not set"):
+    with pytest.raises(
+        RlflowError, match="`data.train.kind` is jsonl, but `data.train.path` is not set"
+    ):
         build_dataset(split, data)

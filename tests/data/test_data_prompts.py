@@ -10,8 +10,9 @@ from rlflow.data.sample import Sample
 SUFFIX = " Answer with a number in <answer></answer> tags."
 
 
-@pytest.mark.parametrize("kind, media_entries", [("clevr", ["image"]), ("video", ["video"]),
-                                                 ("text", [])])
+@pytest.mark.parametrize(
+    "kind, media_entries", [("clevr", ["image"]), ("video", ["video"]), ("text", [])]
+)
 def test_messages_have_one_media_entry_then_the_question(configs, kind, media_entries):
     sample = build_dataset(*configs(kind))[0]
     (message,) = to_messages(sample, SUFFIX)

@@ -26,42 +26,57 @@ def row(answer: str, id: str = "row-0") -> Sample:
     return Sample(id=id, media="text", question="How many?", answer=answer)
 
 
-@pytest.mark.parametrize("completion, expected", [
-    ("<answer>3</answer>", 1.0),
-    ("I count them. <answer> 3 </answer>", 1.0),
-    ("<ANSWER>3</ANSWER>", 1.0),
-    ("<answer>\n3\n</answer>", 1.0),
-    ("3", 0.0),
-    ("<answer>3", 0.0),
-    ("<answer>1</answer><answer>3</answer>", 0.0),  # two answers: not the asked-for form
-])
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("<answer>3</answer>", 1.0),
+        ("I count them. <answer> 3 </answer>", 1.0),
+        ("<ANSWER>3</ANSWER>", 1.0),
+        ("<answer>\n3\n</answer>", 1.0),
+        ("3", 0.0),
+        ("<answer>3", 0.0),
+        ("<answer>1</answer><answer>3</answer>", 0.0),  # two answers: not the asked-for form
+    ],
+)
 def test_format_reward(completion, expected):
     assert format_reward(completion, "3") == expected
 
 
-@pytest.mark.parametrize("completion, answer, expected", [
-    ("<answer>3</answer>", "3", 1.0),
-    ("<answer> 3 </answer>", "3", 1.0),
-    ("<answer>3</answer>", " 3 ", 1.0),
-    ("<answer>3.0</answer>", "3", 1.0),
-    ("<answer>+3</answer>", "3", 1.0),
-    ("<answer>4</answer>", "3", 0.0),
-    ("<answer>-3</answer>", "3", 0.0),  # alnum-only matching would call these equal
-    ("<answer>3.0</answer>", "30", 0.0),
-    ("<answer>3 cubes</answer>", "3", 0.0),
-    ("<answer></answer>", "3", 0.0),
-    ("3", "3", 0.0),  # no tags, no credit
-    ("<answer>Yes.</answer>", "yes", 1.0),
-    ("<answer>!</answer>", "?", 0.0),  # nothing left after normalising is never a match
-    ("<answer>1</answer> on second thought <answer>3</answer>", "3", 1.0),  # the last one counts
-    ("<answer>3</answer> on second thought <answer>1</answer>", "3", 0.0),
-])
+@pytest.mark.parametrize(
+    "completion, answer, expected",
+    [
+        ("<answer>3</answer>", "3", 1.0),
+        ("<answer> 3 </answer>", "3", 1.0),
+        ("<answer>3</answer>", " 3 ", 1.0),
+        ("<answer>3.0</answer>", "3", 1.0),
+        ("<answer>+3</answer>", "3", 1.0),
+        ("<answer>4</answer>", "3", 0.0),
+        ("<answer>-3</answer>", "3", 0.0),  # alnum-only matching would call these equal
+        ("<answer>3.0</answer>", "30", 0.0),
+        ("<answer>3 cubes</answer>", "3", 0.0),
+        ("<answer></answer>", "3", 0.0),
+        ("3", "3", 0.0),  # no tags, no credit
+        ("<answer>Yes.</answer>", "yes", 1.0),
+        ("<answer>!</answer>", "?", 0.0),  # nothing left after normalising is never a match
+        (
+            "<answer>1</answer> on second thought <answer>3</answer>",
+            "3",
+            1.0,
+        ),  # the last one counts
+        ("<answer>3</answer> on second thought <answer>1</answer>", "3", 0.0),
+    ],
+)
 def test_exact_match_reward(completion, answer, expected):
     assert exact_match_reward(completion, answer) == expected
 
 
 def test_score_weights_are_renormalised():
-    completions = ["<answer>3</answer>", "<answer>4</answer>", "3", "<answer>1</answer><answer>3</answer>"]
+    completions = [
+        "<answer>3</answer>",
+        "<answer>4</answer>",
+        "3",
+        "<answer>1</answer><answer>3</answer>",
+    ]
     samples = [row("3", f"r{i}") for i in range(4)]
     totals, per_reward, correct = score(completions, samples, {"format": 1.0, "exact_match": 4.0})
     assert per_reward == {"format": [1.0, 1.0, 0.0, 0.0], "exact_match": [1.0, 0.0, 0.0, 1.0]}
@@ -70,18 +85,22 @@ def test_score_weights_are_renormalised():
 
 
 def test_correct_is_exact_match_even_when_it_is_not_weighted():
-    totals, per_reward, correct = score(["<answer>3</answer>", "<answer>2</answer>"],
-                                        [row("3"), row("3")], {"format": 0.5})
+    totals, per_reward, correct = score(
+        ["<answer>3</answer>", "<answer>2</answer>"], [row("3"), row("3")], {"format": 0.5}
+    )
     assert totals == [1.0, 1.0]
     assert list(per_reward) == ["format"]
     assert correct == [True, False]
 
 
-@pytest.mark.parametrize("weights, message", [
-    ({"exact_mach": 1.0}, "`rewards.exact_mach` is not a known reward"),
-    ({"format": -1.0, "exact_match": 2.0}, "must not be negative"),
-    ({"format": 0.0}, "add up to 0"),
-])
+@pytest.mark.parametrize(
+    "weights, message",
+    [
+        ({"exact_mach": 1.0}, "`rewards.exact_mach` is not a known reward"),
+        ({"format": -1.0, "exact_match": 2.0}, "must not be negative"),
+        ({"format": 0.0}, "add up to 0"),
+    ],
+)
 def test_bad_weights_are_errors(weights, message):
     with pytest.raises(RlflowError, match=message):
         score(["<answer>3</answer>"], [row("3")], weights)
@@ -131,11 +150,13 @@ def test_a_reward_outside_zero_one_is_an_error(value):
 
 
 def test_rewards_import_without_torch_or_pil():
-    code = ("import sys, rlflow.data.rewards as r; "
-            "from rlflow.data import REWARDS, score; "
-            "from rlflow.recipe import load_checked; "
-            f"load_checked({str(BASE_RECIPE)!r}); "
-            "assert r.REWARDS is REWARDS; "
-            "heavy = [m for m in ('torch', 'PIL', 'megatron', 'transformers') if m in sys.modules]; "
-            "assert not heavy, heavy")
+    code = (
+        "import sys, rlflow.data.rewards as r; "
+        "from rlflow.data import REWARDS, score; "
+        "from rlflow.recipe import load_checked; "
+        f"load_checked({str(BASE_RECIPE)!r}); "
+        "assert r.REWARDS is REWARDS; "
+        "heavy = [m for m in ('torch', 'PIL', 'megatron', 'transformers') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -19,7 +19,7 @@ def take(sampler, n: int) -> list[list[int]]:
 
 def test_each_epoch_visits_every_row_once_in_a_new_order():
     batches = take(PromptSampler(dataset_len=12, batch_size=4, seed=0), 9)
-    epochs = [sum(batches[i:i + 3], []) for i in (0, 3, 6)]
+    epochs = [sum(batches[i : i + 3], []) for i in (0, 3, 6)]
     assert all(sorted(epoch) == list(range(12)) for epoch in epochs)
     assert len({tuple(epoch) for epoch in epochs}) == 3
 
@@ -27,7 +27,7 @@ def test_each_epoch_visits_every_row_once_in_a_new_order():
 def test_a_batch_runs_on_into_the_next_epoch():
     sampler = PromptSampler(dataset_len=5, batch_size=3, seed=0)
     stream = sum(take(sampler, 10), [])
-    assert [sorted(stream[i:i + 5]) for i in range(0, 30, 5)] == [list(range(5))] * 6
+    assert [sorted(stream[i : i + 5]) for i in range(0, 30, 5)] == [list(range(5))] * 6
     assert sampler.epoch == 5  # the sixth epoch (from 0) is used up; the seventh starts on demand
 
 
@@ -40,8 +40,12 @@ def test_seed_decides_the_order():
 
 
 @settings(max_examples=40, deadline=None)
-@given(dataset_len=st.integers(1, 40), batch_size=st.integers(1, 16), seed=st.integers(0, 2**32),
-       steps_before=st.integers(0, 12))
+@given(
+    dataset_len=st.integers(1, 40),
+    batch_size=st.integers(1, 16),
+    seed=st.integers(0, 2**32),
+    steps_before=st.integers(0, 12),
+)
 def test_resume_continues_with_the_same_batches(dataset_len, batch_size, seed, steps_before):
     uninterrupted = PromptSampler(dataset_len, batch_size, seed)
     expected = take(uninterrupted, steps_before + 8)[steps_before:]

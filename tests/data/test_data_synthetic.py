@@ -19,7 +19,9 @@ from rlflow.data.scene import BACKGROUND, COGENT, COLORS, grid_for
 from rlflow.errors import RlflowError
 
 COLOR_OF_RGB = {rgb: name for name, rgb in COLORS.items()}
-COUNT_RE = re.compile(r"How many (?:(\w+) )?(square|circle|triangle|object)s (?:are there|appear in the video)\?$")
+COUNT_RE = re.compile(
+    r"How many (?:(\w+) )?(square|circle|triangle|object)s (?:are there|appear in the video)\?$"
+)
 FRAME_RE = re.compile(r"In which frame does the (\w+) (\w+) appear\?$")
 DESCRIBED_RE = re.compile(r"an? (large|small) (\w+) (square|circle|triangle)")
 
@@ -30,12 +32,12 @@ def read_objects(image, grid: int, cell: int) -> list[tuple[str, str]]:
     found = []
     for index in range(grid * grid):
         row, col = divmod(index, grid)
-        patch = pixels[row * cell:(row + 1) * cell, col * cell:(col + 1) * cell]
+        patch = pixels[row * cell : (row + 1) * cell, col * cell : (col + 1) * cell]
         mask = (patch != BACKGROUND).any(axis=2)
         if not mask.any():
             continue
         ys, xs = np.nonzero(mask)
-        box = mask[ys.min():ys.max() + 1, xs.min():xs.max() + 1]
+        box = mask[ys.min() : ys.max() + 1, xs.min() : xs.max() + 1]
         centre = patch[(ys.min() + ys.max()) // 2, (xs.min() + xs.max()) // 2]
         fill = box.mean()
         shape = "square" if fill > 0.95 else "circle" if fill > 0.65 else "triangle"
@@ -67,14 +69,18 @@ def test_same_seed_same_rows_other_seed_other_rows(configs, kind):
 def test_rows_do_not_depend_on_access_order(configs):
     dataset = build_dataset(*configs("mixed"))
     backwards = {i: dataset[i] for i in reversed(range(10))}
-    assert all(pixel_bytes(dataset[i]) == pixel_bytes(backwards[i])
-               and dataset[i].question == backwards[i].question for i in range(10))
+    assert all(
+        pixel_bytes(dataset[i]) == pixel_bytes(backwards[i])
+        and dataset[i].question == backwards[i].question
+        for i in range(10)
+    )
 
 
 @pytest.mark.parametrize("image_size, max_objects", [(112, 4), (56, 4), (100, 6), (224, 10)])
 def test_clevr_answers_match_the_pixels(configs, image_size, max_objects):
-    dataset = build_dataset(*configs("clevr", num_samples=60, image_size=image_size,
-                                     max_objects=max_objects))
+    dataset = build_dataset(
+        *configs("clevr", num_samples=60, image_size=image_size, max_objects=max_objects)
+    )
     grid, cell = grid_for(image_size, max_objects)
     for sample in dataset:
         (image,) = sample.images

@@ -28,8 +28,15 @@ def backends(tiny_policy, tiny_processor):
 
 
 def greedy(n: int, eos: int, ignore_eos: bool = True) -> SamplingParams:
-    return SamplingParams(max_new_tokens=n, temperature=0.0, top_p=1.0, top_k=0, seed=0,
-                          stop_token_ids=(eos,), ignore_eos=ignore_eos)
+    return SamplingParams(
+        max_new_tokens=n,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        seed=0,
+        stop_token_ids=(eos,),
+        ignore_eos=ignore_eos,
+    )
 
 
 def test_greedy_tokens_and_logprobs_match_reference(backends, mixed_prompts, tiny_processor):
@@ -77,7 +84,8 @@ def test_sampling_is_seeded(backends, mixed_prompts, tiny_processor):
 
 
 def test_compact_prompt_is_expanded_once_and_expanded_prompt_is_not_expanded_again(
-        tiny_policy, mixed_prompts, backends, tiny_processor):
+    tiny_policy, mixed_prompts, backends, tiny_processor
+):
     config = tiny_policy.core.config
     merge = config.vision_config.spatial_merge_size
     expanded = mixed_prompts[0]
@@ -87,11 +95,18 @@ def test_compact_prompt_is_expanded_once_and_expanded_prompt_is_not_expanded_aga
         if not (token == pad and compact_ids and compact_ids[-1] == pad):
             compact_ids.append(token)
     compact = Prompt(expanded.sample_id, expanded.text, tuple(compact_ids), False, expanded.media)
-    assert expanded_token_ids(compact, pad, config.video_token_id, merge) == list(expanded.token_ids)
-    assert expanded_token_ids(expanded, pad, config.video_token_id, merge) == list(expanded.token_ids)
+    assert expanded_token_ids(compact, pad, config.video_token_id, merge) == list(
+        expanded.token_ids
+    )
+    assert expanded_token_ids(expanded, pad, config.video_token_id, merge) == list(
+        expanded.token_ids
+    )
     megatron, _ = backends
     params = greedy(6, tiny_processor.tokenizer.eos_token_id)
-    assert megatron.generate([compact], params)[0].token_ids == megatron.generate([expanded], params)[0].token_ids
+    assert (
+        megatron.generate([compact], params)[0].token_ids
+        == megatron.generate([expanded], params)[0].token_ids
+    )
     wrong = Prompt(expanded.sample_id, expanded.text, tuple(compact_ids), True, expanded.media)
     with pytest.raises(ValueError, match="marked expanded"):
         expanded_token_ids(wrong, pad, config.video_token_id, merge)

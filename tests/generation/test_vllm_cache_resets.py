@@ -14,8 +14,15 @@ from tests.tiny import make_prompt
 
 
 def greedy(n: int, eos: int) -> SamplingParams:
-    return SamplingParams(max_new_tokens=n, temperature=0.0, top_p=1.0, top_k=0, seed=0,
-                          stop_token_ids=(eos,), ignore_eos=True)
+    return SamplingParams(
+        max_new_tokens=n,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        seed=0,
+        stop_token_ids=(eos,),
+        ignore_eos=True,
+    )
 
 
 def reload(backend, state, resets, folder):
@@ -35,11 +42,13 @@ def changed_weights(policy) -> dict:
 
 
 def test_without_the_prefix_cache_reset_a_long_prompt_silently_uses_stale_weights(
-        start_vllm, tiny_policy, tiny_processor, tmp_path):
+    start_vllm, tiny_policy, tiny_processor, tmp_path
+):
     eos = tiny_processor.tokenizer.eos_token_id
     short = make_prompt(tiny_processor, "text", "How many cubes?", seed=1)
-    long = make_prompt(tiny_processor, "text", " ".join(["how many red cubes are in the picture"] * 30),
-                       seed=2)
+    long = make_prompt(
+        tiny_processor, "text", " ".join(["how many red cubes are in the picture"] * 30), seed=2
+    )
     assert len(long.token_ids) >= 2 * 128  # whole KV blocks (128 tokens on CPU) get prefix-cached
     backend = start_vllm(tiny_policy)
     params = greedy(12, eos)
@@ -48,12 +57,15 @@ def test_without_the_prefix_cache_reset_a_long_prompt_silently_uses_stale_weight
     stale = backend.generate([short, long], params)
     reload(backend, changed_weights(tiny_policy), resets=["encoder", "prefix"], folder=tmp_path)
     fresh = backend.generate([short, long], params)
-    assert stale[0].token_ids == fresh[0].token_ids  # short prompt: recomputed, new weights either way
+    assert (
+        stale[0].token_ids == fresh[0].token_ids
+    )  # short prompt: recomputed, new weights either way
     assert stale[1].token_ids != fresh[1].token_ids  # long prompt: old keys and values were reused
 
 
 def test_without_the_encoder_cache_reset_the_next_image_prompt_kills_the_engine(
-        start_vllm, tiny_policy, tiny_processor, tmp_path):
+    start_vllm, tiny_policy, tiny_processor, tmp_path
+):
     from rlflow.model.build import export_hf_state_dict
 
     eos = tiny_processor.tokenizer.eos_token_id

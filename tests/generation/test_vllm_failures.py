@@ -21,8 +21,15 @@ from tests.tiny import make_prompt
 
 
 def greedy(n: int, eos: int) -> SamplingParams:
-    return SamplingParams(max_new_tokens=n, temperature=0.0, top_p=1.0, top_k=0, seed=0,
-                          stop_token_ids=(eos,), ignore_eos=True)
+    return SamplingParams(
+        max_new_tokens=n,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        seed=0,
+        stop_token_ids=(eos,),
+        ignore_eos=True,
+    )
 
 
 def process_gone(pid: int) -> bool:
@@ -43,7 +50,9 @@ def wait_gone(pid: int, seconds: float = 60.0) -> bool:
     return False
 
 
-def test_missing_environment_is_an_error_naming_the_setup_command(tiny_policy, vllm_gen_cfg, tmp_path):
+def test_missing_environment_is_an_error_naming_the_setup_command(
+    tiny_policy, vllm_gen_cfg, tmp_path
+):
     from rlflow.generation.vllm import VLLMGeneration
 
     cfg = replace(vllm_gen_cfg, vllm=replace(vllm_gen_cfg.vllm, env_root=str(tmp_path / "envs")))
@@ -81,7 +90,9 @@ def test_broken_environment_fails_at_start_with_the_worker_log(tiny_policy, vllm
 
 
 @pytest.mark.timeout(300)  # with a one-hour request timeout, only death detection ends this early
-def test_a_killed_worker_fails_the_next_call_with_its_log_tail(start_vllm, tiny_policy, tiny_processor):
+def test_a_killed_worker_fails_the_next_call_with_its_log_tail(
+    start_vllm, tiny_policy, tiny_processor
+):
     eos = tiny_processor.tokenizer.eos_token_id
     prompt = make_prompt(tiny_processor, "image", "How many?", seed=1)
     backend = start_vllm(tiny_policy, request_timeout_s=3600)
@@ -96,12 +107,16 @@ def test_a_killed_worker_fails_the_next_call_with_its_log_tail(start_vllm, tiny_
         backend.refresh_weights()
 
 
-def test_a_failed_weight_refresh_stops_the_backend(start_vllm, tiny_policy, tiny_processor, monkeypatch):
+def test_a_failed_weight_refresh_stops_the_backend(
+    start_vllm, tiny_policy, tiny_processor, monkeypatch
+):
     eos = tiny_processor.tokenizer.eos_token_id
     prompt = make_prompt(tiny_processor, "text", "How many?", seed=1)
     backend = start_vllm(tiny_policy)  # refresh 1 happens at start
     backend.generate([prompt], greedy(4, eos))
-    monkeypatch.setenv("RLFLOW_TEST_FAIL", "0:vllm-refresh2")  # one tensor cut short: vLLM refuses it
+    monkeypatch.setenv(
+        "RLFLOW_TEST_FAIL", "0:vllm-refresh2"
+    )  # one tensor cut short: vLLM refuses it
     with pytest.raises(RlflowError) as failed:
         backend.refresh_weights()
     assert "weight refresh failed" in str(failed.value)
@@ -128,15 +143,37 @@ def test_the_worker_does_not_outlive_a_killed_trainer(vllm_env, tiny_ckpt, tmp_p
     """SIGKILL to the trainer (no cleanup runs): the kernel's parent-death signal ends the worker."""
     from rlflow.generation.vllm import MEDIA_LIMITS
 
-    config = {"model": str(tiny_ckpt), "dtype": "float32", "max_model_len": 512, "max_num_seqs": 4,
-              "enforce_eager": True, "gpu_memory_utilization": 0.3,
-              "limit_mm_per_prompt": MEDIA_LIMITS, "seed": 0}
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    config = {
+        "model": str(tiny_ckpt),
+        "dtype": "float32",
+        "max_model_len": 512,
+        "max_num_seqs": 4,
+        "enforce_eager": True,
+        "gpu_memory_utilization": 0.3,
+        "limit_mm_per_prompt": MEDIA_LIMITS,
+        "seed": 0,
+    }
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
     trainer = subprocess.Popen(
-        [sys.executable, "-c", _ORPHAN_SCRIPT, str(vllm_env / "bin" / "python"), json.dumps(config),
-         str(tmp_path / "worker.log")], stdout=subprocess.PIPE, text=True, env=env,
-        cwd=Path(__file__).resolve().parents[2])
+        [
+            sys.executable,
+            "-c",
+            _ORPHAN_SCRIPT,
+            str(vllm_env / "bin" / "python"),
+            json.dumps(config),
+            str(tmp_path / "worker.log"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     try:
         worker_pid = int(trainer.stdout.readline())
         assert not process_gone(worker_pid)
@@ -147,8 +184,9 @@ def test_the_worker_does_not_outlive_a_killed_trainer(vllm_env, tiny_ckpt, tmp_p
 
 
 @pytest.mark.timeout(300)
-def test_a_worker_that_stops_answering_is_stopped_after_the_request_timeout(start_vllm, tiny_policy,
-                                                                           tiny_processor):
+def test_a_worker_that_stops_answering_is_stopped_after_the_request_timeout(
+    start_vllm, tiny_policy, tiny_processor
+):
     """A hung (not dead) worker: SIGSTOP it; the call ends at request_timeout_s, the worker by SIGKILL."""
     eos = tiny_processor.tokenizer.eos_token_id
     prompt = make_prompt(tiny_processor, "text", "How many?", seed=1)

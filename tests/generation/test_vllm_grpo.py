@@ -20,20 +20,44 @@ import pytest
 
 from tests.generation.conftest import TINY_RECIPE
 
-SHORT_RUN = ["generation.backend=vllm", "generation.vllm.device=cpu", "grpo.max_num_steps=3",
-             "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
-             "grpo.num_minibatches=1", "grpo.val_at_start=false", "grpo.val_at_end=false",
-             "grpo.val_period=0", "warm_start.num_steps=2", "checkpointing.enabled=false",
-             "logging.tensorboard=false", "logging.progress_bar=false"]
+SHORT_RUN = [
+    "generation.backend=vllm",
+    "generation.vllm.device=cpu",
+    "grpo.max_num_steps=3",
+    "grpo.num_prompts_per_step=4",
+    "grpo.num_generations_per_prompt=4",
+    "grpo.num_minibatches=1",
+    "grpo.val_at_start=false",
+    "grpo.val_at_end=false",
+    "grpo.val_period=0",
+    "warm_start.num_steps=2",
+    "checkpointing.enabled=false",
+    "logging.tensorboard=false",
+    "logging.progress_bar=false",
+]
 
 
 def train(run_dir: Path, *overrides: str, env: dict | None = None) -> subprocess.CompletedProcess:
     # A single-rank run of its own: not the rendezvous this test process may have set up.
     base = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
-    return subprocess.run([sys.executable, "-m", "rlflow.cli", "train", str(TINY_RECIPE), *SHORT_RUN,
-                           *overrides, "--run-dir", str(run_dir)],
-                          capture_output=True, text=True, env={**base, **(env or {})},
-                          cwd=TINY_RECIPE.parents[1], timeout=900)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlflow.cli",
+            "train",
+            str(TINY_RECIPE),
+            *SHORT_RUN,
+            *overrides,
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        env={**base, **(env or {})},
+        cwd=TINY_RECIPE.parents[1],
+        timeout=900,
+    )
 
 
 def metrics(run_dir: Path) -> list[dict]:

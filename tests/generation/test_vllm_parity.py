@@ -37,21 +37,32 @@ def backends(policy, tiny_processor, vllm_env, vllm_gen_cfg, tmp_path_factory):
     from rlflow.generation.vllm import VLLMGeneration
 
     pad = tiny_processor.tokenizer.pad_token_id
-    vllm = VLLMGeneration(policy, vllm_gen_cfg, tmp_path_factory.mktemp("vllm-run"), max_model_len=1024)
+    vllm = VLLMGeneration(
+        policy, vllm_gen_cfg, tmp_path_factory.mktemp("vllm-run"), max_model_len=1024
+    )
     yield vllm, MegatronGeneration(policy, pad, 8), HFGeneration(policy, pad, 8)
     vllm.close()
     assert not vllm.worker.alive()  # stopped by PID, nothing left running
 
 
 def greedy(n: int, eos: int, ignore_eos: bool = True) -> SamplingParams:
-    return SamplingParams(max_new_tokens=n, temperature=0.0, top_p=1.0, top_k=0, seed=0,
-                          stop_token_ids=(eos,), ignore_eos=ignore_eos)
+    return SamplingParams(
+        max_new_tokens=n,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        seed=0,
+        stop_token_ids=(eos,),
+        ignore_eos=ignore_eos,
+    )
 
 
 def assert_same(prompts, ours, reference, name: str) -> None:
     for prompt, a, b in zip(prompts, ours, reference, strict=True):
         assert a.token_ids == b.token_ids, f"{prompt.sample_id}: vllm vs {name}"
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < TOLERANCE, prompt.sample_id
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)) < TOLERANCE, (
+            prompt.sample_id
+        )
 
 
 def test_greedy_tokens_and_logprobs_match_megatron_and_hf(backends, prompts, tiny_processor):
@@ -63,7 +74,9 @@ def test_greedy_tokens_and_logprobs_match_megatron_and_hf(backends, prompts, tin
     assert all(len(c.token_ids) == len(c.logprobs) == 24 for c in ours)
 
 
-def test_parity_holds_after_the_policy_changes_and_is_refreshed(backends, policy, prompts, tiny_processor):
+def test_parity_holds_after_the_policy_changes_and_is_refreshed(
+    backends, policy, prompts, tiny_processor
+):
     vllm, megatron, hf = backends
     params = greedy(16, tiny_processor.tokenizer.eos_token_id)
     before = vllm.generate(prompts, params)
@@ -73,29 +86,41 @@ def test_parity_holds_after_the_policy_changes_and_is_refreshed(backends, policy
             param.add_(torch.randn(param.shape, generator=generator) * 0.5 * param.abs().mean())
     seconds = vllm.refresh_weights()
     hf.refresh_weights()
-    assert not leftover_weight_files(vllm)  # the file lived only for the reload (in RAM on /dev/shm)
+    assert not leftover_weight_files(
+        vllm
+    )  # the file lived only for the reload (in RAM on /dev/shm)
     after = vllm.generate(prompts, params)
     assert seconds > 0
-    assert all(a.token_ids != b.token_ids for a, b in zip(before, after, strict=True))  # new weights in use
+    assert all(
+        a.token_ids != b.token_ids for a, b in zip(before, after, strict=True)
+    )  # new weights in use
     assert_same(prompts, after, megatron.generate(prompts, params), "megatron")
     assert_same(prompts, after, hf.generate(prompts, params), "hf")
 
 
-def test_logprobs_are_the_unmodified_distribution_the_trainer_recomputes(backends, policy, prompts,
-                                                                        tiny_processor):
+def test_logprobs_are_the_unmodified_distribution_the_trainer_recomputes(
+    backends, policy, prompts, tiny_processor
+):
     """Sampled with temperature, top-k and top-p: vLLM still reports log p at temperature 1."""
     from rlflow.train.rollouts import build_train_batch
     from rlflow.train.update import rollout_logprobs
 
     vllm, _, _ = backends
     tokenizer = tiny_processor.tokenizer
-    params = SamplingParams(12, 0.7, 0.9, 20, seed=3, stop_token_ids=(tokenizer.eos_token_id,),
-                            ignore_eos=True)
+    params = SamplingParams(
+        12, 0.7, 0.9, 20, seed=3, stop_token_ids=(tokenizer.eos_token_id,), ignore_eos=True
+    )
     completions = vllm.generate(prompts, params)
     config = policy.core.config
-    batch = build_train_batch(prompts, completions, [0.0] * len(prompts), config.image_token_id,
-                              config.video_token_id, config.vision_config.spatial_merge_size,
-                              tokenizer.pad_token_id)
+    batch = build_train_batch(
+        prompts,
+        completions,
+        [0.0] * len(prompts),
+        config.image_token_id,
+        config.video_token_id,
+        config.vision_config.spatial_merge_size,
+        tokenizer.pad_token_id,
+    )
     trainer_logprobs, _ = rollout_logprobs(policy, batch, micro_batch_size=8, with_entropy=False)
     gap = (batch.gen_logprobs - trainer_logprobs).abs()[batch.target_mask]
     assert float(gap.max()) < TOLERANCE
@@ -127,16 +152,25 @@ def test_rows_stop_at_stop_tokens_independently_like_megatron(backends, prompts)
             assert after.token_ids == before.token_ids[:cut] and after.finish_reason == "stop"
         else:
             assert after.token_ids == before.token_ids and after.finish_reason == "length"
-    assert [c.token_ids for c in stopped] == [c.token_ids for c in megatron.generate(prompts, params)]
+    assert [c.token_ids for c in stopped] == [
+        c.token_ids for c in megatron.generate(prompts, params)
+    ]
 
 
-def test_a_prompt_whose_tokens_vllm_does_not_reproduce_is_refused(backends, prompts, tiny_processor):
+def test_a_prompt_whose_tokens_vllm_does_not_reproduce_is_refused(
+    backends, prompts, tiny_processor
+):
     """The trainer scores the tokens it holds; if vLLM saw another prompt, logprobs are meaningless."""
     vllm, _, _ = backends
     text = prompts[1]
     assert "How many?" in text.text
-    wrong = Prompt(text.sample_id, text.text.replace("How many?", "How few?"), text.token_ids,
-                   text.media_tokens_expanded, text.media)
+    wrong = Prompt(
+        text.sample_id,
+        text.text.replace("How many?", "How few?"),
+        text.token_ids,
+        text.media_tokens_expanded,
+        text.media,
+    )
     params = greedy(2, tiny_processor.tokenizer.eos_token_id)
     with pytest.raises(RuntimeError, match="differ from the trainer's"):
         vllm.generate([wrong], params)

@@ -53,16 +53,25 @@ def _free_port_block(size: int) -> int:
 
 
 def _harness_env(base: int) -> dict[str, str]:
-    return {**os.environ,
-            "SLURM_LOCAL_NODES": str(NUM_NODES), "SLURM_LOCAL_GPUS": str(GPUS_PER_NODE),
-            "SLURM_LOCAL_LINK_ETC": "0",  # never touch /etc/slurm: SLURM_CONF is exported instead
-            "SLURM_LOCAL_CTLD_PORT": str(base), "SLURM_LOCAL_DBD_PORT": str(base + 1),
-            "SLURM_LOCAL_DB_PORT": str(base + 2), "SLURM_LOCAL_SLURMD_PORT_BASE": str(base + 10)}
+    return {
+        **os.environ,
+        "SLURM_LOCAL_NODES": str(NUM_NODES),
+        "SLURM_LOCAL_GPUS": str(GPUS_PER_NODE),
+        "SLURM_LOCAL_LINK_ETC": "0",  # never touch /etc/slurm: SLURM_CONF is exported instead
+        "SLURM_LOCAL_CTLD_PORT": str(base),
+        "SLURM_LOCAL_DBD_PORT": str(base + 1),
+        "SLURM_LOCAL_DB_PORT": str(base + 2),
+        "SLURM_LOCAL_SLURMD_PORT_BASE": str(base + 10),
+    }
 
 
 def _stop(state: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(HARNESS / "stop.sh"), "--purge", str(state)],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        ["bash", str(HARNESS / "stop.sh"), "--purge", str(state)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _reap_abandoned_clusters() -> None:
@@ -89,13 +98,20 @@ def slurm_cluster():
     state.chmod(0o755)
     (state / OWNER_FILE).write_text(str(os.getpid()))
     base = _free_port_block(NUM_NODES + 12)
-    started = subprocess.run(["bash", str(HARNESS / "start.sh"), str(state)], env=_harness_env(base),
-                             capture_output=True, text=True, timeout=START_TIMEOUT_SECONDS)
+    started = subprocess.run(
+        ["bash", str(HARNESS / "start.sh"), str(state)],
+        env=_harness_env(base),
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_SECONDS,
+    )
     if started.returncode != 0:
         _stop(state)
-        pytest.fail(f"the local Slurm cluster did not start (bash tests/slurm/start.sh {state} "
-                    f"exited {started.returncode}); its output:\n{started.stderr}{started.stdout}",
-                    pytrace=False)
+        pytest.fail(
+            f"the local Slurm cluster did not start (bash tests/slurm/start.sh {state} "
+            f"exited {started.returncode}); its output:\n{started.stderr}{started.stdout}",
+            pytrace=False,
+        )
     conf = state / "etc" / "slurm.conf"
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(conf)
@@ -140,11 +156,23 @@ dep = { path = "submodules/dep", editable = true }
 
 def git(cwd: Path, *args: str) -> str:
     """git with a fixed identity and no user config; local paths allowed as submodule URLs."""
-    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
-    return subprocess.run(["git", "-c", "protocol.file.allow=always", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, check=True).stdout
+    env = {
+        **os.environ,
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    }
+    return subprocess.run(
+        ["git", "-c", "protocol.file.allow=always", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 def make_repo(path: Path, files: dict[str, str]) -> Path:

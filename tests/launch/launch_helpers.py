@@ -18,20 +18,38 @@ RECIPES = HERE / "recipes"
 PAYLOADS = HERE / "payloads"
 BASE_RECIPE = REPO / "recipes" / "base.yaml"
 PYTHON = sys.executable
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+}
 
 
-def rlflow(*args: str, cwd: Path = REPO, timeout: float = 300, env: dict | None = None
-           ) -> subprocess.CompletedProcess:
+def rlflow(
+    *args: str, cwd: Path = REPO, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """The real CLI in a subprocess (the way users run it)."""
-    return subprocess.run([PYTHON, "-m", "rlflow.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [PYTHON, "-m", "rlflow.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def write_recipe(path: Path, data: dict, defaults: Path = BASE_RECIPE) -> Path:
     """A recipe file extending `defaults`; yaml.safe_dump quotes hostile values correctly."""
-    text = f"defaults: {os.path.relpath(defaults, path.parent)}\n" + yaml.safe_dump(data, sort_keys=False)
+    text = f"defaults: {os.path.relpath(defaults, path.parent)}\n" + yaml.safe_dump(
+        data, sort_keys=False
+    )
     path.write_text(text)
     return path
 
@@ -58,8 +76,9 @@ def job_fields(job_id: str) -> dict[str, str]:
     return found
 
 
-def wait_for_state(job_id: str, states: set[str], timeout: float, run_dir: Path | None = None
-                   ) -> dict[str, str]:
+def wait_for_state(
+    job_id: str, states: set[str], timeout: float, run_dir: Path | None = None
+) -> dict[str, str]:
     """Poll scontrol until the job is in one of `states`. The timeout is a hang guard, not a
     speed check: reaching it fails the test with the job's state and batch log."""
     deadline = time.monotonic() + timeout
@@ -71,8 +90,10 @@ def wait_for_state(job_id: str, states: set[str], timeout: float, run_dir: Path 
             log = ""
             if run_dir is not None and (run_dir / "logs" / f"slurm-{job_id}.out").exists():
                 log = (run_dir / "logs" / f"slurm-{job_id}.out").read_text()
-            pytest.fail(f"job {job_id} did not reach {sorted(states)} within {timeout:.0f} s: "
-                        f"{fields.get('JobState')} ({fields.get('Reason')})\n{log}")
+            pytest.fail(
+                f"job {job_id} did not reach {sorted(states)} within {timeout:.0f} s: "
+                f"{fields.get('JobState')} ({fields.get('Reason')})\n{log}"
+            )
         time.sleep(0.5)
 
 

@@ -23,11 +23,30 @@ TEMPLATE = REPO / "templates" / "sbatch.sh.j2"
 
 GOLDEN_CASES = {
     "tiny-8n4g": [str(RECIPES / "tiny-cpu.yaml"), "--nodes", "8", "--gpus", "4"],
-    "qwen25vl-3b-4n8g": [str(REPO / "recipes" / "vlm_grpo-qwen25vl-3b-clevr-4n8g-megatron-tp2.yaml"),
-                         "slurm.partition=batch", "slurm.account=vlm", "--nodes", "4", "--gpus", "8"],
-    "full-features": [str(RECIPES / "full-features.yaml"), "--nodes", "2", "--gpus", "8",
-                      "--after", "41", "--after", "42", "--dependency-type", "afterany",
-                      "--time", "2-00:00:00"],
+    "qwen25vl-3b-4n8g": [
+        str(REPO / "recipes" / "vlm_grpo-qwen25vl-3b-clevr-4n8g-megatron-tp2.yaml"),
+        "slurm.partition=batch",
+        "slurm.account=vlm",
+        "--nodes",
+        "4",
+        "--gpus",
+        "8",
+    ],
+    "full-features": [
+        str(RECIPES / "full-features.yaml"),
+        "--nodes",
+        "2",
+        "--gpus",
+        "8",
+        "--after",
+        "41",
+        "--after",
+        "42",
+        "--dependency-type",
+        "afterany",
+        "--time",
+        "2-00:00:00",
+    ],
 }
 
 
@@ -50,15 +69,18 @@ def test_dry_run_golden(case, tmp_path):
     assert result.returncode == 0, result.stderr
     script, rest = result.stdout.split(RECIPE_MARK)
     recipe_text, summary = rest.split(SUMMARY_MARK)
-    got = normalize(script + RECIPE_MARK + "(compared with the loader's result)\n" + SUMMARY_MARK
-                    + summary, tmp_path)
+    got = normalize(
+        script + RECIPE_MARK + "(compared with the loader's result)\n" + SUMMARY_MARK + summary,
+        tmp_path,
+    )
     golden = GOLDEN / f"{case}.txt"
     if os.environ.get("RLFLOW_UPDATE_GOLDEN") == "1":
         golden.parent.mkdir(exist_ok=True)
         golden.write_text(got)
     assert got == golden.read_text(), (
         f"dry-run output of {case} changed; if intended: RLFLOW_UPDATE_GOLDEN=1 uv run pytest "
-        f"tests/launch -k golden")
+        f"tests/launch -k golden"
+    )
     assert yaml.safe_load(recipe_text) == _expected_recipe(args)
     # tmp_path is no git repository: the pin check says it did not run.
     assert "warning[RF100]: pin check not run" in result.stderr
@@ -78,8 +100,10 @@ def _expected_recipe(args: list[str]) -> dict:
 
 def test_dry_run_warns_about_a_missing_checkpoint(tmp_path):
     result = rlflow("submit", *GOLDEN_CASES["qwen25vl-3b-4n8g"], "--dry-run", cwd=tmp_path)
-    assert ("warning[submit.path-missing]: `model.checkpoint` is '/path/to/Qwen2.5-VL-3B-Instruct', "
-            "which does not exist here") in result.stderr
+    assert (
+        "warning[submit.path-missing]: `model.checkpoint` is '/path/to/Qwen2.5-VL-3B-Instruct', "
+        "which does not exist here"
+    ) in result.stderr
     assert "GPU-hours:  128.0 (4 nodes x 8 GPUs x 4.00 h)" in result.stdout
 
 
@@ -93,15 +117,23 @@ def test_dry_run_imports_no_torch_and_contacts_no_controller(tmp_path):
     for name in SLURM_CLIENTS:
         (traps / name).write_text(f"#!/bin/sh\necho {name} >> {tmp_path}/called\nexit 1\n")
         (traps / name).chmod(0o755)
-    code = ("import sys\nfrom rlflow.cli import main\n"
-            "try:\n    main(sys.argv[1:])\nexcept SystemExit as done:\n    status = done.code\n"
-            "heavy = [m for m in ('torch', 'megatron', 'transformers') if m in sys.modules]\n"
-            "print('heavy modules:', heavy, file=sys.stderr)\nsys.exit(status)\n")
+    code = (
+        "import sys\nfrom rlflow.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as done:\n    status = done.code\n"
+        "heavy = [m for m in ('torch', 'megatron', 'transformers') if m in sys.modules]\n"
+        "print('heavy modules:', heavy, file=sys.stderr)\nsys.exit(status)\n"
+    )
     env = {**os.environ, "PATH": f"{traps}:{os.environ['PATH']}", "SLURM_CONF": "/nonexistent"}
     workdir = tmp_path / "work"
     workdir.mkdir()
-    result = subprocess.run([PYTHON, "-c", code, "submit", *GOLDEN_CASES["tiny-8n4g"], "--dry-run"],
-                            cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [PYTHON, "-c", code, "submit", *GOLDEN_CASES["tiny-8n4g"], "--dry-run"],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "heavy modules: []" in result.stderr
     assert not (tmp_path / "called").exists()

@@ -26,31 +26,44 @@ def test_unknown_key_in_a_recipe_file(tmp_path):
         "  |\n"
         "3 |   max_num_stpes: 3\n"
         "  |   ^^^^^^^^^^^^^\n"
-        "help: did you mean `grpo.max_num_steps`?")
+        "help: did you mean `grpo.max_num_steps`?"
+    )
 
 
 def test_override_with_a_wrong_type(tmp_path):
     result = dry_run(tmp_path, "grpo.max_num_steps=many", "--nodes", "1", "--gpus", "1")
     assert result.returncode == 2
-    assert ("error[recipe.type]: `grpo.max_num_steps` is 'many', but must be an integer\n"
-            "  --> command line `grpo.max_num_steps=many`") in result.stderr
+    assert (
+        "error[recipe.type]: `grpo.max_num_steps` is 'many', but must be an integer\n"
+        "  --> command line `grpo.max_num_steps=many`"
+    ) in result.stderr
 
 
 def test_recipe_node_count_conflicts_with_the_flag(tmp_path):
-    recipe = write_recipe(tmp_path / "four-nodes.yaml", {"cluster": {"num_nodes": 4}},
-                          defaults=RECIPES / "tiny-cpu.yaml")
+    recipe = write_recipe(
+        tmp_path / "four-nodes.yaml",
+        {"cluster": {"num_nodes": 4}},
+        defaults=RECIPES / "tiny-cpu.yaml",
+    )
     result = dry_run(tmp_path, "--nodes", "8", "--gpus", "4", recipe=str(recipe))
     assert result.returncode == 2
-    assert ("error[submit.cluster-conflict]: `cluster.num_nodes` is 4 in the recipe, but "
-            "`--nodes 8` was given\n"
-            "  --> four-nodes.yaml:") in result.stderr
-    assert ("help: `--nodes` decides the job's shape: remove `cluster.num_nodes` from the recipe "
-            "(submit fills it in), or pass `--nodes 4`") in result.stderr
+    assert (
+        "error[submit.cluster-conflict]: `cluster.num_nodes` is 4 in the recipe, but "
+        "`--nodes 8` was given\n"
+        "  --> four-nodes.yaml:"
+    ) in result.stderr
+    assert (
+        "help: `--nodes` decides the job's shape: remove `cluster.num_nodes` from the recipe "
+        "(submit fills it in), or pass `--nodes 4`"
+    ) in result.stderr
 
 
 def test_recipe_that_agrees_with_the_flags_is_fine(tmp_path):
-    recipe = write_recipe(tmp_path / "agrees.yaml", {"cluster": {"num_nodes": 2, "gpus_per_node": 4}},
-                          defaults=RECIPES / "tiny-cpu.yaml")
+    recipe = write_recipe(
+        tmp_path / "agrees.yaml",
+        {"cluster": {"num_nodes": 2, "gpus_per_node": 4}},
+        defaults=RECIPES / "tiny-cpu.yaml",
+    )
     result = rlflow("submit", str(recipe), "--nodes", "2", "--gpus", "4", "--dry-run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
 
@@ -58,18 +71,26 @@ def test_recipe_that_agrees_with_the_flags_is_fine(tmp_path):
 def test_parallel_size_that_does_not_divide_the_world_names_the_axis(tmp_path):
     result = dry_run(tmp_path, "parallelism.tensor_parallel_size=3", "--nodes", "2", "--gpus", "4")
     assert result.returncode == 2
-    assert ("error[recipe.parallelism]: parallel sizes multiply to 3, which does not divide the "
-            "world size 8 (tensor_parallel_size=3)\n"
-            "  --> command line `parallelism.tensor_parallel_size=3`") in result.stderr
+    assert (
+        "error[recipe.parallelism]: parallel sizes multiply to 3, which does not divide the "
+        "world size 8 (tensor_parallel_size=3)\n"
+        "  --> command line `parallelism.tensor_parallel_size=3`"
+    ) in result.stderr
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--time", "1h"], "error[submit.time]: `--time 1h` is not a Slurm time limit"),
-    (["--after", "abc"], "error[submit.after]: `--after abc` is not a job id"),
-    (["--command", "python 'unbalanced"], "error[submit.command]: cannot split `--command python "
-                                          "'unbalanced` into words: No closing quotation"),
-    (["--command", "  "], "error[submit.command]: `--command` is empty"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--time", "1h"], "error[submit.time]: `--time 1h` is not a Slurm time limit"),
+        (["--after", "abc"], "error[submit.after]: `--after abc` is not a job id"),
+        (
+            ["--command", "python 'unbalanced"],
+            "error[submit.command]: cannot split `--command python "
+            "'unbalanced` into words: No closing quotation",
+        ),
+        (["--command", "  "], "error[submit.command]: `--command` is empty"),
+    ],
+)
 def test_bad_flags(tmp_path, flags, message):
     result = dry_run(tmp_path, "--nodes", "1", "--gpus", "1", *flags)
     assert result.returncode == 2
@@ -77,28 +98,49 @@ def test_bad_flags(tmp_path, flags, message):
 
 
 def test_time_limit_shorter_than_the_warning(tmp_path):
-    result = dry_run(tmp_path, "slurm.signal_grace_seconds=300", "--time", "4", "--nodes", "1",
-                     "--gpus", "1")
+    result = dry_run(
+        tmp_path, "slurm.signal_grace_seconds=300", "--time", "4", "--nodes", "1", "--gpus", "1"
+    )
     assert result.returncode == 2
-    assert ("error[recipe.range]: `slurm.signal_grace_seconds` (300) must be shorter than the time "
-            "limit (240 s)") in result.stderr
+    assert (
+        "error[recipe.range]: `slurm.signal_grace_seconds` (300) must be shorter than the time "
+        "limit (240 s)"
+    ) in result.stderr
 
 
-@pytest.mark.parametrize("override, message", [
-    ('run.name="two\\nlines"', "error[submit.sbatch-value]: `run.name` is 'two\\nlines': a newline, "
-                               "control character or backslash cannot go into an #SBATCH line"),
-    ("slurm.partition=a\\b", "error[submit.sbatch-value]: `slurm.partition` is 'a\\\\b'"),
-    ("slurm.extra_sbatch_args=[--nodes=3]", "error[submit.extra-sbatch-arg]: "
-     "`slurm.extra_sbatch_args[0]` sets --nodes, which rlflow sets from --nodes"),
-    ("slurm.extra_sbatch_args=[exclusive]", "`slurm.extra_sbatch_args[0]` is 'exclusive', which is "
-                                            "not an sbatch option"),
-    ("slurm.container_mounts=[/a:/b]", "error[submit.container]: `slurm.container_mounts` is set, "
-                                       "but `slurm.container_image` is null"),
-    ("run.output_dir=a-file/runs", "error[submit.output-dir]: cannot create the run directory "
-                                   "under "),
-    ("slurm.env={1BAD: x}", "error[recipe.env-name]: `slurm.env.1BAD` is not a valid environment "
-                            "variable name"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            'run.name="two\\nlines"',
+            "error[submit.sbatch-value]: `run.name` is 'two\\nlines': a newline, "
+            "control character or backslash cannot go into an #SBATCH line",
+        ),
+        ("slurm.partition=a\\b", "error[submit.sbatch-value]: `slurm.partition` is 'a\\\\b'"),
+        (
+            "slurm.extra_sbatch_args=[--nodes=3]",
+            "error[submit.extra-sbatch-arg]: "
+            "`slurm.extra_sbatch_args[0]` sets --nodes, which rlflow sets from --nodes",
+        ),
+        (
+            "slurm.extra_sbatch_args=[exclusive]",
+            "`slurm.extra_sbatch_args[0]` is 'exclusive', which is not an sbatch option",
+        ),
+        (
+            "slurm.container_mounts=[/a:/b]",
+            "error[submit.container]: `slurm.container_mounts` is set, "
+            "but `slurm.container_image` is null",
+        ),
+        (
+            "run.output_dir=a-file/runs",
+            "error[submit.output-dir]: cannot create the run directory under ",
+        ),
+        (
+            "slurm.env={1BAD: x}",
+            "error[recipe.env-name]: `slurm.env.1BAD` is not a valid environment variable name",
+        ),
+    ],
+)
 def test_values_that_cannot_reach_sbatch(tmp_path, override, message):
     (tmp_path / "a-file").write_text("a file where the run directory's parent would go\n")
     result = dry_run(tmp_path, override, "--nodes", "1", "--gpus", "1")
@@ -107,24 +149,44 @@ def test_values_that_cannot_reach_sbatch(tmp_path, override, message):
 
 
 def test_mount_with_a_comma(tmp_path):
-    result = dry_run(tmp_path, "slurm.container_image=img", "slurm.container_mounts=['/a,b:/c']",
-                     "--nodes", "1", "--gpus", "1")
-    assert "`slurm.container_mounts[0]` is '/a,b:/c': pyxis separates mounts with commas" in result.stderr
+    result = dry_run(
+        tmp_path,
+        "slurm.container_image=img",
+        "slurm.container_mounts=['/a,b:/c']",
+        "--nodes",
+        "1",
+        "--gpus",
+        "1",
+    )
+    assert (
+        "`slurm.container_mounts[0]` is '/a,b:/c': pyxis separates mounts with commas"
+        in result.stderr
+    )
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
-    result = dry_run(tmp_path, "parallelism.tensor_parallel_size=3", "slurm.extra_sbatch_args=[-t5]",
-                     "--nodes", "1", "--gpus", "2")
+    result = dry_run(
+        tmp_path,
+        "parallelism.tensor_parallel_size=3",
+        "slurm.extra_sbatch_args=[-t5]",
+        "--nodes",
+        "1",
+        "--gpus",
+        "2",
+    )
     assert "error[recipe.parallelism]" in result.stderr
     assert "error[submit.extra-sbatch-arg]" in result.stderr
     assert result.stderr.rstrip().endswith("2 errors, 1 warning")  # + "pin check not run"
 
 
 def test_missing_recipe_and_missing_flags(tmp_path):
-    missing = rlflow("submit", "recipes/nope.yaml", "--nodes", "1", "--gpus", "1", "--dry-run",
-                     cwd=tmp_path)
+    missing = rlflow(
+        "submit", "recipes/nope.yaml", "--nodes", "1", "--gpus", "1", "--dry-run", cwd=tmp_path
+    )
     assert missing.returncode == 2
-    assert "error[recipe.not-found]: recipe file `recipes/nope.yaml` does not exist" in missing.stderr
+    assert (
+        "error[recipe.not-found]: recipe file `recipes/nope.yaml` does not exist" in missing.stderr
+    )
     no_nodes = rlflow("submit", TINY, "--gpus", "1", "--dry-run", cwd=tmp_path)
     assert no_nodes.returncode == 2 and "Missing option '--nodes'" in no_nodes.stderr
     zero = rlflow("submit", TINY, "--nodes", "0", "--gpus", "1", "--dry-run", cwd=tmp_path)
@@ -134,13 +196,26 @@ def test_missing_recipe_and_missing_flags(tmp_path):
 def test_pin_drift_fails_the_dry_run_with_exit_1(drift_repo):
     result = rlflow("submit", TINY, "--nodes", "1", "--gpus", "1", "--dry-run", cwd=drift_repo)
     assert result.returncode == 1
-    assert ("error[RF001]: conflicting git revs for `emerging-optimizers`: the root pins `v0.2.0`, "
-            "submodule `submodules/dep` pins `v0.3.0`\n"
-            f"  --> {drift_repo}/pyproject.toml:8:6") in result.stderr
-    assert (f"error[submit.pins]: check-pins found 1 pin problem in {drift_repo}: not submitting\n"
-            "help: fix them (`rlflow check-pins --fix` moves the root pins), or pass "
-            "--skip-pin-check to submit anyway") in result.stderr
-    skipped = rlflow("submit", TINY, "--nodes", "1", "--gpus", "1", "--dry-run", "--skip-pin-check",
-                     cwd=drift_repo)
+    assert (
+        "error[RF001]: conflicting git revs for `emerging-optimizers`: the root pins `v0.2.0`, "
+        "submodule `submodules/dep` pins `v0.3.0`\n"
+        f"  --> {drift_repo}/pyproject.toml:8:6"
+    ) in result.stderr
+    assert (
+        f"error[submit.pins]: check-pins found 1 pin problem in {drift_repo}: not submitting\n"
+        "help: fix them (`rlflow check-pins --fix` moves the root pins), or pass "
+        "--skip-pin-check to submit anyway"
+    ) in result.stderr
+    skipped = rlflow(
+        "submit",
+        TINY,
+        "--nodes",
+        "1",
+        "--gpus",
+        "1",
+        "--dry-run",
+        "--skip-pin-check",
+        cwd=drift_repo,
+    )
     assert skipped.returncode == 0
     assert "pins skipped (--skip-pin-check)" in skipped.stdout

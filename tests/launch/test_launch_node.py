@@ -19,20 +19,49 @@ PYTHON = sys.executable
 
 def node_env(node_rank: int = 0, num_nodes: int = 1, hostname: str = "node1") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env.update(SLURM_NODEID=str(node_rank), SLURM_NNODES=str(num_nodes), SLURMD_NODENAME=hostname,
-               MASTER_ADDR="127.0.0.1", MASTER_PORT="1999", SLURM_JOB_ID="77")
+    env.update(
+        SLURM_NODEID=str(node_rank),
+        SLURM_NNODES=str(num_nodes),
+        SLURMD_NODENAME=hostname,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT="1999",
+        SLURM_JOB_ID="77",
+    )
     return env
 
 
-def launch(tmp_path: Path, rank_code: str, *, ranks: int = 2, num_nodes: int = 1, node_rank: int = 0,
-           stop_grace: float = 5, env: dict | None = None) -> subprocess.Popen:
+def launch(
+    tmp_path: Path,
+    rank_code: str,
+    *,
+    ranks: int = 2,
+    num_nodes: int = 1,
+    node_rank: int = 0,
+    stop_grace: float = 5,
+    env: dict | None = None,
+) -> subprocess.Popen:
     """Start the launcher; each rank runs `python -c rank_code`."""
-    args = [PYTHON, "-m", "rlflow.launch.node", f"--num-nodes={num_nodes}",
-            f"--ranks-per-node={ranks}", f"--log-dir={tmp_path / 'logs'}",
-            f"--status-dir={tmp_path / 'status'}", f"--stop-grace={stop_grace}",
-            "--", PYTHON, "-c", rank_code]
-    return subprocess.Popen(args, env=env or node_env(node_rank, num_nodes), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    args = [
+        PYTHON,
+        "-m",
+        "rlflow.launch.node",
+        f"--num-nodes={num_nodes}",
+        f"--ranks-per-node={ranks}",
+        f"--log-dir={tmp_path / 'logs'}",
+        f"--status-dir={tmp_path / 'status'}",
+        f"--stop-grace={stop_grace}",
+        "--",
+        PYTHON,
+        "-c",
+        rank_code,
+    ]
+    return subprocess.Popen(
+        args,
+        env=env or node_env(node_rank, num_nodes),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(process: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
@@ -43,7 +72,9 @@ def finish(process: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
 def wait_for_files(paths: list[Path], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not all(p.exists() for p in paths):
-        assert time.monotonic() < deadline, f"never appeared: {[str(p) for p in paths if not p.exists()]}"
+        assert time.monotonic() < deadline, (
+            f"never appeared: {[str(p) for p in paths if not p.exists()]}"
+        )
         time.sleep(0.05)
 
 
@@ -55,26 +86,36 @@ print(json.dumps({k: os.environ[k] for k in keys}))
 
 
 def test_each_rank_gets_its_place_in_the_job_and_its_own_log(tmp_path):
-    code, output = finish(launch(tmp_path, ENV_DUMP, ranks=3, num_nodes=2, node_rank=1,
-                                 env=node_env(1, 2, "node2")))
+    code, output = finish(
+        launch(tmp_path, ENV_DUMP, ranks=3, num_nodes=2, node_rank=1, env=node_env(1, 2, "node2"))
+    )
     assert code == 0, output
     seen = {}
     for rank in (3, 4, 5):
         lines = (tmp_path / "logs" / f"rank-{rank}.log").read_text().splitlines()
         assert lines[0].startswith(f"==== rlflow: rank {rank} on node2, job 77 attempt 0")
         seen[rank] = json.loads(lines[1])
-    assert seen[4] == {"RANK": "4", "LOCAL_RANK": "1", "WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "3",
-                       "NODE_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1999"}
+    assert seen[4] == {
+        "RANK": "4",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "6",
+        "LOCAL_WORLD_SIZE": "3",
+        "NODE_RANK": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1999",
+    }
     assert [seen[r]["LOCAL_RANK"] for r in (3, 4, 5)] == ["0", "1", "2"]
     assert "started ranks 3-5 of 6" in output
     assert not list((tmp_path / "status").iterdir())
 
 
 def test_a_failing_rank_stops_its_siblings_and_its_code_is_the_exit_code(tmp_path):
-    code = ("import os, sys, time\n"
-            "if os.environ['LOCAL_RANK'] == '1':\n"
-            "    time.sleep(0.5); print('rank 1 gives up', flush=True); sys.exit(7)\n"
-            "time.sleep(600)\n")
+    code = (
+        "import os, sys, time\n"
+        "if os.environ['LOCAL_RANK'] == '1':\n"
+        "    time.sleep(0.5); print('rank 1 gives up', flush=True); sys.exit(7)\n"
+        "time.sleep(600)\n"
+    )
     process = launch(tmp_path, code, ranks=3)
     exit_code, output = finish(process, timeout=60)  # the siblings sleep 600 s unless stopped
     assert exit_code == 7
@@ -94,13 +135,15 @@ def test_ranks_that_saved_for_a_requeue_leave_a_marker_and_exit_zero(tmp_path):
 
 
 def test_usr1_reaches_every_rank(tmp_path):
-    code = ("import os, signal, sys, time\n"
-            "got = []\n"
-            "signal.signal(signal.SIGUSR1, lambda *_: got.append(1))\n"
-            "open(os.environ['READY'] + os.environ['RANK'], 'w').close()\n"
-            "deadline = time.time() + 60\n"
-            "while not got and time.time() < deadline: time.sleep(0.05)\n"
-            "sys.exit(75 if got else 3)\n")
+    code = (
+        "import os, signal, sys, time\n"
+        "got = []\n"
+        "signal.signal(signal.SIGUSR1, lambda *_: got.append(1))\n"
+        "open(os.environ['READY'] + os.environ['RANK'], 'w').close()\n"
+        "deadline = time.time() + 60\n"
+        "while not got and time.time() < deadline: time.sleep(0.05)\n"
+        "sys.exit(75 if got else 3)\n"
+    )
     env = {**node_env(), "READY": str(tmp_path / "ready-")}
     process = launch(tmp_path, code, ranks=2, env=env)
     wait_for_files([tmp_path / "ready-0", tmp_path / "ready-1"])
@@ -114,14 +157,16 @@ def test_usr1_reaches_every_rank(tmp_path):
 def test_an_early_warning_neither_kills_a_starting_rank_nor_goes_unheard(tmp_path):
     """The warning arrives while the ranks are still starting (no handler yet, like a trainer
     importing torch): they must not die of it, and hear it once their handler is in place."""
-    code = ("import os, signal, sys, time\n"
-            "open(os.environ['READY'] + os.environ['RANK'], 'w').close()\n"
-            "time.sleep(1)  # still starting: the warning comes now\n"
-            "got = []\n"
-            "signal.signal(signal.SIGUSR1, lambda *_: got.append(1))\n"
-            "deadline = time.time() + 60\n"
-            "while not got and time.time() < deadline: time.sleep(0.05)\n"
-            "sys.exit(75 if got else 3)\n")
+    code = (
+        "import os, signal, sys, time\n"
+        "open(os.environ['READY'] + os.environ['RANK'], 'w').close()\n"
+        "time.sleep(1)  # still starting: the warning comes now\n"
+        "got = []\n"
+        "signal.signal(signal.SIGUSR1, lambda *_: got.append(1))\n"
+        "deadline = time.time() + 60\n"
+        "while not got and time.time() < deadline: time.sleep(0.05)\n"
+        "sys.exit(75 if got else 3)\n"
+    )
     env = {**node_env(), "READY": str(tmp_path / "ready-")}
     process = launch(tmp_path, code, ranks=2, env=env)
     wait_for_files([tmp_path / "ready-0", tmp_path / "ready-1"])
@@ -132,9 +177,9 @@ def test_an_early_warning_neither_kills_a_starting_rank_nor_goes_unheard(tmp_pat
 
 
 def test_ranks_that_ignore_a_requeue_are_stopped_after_the_grace(tmp_path):
-    code = ("import os, sys, time\n"
-            "if os.environ['LOCAL_RANK'] == '0': sys.exit(75)\n"
-            "time.sleep(600)\n")
+    code = (
+        "import os, sys, time\nif os.environ['LOCAL_RANK'] == '0': sys.exit(75)\ntime.sleep(600)\n"
+    )
     exit_code, output = finish(launch(tmp_path, code, ranks=2, stop_grace=1))
     assert exit_code == 128 + signal.SIGTERM
     assert "ranks 1 still run 1s after a rank stopped for a requeue: stopping them" in output
@@ -142,9 +187,11 @@ def test_ranks_that_ignore_a_requeue_are_stopped_after_the_grace(tmp_path):
 
 
 def test_sigterm_stops_the_ranks(tmp_path):
-    code = ("import os, time\n"
-            "open(os.environ['READY'] + os.environ['RANK'], 'w').close()\n"
-            "time.sleep(600)\n")
+    code = (
+        "import os, time\n"
+        "open(os.environ['READY'] + os.environ['RANK'], 'w').close()\n"
+        "time.sleep(600)\n"
+    )
     env = {**node_env(), "READY": str(tmp_path / "ready-")}
     process = launch(tmp_path, code, ranks=2, env=env)
     wait_for_files([tmp_path / "ready-0", tmp_path / "ready-1"])
@@ -155,21 +202,37 @@ def test_sigterm_stops_the_ranks(tmp_path):
 
 
 def test_a_command_that_cannot_start_fails_with_127(tmp_path):
-    args = [PYTHON, "-m", "rlflow.launch.node", "--num-nodes=1", "--ranks-per-node=2",
-            f"--log-dir={tmp_path / 'logs'}", f"--status-dir={tmp_path / 'status'}",
-            "--stop-grace=5", "--", "no-such-program-xyz", "--flag"]
+    args = [
+        PYTHON,
+        "-m",
+        "rlflow.launch.node",
+        "--num-nodes=1",
+        "--ranks-per-node=2",
+        f"--log-dir={tmp_path / 'logs'}",
+        f"--status-dir={tmp_path / 'status'}",
+        "--stop-grace=5",
+        "--",
+        "no-such-program-xyz",
+        "--flag",
+    ]
     done = subprocess.run(args, env=node_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 127
     assert "cannot run 'no-such-program-xyz'" in (tmp_path / "logs" / "rank-0.log").read_text()
     assert (tmp_path / "status" / "first-failure").read_text().startswith("127\n")
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"SLURM_NODEID": ""}, "SLURM_NODEID is not set: the launcher runs under srun"),
-    ({"MASTER_ADDR": ""}, "MASTER_ADDR is not set"),
-    ({"SLURM_NNODES": "3"}, "this step runs on 3 nodes, but the job was planned for 1"),
-    ({"RLFLOW_HEAD_NODE": "node9"}, "node rank 0 runs on node1, but MASTER_ADDR points at node9"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"SLURM_NODEID": ""}, "SLURM_NODEID is not set: the launcher runs under srun"),
+        ({"MASTER_ADDR": ""}, "MASTER_ADDR is not set"),
+        ({"SLURM_NNODES": "3"}, "this step runs on 3 nodes, but the job was planned for 1"),
+        (
+            {"RLFLOW_HEAD_NODE": "node9"},
+            "node rank 0 runs on node1, but MASTER_ADDR points at node9",
+        ),
+    ],
+)
 def test_a_wrong_environment_is_refused_before_any_rank_starts(tmp_path, change, message):
     env = {**node_env(), **change}
     exit_code, output = finish(launch(tmp_path, "print('ran')", env=env))

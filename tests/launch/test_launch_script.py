@@ -41,8 +41,15 @@ esac
 def run_script(tmp_path: Path, recipe: Path, command: str, **env: str):
     """Render `recipe` for 1 node x 1 rank (every check runs, bash -n included) and run the
     script with bash; the finished process, the srun calls' argv lists and the plan."""
-    prepared = prepare(recipe, (), SubmitFlags(nodes=1, gpus=1, command=command), skip_pins=True,
-                       cwd=str(tmp_path), now=datetime(2026, 1, 2, 3, 4, 5), token="abcdef")
+    prepared = prepare(
+        recipe,
+        (),
+        SubmitFlags(nodes=1, gpus=1, command=command),
+        skip_pins=True,
+        cwd=str(tmp_path),
+        now=datetime(2026, 1, 2, 3, 4, 5),
+        token="abcdef",
+    )
     script = tmp_path / "script.sbatch"
     script.write_text(prepared.script)
     stubs = tmp_path / "stub-bin"
@@ -52,11 +59,23 @@ def run_script(tmp_path: Path, recipe: Path, command: str, **env: str):
         (stubs / name).chmod(0o755)
     stub_log = tmp_path / "stub-log"
     stub_log.mkdir()
-    full_env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "STUB_LOG": str(stub_log),
-                "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_NUM_NODES": "1",
-                **env}
-    ran = subprocess.run(["bash", str(script)], cwd=tmp_path, env=full_env, capture_output=True,
-                         text=True, timeout=120)
+    full_env = {
+        **os.environ,
+        "PATH": f"{stubs}:{os.environ['PATH']}",
+        "STUB_LOG": str(stub_log),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_JOB_NUM_NODES": "1",
+        **env,
+    }
+    ran = subprocess.run(
+        ["bash", str(script)],
+        cwd=tmp_path,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     calls = [p.read_text().split("\0")[:-1] for p in sorted(stub_log.glob("srun-*"))]
     return ran, calls, prepared.plan
 
@@ -68,35 +87,49 @@ def test_hostile_values_stay_single_words_when_bash_runs_the_script(tmp_path):
     here). Each value reaches srun or the rank as exactly the word it was."""
     canary = Path("/tmp/pwned")
     canary.unlink(missing_ok=True)
-    setup = 'echo x"; touch /tmp/pwned; " \'$(id)\''
-    recipe = write_recipe(tmp_path / "hostile.yaml", {
-        "run": {"name": HOSTILE, "output_dir": "it's a \"dir\"; $(id)"},
-        "slurm": {"env": {"HOSTILE": HOSTILE, "SUBST": "$(id)"},
-                  "container_image": HOSTILE,
-                  "container_mounts": [f"{HOSTILE}:/a", "$(id):/b"],
-                  "extra_sbatch_args": [f"--comment={HOSTILE}"],
-                  "setup_command": setup},
-    })
+    setup = "echo x\"; touch /tmp/pwned; \" '$(id)'"
+    recipe = write_recipe(
+        tmp_path / "hostile.yaml",
+        {
+            "run": {"name": HOSTILE, "output_dir": 'it\'s a "dir"; $(id)'},
+            "slurm": {
+                "env": {"HOSTILE": HOSTILE, "SUBST": "$(id)"},
+                "container_image": HOSTILE,
+                "container_mounts": [f"{HOSTILE}:/a", "$(id):/b"],
+                "extra_sbatch_args": [f"--comment={HOSTILE}"],
+                "setup_command": setup,
+            },
+        },
+    )
     probe = "import os, sys; print(sys.argv[1:], repr(os.environ['HOSTILE']), repr(os.environ['SUBST']))"
     ran, (setup_call, launch_call), plan = run_script(
-        tmp_path, recipe, shlex.join([PYTHON, "-c", probe, HOSTILE, "$(id)"]))
+        tmp_path, recipe, shlex.join([PYTHON, "-c", probe, HOSTILE, "$(id)"])
+    )
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert not canary.exists()
-    pyxis = ["--nodes=1", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-             f"--container-image={HOSTILE}", "--container-name=rlflow",
-             f"--container-mounts={HOSTILE}:/a,$(id):/b"]
+    pyxis = [
+        "--nodes=1",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        f"--container-image={HOSTILE}",
+        "--container-name=rlflow",
+        f"--container-mounts={HOSTILE}:/a,$(id):/b",
+    ]
     assert setup_call == [*pyxis, "bash", "-c", setup]
-    assert launch_call[:len(pyxis) + 3] == [*pyxis, PYTHON, "-m", "rlflow.launch.node"]
-    assert launch_call[launch_call.index("--") + 1:] == [PYTHON, "-c", probe, HOSTILE, "$(id)"]
+    assert launch_call[: len(pyxis) + 3] == [*pyxis, PYTHON, "-m", "rlflow.launch.node"]
+    assert launch_call[launch_call.index("--") + 1 :] == [PYTHON, "-c", probe, HOSTILE, "$(id)"]
     assert "x; touch /tmp/pwned;  $(id)" in ran.stdout.splitlines()  # the setup ran as written
     rank_log = Path(plan.log_dir) / "rank-0.log"
     assert rank_log.read_text().splitlines()[1] == f"{[HOSTILE, '$(id)']} {HOSTILE!r} '$(id)'"
-    assert Path(plan.run_dir).parent == tmp_path / "it's a \"dir\"; $(id)"
+    assert Path(plan.run_dir).parent == tmp_path / 'it\'s a "dir"; $(id)'
 
 
 def test_a_warning_during_setup_spares_the_setup_and_requeues_before_the_ranks_start(tmp_path):
-    recipe = write_recipe(tmp_path / "setup.yaml", {"slurm": {"setup_command": "echo setup done"}},
-                          defaults=RECIPES / "tiny-cpu.yaml")
+    recipe = write_recipe(
+        tmp_path / "setup.yaml",
+        {"slurm": {"setup_command": "echo setup done"}},
+        defaults=RECIPES / "tiny-cpu.yaml",
+    )
     ran, calls, _ = run_script(tmp_path, recipe, "touch ranks-ran", STUB_WARN_SETUP="1")
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "setup done" in ran.stdout.splitlines()  # the setup step was not killed by the warning
@@ -110,4 +143,8 @@ def test_the_script_exits_with_the_first_failing_ranks_code(tmp_path):
     ran, calls, plan = run_script(tmp_path, RECIPES / "tiny-cpu.yaml", "bash -c 'exit 9'")
     assert ran.returncode == 9
     assert "rlflow: failed: rank 0 on node1 (node 0) exited with code 9" in ran.stdout
-    assert (Path(plan.run_dir) / "status" / "attempt-0" / "first-failure").read_text().startswith("9\n")
+    assert (
+        (Path(plan.run_dir) / "status" / "attempt-0" / "first-failure")
+        .read_text()
+        .startswith("9\n")
+    )

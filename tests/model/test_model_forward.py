@@ -13,27 +13,35 @@ from tests.tiny import make_prompt
 def hf_model(tiny_ckpt):
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tiny_ckpt), dtype=torch.float32).eval()
+    return Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        str(tiny_ckpt), dtype=torch.float32
+    ).eval()
 
 
 def test_logits_match_hf_for_a_left_padded_mixed_batch(tiny_policy, tiny_processor, hf_model):
-    prompts = [make_prompt(tiny_processor, "image", "How many red squares?"),
-               make_prompt(tiny_processor, "text", "How many?"),
-               make_prompt(tiny_processor, "video", "How many objects appear?", seed=3)]
+    prompts = [
+        make_prompt(tiny_processor, "image", "How many red squares?"),
+        make_prompt(tiny_processor, "text", "How many?"),
+        make_prompt(tiny_processor, "video", "How many objects appear?", seed=3),
+    ]
     width = max(len(p.token_ids) for p in prompts)
     pad = tiny_processor.tokenizer.pad_token_id
     ids = torch.full((3, width), pad)
     mask = torch.zeros((3, width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p.token_ids):] = torch.tensor(p.token_ids)
-        mask[i, width - len(p.token_ids):] = 1
+        ids[i, width - len(p.token_ids) :] = torch.tensor(p.token_ids)
+        mask[i, width - len(p.token_ids) :] = 1
     media = Media.concat([p.media for p in prompts])
     types = torch.zeros_like(ids)
     types[ids == hf_model.config.image_token_id] = 1
     types[ids == hf_model.config.video_token_id] = 2
     with torch.no_grad():
-        ref = hf_model(input_ids=ids, attention_mask=mask, mm_token_type_ids=types,
-                       **{k: v for k, v in vars(media).items() if v is not None}).logits
+        ref = hf_model(
+            input_ids=ids,
+            attention_mask=mask,
+            mm_token_type_ids=types,
+            **{k: v for k, v in vars(media).items() if v is not None},
+        ).logits
         ours = policy_logits(tiny_policy.core, ids, mask.bool(), media)
     valid = mask.bool()
     assert ours.shape == ref.shape
@@ -59,9 +67,11 @@ def test_generated_pad_tokens_are_text_not_media_slots(tiny_policy, tiny_process
     ids = torch.tensor([list(prompt.token_ids) + [image_pad, image_pad]])
     mask = torch.ones_like(ids, dtype=torch.bool)
     prompt_mask = mask.clone()
-    prompt_mask[0, len(prompt.token_ids):] = False
+    prompt_mask[0, len(prompt.token_ids) :] = False
     with torch.no_grad():
         logits = policy_logits(tiny_policy.core, ids, mask, prompt.media, prompt_mask)
     assert torch.isfinite(logits).all()
     with pytest.raises(ValueError, match="pad tokens"):
-        policy_logits(tiny_policy.core, ids, mask, prompt.media)  # without the prompt mask: 2 extra slots
+        policy_logits(
+            tiny_policy.core, ids, mask, prompt.media
+        )  # without the prompt mask: 2 extra slots

@@ -16,8 +16,11 @@ from rlflow.model.forward import Media, policy_logits
 from tests.tiny import FP32, SINGLE
 
 ROOT = Path(__file__).resolve().parents[2]
-QUESTIONS = ["How many red squares are there?", "Count.",
-             "A picture shows a large blue triangle and a small red circle. How many circles?"]
+QUESTIONS = [
+    "How many red squares are there?",
+    "Count.",
+    "A picture shows a large blue triangle and a small red circle. How many circles?",
+]
 
 
 @pytest.fixture(scope="module", params=["qwen2", "qwen3"])
@@ -27,14 +30,21 @@ def text_model(request, single_rank, tmp_path_factory):
     from rlflow.model.build import load_policy
     from rlflow.model.tiny import write_tiny_text_checkpoint
 
-    path = write_tiny_text_checkpoint(tmp_path_factory.mktemp(request.param), family=request.param,
-                                      lm_head_scale=8.0)
+    path = write_tiny_text_checkpoint(
+        tmp_path_factory.mktemp(request.param), family=request.param, lm_head_scale=8.0
+    )
     policy = load_policy(path, FP32, SINGLE, trainable=False)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    rows = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": q}],
-                                                    add_generation_prompt=True, tokenize=False),
-                      add_special_tokens=False)["input_ids"] for q in QUESTIONS]
+    rows = [
+        tokenizer(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+            ),
+            add_special_tokens=False,
+        )["input_ids"]
+        for q in QUESTIONS
+    ]
     return policy, tokenizer, hf, rows
 
 
@@ -67,12 +77,32 @@ def test_generation_matches_the_hf_reference(text_model):
 
 
 def test_text_recipe_trains(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     result = subprocess.run(
-        [sys.executable, "-m", "rlflow.cli", "train", "recipes/tiny-qwen3-text-1n1g-cpu.yaml",
-         "grpo.max_num_steps=2", "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
-         "warm_start.num_steps=2", "grpo.max_val_samples=8", "logging.progress_bar=false",
-         "--run-dir", str(tmp_path)],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "rlflow.cli",
+            "train",
+            "recipes/tiny-qwen3-text-1n1g-cpu.yaml",
+            "grpo.max_num_steps=2",
+            "grpo.num_prompts_per_step=4",
+            "grpo.num_generations_per_prompt=4",
+            "warm_start.num_steps=2",
+            "grpo.max_val_samples=8",
+            "logging.progress_bar=false",
+            "--run-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "validation accuracy:" in result.stderr

@@ -91,8 +91,13 @@ emerging_optimizers = {{ git = "{EMO_URL}", rev = "{emo}" }}
 
 
 def git(cwd: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-c", "protocol.file.allow=always", *args], cwd=cwd,
-                          env={**os.environ, **GIT_ENV}, capture_output=True, text=True)
+    done = subprocess.run(
+        ["git", "-c", "protocol.file.allow=always", *args],
+        cwd=cwd,
+        env={**os.environ, **GIT_ENV},
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, f"git {args} failed in {cwd}: {done.stderr}"
     return done.stdout
 

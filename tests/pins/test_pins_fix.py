@@ -26,8 +26,9 @@ def test_fix_round_trip_keeps_comments_and_passes(nested):
 
 def test_fix_source_table_switches_tag_to_rev(nested):
     body = f'emerging-optimizers = {{ git = "{EMO_URL}", tag = "v0.2.0" }}  # pinned\n'
-    root = root_toml(body=body).replace(f'"emerging-optimizers @ git+{EMO_URL}@v0.3.0",',
-                                        '"emerging-optimizers",')
+    root = root_toml(body=body).replace(
+        f'"emerging-optimizers @ git+{EMO_URL}@v0.3.0",', '"emerging-optimizers",'
+    )
     layout = nested(root=root, lm=lm_toml(emo="9f1c2d3"))  # the submodule pins a commit
     assert check_pins("--repo", layout.root, "--fix").code == 0
     text = (layout.root / "pyproject.toml").read_text()
@@ -35,8 +36,10 @@ def test_fix_source_table_switches_tag_to_rev(nested):
 
 
 def test_fix_exact_version_in_a_multi_item_extra(nested):
-    root = root_toml().replace('mcore = ["megatron-bridge"]',
-                               "mcore = ['megatron-bridge', 'flashinfer-python==0.6.8.post1', 'einops']")
+    root = root_toml().replace(
+        'mcore = ["megatron-bridge"]',
+        "mcore = ['megatron-bridge', 'flashinfer-python==0.6.8.post1', 'einops']",
+    )
     bridge = bridge_toml(deps='"megatron-core[dev]", "flashinfer-python==0.6.18.post1"')
     layout = nested(root=root, bridge=bridge)
     assert check_pins("--repo", layout.root, "--fix").code == 0
@@ -45,9 +48,13 @@ def test_fix_exact_version_in_a_multi_item_extra(nested):
 
 
 def test_fix_index_url_and_dependency_metadata_version(nested):
-    root = root_toml(body='[[tool.uv.index]]\nname = "flashinfer"\nurl = "https://flashinfer.ai/whl"\n\n'
-                          '[[tool.uv.dependency-metadata]]\nname = "megatron-bridge"\nversion = "0.6.1"\n')
-    bridge = bridge_toml(body='[[tool.uv.index]]\nname = "flashinfer"\nurl = "https://flashinfer.ai/whl/"\n')
+    root = root_toml(
+        body='[[tool.uv.index]]\nname = "flashinfer"\nurl = "https://flashinfer.ai/whl"\n\n'
+        '[[tool.uv.dependency-metadata]]\nname = "megatron-bridge"\nversion = "0.6.1"\n'
+    )
+    bridge = bridge_toml(
+        body='[[tool.uv.index]]\nname = "flashinfer"\nurl = "https://flashinfer.ai/whl/"\n'
+    )
     layout = nested(root=root, bridge=bridge)
     before = check_pins("--repo", layout.root, "--format", "json")
     assert sorted(before.codes()) == ["RF003", "RF004"]  # 0.6.1 (metadata) vs bridge's own 0.6.2
@@ -58,21 +65,27 @@ def test_fix_index_url_and_dependency_metadata_version(nested):
 
 
 def test_fix_refuses_when_submodules_disagree(nested):
-    bridge = bridge_toml(deps='"megatron-core[dev]", "emerging-optimizers"',
-                         body=f'emerging-optimizers = {{ git = "{EMO_URL}", rev = "v0.4.0" }}\n')
+    bridge = bridge_toml(
+        deps='"megatron-core[dev]", "emerging-optimizers"',
+        body=f'emerging-optimizers = {{ git = "{EMO_URL}", rev = "v0.4.0" }}\n',
+    )
     layout = nested(root=root_toml(emo="v0.2.0"), bridge=bridge, lm=lm_toml(emo="v0.3.0"))
     path = layout.root / "pyproject.toml"
     before = path.read_bytes()
     result = check_pins("--repo", layout.root, "--fix")
     assert result.code == 1
     assert "--fix refused; pyproject.toml left untouched" in result.out
-    assert "not fixed [RF001] `emerging-optimizers`: the submodules pin different values" in result.out
+    assert (
+        "not fixed [RF001] `emerging-optimizers`: the submodules pin different values" in result.out
+    )
     assert path.read_bytes() == before
 
 
 def test_fix_refuses_a_range_where_the_root_pins_one_version(nested):
-    root = root_toml().replace('mcore = ["megatron-bridge"]',
-                               'mcore = ["megatron-bridge", "flashinfer-python==0.6.8.post1"]')
+    root = root_toml().replace(
+        'mcore = ["megatron-bridge"]',
+        'mcore = ["megatron-bridge", "flashinfer-python==0.6.8.post1"]',
+    )
     bridge = bridge_toml(deps='"megatron-core[dev]", "flashinfer-python>=0.6.18"')
     layout = nested(root=root, bridge=bridge)
     before = (layout.root / "pyproject.toml").read_bytes()

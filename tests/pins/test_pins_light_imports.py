@@ -24,8 +24,13 @@ print("MODULES=" + json.dumps(loaded), file=sys.stderr)
 
 
 def loaded_modules(*argv: str) -> set[str]:
-    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(list(argv))],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(list(argv))],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
     line = next(x for x in done.stderr.splitlines() if x.startswith("MODULES="))
     return set(json.loads(line.removeprefix("MODULES=")))
 

@@ -17,12 +17,28 @@ from pins_helpers import REPO_ROOT, root_toml
 
 def test_try_repo_blocks_a_commit_with_pin_drift(nested, tmp_path):
     layout = nested(root=root_toml(emo="v0.2.0"))
-    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"),
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env = {
+        **os.environ,
+        "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
     done = subprocess.run(
-        [sys.executable, "-m", "pre_commit", "try-repo", str(REPO_ROOT), "rlflow-check-pins",
-         "--all-files", "--color", "never"],
-        cwd=layout.root, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pre_commit",
+            "try-repo",
+            str(REPO_ROOT),
+            "rlflow-check-pins",
+            "--all-files",
+            "--color",
+            "never",
+        ],
+        cwd=layout.root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     output = done.stdout + done.stderr
     assert done.returncode == 1, output

@@ -28,7 +28,9 @@ from pins_helpers import (
 
 TARGETS = ["pyproject.toml", f"{BRIDGE_PATH}/pyproject.toml", f"{LM_PATH}/pyproject.toml"]
 GITMODULES = [".gitmodules", f"{BRIDGE_PATH}/.gitmodules"]
-EDIT_CHARS = st.sampled_from(list("[]{}=,.\"'#\n @:+/_-\\\tabcv0123éß\x00\x7f") + ["\r\n", '"""', "]]"])
+EDIT_CHARS = st.sampled_from(
+    list("[]{}=,.\"'#\n @:+/_-\\\tabcv0123éß\x00\x7f") + ["\r\n", '"""', "]]"]
+)
 SETTINGS = settings(max_examples=70, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -63,40 +65,136 @@ def mutated(draw, original: str) -> str:
 
 
 LEAF = st.one_of(st.text(max_size=20), st.integers(-5, 5), st.booleans(), st.floats(-1, 1))
-VALUE = st.recursive(LEAF, lambda inner: st.lists(inner, max_size=3)
-                     | st.dictionaries(st.text(min_size=1, max_size=6), inner, max_size=3), max_leaves=6)
+VALUE = st.recursive(
+    LEAF,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(min_size=1, max_size=6), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 REQUIREMENT = st.one_of(
-    st.sampled_from(["torch", "torch==2.11.0", "emerging_optimizers", "a[b]>=1;python_version<'4'",
-                     "x @ git+https://h/x.git@v1", "x @ file:///tmp/x", "bad ==", "y>=1,<", "z===q"]),
+    st.sampled_from(
+        [
+            "torch",
+            "torch==2.11.0",
+            "emerging_optimizers",
+            "a[b]>=1;python_version<'4'",
+            "x @ git+https://h/x.git@v1",
+            "x @ file:///tmp/x",
+            "bad ==",
+            "y>=1,<",
+            "z===q",
+        ]
+    ),
     st.text(max_size=25),
     VALUE,
 )
 SOURCE = st.dictionaries(
-    st.sampled_from(["git", "rev", "tag", "branch", "url", "path", "index", "workspace", "extra",
-                     "group", "marker", "subdirectory"]),
-    st.one_of(st.sampled_from(["https://h/x.git", "v1", "../x", "pytorch", "dev"]), LEAF), max_size=4)
-NAMES = st.sampled_from(["torch", "x", "emerging-optimizers", "Emerging_Optimizers", "megatron-core"])
-DOCUMENT = st.fixed_dictionaries({}, optional={
-    "project": st.fixed_dictionaries({}, optional={
-        "name": st.one_of(NAMES, LEAF), "version": st.one_of(st.sampled_from(["1.0", "x.y"]), LEAF),
-        "dependencies": st.one_of(st.lists(REQUIREMENT, max_size=4), VALUE),
-        "optional-dependencies": st.dictionaries(st.text(max_size=5), st.lists(REQUIREMENT, max_size=3), max_size=2),
-    }),
-    "dependency-groups": st.dictionaries(st.text(max_size=5), st.lists(REQUIREMENT, max_size=3), max_size=2),
-    "tool": st.fixed_dictionaries({}, optional={
-        "uv": st.fixed_dictionaries({}, optional={
-            "sources": st.dictionaries(NAMES, st.one_of(SOURCE, st.lists(SOURCE, max_size=2), LEAF), max_size=3),
-            "index": st.one_of(st.lists(st.dictionaries(st.sampled_from(["name", "url"]), st.one_of(st.just("https://i/"), LEAF)), max_size=2), LEAF),
-            "constraint-dependencies": st.lists(REQUIREMENT, max_size=3),
-            "override-dependencies": st.lists(REQUIREMENT, max_size=2),
-            "dependency-metadata": st.lists(st.dictionaries(st.sampled_from(["name", "version"]), st.one_of(NAMES, LEAF)), max_size=2),
-            "conflicts": st.one_of(st.lists(st.lists(st.dictionaries(st.sampled_from(["extra", "group"]), LEAF), max_size=2), max_size=2), LEAF),
-        }),
-        "rlflow": st.fixed_dictionaries({}, optional={"pins": st.dictionaries(
-            st.sampled_from(["lockstep", "allow", "lockstepp"]),
-            st.one_of(st.lists(st.one_of(NAMES, st.dictionaries(st.sampled_from(["package", "reason", "code", "submodule"]), st.one_of(NAMES, LEAF)))), LEAF))}),
-    }),
-})
+    st.sampled_from(
+        [
+            "git",
+            "rev",
+            "tag",
+            "branch",
+            "url",
+            "path",
+            "index",
+            "workspace",
+            "extra",
+            "group",
+            "marker",
+            "subdirectory",
+        ]
+    ),
+    st.one_of(st.sampled_from(["https://h/x.git", "v1", "../x", "pytorch", "dev"]), LEAF),
+    max_size=4,
+)
+NAMES = st.sampled_from(
+    ["torch", "x", "emerging-optimizers", "Emerging_Optimizers", "megatron-core"]
+)
+DOCUMENT = st.fixed_dictionaries(
+    {},
+    optional={
+        "project": st.fixed_dictionaries(
+            {},
+            optional={
+                "name": st.one_of(NAMES, LEAF),
+                "version": st.one_of(st.sampled_from(["1.0", "x.y"]), LEAF),
+                "dependencies": st.one_of(st.lists(REQUIREMENT, max_size=4), VALUE),
+                "optional-dependencies": st.dictionaries(
+                    st.text(max_size=5), st.lists(REQUIREMENT, max_size=3), max_size=2
+                ),
+            },
+        ),
+        "dependency-groups": st.dictionaries(
+            st.text(max_size=5), st.lists(REQUIREMENT, max_size=3), max_size=2
+        ),
+        "tool": st.fixed_dictionaries(
+            {},
+            optional={
+                "uv": st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "sources": st.dictionaries(
+                            NAMES, st.one_of(SOURCE, st.lists(SOURCE, max_size=2), LEAF), max_size=3
+                        ),
+                        "index": st.one_of(
+                            st.lists(
+                                st.dictionaries(
+                                    st.sampled_from(["name", "url"]),
+                                    st.one_of(st.just("https://i/"), LEAF),
+                                ),
+                                max_size=2,
+                            ),
+                            LEAF,
+                        ),
+                        "constraint-dependencies": st.lists(REQUIREMENT, max_size=3),
+                        "override-dependencies": st.lists(REQUIREMENT, max_size=2),
+                        "dependency-metadata": st.lists(
+                            st.dictionaries(
+                                st.sampled_from(["name", "version"]), st.one_of(NAMES, LEAF)
+                            ),
+                            max_size=2,
+                        ),
+                        "conflicts": st.one_of(
+                            st.lists(
+                                st.lists(
+                                    st.dictionaries(st.sampled_from(["extra", "group"]), LEAF),
+                                    max_size=2,
+                                ),
+                                max_size=2,
+                            ),
+                            LEAF,
+                        ),
+                    },
+                ),
+                "rlflow": st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "pins": st.dictionaries(
+                            st.sampled_from(["lockstep", "allow", "lockstepp"]),
+                            st.one_of(
+                                st.lists(
+                                    st.one_of(
+                                        NAMES,
+                                        st.dictionaries(
+                                            st.sampled_from(
+                                                ["package", "reason", "code", "submodule"]
+                                            ),
+                                            st.one_of(NAMES, LEAF),
+                                        ),
+                                    )
+                                ),
+                                LEAF,
+                            ),
+                        )
+                    },
+                ),
+            },
+        ),
+    },
+)
 
 
 def _assert_clean_exit(repo: Layout, fmt: str) -> None:
@@ -140,7 +238,9 @@ def test_any_pyproject_gives_an_exit_code_not_a_traceback(repo, data, target, fm
 @given(data=st.data(), target=st.sampled_from(GITMODULES), fmt=st.sampled_from(["text", "json"]))
 def test_any_gitmodules_gives_an_exit_code_not_a_traceback(repo, data, target, fmt):
     original = (repo.root / target).read_text()
-    pieces = st.one_of(EDIT_CHARS, st.sampled_from(["[submodule ", "path = ", "url = ", BRIDGE_PATH]))
+    pieces = st.one_of(
+        EDIT_CHARS, st.sampled_from(["[submodule ", "path = ", "url = ", BRIDGE_PATH])
+    )
     random_file = st.lists(pieces, max_size=40).map("".join)
     content = data.draw(st.one_of(mutated(original), random_file))
     _with_content(repo, target, content, fmt)

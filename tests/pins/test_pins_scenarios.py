@@ -37,7 +37,10 @@ def test_emerging_optimizers_incident_names_package_values_files_lines_and_fix(n
     assert "the root pins `v0.2.0`" in out and "pins `v0.3.0`" in out
     assert f"--> pyproject.toml:{root_line}:" in out
     assert f"{LM_PATH}/pyproject.toml:{lm_line}" in out
-    assert f'help: set the requirement to "emerging-optimizers @ git+{EMO_URL}@v0.3.0" at pyproject.toml:{root_line}' in out
+    assert (
+        f'help: set the requirement to "emerging-optimizers @ git+{EMO_URL}@v0.3.0" at pyproject.toml:{root_line}'
+        in out
+    )
     assert "1 error, 0 warnings" in out
 
 
@@ -56,7 +59,9 @@ def test_incident_as_json_for_tools(nested):
 
 def test_source_table_pin_gets_a_rev_fix_line(nested):
     body = f'emerging-optimizers = {{ git = "{EMO_URL}", rev = "v0.2.0" }}\n'
-    root = root_toml(body=body).replace(f'"emerging-optimizers @ git+{EMO_URL}@v0.3.0",', '"emerging-optimizers",')
+    root = root_toml(body=body).replace(
+        f'"emerging-optimizers @ git+{EMO_URL}@v0.3.0",', '"emerging-optimizers",'
+    )
     layout = nested(root=root)
     result = check_pins("--repo", layout.root)
     line = line_of(layout.root / "pyproject.toml", 'rev = "v0.2.0"')
@@ -120,13 +125,18 @@ def test_uncommitted_pyproject_in_submodule(nested):
     path.write_text(path.read_text() + "# local experiment\n")
     result = check_pins("--repo", layout.root)
     assert result.code == 1
-    assert "error[RF008]: `submodules/Megatron-Bridge/pyproject.toml` has uncommitted changes" in result.out
+    assert (
+        "error[RF008]: `submodules/Megatron-Bridge/pyproject.toml` has uncommitted changes"
+        in result.out
+    )
 
 
 def test_index_url_trailing_slash(nested):
     index = '[[tool.uv.index]]\nname = "flashinfer"\nurl = "{url}"\nexplicit = true\n'
-    layout = nested(root=root_toml(body=index.format(url="https://flashinfer.ai/whl")),
-                    bridge=bridge_toml(body=index.format(url="https://flashinfer.ai/whl/")))
+    layout = nested(
+        root=root_toml(body=index.format(url="https://flashinfer.ai/whl")),
+        bridge=bridge_toml(body=index.format(url="https://flashinfer.ai/whl/")),
+    )
     result = check_pins("--repo", layout.root)
     assert result.code == 1
     assert "error[RF003]: index `flashinfer` has two URLs" in result.out
@@ -136,29 +146,40 @@ def test_index_url_trailing_slash(nested):
 
 
 def test_disjoint_exact_versions(nested):
-    root = root_toml().replace('mcore = ["megatron-bridge"]',
-                               'mcore = ["megatron-bridge", "flashinfer-python==0.6.8.post1"]')
+    root = root_toml().replace(
+        'mcore = ["megatron-bridge"]',
+        'mcore = ["megatron-bridge", "flashinfer-python==0.6.8.post1"]',
+    )
     bridge = bridge_toml(deps='"megatron-core[dev]", "flashinfer-python==0.6.18.post1"')
     layout = nested(root=root, bridge=bridge)
     result = check_pins("--repo", layout.root)
     assert result.code == 1
-    assert ("error[RF004]: no version of `flashinfer-python` satisfies both `==0.6.8.post1` "
-            "(the root) and `==0.6.18.post1`") in result.out
+    assert (
+        "error[RF004]: no version of `flashinfer-python` satisfies both `==0.6.8.post1` "
+        "(the root) and `==0.6.18.post1`"
+    ) in result.out
 
 
 def test_overlapping_version_ranges_are_fine(nested):
-    root = root_toml().replace('mcore = ["megatron-bridge"]',
-                               'mcore = ["megatron-bridge", "transformers>=5.0,<6"]')
+    root = root_toml().replace(
+        'mcore = ["megatron-bridge"]', 'mcore = ["megatron-bridge", "transformers>=5.0,<6"]'
+    )
     bridge = bridge_toml(deps='"megatron-core[dev]", "transformers==5.17.0"')
     assert check_pins("--repo", nested(root=root, bridge=bridge).root).code == 0
 
 
 def test_extras_declared_conflicting_resolve_separately(nested):
     """NeMo-RL's vllm extra pins flashinfer 0.6.13; Megatron-Bridge (mcore extra) 0.6.18."""
-    root = root_toml(body="").replace(
-        'mcore = ["megatron-bridge"]',
-        'mcore = ["megatron-bridge"]\nvllm = ["flashinfer-python==0.6.13"]',
-    ).replace("[tool.uv]\n", '[tool.uv]\nconflicts = [[{ extra = "mcore" }, { extra = "vllm" }]]\n')
+    root = (
+        root_toml(body="")
+        .replace(
+            'mcore = ["megatron-bridge"]',
+            'mcore = ["megatron-bridge"]\nvllm = ["flashinfer-python==0.6.13"]',
+        )
+        .replace(
+            "[tool.uv]\n", '[tool.uv]\nconflicts = [[{ extra = "mcore" }, { extra = "vllm" }]]\n'
+        )
+    )
     bridge = bridge_toml(deps='"megatron-core[dev]", "flashinfer-python==0.6.18.post1"')
     assert check_pins("--repo", nested(root=root, bridge=bridge).root).code == 0
 
@@ -172,8 +193,10 @@ def test_root_override_wins(nested):
 
 
 def test_allowlisted_difference_with_reason(nested):
-    policy = ('[tool.rlflow.pins]\nallow = [{ package = "emerging_optimizers", code = "RF001", '
-              'reason = "we test v0.2.0 on purpose" }]\n')
+    policy = (
+        '[tool.rlflow.pins]\nallow = [{ package = "emerging_optimizers", code = "RF001", '
+        'reason = "we test v0.2.0 on purpose" }]\n'
+    )
     layout = nested(root=root_toml(emo="v0.2.0", body=policy))
     result = check_pins("--repo", layout.root)
     assert result.code == 0, result.out
@@ -199,13 +222,17 @@ def test_stale_allow_entry_is_reported(nested):
     policy = '[tool.rlflow.pins]\nallow = [{ package = "nemo-run", reason = "old" }]\n'
     result = check_pins("--repo", nested(root=root_toml(body=policy)).root)
     assert result.code == 0
-    assert "warning[RF009]: [tool.rlflow.pins] allow entry for `nemo-run` matches nothing" in result.out
+    assert (
+        "warning[RF009]: [tool.rlflow.pins] allow entry for `nemo-run` matches nothing"
+        in result.out
+    )
 
 
 def test_lockstep_package_must_match_exactly(nested):
     """transformers>=5.0 (root) and ==5.17.0 (bridge) overlap, but lockstep wants one pin."""
     root = root_toml(body='[tool.rlflow.pins]\nlockstep = ["transformers"]\n').replace(
-        'mcore = ["megatron-bridge"]', 'mcore = ["megatron-bridge", "transformers>=5.0"]')
+        'mcore = ["megatron-bridge"]', 'mcore = ["megatron-bridge", "transformers>=5.0"]'
+    )
     bridge = bridge_toml(deps='"megatron-core[dev]", "transformers==5.17.0"')
     result = check_pins("--repo", nested(root=root, bridge=bridge).root)
     assert result.code == 1
@@ -214,15 +241,23 @@ def test_lockstep_package_must_match_exactly(nested):
 
 def test_pins_uv_never_installs_are_ignored(nested):
     """A submodule's dependency groups and unrequested extras are not installed: no conflict."""
-    lm = lm_toml(body='nemo-run = { git = "https://github.com/NVIDIA-NeMo/Run.git", rev = "e393" }\n'
-                      'mamba-ssm = { git = "https://github.com/state-spaces/mamba.git", rev = "0048" }\n')
-    lm = lm.replace('dev = ["emerging_optimizers", "einops"]',
-                    'dev = ["emerging_optimizers", "einops"]\nssm = ["mamba-ssm"]\n\n'
-                    '[dependency-groups]\ntest = ["nemo-run"]')
-    root = root_toml(body='nemo-run = { git = "https://github.com/NVIDIA-NeMo/Run.git", rev = "414f" }\n'
-                          'mamba-ssm = { git = "https://github.com/state-spaces/mamba.git", rev = "a14b" }\n')
-    root = root.replace('dependencies = ["torch==2.11.0"]',
-                        'dependencies = ["torch==2.11.0", "nemo-run", "mamba-ssm"]')
+    lm = lm_toml(
+        body='nemo-run = { git = "https://github.com/NVIDIA-NeMo/Run.git", rev = "e393" }\n'
+        'mamba-ssm = { git = "https://github.com/state-spaces/mamba.git", rev = "0048" }\n'
+    )
+    lm = lm.replace(
+        'dev = ["emerging_optimizers", "einops"]',
+        'dev = ["emerging_optimizers", "einops"]\nssm = ["mamba-ssm"]\n\n'
+        '[dependency-groups]\ntest = ["nemo-run"]',
+    )
+    root = root_toml(
+        body='nemo-run = { git = "https://github.com/NVIDIA-NeMo/Run.git", rev = "414f" }\n'
+        'mamba-ssm = { git = "https://github.com/state-spaces/mamba.git", rev = "a14b" }\n'
+    )
+    root = root.replace(
+        'dependencies = ["torch==2.11.0"]',
+        'dependencies = ["torch==2.11.0", "nemo-run", "mamba-ssm"]',
+    )
     layout = nested(root=root, lm=lm)
     assert check_pins("--repo", layout.root).code == 0
     # ...but once Megatron-Bridge asks for megatron-core[ssm], the mamba-ssm pins collide.
@@ -234,11 +269,16 @@ def test_pins_uv_never_installs_are_ignored(nested):
 
 
 def test_submodule_url_pin_not_declared_at_root_warns(nested):
-    root = root_toml().replace(f'    "emerging-optimizers @ git+{EMO_URL}@v0.3.0",  # bumped with the submodule\n', "")
+    root = root_toml().replace(
+        f'    "emerging-optimizers @ git+{EMO_URL}@v0.3.0",  # bumped with the submodule\n', ""
+    )
     result = check_pins("--repo", nested(root=root).root)
     assert result.code == 0
     assert "warning[RF002]: `emerging-optimizers` is pinned by URL in submodule" in result.out
-    assert f"add `emerging-optimizers @ git+{EMO_URL}@v0.3.0` to [tool.uv] constraint-dependencies" in result.out
+    assert (
+        f"add `emerging-optimizers @ git+{EMO_URL}@v0.3.0` to [tool.uv] constraint-dependencies"
+        in result.out
+    )
 
 
 def test_malformed_toml_names_file_line_column(nested):
@@ -257,7 +297,11 @@ def test_malformed_toml_in_nested_submodule(nested):
     result = check_pins("--repo", layout.root, "--format", "json")
     assert result.code == 2
     (diag,) = result.json["diagnostics"]
-    assert diag["code"] == "RF102" and diag["file"] == f"{LM_PATH}/pyproject.toml" and diag["line"] == 1
+    assert (
+        diag["code"] == "RF102"
+        and diag["file"] == f"{LM_PATH}/pyproject.toml"
+        and diag["line"] == 1
+    )
 
 
 def test_invalid_requirement_is_unusable_input(nested):

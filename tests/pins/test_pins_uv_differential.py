@@ -61,25 +61,38 @@ def workspace(tmp_path_factory):
 
 
 def _leaf_toml(name: str, version: str) -> str:
-    return (f'[project]\nname = "{name}"\nversion = "{version}"\nrequires-python = ">=3.10"\n\n'
-            '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n')
+    return (
+        f'[project]\nname = "{name}"\nversion = "{version}"\nrequires-python = ">=3.10"\n\n'
+        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
+    )
 
 
 def _url(upstream: Path, slash: bool) -> str:
     return f"file://{upstream}" + ("/" if slash else "")
 
 
-def _child_toml(name: str, placements: list[tuple[str, Placement]], upstreams=None,
-                requires_b: str | None = None) -> str:
-    tables = {"deps": [], "extras": {"requested": [], "unrequested": []}, "groups": {"test": []},
-              "sources": []}
+def _child_toml(
+    name: str,
+    placements: list[tuple[str, Placement]],
+    upstreams=None,
+    requires_b: str | None = None,
+) -> str:
+    tables = {
+        "deps": [],
+        "extras": {"requested": [], "unrequested": []},
+        "groups": {"test": []},
+        "sources": [],
+    }
     if requires_b:
         tables["deps"].append(requires_b)
         tables["sources"].append('child-b = { path = "child-b" }')
     for package, p in placements:
         _place(tables, package, p, upstreams[package])
-    lines = [f'[project]\nname = "{name}"\nversion = "0.1.0"\nrequires-python = ">=3.10"',
-             f"dependencies = {_array(tables['deps'])}", "\n[project.optional-dependencies]"]
+    lines = [
+        f'[project]\nname = "{name}"\nversion = "0.1.0"\nrequires-python = ">=3.10"',
+        f"dependencies = {_array(tables['deps'])}",
+        "\n[project.optional-dependencies]",
+    ]
     lines += [f"{extra} = {_array(reqs)}" for extra, reqs in tables["extras"].items()]
     lines += ["\n[dependency-groups]", f"test = {_array(tables['groups']['test'])}"]
     lines += ["\n[tool.uv.sources]", *tables["sources"]]
@@ -88,20 +101,31 @@ def _child_toml(name: str, placements: list[tuple[str, Placement]], upstreams=No
 
 
 def _root_toml(placements: list[tuple[str, Placement]], upstreams, override: str | None) -> str:
-    tables = {"deps": ["child-a[requested]"], "extras": {"mcore": []}, "groups": {"dev": []},
-              "sources": ['child-a = { path = "child-a" }'], "constraint": []}
+    tables = {
+        "deps": ["child-a[requested]"],
+        "extras": {"mcore": []},
+        "groups": {"dev": []},
+        "sources": ['child-a = { path = "child-a" }'],
+        "constraint": [],
+    }
     for package, p in placements:
         _place(tables, package, p, upstreams[package])
     overrides = [f"{override} @ git+{_url(upstreams[override], False)}@v0.2.0"] if override else []
-    return "\n".join([
-        '[project]\nname = "root"\nversion = "0.1.0"\nrequires-python = ">=3.12"',
-        f"dependencies = {_array(tables['deps'])}",
-        f"\n[project.optional-dependencies]\nmcore = {_array(tables['extras']['mcore'])}",
-        f"\n[dependency-groups]\ndev = {_array(tables['groups']['dev'])}",
-        f"\n[tool.uv]\nconstraint-dependencies = {_array(tables['constraint'])}",
-        f"override-dependencies = {_array(overrides)}",
-        "\n[tool.uv.sources]", *tables["sources"],
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                '[project]\nname = "root"\nversion = "0.1.0"\nrequires-python = ">=3.12"',
+                f"dependencies = {_array(tables['deps'])}",
+                f"\n[project.optional-dependencies]\nmcore = {_array(tables['extras']['mcore'])}",
+                f"\n[dependency-groups]\ndev = {_array(tables['groups']['dev'])}",
+                f"\n[tool.uv]\nconstraint-dependencies = {_array(tables['constraint'])}",
+                f"override-dependencies = {_array(overrides)}",
+                "\n[tool.uv.sources]",
+                *tables["sources"],
+            ]
+        )
+        + "\n"
+    )
 
 
 def _place(tables: dict, package: str, p: Placement, upstream: Path) -> None:
@@ -114,8 +138,12 @@ def _place(tables: dict, package: str, p: Placement, upstream: Path) -> None:
         key = "tag" if p.style == "source-tag" else "rev"
         tables["sources"].append(f'{package} = {{ git = "{url}", {key} = "{p.tag}" }}')
     kind, _, name = p.scope.partition(":")
-    target = {"dependencies": tables["deps"], "constraint": tables.get("constraint"),
-              "extra": tables["extras"].get(name), "group": tables["groups"].get(name)}[kind]
+    target = {
+        "dependencies": tables["deps"],
+        "constraint": tables.get("constraint"),
+        "extra": tables["extras"].get(name),
+        "group": tables["groups"].get(name),
+    }[kind]
     target.append(requirement)
 
 
@@ -133,8 +161,11 @@ def _random_config(rng: random.Random, packages: list[str]) -> dict:
                 placement = Placement(project, scope, rng.choice(TAGS), style, rng.random() < 0.3)
                 placements[project].append((package, placement))
     override = rng.choice(packages) if rng.random() < 0.15 else None
-    return {"placements": placements, "override": override,
-            "b_extra": rng.choice(["child-b", "child-b[requested]"])}
+    return {
+        "placements": placements,
+        "override": override,
+        "b_extra": rng.choice(["child-b", "child-b[requested]"]),
+    }
 
 
 def _write(workspace, config: dict) -> None:
@@ -143,17 +174,31 @@ def _write(workspace, config: dict) -> None:
     a_requires_b = config["b_extra"]
     (root / "pyproject.toml").write_text(_root_toml(p["root"], upstreams, config["override"]))
     (root / "child-a" / "pyproject.toml").write_text(
-        _child_toml("child-a", p["a"], upstreams, requires_b=a_requires_b))
-    (root / "child-a" / "child-b" / "pyproject.toml").write_text(_child_toml("child-b", p["b"], upstreams))
+        _child_toml("child-a", p["a"], upstreams, requires_b=a_requires_b)
+    )
+    (root / "child-a" / "child-b" / "pyproject.toml").write_text(
+        _child_toml("child-b", p["b"], upstreams)
+    )
     (root / "uv.lock").unlink(missing_ok=True)
 
 
 def uv_lock(workspace) -> subprocess.CompletedProcess:
     """The real uv, offline, with a private cache and this interpreter (no downloads)."""
-    env = {**os.environ, "UV_CACHE_DIR": str(workspace["cache"]), "UV_NO_CONFIG": "1",
-           "UV_PYTHON_DOWNLOADS": "never", "UV_PYTHON": sys.executable}
-    return subprocess.run([str(UV), "lock", "--offline", "--quiet"], cwd=workspace["root"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "UV_CACHE_DIR": str(workspace["cache"]),
+        "UV_NO_CONFIG": "1",
+        "UV_PYTHON_DOWNLOADS": "never",
+        "UV_PYTHON": sys.executable,
+    }
+    return subprocess.run(
+        [str(UV), "lock", "--offline", "--quiet"],
+        cwd=workspace["root"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _uv_conflicts(workspace) -> tuple[set[str], str]:
@@ -205,12 +250,15 @@ def test_index_trailing_slash_matches_uv(workspace):
         '[project]\nname = "root"\nversion = "0.1.0"\nrequires-python = ">=3.12"\n'
         'dependencies = ["child-a", "flashinfer-cubin"]\n\n'
         + index.format(url="https://flashinfer.ai/whl")
-        + '\n[tool.uv.sources]\nchild-a = { path = "child-a" }\nflashinfer-cubin = { index = "flashinfer" }\n')
+        + '\n[tool.uv.sources]\nchild-a = { path = "child-a" }\nflashinfer-cubin = { index = "flashinfer" }\n'
+    )
     (root / "child-a" / "pyproject.toml").write_text(
         '[project]\nname = "child-a"\nversion = "0.1.0"\nrequires-python = ">=3.10"\n'
-        'dependencies = ["flashinfer-cubin"]\n\n' + index.format(url="https://flashinfer.ai/whl/")
+        'dependencies = ["flashinfer-cubin"]\n\n'
+        + index.format(url="https://flashinfer.ai/whl/")
         + '\n[tool.uv.sources]\nflashinfer-cubin = { index = "flashinfer" }\n\n'
-        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n')
+        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
+    )
     (root / "uv.lock").unlink(missing_ok=True)
     done = uv_lock(workspace)
     assert "conflicting indexes for package `flashinfer-cubin`" in done.stderr, done.stderr

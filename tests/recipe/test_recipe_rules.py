@@ -28,7 +28,9 @@ def messages(overrides: list[str]) -> str:
 
 
 def test_video_config_with_a_missing_key_names_it():
-    text = messages(["data.train.kind=video", "data.video.temporal_patch_size=2", "data.video.fps=2.0"])
+    text = messages(
+        ["data.train.kind=video", "data.video.temporal_patch_size=2", "data.video.fps=2.0"]
+    )
     assert "`data.video.num_frames` is not set, but `data.video.temporal_patch_size` is" in text
     assert "KeyError" not in text
 
@@ -39,7 +41,9 @@ def test_video_rows_without_video_settings_are_refused():
 
 
 def test_frames_must_fill_whole_temporal_patches():
-    text = messages(["data.video.num_frames=3", "data.video.temporal_patch_size=2", "data.video.fps=2.0"])
+    text = messages(
+        ["data.video.num_frames=3", "data.video.temporal_patch_size=2", "data.video.fps=2.0"]
+    )
     assert "not a multiple of `temporal_patch_size`" in text
 
 
@@ -52,8 +56,12 @@ def test_unknown_reward_and_bad_minibatches_are_reported_together():
 def test_train_on_a_bad_recipe_exits_2_with_the_key_and_no_traceback(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"defaults: {TINY}\ngrpo:\n  num_generations_per_promt: 4\n")
-    result = subprocess.run([sys.executable, "-m", "rlflow.cli", "train", str(bad)],
-                            capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "rlflow.cli", "train", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert result.returncode == 2
     assert "did you mean `grpo.num_generations_per_prompt`?" in result.stderr
     assert f"{bad.name}:3:3" in result.stderr

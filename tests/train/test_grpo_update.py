@@ -27,27 +27,48 @@ def test_update_raises_logprob_of_rewarded_answers(trainable, tiny_processor):
     prompt = make_prompt(tiny_processor, "image", "How many red squares are there?")
     prompts = [prompt] * 16
     gen = MegatronGeneration(policy, tiny_processor.tokenizer.pad_token_id, max_batch_size=16)
-    completions = gen.generate(prompts, SamplingParams(3, 1.5, 1.0, 0, seed=3, stop_token_ids=(),
-                                                       ignore_eos=True))
+    completions = gen.generate(
+        prompts, SamplingParams(3, 1.5, 1.0, 0, seed=3, stop_token_ids=(), ignore_eos=True)
+    )
     first = [c.token_ids[0] for c in completions]
     target = max(set(first), key=first.count)
-    assert 0 < first.count(target) < len(first), "the sample needs both rewarded and unrewarded rows"
+    assert 0 < first.count(target) < len(first), (
+        "the sample needs both rewarded and unrewarded rows"
+    )
     rewards = torch.tensor([[1.0 if t == target else 0.0 for t in first]])
-    advantages = grpo.group_advantages(rewards, leave_one_out=True, normalize=True).flatten().tolist()
-    batch = build_train_batch(prompts, completions, advantages, config.image_token_id,
-                              config.video_token_id, config.vision_config.spatial_merge_size,
-                              tiny_processor.tokenizer.pad_token_id)
+    advantages = (
+        grpo.group_advantages(rewards, leave_one_out=True, normalize=True).flatten().tolist()
+    )
+    batch = build_train_batch(
+        prompts,
+        completions,
+        advantages,
+        config.image_token_id,
+        config.video_token_id,
+        config.vision_config.spatial_merge_size,
+        tiny_processor.tokenizer.pad_token_id,
+    )
     before, _ = rollout_logprobs(policy, batch, micro_batch_size=8, with_entropy=False)
     weights_before = [p.detach().clone() for p in policy.core.language_model.parameters()]
-    optimizer = Optimizer.create(policy, lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8,
-                                 max_grad_norm=1.0)
-    loss_cfg = LossConfig(ratio_clip_low=0.2, ratio_clip_high=0.28, kl_penalty=0.0, kl_type="k3",
-                          token_level_loss=True)
-    metrics = grpo_update(policy, optimizer, batch, before, None, loss_cfg, micro_batch_size=8,
-                          num_minibatches=1)
+    optimizer = Optimizer.create(
+        policy, lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8, max_grad_norm=1.0
+    )
+    loss_cfg = LossConfig(
+        ratio_clip_low=0.2,
+        ratio_clip_high=0.28,
+        kl_penalty=0.0,
+        kl_type="k3",
+        token_level_loss=True,
+    )
+    metrics = grpo_update(
+        policy, optimizer, batch, before, None, loss_cfg, micro_batch_size=8, num_minibatches=1
+    )
     after, _ = rollout_logprobs(policy, batch, micro_batch_size=8, with_entropy=False)
 
-    changed = [not torch.equal(a, p) for a, p in zip(weights_before, policy.core.language_model.parameters())]
+    changed = [
+        not torch.equal(a, p)
+        for a, p in zip(weights_before, policy.core.language_model.parameters())
+    ]
     assert any(changed) and metrics["grad_norm"] > 0
     start = batch.target_mask.float().argmax(dim=1)  # first generated target position per row
     rows = torch.arange(len(batch))

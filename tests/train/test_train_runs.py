@@ -16,23 +16,52 @@ from rlflow.train.metrics import read_metrics
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
 # Small and fast: 8 prompts x 4 generations, short answers, a few warm-start steps.
-SMALL = ["grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4", "grpo.max_num_steps=4",
-         "grpo.num_minibatches=2", "grpo.val_period=2", "grpo.max_val_samples=8",
-         "warm_start.num_steps=6", "warm_start.batch_size=8", "checkpointing.save_period=2",
-         "checkpointing.keep_last=3", "logging.progress_bar=false", "data.train.num_samples=256"]
+SMALL = [
+    "grpo.num_prompts_per_step=4",
+    "grpo.num_generations_per_prompt=4",
+    "grpo.max_num_steps=4",
+    "grpo.num_minibatches=2",
+    "grpo.val_period=2",
+    "grpo.max_val_samples=8",
+    "warm_start.num_steps=6",
+    "warm_start.batch_size=8",
+    "checkpointing.save_period=2",
+    "checkpointing.keep_last=3",
+    "logging.progress_bar=false",
+    "data.train.num_samples=256",
+]
 
 
-def train(run_dir: Path, *overrides: str, nproc: int = 1, env: dict | None = None,
-          timeout: int = 600) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "rlflow.cli", "train", str(RECIPE), *SMALL, *overrides,
-               "--run-dir", str(run_dir)]
+def train(
+    run_dir: Path, *overrides: str, nproc: int = 1, env: dict | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        "-m",
+        "rlflow.cli",
+        "train",
+        str(RECIPE),
+        *SMALL,
+        *overrides,
+        "--run-dir",
+        str(run_dir),
+    ]
     if nproc > 1:
         command += ["--nproc", str(nproc)]
     # A fresh process: no rendezvous variables inherited from the test process.
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**clean, "PYTHONUNBUFFERED": "1", **(env or {})})
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**clean, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
 
 
 def comparable(records: list[dict]) -> list[dict]:
@@ -52,9 +81,18 @@ def test_run_writes_metrics_checkpoints_and_tensorboard(reference_run):
     records = read_metrics(reference_run)
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
     step = records[1]
-    for key in ("train/reward", "train/accuracy", "train/kl", "train/clip_fraction", "train/entropy",
-                "train/response_length", "train/token_mult_prob_error", "time/generation",
-                "time/logprobs", "time/training"):
+    for key in (
+        "train/reward",
+        "train/accuracy",
+        "train/kl",
+        "train/clip_fraction",
+        "train/entropy",
+        "train/response_length",
+        "train/token_mult_prob_error",
+        "time/generation",
+        "time/logprobs",
+        "time/training",
+    ):
         assert key in step, key
     assert "val/accuracy" in records[0] and "val/accuracy" in records[2]
     checkpoints = sorted(p.name for p in (reference_run / "checkpoints").iterdir())
@@ -64,8 +102,12 @@ def test_run_writes_metrics_checkpoints_and_tensorboard(reference_run):
 
 def test_generator_and_trainer_agree_on_logprobs(reference_run):
     """token_mult_prob_error: Megatron generation vs the trainer's recomputation (fp32, CPU)."""
-    errors = [r["train/token_mult_prob_error"] for r in read_metrics(reference_run) if r["step"] > 0]
-    maxima = [r["train/token_mult_prob_error_max"] for r in read_metrics(reference_run) if r["step"] > 0]
+    errors = [
+        r["train/token_mult_prob_error"] for r in read_metrics(reference_run) if r["step"] > 0
+    ]
+    maxima = [
+        r["train/token_mult_prob_error_max"] for r in read_metrics(reference_run) if r["step"] > 0
+    ]
     assert sorted(errors)[len(errors) // 2] <= 1.05
     assert max(maxima) <= 1.10
 
@@ -92,8 +134,12 @@ def test_time_limit_signal_saves_and_asks_for_requeue(reference_run, tmp_path):
 
 
 def test_report_writes_png_plots(reference_run, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "rlflow.cli", "report", str(reference_run),
-                             "--out", str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "rlflow.cli", "report", str(reference_run), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
     for name in ("reward", "accuracy", "kl", "step_time"):
         data = (tmp_path / f"{name}.png").read_bytes()
@@ -101,9 +147,16 @@ def test_report_writes_png_plots(reference_run, tmp_path):
 
 
 def test_mixed_image_video_text_batches_train(tmp_path):
-    result = train(tmp_path, "data.train.kind=mixed", "data.validation.kind=mixed",
-                   "data.video.num_frames=4", "data.video.temporal_patch_size=2", "data.video.fps=2.0",
-                   "grpo.max_num_steps=2", "grpo.max_val_samples=12")
+    result = train(
+        tmp_path,
+        "data.train.kind=mixed",
+        "data.validation.kind=mixed",
+        "data.video.num_frames=4",
+        "data.video.temporal_patch_size=2",
+        "data.video.fps=2.0",
+        "grpo.max_num_steps=2",
+        "grpo.max_val_samples=12",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     final = read_metrics(tmp_path)[-1]
     assert {"val/accuracy_image", "val/accuracy_video", "val/accuracy_text"} <= set(final)

@@ -30,9 +30,20 @@ def main() -> int:
         "world_size": world_size,
         "sum": value.item(),
         "expected": expected,
-        "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                                               "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
-                                               "SLURMD_NODENAME", "SLURM_JOB_ID")},
+        "env": {
+            k: os.environ.get(k)
+            for k in (
+                "RANK",
+                "LOCAL_RANK",
+                "WORLD_SIZE",
+                "LOCAL_WORLD_SIZE",
+                "NODE_RANK",
+                "MASTER_ADDR",
+                "MASTER_PORT",
+                "SLURMD_NODENAME",
+                "SLURM_JOB_ID",
+            )
+        },
     }
     (out / f"rank-{rank}.json").write_text(json.dumps(record, indent=1))
     dist.destroy_process_group()
