@@ -13,8 +13,9 @@ import time
 import torch
 
 from rlflow import parallel
-from rlflow.generation.base import Completion, SamplingParams
+from rlflow.generation.base import Completion
 from rlflow.train import grpo
+from rlflow.train.collect import collect_rollouts, sampling
 from rlflow.train.faults import inject_failure
 from rlflow.train.metrics import StepTimer
 from rlflow.train.rollouts import build_train_batch
@@ -74,31 +75,11 @@ def _summary(t: Trainer) -> None:
 
 def grpo_step(t: Trainer, step: int) -> dict[str, float]:
     recipe, info = t.recipe, t.info
-    G = recipe.grpo.num_generations_per_prompt
     timer = StepTimer(sync=_sync_fn(info.device))
     start = time.perf_counter()
     inject_failure(info.rank, f"step{step}")
-    indices = next(t.sampler)[info.dp_rank :: info.dp_size]
-    samples = [t.train_data[i] for i in indices]
-    prompts = [t.encoder.encode(s) for s in samples]
-    rollout_prompts = [p for p in prompts for _ in range(G)]
-    rollout_samples = [s for s in samples for _ in range(G)]
-
-    with timer("generation"):
-        completions = t.backend.generate(
-            rollout_prompts, _sampling(t, step, recipe.generation.temperature)
-        )
-    with timer("reward"):
-        from rlflow.data.rewards import score
-
-        texts = [t.encoder.decode(c.token_ids) for c in completions]
-        rewards, per_reward, correct = score(texts, rollout_samples, recipe.rewards)
-        advantages = grpo.group_advantages(
-            torch.tensor(rewards).view(len(samples), G),
-            recipe.grpo.use_leave_one_out_baseline,
-            recipe.grpo.normalize_rewards,
-        ).flatten()
-    batch = _train_batch(t, rollout_prompts, completions, advantages.tolist())
+    rollouts = collect_rollouts(t, step, timer)
+    batch = _train_batch(t, rollouts.prompts, rollouts.completions, rollouts.advantages)
     with timer("logprobs"):
         micro = recipe.optimizer.micro_batch_size
         old_logprobs, entropy = rollout_logprobs(t.policy, batch, micro, with_entropy=True)
@@ -120,10 +101,7 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
         t.backend.refresh_weights()
     return _step_metrics(
         t,
-        rewards,
-        per_reward,
-        correct,
-        completions,
+        rollouts,
         batch,
         old_logprobs,
         entropy,
@@ -142,7 +120,7 @@ def validate(t: Trainer) -> dict[str, float]:
     count = min(recipe.grpo.max_val_samples, len(t.val_data))
     samples = [t.val_data[i] for i in range(info.dp_rank, count, info.dp_size)]
     prompts = [t.encoder.encode(s) for s in samples]
-    completions = t.backend.generate(prompts, _sampling(t, 0, recipe.generation.val_temperature))
+    completions = t.backend.generate(prompts, sampling(t, 0, recipe.generation.val_temperature))
     texts = [t.encoder.decode(c.token_ids) for c in completions]
     rewards, _, correct = score(texts, samples, recipe.rewards)
     sums = {
@@ -237,21 +215,6 @@ def _grpo_optimizer(t: Trainer) -> Optimizer:
     )
 
 
-def _sampling(t: Trainer, step: int, temperature: float) -> SamplingParams:
-    gen = t.recipe.generation
-    # One seed per (run, step, data-parallel rank); tensor-parallel peers share it, so they agree.
-    seed = (t.recipe.run.seed * 1_000_003 + step * 9_973 + t.info.dp_rank) % 2**31
-    return SamplingParams(
-        max_new_tokens=gen.max_new_tokens,
-        temperature=temperature,
-        top_p=gen.top_p,
-        top_k=gen.top_k,
-        seed=seed,
-        stop_token_ids=(t.encoder.eos_token_id,),
-        ignore_eos=False,
-    )
-
-
 def _train_batch(t: Trainer, prompts, completions, advantages):
     media = t.policy.media_tokens
     return build_train_batch(
@@ -267,10 +230,7 @@ def _train_batch(t: Trainer, prompts, completions, advantages):
 
 def _step_metrics(
     t,
-    rewards,
-    per_reward,
-    correct,
-    completions,
+    rollouts,
     batch,
     old_logprobs,
     entropy,
@@ -279,18 +239,19 @@ def _step_metrics(
     step_seconds,
 ) -> dict[str, float]:
     mask = batch.target_mask
-    n_rollouts = len(rewards)
+    n_rollouts = len(rollouts.rewards)
     sums = {
-        "train/reward": sum(rewards),
-        "train/accuracy": sum(correct),
-        "train/response_length": sum(len(c.token_ids) for c in completions),
+        "train/reward": sum(rollouts.rewards),
+        "train/accuracy": sum(rollouts.accuracy),
+        "train/response_length": sum(len(c.token_ids) for c in rollouts.generated),
         "train/entropy_sum": float((entropy * mask).sum()),
         "train/tmpe_sum": float(
             grpo.token_mult_prob_error(batch.gen_logprobs, old_logprobs, mask) * mask.sum()
         ),
         "train/tokens": float(mask.sum()),
         "train/rollouts": float(n_rollouts),
-        **{f"train/reward_{name}": sum(values) for name, values in per_reward.items()},
+        **{f"train/reward_{name}": sum(values) for name, values in rollouts.per_reward.items()},
+        **rollouts.stats,
     }
     gap = (batch.gen_logprobs - old_logprobs).abs().exp()
     tmpe_max = float(gap[mask].max()) if mask.any() else 1.0
