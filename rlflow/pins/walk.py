@@ -1,28 +1,38 @@
 """Nested git submodules -> pyproject.toml files and the state of each submodule.
 
-The gitlink is read from the parent's index (what the next commit records), not from HEAD,
-so a staged submodule bump checks clean in a pre-commit hook. Each level costs one
-`git ls-files` in the parent and one `git status` per submodule; gitpython (about 0.1 s to
-import) is loaded only when the repository has a .gitmodules file.
+The gitlink is read from the parent's index (what the next commit records), not from HEAD, so
+a staged submodule bump checks clean in a pre-commit hook; inside a hook, the root reads the
+index that git is committing (`commit -a` and `commit <paths>` use a temporary one). Every git
+call runs with a clean environment (gitcmd.py). Each level costs one `git ls-files` in the
+parent, one `git config` to read .gitmodules the way git does, and one `git status` per
+initialized submodule; all of it is linear in the number of submodules.
+
+Anything that hides submodules from the check is unusable input (exit 2), never a silent "ok":
+a .gitmodules git cannot read, a gitlink with no .gitmodules entry, a submodule pyproject.toml
+that is a directory, a device or a symlink loop.
 """
 
 from __future__ import annotations
 
-import configparser
+import errno
 import posixpath
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlflow.errors import Diagnostic, RlflowError
+from rlflow.pins import gitcmd
 from rlflow.pins.model import Checkout, Location, Submodule
 
-_SECTION = re.compile(r'^\s*\[\s*submodule\s+"(?P<name>(?:[^"\\]|\\.)*)"\s*\]')
+_SECTION = re.compile(r'^\s*\[\s*submodule\s+"(?P<name>(?:[^"\\]|\\.)*)"\s*\]', re.IGNORECASE)
 _PATH_KEY = re.compile(r"^\s*path\s*=", re.IGNORECASE)
+_BAD_LINE = re.compile(r"bad config line (\d+)")
 
 
 @dataclass(frozen=True)
 class _Declared:
+    name: str
     path: str  # relative to the parent repository
     location: Location
 
@@ -30,7 +40,8 @@ class _Declared:
 def walk(start: Path) -> Checkout:
     """The repository containing `start`, its root pyproject and every submodule below it."""
     root = find_root(start)
-    if not (root / "pyproject.toml").is_file():
+    kind = _file_kind(root / "pyproject.toml")
+    if kind == "missing":
         raise RlflowError(
             Diagnostic(
                 "RF101",
@@ -39,19 +50,18 @@ def walk(start: Path) -> Checkout:
                 "(or pass --repo) a uv project",
             )
         )
+    if kind != "file":
+        raise RlflowError(
+            Diagnostic(
+                "RF102",
+                f"cannot read pyproject.toml: it is {kind}",
+                file="pyproject.toml",
+                help="the root pyproject.toml must be a regular file",
+            )
+        )
     pyprojects, submodules = [""], []
-    if (root / ".gitmodules").is_file():
-        try:
-            import git  # heavy-ish: only repositories with submodules need it
-        except ImportError as err:  # gitpython refuses to load without a git executable
-            raise RlflowError(
-                Diagnostic(
-                    "RF106",
-                    f"cannot run git: {err}".splitlines()[0],
-                    help="install git (or set GIT_PYTHON_GIT_EXECUTABLE)",
-                )
-            ) from None
-        _walk_level(git, root, "", pyprojects, submodules, seen=set())
+    index = _hook_index(root)
+    _walk_level(root, "", pyprojects, submodules, seen=set(), index_file=index)
     return Checkout(root, tuple(pyprojects), tuple(submodules))
 
 
@@ -68,7 +78,7 @@ def find_root(start: Path) -> Path:
         )
     for directory in [start.resolve(), *start.resolve().parents]:
         marker = directory / ".git"
-        if (marker / "HEAD").is_file() or (marker.is_file() and _is_gitdir_file(marker)):
+        if (marker / "HEAD").is_file() or (marker.is_file() and _gitdir_of(marker)):
             return directory
     raise RlflowError(
         Diagnostic(
@@ -80,57 +90,79 @@ def find_root(start: Path) -> Path:
     )
 
 
-def _is_gitdir_file(marker: Path) -> bool:
+def _gitdir_of(marker: Path) -> Path | None:
+    """The directory a `.git` file points to (`gitdir: ...`), else None."""
     try:
-        return marker.read_text(encoding="utf-8", errors="replace").startswith("gitdir:")
+        text = marker.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return False
+        return None
+    if not text.startswith("gitdir:"):
+        return None
+    return (marker.parent / text[len("gitdir:") :].strip()).resolve()
+
+
+def _hook_index(root: Path) -> str | None:
+    """The index a running `git commit` of this repository is about to record, if any."""
+    index = gitcmd.hook_index_file()
+    if index is None:
+        return None
+    marker = root / ".git"
+    git_dir = marker.resolve() if marker.is_dir() else _gitdir_of(marker)
+    if git_dir is None or not Path(index).resolve().is_relative_to(git_dir):
+        return None  # another repository's hook: not ours to read
+    return index
 
 
 def _walk_level(
-    git,
     root: Path,
     parent_rel: str,
     pyprojects: list[str],
     submodules: list[Submodule],
     seen: set[Path],
+    index_file: str | None = None,
 ) -> None:
     parent_abs = root / parent_rel
     if parent_abs.resolve() in seen:
         return
     seen.add(parent_abs.resolve())
-    declared = read_gitmodules(git, root, parent_rel)
-    if not declared:
-        return
-    with _open_repo(git, parent_abs, parent_rel or ".") as parent:
-        gitlinks = _gitlinks(git, parent, [d.path for d in declared], parent_rel)
+    declared = read_gitmodules(root, parent_rel)
+    gitlinks = _gitlinks(parent_abs, index_file)
+    by_path = {d.path: d for d in declared}
+    rel_file = posixpath.join(parent_rel, ".gitmodules") if parent_rel else ".gitmodules"
+    for path in gitlinks:
+        if path not in by_path:
+            raise _unlisted_gitlink(root, rel_file, path, gitlinks[path])
     for entry in declared:
         if entry.path not in gitlinks:
             continue  # listed in .gitmodules but not a submodule in the index: git ignores it too
         rel = posixpath.join(parent_rel, entry.path) if parent_rel else entry.path
-        submodule = _inspect(git, root, rel, entry, gitlinks[entry.path])
+        submodule = _inspect(root, rel, entry, gitlinks[entry.path])
         submodules.append(submodule)
         if not submodule.initialized:
             continue
-        if (root / rel / "pyproject.toml").is_file():
+        if _submodule_pyproject(root, rel, entry):
             pyprojects.append(rel)
-        if (root / rel / ".gitmodules").is_file():
-            _walk_level(git, root, rel, pyprojects, submodules, seen)
+        _walk_level(root, rel, pyprojects, submodules, seen)
 
 
-def _inspect(git, root: Path, rel: str, entry: _Declared, gitlink: str) -> Submodule:
+def _inspect(root: Path, rel: str, entry: _Declared, gitlink: str) -> Submodule:
     sub_abs = root / rel
     if not (sub_abs / ".git").exists():
         return Submodule(rel, entry.location, gitlink, head=None)
-    with _open_repo(git, sub_abs, rel) as repo:
-        try:
-            status = repo.git(no_optional_locks=True).status(
-                "--porcelain=v2", "--branch", "--", "pyproject.toml"
+    done = gitcmd.run_raw(sub_abs, "status", "--porcelain=v2", "--branch", "--", "pyproject.toml")
+    if done.returncode != 0:
+        raise RlflowError(
+            Diagnostic(
+                "RF106",
+                f"`{rel}` has a .git but git cannot read it: {_last_line(done.stderr)}",
+                file=entry.location.file,
+                line=entry.location.line,
+                help=f"re-create it: `git submodule deinit -f {rel} && "
+                f"git submodule update --init --recursive {rel}`",
             )
-        except git.GitCommandError as err:
-            raise _git_failed(rel, err) from None
+        )
     head, dirty = None, False
-    for line in status.splitlines():
+    for line in done.stdout.splitlines():
         if line.startswith("# branch.oid "):
             oid = line.split()[-1]
             head = oid if oid != "(initial)" else "(no commit)"
@@ -139,97 +171,97 @@ def _inspect(git, root: Path, rel: str, entry: _Declared, gitlink: str) -> Submo
     return Submodule(rel, entry.location, gitlink, head=head, pyproject_dirty=dirty)
 
 
-def _gitlinks(git, repo, paths: list[str], parent_rel: str) -> dict[str, str]:
-    """path -> commit for the paths that the parent's index records as submodules."""
-    try:
-        out = repo.git(literal_pathspecs=True).ls_files("--stage", "-z", "--", *paths)
-    except git.GitCommandError as err:
-        raise _git_failed(parent_rel or ".", err) from None
+def _gitlinks(repo: Path, index_file: str | None) -> dict[str, str]:
+    """path -> commit for every path the repository's index records as a submodule."""
+    out = gitcmd.run(repo, "ls-files", "--stage", "-z", index_file=index_file)
     links = {}
     for record in out.split("\0"):
-        meta, _, path = record.partition("\t")
-        fields = meta.split()
-        if len(fields) == 3 and fields[0] == "160000":
-            links[path] = fields[1]
+        if record.startswith("160000 "):
+            meta, _, path = record.partition("\t")
+            links[path] = meta.split()[1]
     return links
 
 
-class _open_repo:
-    """`git.Repo` as a context manager that turns git's exceptions into diagnostics."""
-
-    def __init__(self, git, path: Path, rel: str):
-        self.git, self.path, self.rel = git, path, rel
-
-    def __enter__(self):
-        try:
-            self.repo = self.git.Repo(self.path)
-        except (self.git.InvalidGitRepositoryError, self.git.NoSuchPathError):
-            raise RlflowError(
-                Diagnostic(
-                    "RF106",
-                    f"`{self.rel}` has a .git but is not a usable git repository",
-                    help=f"re-create it: `git submodule deinit -f {self.rel} && "
-                    f"git submodule update --init --recursive {self.rel}`",
-                )
-            ) from None
-        return self.repo
-
-    def __exit__(self, *exc) -> None:
-        self.repo.close()
+def _file_kind(path: Path) -> str:
+    """ "file", "missing", or what it is instead ("a directory", "a symlink loop", ...)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "a dangling symlink" if path.is_symlink() else "missing"
+    except OSError as err:
+        return "a symlink loop" if err.errno == errno.ELOOP else f"unreadable ({err.strerror})"
+    if stat.S_ISREG(mode):
+        return "file"
+    return "a directory" if stat.S_ISDIR(mode) else "not a regular file (a device, pipe or socket)"
 
 
-def _git_failed(rel: str, err) -> RlflowError:
-    stderr = (getattr(err, "stderr", "") or "").strip().strip("'").strip()
-    return RlflowError(
+def _submodule_pyproject(root: Path, rel: str, entry: _Declared) -> bool:
+    kind = _file_kind(root / rel / "pyproject.toml")
+    if kind in ("file", "missing"):
+        return kind == "file"
+    where = entry.location
+    raise RlflowError(
         Diagnostic(
-            "RF106",
-            f"git failed in `{rel}`: {stderr or err}",
-            help="check that `git status` works there",
+            "RF102",
+            f"cannot read `{rel}/pyproject.toml`: it is {kind}, so the pins of submodule "
+            f"`{rel}` cannot be checked",
+            file=where.file,
+            line=where.line,
+            notes=(f"submodule `{rel}` is declared here",),
+            help=f"make `{rel}/pyproject.toml` a regular file (or remove it) in the submodule",
         )
     )
 
 
-def read_gitmodules(git, root: Path, parent_rel: str) -> list[_Declared]:
-    """The submodules a .gitmodules declares, with the line of each `path =`; bad file -> exit 2."""
+def read_gitmodules(root: Path, parent_rel: str) -> list[_Declared]:
+    """The submodules a .gitmodules declares, with the line of each `path =`; bad file -> exit 2.
+
+    Values come from git itself (`git config -f`), so quoting, escapes and case rules are git's;
+    the line numbers from one pass over the text.
+    """
     rel_file = posixpath.join(parent_rel, ".gitmodules") if parent_rel else ".gitmodules"
-    parser = git.GitConfigParser(str(root / rel_file), read_only=True)
+    path = root / rel_file
+    kind = _file_kind(path)
+    if kind == "missing":
+        return []
+    if kind != "file":
+        raise _bad_gitmodules(rel_file, None, f"it is {kind}")
     try:
-        sections = {
-            s: parser.get(s, "path") if parser.has_option(s, "path") else ""
-            for s in parser.sections()
-        }
-        text = (root / rel_file).read_text(encoding="utf-8")
-    except (configparser.Error, OSError, ValueError) as err:
-        line = getattr(err, "lineno", None) or _first_error_line(err)
-        raise _bad_gitmodules(rel_file, line, str(err).splitlines()[0]) from None
-    lines = text.splitlines()
+        text = path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise _bad_gitmodules(rel_file, None, str(err)) from None
+    done = gitcmd.run_raw(root, "config", "-f", str(path), "-z", "--list")
+    if done.returncode != 0:
+        match = _BAD_LINE.search(done.stderr)
+        line = int(match.group(1)) if match else None
+        raise _bad_gitmodules(rel_file, line, _last_line(done.stderr).removeprefix("fatal: "))
+    paths: dict[str, str] = {}
+    for record in done.stdout.split("\0"):
+        key, _, value = record.partition("\n")
+        if key.startswith("submodule.") and key.endswith(".path"):
+            paths[key[len("submodule.") : -len(".path")]] = value
+    lines = _path_lines(text)
     out = []
-    for section, path in sections.items():
-        match = re.fullmatch(r'submodule\s+"(.*)"', section.strip())
-        if not match or not path:
-            continue
-        line = _path_line(lines, match.group(1))
-        out.append(_Declared(_safe_path(path.strip(), rel_file, line), Location(rel_file, line)))
+    for name, value in paths.items():
+        line = lines.get(name)
+        out.append(
+            _Declared(name, _safe_path(value.strip(), rel_file, line), Location(rel_file, line))
+        )
     return out
 
 
-def _first_error_line(err: configparser.Error) -> int | None:
-    errors = getattr(err, "errors", None)
-    return errors[0][0] if errors else None
-
-
-def _path_line(lines: list[str], name: str) -> int | None:
-    """Line of `path =` inside the section of submodule `name`."""
-    inside = False
-    for number, text in enumerate(lines, start=1):
-        section = _SECTION.match(text)
+def _path_lines(text: str) -> dict[str, int]:
+    """Submodule name -> line of its (last) `path =`, in one pass."""
+    found, name = {}, None
+    for number, line in enumerate(text.split("\n"), start=1):
+        section = _SECTION.match(line)
         if section:
-            inside = section.group("name") == name
-        elif text.lstrip().startswith("["):
-            inside = False
-        elif inside and _PATH_KEY.match(text):
-            return number
-    return None
+            name = re.sub(r"\\(.)", r"\1", section.group("name"))
+        elif line.lstrip().startswith("["):
+            name = None
+        elif name is not None and _PATH_KEY.match(line):
+            found[name] = number
+    return found
 
 
 def _safe_path(path: str, rel_file: str, line: int | None) -> str:
@@ -246,6 +278,26 @@ def _safe_path(path: str, rel_file: str, line: int | None) -> str:
     return normalized
 
 
+def _unlisted_gitlink(root: Path, rel_file: str, path: str, commit: str) -> RlflowError:
+    exists = _file_kind(root / rel_file) == "file"
+    line = None
+    if exists:
+        line = max(len((root / rel_file).read_bytes().split(b"\n")), 1)
+    return RlflowError(
+        Diagnostic(
+            "RF105",
+            f"`{path}` is a submodule in git's index (commit {commit[:12]}) but "
+            f"`{rel_file}` {'has no entry for it' if exists else 'does not exist'}: its pins "
+            "cannot be checked, and `git submodule update` cannot clone it",
+            file=rel_file,
+            line=line,
+            help=f"declare it: `git config -f {rel_file} submodule.{path}.path {path}` and "
+            f"`git config -f {rel_file} submodule.{path}.url <url>`, or remove it from the "
+            f"index: `git rm --cached {path}`",
+        )
+    )
+
+
 def _bad_gitmodules(rel_file: str, line: int | None, reason: str) -> RlflowError:
     return RlflowError(
         Diagnostic(
@@ -256,3 +308,8 @@ def _bad_gitmodules(rel_file: str, line: int | None, reason: str) -> RlflowError
             help="fix it so that `git config -f .gitmodules --list` reads it",
         )
     )
+
+
+def _last_line(text: str) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[-1].strip() if lines else "no output"

@@ -1,0 +1,87 @@
+"""Run git with a clean environment: the one place check-pins, bump and the refs policy call git.
+
+git exports `GIT_INDEX_FILE`, `GIT_DIR`, `GIT_PREFIX`... to hooks. Inherited by a git call made
+inside a submodule, they point it at the parent's index ("index file open failed: Not a
+directory") or at the wrong repository. Like git's own submodule code, every call here drops
+the repository-local variables (`git rev-parse --local-env-vars`) and keeps the `-c` config
+that the user passed. The one exception is deliberate: the repository the hook runs for reads
+the index git is about to commit (`commit -a`, `commit <paths>` use a temporary index).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from rlflow.errors import Diagnostic, RlflowError
+
+# `git rev-parse --local-env-vars` (git 2.39), minus the config variables git keeps for submodules.
+LOCAL_ENV_VARS = (
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_DIR",
+    "GIT_GRAFT_FILE",
+    "GIT_IMPLICIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_INTERNAL_SUPER_PREFIX",
+    "GIT_NO_REPLACE_OBJECTS",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_PREFIX",
+    "GIT_REPLACE_REF_BASE",
+    "GIT_SHALLOW_FILE",
+    "GIT_WORK_TREE",
+)
+
+
+def clean_env(index_file: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in LOCAL_ENV_VARS}
+    env["GIT_OPTIONAL_LOCKS"] = "0"  # read-only calls never take index.lock from a running commit
+    if index_file:
+        env["GIT_INDEX_FILE"] = index_file
+    return env
+
+
+def hook_index_file() -> str | None:
+    """The index git is committing, when we run inside a git hook (absolute path), else None."""
+    value = os.environ.get("GIT_INDEX_FILE")
+    if not value:
+        return None
+    return os.path.abspath(value)  # git may export it relative to the hook's cwd (the top level)
+
+
+def run(cwd: Path, *args: str, index_file: str | None = None, check: bool = True) -> str:
+    """`git ARGS` in `cwd` -> stdout; failure -> RF106 naming the directory (exit 2)."""
+    done = run_raw(cwd, *args, index_file=index_file)
+    if check and done.returncode != 0:
+        raise failed(cwd, args, done.stderr)
+    return done.stdout
+
+
+def run_raw(cwd: Path, *args: str, index_file: str | None = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(
+            ["git", *args],
+            cwd=cwd,
+            env=clean_env(index_file),
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="surrogateescape",
+            check=False,
+        )
+    except FileNotFoundError:
+        raise RlflowError(
+            Diagnostic("RF106", "cannot run git: it is not installed", help="install git")
+        ) from None
+
+
+def failed(cwd: Path, args: tuple, stderr: str) -> RlflowError:
+    reason = (stderr or "").strip().splitlines()
+    return RlflowError(
+        Diagnostic(
+            "RF106",
+            f"`git {' '.join(args[:2])}` failed in `{cwd}`: {reason[-1] if reason else 'no output'}",
+            help="check that `git status` works there",
+        )
+    )
