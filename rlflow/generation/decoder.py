@@ -4,11 +4,15 @@ Generation reads the Megatron policy's parameters in place (views, no copies: an
 is visible to the next rollout with no weight sync) and runs the transformer as plain tensor
 ops, which is what makes the decode step fast and CUDA-graph capturable:
 
-* keys are stored *rotated* in a static cache [B, kv_heads, T, head_dim]: a decode step applies
-  RoPE to the new token only;
-* grouped-query attention without expanding KV heads: each KV head's queries attend as a group;
-* one step has static shapes (the whole cache length is attended, unwritten slots masked), so
-  on a GPU it is captured once as a CUDA graph and replayed (`DecodeGraph`).
+* prefill is *packed*: the unique prompts laid end to end, causal attention within each
+  (rlflow/model/packed_attention.py), no compute on padding; each prompt's keys and values are
+  then copied into the cache rows of all of its samples;
+* keys are stored *rotated* in a static cache [rows, T, kv_heads, head_dim]: a decode step
+  applies RoPE to the new token only, and each row attends to its own `lengths[row]` keys;
+* on a GPU in bf16 the decode attention is FlashAttention's varlen kernel with `seqused_k`: it
+  reads only the keys a row has, never the unwritten tail of the cache; a KV head's query group
+  is laid out as that row's "query tokens", so each KV head is read once for all its queries;
+* elsewhere (CPU, fp32) it is SDPA with a length mask: exact, and the parity tests' reference.
 
 Tensor parallelism: the policy's column/row-parallel weights are this rank's shards; the two
 row-parallel outputs (attention projection, MLP down-projection) are all-reduced here.
@@ -23,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from rlflow.model.packed_attention import Packing, flash_available, varlen_causal
 
 
 @dataclass
@@ -41,104 +47,6 @@ class LayerWeights:
     fc2_bias: torch.Tensor | None
 
 
-class Decoder:
-    """Views of the policy's language-model weights plus the step functions that use them."""
-
-    def __init__(self, core, compile_decode: bool = False):
-        from rlflow.model.forward import language_model
-
-        lm = language_model(core)
-        config = lm.config
-        attention = lm.decoder.layers[0].self_attention
-        self.heads = attention.num_attention_heads_per_partition
-        self.kv_heads = attention.num_query_groups_per_partition
-        self.head_dim = attention.hidden_size_per_attention_head
-        self.eps = config.layernorm_epsilon
-        self.scale = config.softmax_scale or self.head_dim**-0.5
-        self.embedding = lm.embedding
-        self.inv_freq = lm.rotary_pos_emb.inv_freq
-        self.rotary = lm.rotary_pos_emb
-        self.mrope_section = getattr(lm, "mrope_section", None)
-        self.final_norm = lm.decoder.final_layernorm.weight
-        self.output_weight = (
-            lm.shared_embedding_or_output_weight()
-            if lm.share_embeddings_and_output_weights
-            else lm.output_layer.weight
-        )
-        self.tp_group = None
-        from megatron.core import parallel_state
-
-        if parallel_state.get_tensor_model_parallel_world_size() > 1:
-            self.tp_group = parallel_state.get_tensor_model_parallel_group()
-        self.layers = [_weights(layer) for layer in lm.decoder.layers]
-        self.dims = Dims(
-            self.heads, self.kv_heads, self.head_dim, self.eps, self.scale, self.tp_group
-        )
-        # Decode only: fuses each layer's norms, rotary and elementwise work into fewer kernels.
-        # One compiled graph serves every layer (same shapes), so it compiles once.
-        self._compiled_layer = torch.compile(layer_step, dynamic=False) if compile_decode else None
-
-    # --- pieces ----------------------------------------------------------------------------------
-
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """[B, S] -> [B, S, H] (megatron's vocab-parallel embedding does the TP reduction)."""
-        return self.embedding(input_ids=tokens, position_ids=None).transpose(0, 1)
-
-    def rotary_prefill(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [B, 1, S, D] from positions: Qwen2.5-VL's 3-D [3, B, S] (megatron's mrope),
-        or plain [B, S] for text-only models."""
-        if positions.dim() == 2:
-            return self._plain_rotary(positions, dtype)
-        freqs = self.rotary(positions, self.mrope_section).permute(1, 2, 0, 3)
-        return freqs.cos().to(dtype), freqs.sin().to(dtype)
-
-    def rotary_decode(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [B, 1, 1, D] for generated (text) tokens, whose three mrope axes coincide."""
-        return self._plain_rotary(positions[:, None], dtype)
-
-    def _plain_rotary(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = positions[..., None].float() * self.inv_freq.float()  # [B, S, D/2]
-        angles = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, S, D]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[B, H] -> fp32 logits [B, V] over the full vocabulary."""
-        normed = F.rms_norm(hidden, hidden.shape[-1:], self.final_norm, self.eps)
-        logits = F.linear(normed, self.output_weight).float()
-        if self.tp_group is not None:
-            shards = [torch.empty_like(logits) for _ in range(dist.get_world_size(self.tp_group))]
-            dist.all_gather(shards, logits, group=self.tp_group)
-            logits = torch.cat(shards, dim=-1)
-        return logits
-
-    # --- the transformer ------------------------------------------------------------------------
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        cos,
-        sin,
-        cache: KVCache,
-        slot: torch.Tensor | int,
-        mask: torch.Tensor,
-    ) -> torch.Tensor:
-        """hidden [B, S, H] for cache slots slot..slot+S-1 -> hidden [B, S, H] (before final norm).
-
-        mask: additive [B, 1, S, T] (0 = attend, -inf = blocked) over the cache keys attended.
-        S > 1 is a prefill written at slot 0; S == 1 is a decode step at a (tensor) slot.
-        """
-        step = (
-            self._compiled_layer
-            if (self._compiled_layer and not isinstance(slot, int))
-            else layer_step
-        )
-        for index, w in enumerate(self.layers):
-            hidden = step(
-                hidden, w, cos, sin, cache.keys[index], cache.values[index], slot, mask, self.dims
-            )
-        return hidden
-
-
 @dataclass(frozen=True)
 class Dims:
     heads: int  # query heads on this rank
@@ -148,44 +56,214 @@ class Dims:
     scale: float
     tp_group: object | None
 
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
 
-def layer_step(hidden, w: LayerWeights, cos, sin, keys, values, slot, mask, dims: Dims):
-    """One transformer layer over new tokens; writes their keys/values into the layer's cache."""
+
+class KVCache:
+    """Per-layer key/value buffers [rows, T, kv_heads, head_dim]; keys are stored rotated.
+
+    Row r's keys live at slots 0..lengths[r]-1: its prompt, then its generated tokens.
+    """
+
+    def __init__(
+        self, num_layers: int, rows: int, length: int, kv_heads: int, head_dim: int, dtype, device
+    ):
+        shape = (rows, length, kv_heads, head_dim)
+        self.rows, self.length = rows, length
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype) -> int:
+        return 2 * num_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+    def compact(self, order: torch.Tensor) -> None:
+        """Rows order[0..n-1] move to the front (rows that finished make way for live ones)."""
+        n = order.shape[0]
+        for buffers in (self.keys, self.values):
+            for buffer in buffers:
+                buffer[:n].copy_(buffer.index_select(0, order))
+
+
+class Decoder:
+    """Views of the policy's language-model weights plus the step functions that use them."""
+
+    def __init__(self, core, compile_decode: bool = False):
+        from rlflow.model.forward import language_model
+
+        lm = language_model(core)
+        config = lm.config
+        attention = lm.decoder.layers[0].self_attention
+        heads = attention.num_attention_heads_per_partition
+        kv_heads = attention.num_query_groups_per_partition
+        head_dim = attention.hidden_size_per_attention_head
+        self.embedding = lm.embedding
+        self.inv_freq = lm.rotary_pos_emb.inv_freq
+        self.rotary_emb = lm.rotary_pos_emb
+        self.mrope_section = getattr(lm, "mrope_section", None)
+        self.final_norm = lm.decoder.final_layernorm.weight
+        self.output_weight = (
+            lm.shared_embedding_or_output_weight()
+            if lm.share_embeddings_and_output_weights
+            else lm.output_layer.weight
+        )
+        from megatron.core import parallel_state
+
+        tp_group = None
+        if parallel_state.get_tensor_model_parallel_world_size() > 1:
+            tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.tp_group = tp_group
+        self.layers = [_weights(layer) for layer in lm.decoder.layers]
+        scale = config.softmax_scale or head_dim**-0.5
+        self.dims = Dims(heads, kv_heads, head_dim, config.layernorm_epsilon, scale, tp_group)
+        self._decode_layer = decode_layer
+        if compile_decode:
+            # Fuses each layer's norms, rotary and elementwise work; one graph serves every layer
+            # (same shapes), recompiled once per batch bucket.
+            import torch._dynamo
+
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self._decode_layer = torch.compile(decode_layer, dynamic=False)
+
+    def new_cache(self, rows: int, length: int, dtype, device) -> KVCache:
+        d = self.dims
+        return KVCache(len(self.layers), rows, length, d.kv_heads, d.head_dim, dtype, device)
+
+    # --- pieces ----------------------------------------------------------------------------------
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[B, S] -> [B, S, H] (megatron's vocab-parallel embedding does the TP reduction)."""
+        return self.embedding(input_ids=tokens, position_ids=None).transpose(0, 1)
+
+    def rotary(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [T, 1, D] per token from positions [T], or Qwen2.5-VL's 3-D [3, T] (mrope).
+
+        Generated text tokens have equal positions on all three mrope axes, where mrope equals
+        plain RoPE: decode always passes [T]."""
+        if positions.dim() == 2:
+            freqs = self.rotary_emb(positions[:, None], self.mrope_section)  # [T, 1, 1, D]
+            freqs = freqs[:, 0]
+            return freqs.cos().to(dtype), freqs.sin().to(dtype)
+        angles = positions[:, None].float() * self.inv_freq.float()  # [T, D/2]
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # [T, 1, D]
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[B, H] -> fp32 logits [B, V] over the full vocabulary."""
+        normed = F.rms_norm(hidden, hidden.shape[-1:], self.final_norm, self.dims.eps)
+        logits = F.linear(normed, self.output_weight).float()
+        if self.tp_group is not None:
+            shards = [torch.empty_like(logits) for _ in range(dist.get_world_size(self.tp_group))]
+            dist.all_gather(shards, logits, group=self.tp_group)
+            logits = torch.cat(shards, dim=-1)
+        return logits
+
+    # --- the transformer ------------------------------------------------------------------------
+
+    def prefill(
+        self, hidden: torch.Tensor, cos, sin, pack: Packing, cache: KVCache, dest: torch.Tensor,
+        src: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """Packed prompts hidden [T, H] -> hidden [T, H] (before the final norm).
+
+        Each layer's keys/values of token src[i] are written to flat cache slot dest[i]
+        (row * cache.length + position): one prompt fills the rows of all of its samples.
+        """
+        for index, w in enumerate(self.layers):
+            keys = cache.keys[index].view(-1, self.dims.kv_heads, self.dims.head_dim)
+            values = cache.values[index].view(-1, self.dims.kv_heads, self.dims.head_dim)
+            hidden = prefill_layer(hidden, w, cos, sin, pack, keys, values, dest, src, self.dims)
+        return hidden
+
+    def decode(self, tokens, positions, lengths, cache: KVCache, rows: int) -> torch.Tensor:
+        """One new token for each of the first `rows` cache rows -> fp32 logits [rows, V].
+
+        tokens/positions/lengths [rows]: the token, its text position, and the row's key count
+        including this token (it is written at slot lengths - 1).
+        """
+        cos, sin = self.rotary(positions, cache.keys[0].dtype)
+        hidden = self.embed(tokens[:, None])[:, 0]
+        slots = torch.arange(rows, device=tokens.device) * cache.length + lengths - 1
+        for index, w in enumerate(self.layers):
+            hidden = self._decode_layer(
+                hidden, w, cos, sin, cache.keys[index][:rows], cache.values[index][:rows], slots,
+                lengths, self.dims,
+            )  # fmt: skip
+        return self.logits(hidden)
+
+
+def prefill_layer(hidden, w: LayerWeights, cos, sin, pack, keys, values, dest, src, dims: Dims):
     normed = F.rms_norm(hidden, hidden.shape[-1:], w.input_norm, dims.eps)
-    hidden = hidden + _attention(normed, w, cos, sin, keys, values, slot, mask, dims)
-    normed = F.rms_norm(hidden, hidden.shape[-1:], w.mlp_norm, dims.eps)
-    gate, up = F.linear(normed, w.fc1_weight, w.fc1_bias).chunk(2, dim=-1)
-    return hidden + _reduce(F.linear(F.silu(gate) * up, w.fc2_weight), w.fc2_bias, dims)
+    q, k, v = _qkv(normed, w, cos, sin, dims)  # [T, heads or kv, D]
+    keys.index_copy_(0, dest, k.index_select(0, src))
+    values.index_copy_(0, dest, v.index_select(0, src))
+    out = varlen_causal(q, k, v, pack, dims.scale).reshape(q.shape[0], -1)
+    hidden = hidden + _reduce(F.linear(out, w.proj_weight), w.proj_bias, dims)
+    return hidden + _mlp(hidden, w, dims)
 
 
-def _attention(x, w: LayerWeights, cos, sin, keys, values, slot, mask, dims: Dims):
-    batch, length, _ = x.shape
-    group = dims.heads // dims.kv_heads
+def decode_layer(hidden, w: LayerWeights, cos, sin, keys, values, slots, lengths, dims: Dims):
+    """One layer for one new token per row; keys/values [rows, T, kv, D] are that layer's cache."""
+    rows, length = keys.shape[0], keys.shape[1]
+    normed = F.rms_norm(hidden, hidden.shape[-1:], w.input_norm, dims.eps)
+    q, k, v = _qkv(normed, w, cos, sin, dims)  # q [rows, heads, D], k/v [rows, kv, D]
+    flat_keys = keys.view(rows * length, dims.kv_heads, dims.head_dim)
+    flat_values = values.view(rows * length, dims.kv_heads, dims.head_dim)
+    flat_keys.index_copy_(0, slots, k)
+    flat_values.index_copy_(0, slots, v)
+    out = _decode_attention(q, keys, values, flat_keys, flat_values, lengths, dims)
+    hidden = hidden + _reduce(F.linear(out, w.proj_weight), w.proj_bias, dims)
+    return hidden + _mlp(hidden, w, dims)
+
+
+def _qkv(x, w: LayerWeights, cos, sin, dims: Dims):
+    """x [N, H] -> rotated q [N, heads, D] and k [N, kv, D], v [N, kv, D]."""
+    n = x.shape[0]
     qkv = F.linear(x, w.qkv_weight, w.qkv_bias)
     # megatron's fused QKV layout per query group: [q_1..q_group, k, v] x head_dim
-    qkv = qkv.view(batch, length, dims.kv_heads, group + 2, dims.head_dim)
-    q = qkv[:, :, :, :group].permute(0, 2, 3, 1, 4)  # [B, kv, group, S, D]
-    k = qkv[:, :, :, group].transpose(1, 2)  # [B, kv, S, D]
-    v = qkv[:, :, :, group + 1].transpose(1, 2)
+    qkv = qkv.view(n, dims.kv_heads, dims.group + 2, dims.head_dim)
+    q = qkv[:, :, : dims.group].reshape(n, dims.heads, dims.head_dim)
+    k, v = qkv[:, :, dims.group], qkv[:, :, dims.group + 1]
     if w.q_norm is not None:
         q = F.rms_norm(q, q.shape[-1:], w.q_norm, dims.eps)
         k = F.rms_norm(k, k.shape[-1:], w.k_norm, dims.eps)
-    q = _rotate(q, cos[:, :, None], sin[:, :, None])
-    k = _rotate(k, cos, sin)
-    if isinstance(slot, int):
-        keys[:, :, slot : slot + length] = k
-        values[:, :, slot : slot + length] = v
-        keys, values = keys[:, :, : slot + length], values[:, :, : slot + length]
-    else:  # decode under a CUDA graph: the slot is a device tensor, the shapes never change
-        keys.index_copy_(2, slot, k)
-        values.index_copy_(2, slot, v)
-    q = q.reshape(batch, dims.kv_heads, group * length, dims.head_dim)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin), v.contiguous()
+
+
+def _decode_attention(q, keys, values, flat_keys, flat_values, lengths, dims: Dims):
+    """q [rows, heads, D] against each row's first lengths[row] cached keys -> [rows, heads*D]."""
+    rows, length = keys.shape[0], keys.shape[1]
+    group = dims.group
+    if flash_available(q):
+        # Grouped-query layout: per row, the `group` query heads of a KV head are `group` query
+        # "tokens" of a sequence with kv_heads heads, so each KV head is read once for all of them.
+        q_tokens = q.view(rows, dims.kv_heads, group, dims.head_dim).transpose(1, 2)
+        q_tokens = q_tokens.reshape(rows * group, dims.kv_heads, dims.head_dim)
+        cu_q = torch.arange(0, rows + 1, device=q.device, dtype=torch.int32) * group
+        cu_k = torch.arange(0, rows + 1, device=q.device, dtype=torch.int32) * length
+        out = torch.ops.aten._flash_attention_forward(
+            q_tokens, flat_keys, flat_values, cu_q, cu_k, group, length, 0.0, False, False,
+            scale=dims.scale, seqused_k=lengths.to(torch.int32),
+        )[0]  # fmt: skip
+        out = out.view(rows, group, dims.kv_heads, dims.head_dim).transpose(1, 2)
+        return out.reshape(rows, dims.heads * dims.head_dim)
+    allowed = torch.arange(length, device=q.device)[None] < lengths[:, None]  # [rows, T]
     out = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=_group_mask(mask, group), scale=dims.scale
+        q.view(rows, dims.kv_heads, group, dims.head_dim),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=allowed[:, None, None, :],
+        scale=dims.scale,
     )
-    out = out.view(batch, dims.kv_heads, group, length, dims.head_dim)
-    out = out.permute(0, 3, 1, 2, 4).reshape(batch, length, dims.heads * dims.head_dim)
-    return _reduce(F.linear(out, w.proj_weight), w.proj_bias, dims)
+    return out.reshape(rows, dims.heads * dims.head_dim)
+
+
+def _mlp(hidden, w: LayerWeights, dims: Dims):
+    normed = F.rms_norm(hidden, hidden.shape[-1:], w.mlp_norm, dims.eps)
+    gate, up = F.linear(normed, w.fc1_weight, w.fc1_bias).chunk(2, dim=-1)
+    return _reduce(F.linear(F.silu(gate) * up, w.fc2_weight), w.fc2_bias, dims)
 
 
 def _reduce(x: torch.Tensor, bias: torch.Tensor | None, dims: Dims) -> torch.Tensor:
@@ -195,57 +273,32 @@ def _reduce(x: torch.Tensor, bias: torch.Tensor | None, dims: Dims) -> torch.Ten
     return x if bias is None else x + bias
 
 
-class KVCache:
-    """Static per-layer key/value buffers [B, kv_heads, T, head_dim]; keys are stored rotated."""
-
-    def __init__(
-        self,
-        num_layers: int,
-        batch: int,
-        kv_heads: int,
-        length: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device,
-    ):
-        shape = (batch, kv_heads, length, head_dim)
-        self.length = length
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-
-
 class DecodeGraph:
-    """One decode step captured as a CUDA graph for a fixed (batch, cache length); replayed per token."""
+    """The decode step for the first `rows` cache rows, captured once as a CUDA graph."""
 
-    def __init__(self, decoder: Decoder, cache: KVCache, dtype: torch.dtype):
+    def __init__(self, decoder: Decoder, cache: KVCache, rows: int, pool):
         device = cache.keys[0].device
-        batch = cache.keys[0].shape[0]
-        self.decoder, self.cache, self.dtype = decoder, cache, dtype
-        self.tokens = torch.zeros(batch, dtype=torch.long, device=device)
-        self.positions = torch.zeros(batch, dtype=torch.long, device=device)
-        self.slot = torch.zeros(1, dtype=torch.long, device=device)
-        self.mask = torch.zeros(batch, 1, 1, cache.length, dtype=dtype, device=device)
-        self.logits = None
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.lengths = torch.ones(rows, dtype=torch.long, device=device)
+
+        def step():
+            return decoder.decode(self.tokens, self.positions, self.lengths, cache, rows)
+
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm up kernels (and cuBLAS workspaces) outside the capture
-                self.logits = self._step()
+                step()
         torch.cuda.current_stream(device).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self._step()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.logits = step()
 
-    def _step(self) -> torch.Tensor:
-        cos, sin = self.decoder.rotary_decode(self.positions, self.dtype)
-        hidden = self.decoder.embed(self.tokens[:, None])
-        hidden = self.decoder.forward(hidden, cos, sin, self.cache, self.slot, self.mask)
-        return self.decoder.logits(hidden[:, -1])
-
-    def run(self, tokens: torch.Tensor, positions: torch.Tensor, slot: int) -> torch.Tensor:
+    def run(self, tokens, positions, lengths) -> torch.Tensor:
         self.tokens.copy_(tokens)
         self.positions.copy_(positions)
-        self.slot.fill_(slot)
+        self.lengths.copy_(lengths)
         self.graph.replay()
         return self.logits
 
@@ -254,18 +307,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     """RoPE, non-interleaved halves (megatron-core's _apply_rotary_pos_emb_bshd)."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
-def _group_mask(mask: torch.Tensor, group: int) -> torch.Tensor:
-    """[B, 1, S, T] -> [B, 1, group*S, T]: every query head of a KV group sees the same keys."""
-    if group == 1:
-        return mask
-    # queries are laid out group-major (g0: s0..sS-1, g1: s0..), so the rows repeat as a block
-    return (
-        mask.repeat(1, 1, group, 1)
-        if mask.shape[2] > 1
-        else mask.expand(mask.shape[0], 1, group, mask.shape[3])
-    )
 
 
 def _weights(layer) -> LayerWeights:

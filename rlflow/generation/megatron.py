@@ -1,16 +1,26 @@
-"""Multimodal generation straight from the Megatron policy: batched prefill, KV-cached decode.
+"""Multimodal generation straight from the Megatron policy, shaped for GRPO rollouts.
 
 The trainer's own weights generate the rollouts (no copy, no weight sync). megatron-core 0.19.2's
 engines do not fit here: the dynamic engine needs flash-attn; the legacy static engine is batch-1
 for VLMs, re-applies RoPE to the whole cache and expands GQA heads every step. So rlflow drives
-the policy itself:
+the policy itself. A GRPO step asks for G samples of each of P prompts, of ragged lengths, most
+stopping well before the cap; the engine is built around that shape:
 
-1. prefill: vision features scattered at the image/video pad tokens (`embed`), Qwen2.5-VL's 3-D
-   rotary positions computed with the padding mask, one pass over the left-padded prompt batch
-   that fills the KV cache (`Decoder.forward`);
-2. decode: one token per row per step; on a GPU the step is a replayed CUDA graph;
-3. sampling: greedy or temperature/top-p/top-k with a seeded generator; rows stop at EOS or
-   max_new_tokens independently; logprobs are of the unmodified distribution.
+1. share: rows that carry the same `Prompt` object (a prompt's G samples) are one *unique*
+   prompt: its vision tower and its prefill run once, and its keys/values are copied into the
+   cache rows of all G samples;
+2. prefill: the unique prompts packed end to end (no padding), vision features scattered at the
+   image/video pad tokens, Qwen2.5-VL's 3-D rotary positions per prompt;
+3. decode: one token per live row per step; on a GPU the step is a CUDA graph replayed for the
+   current batch bucket;
+4. retire: every few steps, rows that stopped leave the batch: the live rows move to the front
+   of the cache and the next smaller bucket's graph takes over, so finished rows stop costing;
+5. size: the whole rollout set runs in one pass when its KV cache fits in free memory
+   (`generation.max_batch_size` can cap it), else in passes of whole prompt groups.
+
+Sampling is per row and counter-based (rlflow/generation/sampling.py): a row's tokens depend on
+its seed only, so sharing, retiring and resizing never change them. Logprobs are of the
+unmodified (temperature-1) distribution.
 """
 
 from __future__ import annotations
@@ -22,11 +32,24 @@ import torch
 from rlflow.generation.base import Completion, GenerationBackend, Prompt, SamplingParams
 from rlflow.generation.decoder import DecodeGraph, Decoder, KVCache
 from rlflow.generation.placeholders import expanded_token_ids
-from rlflow.generation.sampling import sample_tokens
-from rlflow.model.forward import Media, embed, is_multimodal, mrope_positions
+from rlflow.generation.sampling import row_seeds, sample_tokens
+from rlflow.model.forward import embed, is_multimodal, mrope_positions
+from rlflow.model.media import Media
+from rlflow.model.packed_attention import Packing
 
-# Check "has every row stopped?" every few steps: each check is a device->host sync.
+# Check "which rows have stopped?" every few steps: each check is a device->host sync.
 _STOP_CHECK_EVERY = 8
+# Share of free GPU memory the KV cache may take (the rest: logits, graphs, training's buffers).
+_CACHE_MEMORY_SHARE = 0.5
+
+
+def batch_buckets(limit: int) -> list[int]:
+    """Batch sizes the decode step runs at: 1, 2, 4, 6, 8, 12, 16, 24, ... up to `limit`."""
+    sizes, power = {1, 2}, 4
+    while power < limit:
+        sizes.update((power, power * 3 // 2))
+        power *= 2
+    return sorted({s for s in sizes if s < limit} | {limit})
 
 
 class MegatronGeneration(GenerationBackend):
@@ -38,183 +61,280 @@ class MegatronGeneration(GenerationBackend):
         self,
         policy,
         pad_token_id: int,
-        max_batch_size: int,
+        max_batch_size: int = 0,
         cuda_graphs: bool = True,
         compile_decode: bool = False,
+        share_prompts: bool = True,
     ):
         self.policy = policy
         self.pad_token_id = pad_token_id
-        self.max_batch_size = max_batch_size
+        self.max_batch_size = max_batch_size  # 0: as many rows as free memory holds
         device = next(policy.core.parameters()).device
+        self.device = device
         self.cuda_graphs = cuda_graphs and device.type == "cuda"  # graphs exist on GPUs only
         self.compile_decode = compile_decode
+        self.share_prompts = share_prompts
         self._decoder: Decoder | None = None
-        self._graphs: dict[tuple[int, int], tuple[KVCache, DecodeGraph]] = {}
+        self._cache: KVCache | None = None  # GPU: kept across calls (the graphs point into it)
+        self._graphs: dict[int, DecodeGraph] = {}
+        self._pool = None
         self.last_timings: dict[str, float] = {}
 
+    # --- public -----------------------------------------------------------------------------------
+
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
-        out: list[Completion] = []
-        for start in range(0, len(prompts), self.max_batch_size):
-            chunk = prompts[start : start + self.max_batch_size]
-            out += self._generate_batch(chunk, params, seed=params.seed + start)
-        return out
-
-    def close(self) -> None:
-        self._graphs.clear()
-
-    @torch.no_grad()
-    def _generate_batch(
-        self, prompts: list[Prompt], params: SamplingParams, seed: int
-    ) -> list[Completion]:
+        if not prompts:
+            return []
         core = self.policy.core
         was_training = core.training
         core.eval()
         try:
-            return self._run(core, prompts, params, seed)
+            with torch.no_grad():
+                return self._generate(core, prompts, params)
         finally:
             core.train(was_training)
 
-    def _cache(
-        self, decoder: Decoder, batch: int, length: int, device
-    ) -> tuple[KVCache, DecodeGraph | None]:
-        """A KV cache (and its captured decode graph), reused across calls of the same shape."""
-        if not self.cuda_graphs:
-            return KVCache(
-                len(decoder.layers),
-                batch,
-                decoder.kv_heads,
-                length,
-                decoder.head_dim,
-                self.policy.dtype,
-                device,
-            ), None
-        # Round the cache length up so a few graphs serve every prompt length (memory stays flat).
-        length = -(-length // 64) * 64
-        key = (batch, length)
-        if key not in self._graphs:
-            cache = KVCache(
-                len(decoder.layers),
-                batch,
-                decoder.kv_heads,
-                length,
-                decoder.head_dim,
-                self.policy.dtype,
-                device,
-            )
-            self._graphs[key] = (cache, DecodeGraph(decoder, cache, self.policy.dtype))
-        return self._graphs[key]
+    def close(self) -> None:
+        self._graphs.clear()
+        self._cache = None
 
-    def _run(self, core, prompts, params, seed) -> list[Completion]:
-        device = next(core.parameters()).device
-        dtype = self.policy.dtype
-        tokens_of = self.policy.media_tokens
-        rows = [
-            expanded_token_ids(p, tokens_of.image, tokens_of.video, tokens_of.merge_size)
-            for p in prompts
-        ]
-        input_ids, valid = _left_pad(rows, self.pad_token_id, device)
-        media = Media.concat([p.media for p in prompts]).to(device)
-        batch, prompt_len = input_ids.shape
+    # --- planning ---------------------------------------------------------------------------------
+
+    def _generate(self, core, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
         if self._decoder is None:  # views of the weights: built once, current after every update
             self._decoder = Decoder(core, compile_decode=self.compile_decode)
-        decoder = self._decoder
-        cache, graph = self._cache(decoder, batch, prompt_len + params.max_new_tokens, device)
-        generator = torch.Generator(device=device).manual_seed(seed)
-
+        tokens_of = self.policy.media_tokens
+        unique, row_prompt = _share(prompts) if self.share_prompts else _unshared(prompts)
+        ids = [
+            expanded_token_ids(p, tokens_of.image, tokens_of.video, tokens_of.merge_size)
+            for p in unique
+        ]
+        length = max(len(i) for i in ids) + params.max_new_tokens
+        if self.cuda_graphs:  # round up so one cache (and its graphs) serves many steps
+            length = -(-length // 256) * 256
+        seeds = row_seeds(params.seed, len(prompts), self.device)
+        results: list[Completion | None] = [None] * len(prompts)
         t0 = time.perf_counter()
-        if is_multimodal(core):
-            positions, _ = mrope_positions(core, input_ids, valid, media)
-            embeddings = embed(core, input_ids, media).transpose(0, 1)
-        else:  # text-only: positions count the row's own tokens (left padding is skipped)
-            positions = (valid.long().cumsum(dim=1) - 1).clamp(min=0)
-            embeddings = decoder.embed(input_ids)
-        cos, sin = decoder.rotary_prefill(positions, dtype)
-        hidden = decoder.forward(embeddings, cos, sin, cache, 0, _prefill_mask(valid, dtype))
-        logits = decoder.logits(hidden[:, -1])
-        _sync(device)
-        t_prefill = time.perf_counter() - t0
-
-        # Keys a decode step may attend to: the prompt's real tokens, then each generated slot
-        # as it is written. Additive mask over the whole cache (static shape for CUDA graphs).
-        mask = torch.full((batch, 1, 1, cache.length), float("-inf"), dtype=dtype, device=device)
-        mask[:, 0, 0, :prompt_len] = torch.where(valid, 0.0, float("-inf")).to(dtype)
-        if graph is not None:
-            graph.mask.copy_(mask)
-            mask = graph.mask
-        # [B]: text continues after the prompt's largest position (mrope: over all three axes)
-        next_position = positions.reshape(-1, batch, prompt_len).amax(dim=(0, 2)) + 1
-        tokens = torch.empty(batch, params.max_new_tokens, dtype=torch.long, device=device)
-        logprobs = torch.empty(batch, params.max_new_tokens, dtype=torch.float32, device=device)
-        finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        stop_ids = torch.tensor(params.stop_token_ids or [-1], device=device)
-        steps = 0
-        for step in range(params.max_new_tokens):
-            token = sample_tokens(logits, params, generator)
-            tokens[:, step] = token
-            logprobs[:, step] = torch.log_softmax(logits, -1).gather(1, token[:, None])[:, 0]
-            steps = step + 1
-            if not params.ignore_eos:
-                finished |= torch.isin(token, stop_ids)
-                if steps % _STOP_CHECK_EVERY == 0 and bool(finished.all()):
-                    break
-            if steps == params.max_new_tokens:
-                break
-            slot = prompt_len + step
-            mask[:, :, :, slot] = 0.0
-            position = next_position + step
-            if graph is not None:
-                logits = graph.run(token, position, slot)
-            else:
-                cos, sin = decoder.rotary_decode(position, dtype)
-                hidden = decoder.forward(
-                    decoder.embed(token[:, None]), cos, sin, cache, slot, mask[:, :, :, : slot + 1]
-                )
-                logits = decoder.logits(hidden[:, -1])
-        _sync(device)
+        self.last_timings = {"prefill_s": 0.0, "steps": 0, "passes": 0}
+        for group in self._passes(row_prompt, len(unique), length):
+            rows = [r for r in range(len(prompts)) if row_prompt[r] in group]
+            completions = self._run(
+                core, unique, ids, group, rows, row_prompt, seeds, params, length
+            )
+            for r, c in zip(rows, completions):
+                results[r] = c
+            self.last_timings["passes"] += 1
+        _sync(self.device)
         total = time.perf_counter() - t0
-        self.last_timings = {
-            "prefill_s": t_prefill,
-            "total_s": total,
-            "steps": steps,
-            "decode_ms_per_step": 1e3 * (total - t_prefill) / max(steps - 1, 1),
-        }
-        return _completions(tokens[:, :steps].tolist(), logprobs[:, :steps].tolist(), params)
+        self.last_timings["total_s"] = total
+        steps = max(self.last_timings["steps"], 2)
+        self.last_timings["decode_ms_per_step"] = (
+            1e3 * (total - self.last_timings["prefill_s"]) / (steps - 1)
+        )
+        return results  # type: ignore[return-value]
+
+    def _passes(self, row_prompt: list[int], num_unique: int, length: int) -> list[set[int]]:
+        """Unique prompts per pass: whole prompt groups, as many rows as memory allows."""
+        limit = self._row_limit(length)
+        per_prompt = [0] * num_unique
+        for p in row_prompt:
+            per_prompt[p] += 1
+        passes, current, rows = [], set(), 0
+        for p in range(num_unique):
+            if current and rows + per_prompt[p] > limit:
+                passes.append(current)
+                current, rows = set(), 0
+            current.add(p)
+            rows += per_prompt[p]
+        passes.append(current)
+        return passes
+
+    def _row_limit(self, length: int) -> int:
+        limit = self.max_batch_size or 1 << 30
+        if self.device.type == "cuda":
+            d = self._decoder.dims
+            per_row = length * KVCache.bytes_per_token(
+                len(self._decoder.layers), d.kv_heads, d.head_dim, self.policy.dtype
+            )
+            held = 0  # the kept cache is freed before a larger one is made
+            if self._cache is not None:
+                held = self._cache.rows * self._cache.length * per_row // length
+            free, _ = torch.cuda.mem_get_info(self.device)
+            limit = min(limit, max(1, int((free + held) * _CACHE_MEMORY_SHARE) // per_row))
+        return limit
+
+    def _cache_for(self, rows: int, length: int) -> KVCache:
+        decoder, dtype = self._decoder, self.policy.dtype
+        if not self.cuda_graphs:
+            return decoder.new_cache(rows, length, dtype, self.device)
+        cache = self._cache
+        if cache is None or cache.rows < rows or cache.length < length:
+            self._graphs.clear()
+            self._cache = None
+            torch.cuda.empty_cache()
+            self._cache = cache = decoder.new_cache(rows, length, dtype, self.device)
+            self._pool = torch.cuda.graph_pool_handle()
+        return cache
+
+    def _step_fn(self, cache: KVCache):
+        """decode(tokens, positions, lengths, rows) for the current batch bucket."""
+        decoder = self._decoder
+        if not self.cuda_graphs:
+            return lambda tokens, positions, lengths, rows: decoder.decode(
+                tokens, positions, lengths, cache, rows
+            )
+
+        def step(tokens, positions, lengths, rows):
+            if rows not in self._graphs:
+                self._graphs[rows] = DecodeGraph(decoder, cache, rows, self._pool)
+            return self._graphs[rows].run(tokens, positions, lengths)
+
+        return step
+
+    # --- one pass ---------------------------------------------------------------------------------
+
+    def _run(self, core, unique, ids, group, rows, row_prompt, seeds, params, length):
+        device, decoder = self.device, self._decoder
+        order = sorted(group)  # unique prompts of this pass, packed in this order
+        slot_of = {p: i for i, p in enumerate(order)}
+        n = len(rows)
+        buckets = batch_buckets(n) if self.cuda_graphs else None
+        capacity = buckets[-1] if buckets else n
+        cache = self._cache_for(capacity, length)
+        length = cache.length  # a kept cache may be longer than this call needs
+        t0 = time.perf_counter()
+
+        # 1. prefill the unique prompts once, packed; copy their keys/values to their rows
+        lengths_p = [len(ids[p]) for p in order]
+        pack = Packing.of(lengths_p, device)
+        hidden, cos, sin, next_pos = self._prefill_inputs(
+            core, [unique[p] for p in order], [ids[p] for p in order], pack
+        )
+        starts = pack.cu_seqlens[:-1].tolist()
+        dest, src = [], []
+        for r_local, r in enumerate(rows):
+            i = slot_of[row_prompt[r]]
+            dest.extend(range(r_local * length, r_local * length + lengths_p[i]))
+            src.extend(range(starts[i], starts[i] + lengths_p[i]))
+        dest_t = torch.tensor(dest, dtype=torch.long, device=device)
+        src_t = torch.tensor(src, dtype=torch.long, device=device)
+        hidden = decoder.prefill(hidden, cos, sin, pack, cache, dest_t, src_t)
+        last = pack.cu_seqlens[1:].long() - 1
+        prompt_logits = decoder.logits(hidden.index_select(0, last))  # [unique, V]
+        row_slot = torch.tensor([slot_of[row_prompt[r]] for r in rows], device=device)
+        logits = prompt_logits.index_select(0, row_slot)
+        _sync(device)
+        self.last_timings["prefill_s"] += time.perf_counter() - t0
+
+        # 2. decode, retiring finished rows at every check. Row n of the output buffers is a
+        # sink for batch padding (it starts finished), so no step needs a host sync.
+        trash = n
+        live_ids = torch.arange(capacity, device=device).clamp_(max=trash)
+        pad = capacity - n
+        lengths = torch.tensor(lengths_p, device=device).index_select(0, row_slot)
+        lengths = torch.cat([lengths, torch.ones(pad, dtype=torch.long, device=device)])
+        positions = next_pos.index_select(0, row_slot)
+        positions = torch.cat([positions, torch.zeros(pad, dtype=torch.long, device=device)])
+        seeds_live = seeds.index_select(0, torch.tensor(rows, device=device))
+        seeds_live = torch.cat([seeds_live, seeds_live[:1].expand(pad)])
+        logits = torch.cat([logits, logits[:1].expand(pad, -1)]) if pad else logits
+        finished = torch.zeros(n + 1, dtype=torch.bool, device=device)
+        finished[trash] = True
+        out_tokens = torch.zeros(n + 1, params.max_new_tokens, dtype=torch.long, device=device)
+        out_logprobs = torch.zeros(n + 1, params.max_new_tokens, device=device)
+        steps_done = torch.zeros(n + 1, dtype=torch.long, device=device)
+        stop_ids = torch.tensor(params.stop_token_ids or [-1], device=device)
+        step_fn = self._step_fn(cache)
+        batch = capacity
+        for step in range(params.max_new_tokens):
+            token = sample_tokens(logits, params, seeds_live, step)
+            logprob = logits.gather(1, token[:, None])[:, 0] - logits.logsumexp(-1)
+            was_finished = finished.index_select(0, live_ids)
+            keep = ~was_finished
+            out_tokens[live_ids, step] = torch.where(keep, token, out_tokens[live_ids, step])
+            out_logprobs[live_ids, step] = torch.where(keep, logprob, out_logprobs[live_ids, step])
+            steps_done[live_ids] = torch.where(keep, step + 1, steps_done[live_ids])
+            if not params.ignore_eos:
+                finished[live_ids] = was_finished | torch.isin(token, stop_ids)
+            if step + 1 == params.max_new_tokens:
+                break
+            if not params.ignore_eos and (step + 1) % _STOP_CHECK_EVERY == 0:
+                alive = ~finished.index_select(0, live_ids)
+                count = int(alive.sum())
+                if count == 0:
+                    break
+                smaller = _bucket(buckets, count) if buckets else count
+                if smaller < batch:
+                    order = torch.cat([alive.nonzero()[:, 0], (~alive).nonzero()[:, 0]])[:smaller]
+                    cache.compact(order)
+                    live_ids, lengths, positions, seeds_live, token = (
+                        t.index_select(0, order)
+                        for t in (live_ids, lengths, positions, seeds_live, token)
+                    )
+                    batch = smaller
+            lengths = lengths + 1
+            logits = step_fn(token, positions + step, lengths, batch)
+        self.last_timings["steps"] = max(self.last_timings["steps"], step + 1)
+        return _completions(out_tokens[:n], out_logprobs[:n], steps_done[:n], params)
+
+    def _prefill_inputs(self, core, prompts, ids, pack: Packing):
+        """Packed embeddings [T, H], cos/sin [T, 1, D] and each prompt's next text position."""
+        device, dtype, decoder = self.device, self.policy.dtype, self._decoder
+        flat = torch.tensor([t for row in ids for t in row], device=device)
+        if not is_multimodal(core):
+            positions = torch.cat([torch.arange(n, device=device) for n in pack.lengths])
+            cos, sin = decoder.rotary(positions, dtype)
+            next_pos = torch.tensor(pack.lengths, device=device)
+            return decoder.embed(flat[None])[0], cos, sin, next_pos
+        # Right-padded batch of the unique prompts: positions and vision features per prompt,
+        # then only the real tokens are kept (the LM itself never sees padding).
+        width = pack.max_len
+        padded = torch.full((len(ids), width), self.pad_token_id, dtype=torch.long)
+        valid = torch.zeros((len(ids), width), dtype=torch.bool)
+        for i, row in enumerate(ids):
+            padded[i, : len(row)] = torch.tensor(row)
+            valid[i, : len(row)] = True
+        padded, valid = padded.to(device), valid.to(device)
+        media_rows = [p.media for p in prompts]
+        media = Media.concat(media_rows).to(device)
+        positions, _ = mrope_positions(core, padded, valid, media)  # [3, P, W]
+        cache = self.policy.extra.get("vision_cache")
+        features = cache.features(core, media_rows) if cache is not None else None
+        embeddings = embed(core, padded, media, features=features).transpose(0, 1)  # [P, W, H]
+        packed_positions = positions.permute(1, 2, 0)[valid].T  # [3, T]
+        cos, sin = decoder.rotary(packed_positions, dtype)
+        next_pos = positions.amax(dim=(0, 2)) + 1
+        return embeddings[valid], cos, sin, next_pos
 
 
-def _prefill_mask(valid: torch.Tensor, dtype) -> torch.Tensor:
-    """Additive [B, 1, S, S]: causal, padded keys blocked; a padded query may see itself (no NaN)."""
-    length = valid.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril()
-    allowed = (causal[None, None] & valid[:, None, None, :]) | torch.eye(
-        length, dtype=torch.bool, device=valid.device
-    )[None, None]
-    return torch.zeros(allowed.shape, dtype=dtype, device=valid.device).masked_fill(
-        ~allowed, float("-inf")
-    )
+def _share(prompts: list[Prompt]) -> tuple[list[Prompt], list[int]]:
+    """Unique prompts (by identity: a prompt's G samples are the same object) and each row's."""
+    index: dict[int, int] = {}
+    unique, row_prompt = [], []
+    for p in prompts:
+        if id(p) not in index:
+            index[id(p)] = len(unique)
+            unique.append(p)
+        row_prompt.append(index[id(p)])
+    return unique, row_prompt
 
 
-def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    valid = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row) :] = torch.tensor(row)
-        valid[i, width - len(row) :] = True
-    return ids.to(device), valid.to(device)
+def _unshared(prompts: list[Prompt]) -> tuple[list[Prompt], list[int]]:
+    return list(prompts), list(range(len(prompts)))
 
 
-def _completions(
-    tokens: list[list[int]], logprobs: list[list[float]], params: SamplingParams
-) -> list[Completion]:
+def _bucket(buckets: list[int], count: int) -> int:
+    return next(b for b in buckets if b >= count)
+
+
+def _completions(tokens, logprobs, steps_done, params: SamplingParams) -> list[Completion]:
+    tokens, logprobs, steps_done = tokens.tolist(), logprobs.tolist(), steps_done.tolist()
     out = []
     stops = set(params.stop_token_ids)
-    for row_tokens, row_logprobs in zip(tokens, logprobs):
-        end, reason = len(row_tokens), "length"
-        if not params.ignore_eos:
-            for i, tok in enumerate(row_tokens):
-                if tok in stops:
-                    end, reason = i + 1, "stop"
-                    break
+    for row_tokens, row_logprobs, n in zip(tokens, logprobs, steps_done):
+        end, reason = n, "length"
+        if not params.ignore_eos and n and row_tokens[n - 1] in stops:
+            reason = "stop"
         out.append(
             Completion(
                 token_ids=row_tokens[:end], logprobs=row_logprobs[:end], finish_reason=reason

@@ -1,4 +1,10 @@
-"""Next-token choice from logits: greedy, or temperature / top-k / top-p sampling with a seed."""
+"""Next-token choice from logits: greedy, or temperature / top-k / top-p sampling.
+
+Randomness is *per row*: row r's draw at step s is a hash of (its seed, s), one uniform number
+inverted through the row's CDF. A row's tokens therefore never depend on which other rows share
+its batch, on the batch's order, or on rows that finished and left it; that is what lets the
+engine share prompts, retire finished rows and resize its batch without changing a single token.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,24 @@ import torch
 
 from rlflow.generation.base import SamplingParams
 
+_MASK31 = 0x7FFFFFFF
+
+
+def row_seeds(seed: int, rows: int, device) -> torch.Tensor:
+    """One 31-bit seed per row of a generate call, from the call's seed and the row index."""
+    index = torch.arange(rows, dtype=torch.long, device=device)
+    return _hash(_hash(torch.full_like(index, seed & _MASK31)) ^ index)
+
+
+def uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """[rows] float64 in [0, 1): the rows' draws at `step` (53 random bits each)."""
+    high = _hash(seeds ^ _hash(torch.full_like(seeds, 2 * step + 1)))
+    low = _hash(high ^ 0x5BD1E995)
+    return (high.double() * 2**22 + (low >> 9).double()) / 2.0**53
+
 
 def sample_tokens(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, step: int
 ) -> torch.Tensor:
     """logits [B, V] (fp32) -> tokens [B]. temperature 0 is greedy (argmax, first index on ties)."""
     if params.temperature == 0:
@@ -24,5 +45,17 @@ def sample_tokens(
         drop_sorted = (cumulative - torch.softmax(sorted_scores, dim=-1)) >= params.top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    cdf = torch.softmax(scores, dim=-1).cumsum(dim=-1)
+    target = (uniforms(seeds, step) * cdf[:, -1].double()).to(cdf.dtype)
+    token = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
+    return token.clamp_(max=scores.shape[-1] - 1)
+
+
+def _hash(x: torch.Tensor) -> torch.Tensor:
+    """A 31-bit integer mix (murmur-style multiply/xor-shift rounds), exact in int64 arithmetic:
+    every product stays below 2**62."""
+    x = x & _MASK31
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & _MASK31
+    x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & _MASK31
+    x = ((x ^ (x >> 13)) * 0x297A2D39) & _MASK31
+    return x ^ (x >> 16)

@@ -62,35 +62,35 @@ def mrope_positions(
 
 
 def embed(
-    core, input_ids: torch.Tensor, media: Media, prompt_mask: torch.Tensor | None = None
+    core,
+    input_ids: torch.Tensor,
+    media: Media,
+    prompt_mask: torch.Tensor | None = None,
+    features: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
-    """Token embeddings with vision-tower features placed at the pad tokens: [T, B, H]."""
+    """Token embeddings with vision-tower features placed at the pad tokens: [T, B, H].
+
+    features: the (image, video) embeddings of `media`, when already computed (VisionCache);
+    otherwise the vision tower runs here.
+    """
+    from rlflow.model.vision_cache import tower_features
+
     embeddings = core.language_model.embedding(input_ids=input_ids, position_ids=None)
     embeddings = embeddings.transpose(0, 1)  # [B, T, H]
-    for pixels, grid, token_id, features_fn in (
-        (
-            media.pixel_values,
-            media.image_grid_thw,
-            core.config.image_token_id,
-            core.get_image_features,
-        ),
-        (
-            media.pixel_values_videos,
-            media.video_grid_thw,
-            core.config.video_token_id,
-            core.get_video_features,
-        ),
+    if features is None and (media.num_images or media.num_videos):
+        features = tower_features(core, media)
+    for feats, token_id in zip(
+        features or (None, None), (core.config.image_token_id, core.config.video_token_id)
     ):
-        if pixels is None:
+        if feats is None:
             continue
-        features = torch.cat(features_fn(pixels, grid, return_dict=True).pooler_output)
         slots = media_slots(core, input_ids, prompt_mask, token_id)
-        if int(slots.sum()) != features.shape[0]:
+        if int(slots.sum()) != feats.shape[0]:
             raise ValueError(
                 f"prompt holds {int(slots.sum())} pad tokens for token id {token_id} "
-                f"but the media give {features.shape[0]} embeddings"
+                f"but the media give {feats.shape[0]} embeddings"
             )
-        embeddings = embeddings.masked_scatter(slots.unsqueeze(-1), features.to(embeddings.dtype))
+        embeddings = embeddings.masked_scatter(slots.unsqueeze(-1), feats.to(embeddings.dtype))
     return embeddings.transpose(0, 1).contiguous()
 
 
