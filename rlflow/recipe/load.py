@@ -3,13 +3,18 @@
 Every value remembers where it was set (file:line:column, or the command line), so an error
 names the exact place to fix. Loading collects all problems before raising, so one run shows
 every bad key at once.
+
+Values are typed by the schema, not guessed by YAML (`rlflow.recipe.reader` keeps each scalar's
+text; `rlflow.recipe.scalars` has the YAML 1.2 rules): a string key gets exactly the characters
+written, and an unquoted value that YAML tools would read as a different number (`12:00:00`,
+`010`, `1.10`) is refused with both readings. Numbers must be finite everywhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -19,30 +24,18 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 
 from rlflow.errors import Diagnostic, RlflowError
+from rlflow.recipe import scalars
+from rlflow.recipe.reader import MAX_BYTES, KeyPath, Origin, Scalar, read_tree, read_value
+from rlflow.recipe.reader import diagnostic as _diag
 from rlflow.recipe.schema import Recipe
 
-KeyPath = tuple[str, ...]
-_FLOAT_RE = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where a value was set: a file position or a command-line override."""
-
-    file: str
-    line: int | None = None
-    column: int | None = None
-
-    def describe(self) -> str:
-        if self.line is None:
-            return self.file
-        return f"{self.file}:{self.line}:{self.column}"
+__all__ = ["KeyPath", "LoadedRecipe", "Origin", "dump_recipe", "load_recipe", "with_values"]
 
 
 @dataclass(frozen=True)
 class LoadedRecipe:
     recipe: Recipe
-    data: dict  # the merged, resolved plain dict (what gets written to the run directory)
+    data: dict  # the typed values as plain dicts (what gets written to the run directory)
     origins: dict[KeyPath, Origin]
     files: tuple[Path, ...]  # every recipe file read, defaults first
 
@@ -59,7 +52,7 @@ class LoadedRecipe:
     ) -> Diagnostic:
         """A diagnostic pointing at the place that set `path` (or its nearest parent)."""
         origin = None
-        for n in range(len(path), 0, -1):
+        for n in range(len(path), -1, -1):
             origin = self.origins.get(path[:n])
             if origin:
                 break
@@ -69,6 +62,18 @@ class LoadedRecipe:
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedRecipe:
     """Read `path` and its defaults, apply `key.path=value` overrides, validate, return."""
     data, origins, files = _load_with_defaults(Path(path), chain=())
+    top = Origin(_display(Path(path)))
+    if not data:
+        raise RlflowError(
+            _diag(
+                "recipe.empty",
+                f"`{top.file}` sets nothing",
+                top,
+                "start the recipe with `defaults: base.yaml` (every key with its default) and "
+                "list only the keys you change",
+            )
+        )
+    origins[()] = top
     problems: list[Diagnostic] = []
     for text in overrides:
         _apply_override(text, data, origins, problems)
@@ -77,12 +82,25 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     recipe = _build(Recipe, data, (), origins, problems)
     if problems:
         raise RlflowError(problems)
-    return LoadedRecipe(recipe=recipe, data=data, origins=origins, files=tuple(files))
+    return LoadedRecipe(recipe=recipe, data=_plain(recipe), origins=origins, files=tuple(files))
 
 
 def dump_recipe(data: dict) -> str:
-    """The resolved recipe as YAML, keys in schema order (what `--dry-run` prints and runs keep)."""
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=100)
+    """The resolved recipe as YAML, keys in schema order (what `--dry-run` prints and runs keep).
+    Strings that would read back as something else unquoted are quoted."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = None if scalars.reads_back_as_text(text) else "'"
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
 
 
 def with_values(loaded: LoadedRecipe, values: dict[KeyPath, Any], origin: Origin) -> LoadedRecipe:
@@ -99,7 +117,11 @@ def with_values(loaded: LoadedRecipe, values: dict[KeyPath, Any], origin: Origin
     recipe = _build(Recipe, data, (), origins, problems)
     if problems:
         raise RlflowError(problems)
-    return LoadedRecipe(recipe=recipe, data=data, origins=origins, files=loaded.files)
+    return LoadedRecipe(recipe=recipe, data=_plain(recipe), origins=origins, files=loaded.files)
+
+
+def _plain(recipe: Recipe) -> dict:
+    return dataclasses.asdict(recipe)
 
 
 # --- reading YAML with positions ---------------------------------------------------------------
@@ -108,28 +130,16 @@ def with_values(loaded: LoadedRecipe, values: dict[KeyPath, Any], origin: Origin
 def _display(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
+    except (ValueError, OSError):
         return str(path)
-
-
-def _diag(
-    code: str, message: str, origin: Origin | None, help: str | None = None, severity: str = "error"
-) -> Diagnostic:
-    return Diagnostic(
-        code=code,
-        message=message,
-        severity=severity,
-        file=origin.file if origin else None,
-        line=origin.line if origin else None,
-        column=origin.column if origin else None,
-        help=help,
-    )
 
 
 def _read_yaml(path: Path) -> tuple[dict, dict[KeyPath, Origin]]:
     shown = _display(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_BYTES + 1)  # bounded: a recipe may be /dev/zero
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise RlflowError(
             _diag(
@@ -140,69 +150,42 @@ def _read_yaml(path: Path) -> tuple[dict, dict[KeyPath, Origin]]:
             )
         ) from None
     except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         raise RlflowError(
-            _diag("recipe.unreadable", f"cannot read `{shown}`: {err}", None)
+            _diag("recipe.unreadable", f"cannot read `{shown}`: {reason}", Origin(shown))
         ) from None
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        origin = Origin(shown, mark.line + 1, mark.column + 1) if mark else Origin(shown)
-        problem = getattr(err, "problem", None) or str(err)
-        raise RlflowError(
-            _diag(
-                "recipe.yaml",
-                f"invalid YAML: {problem}",
-                origin,
-                "fix the YAML syntax at this position",
-            )
-        ) from None
+    root, origins = read_tree(text, shown)
     if root is None:
         return {}, {}
-    if not isinstance(root, yaml.MappingNode):
+    if not isinstance(root, dict):
+        where = root.origin if isinstance(root, Scalar) else Origin(shown)
         raise RlflowError(
             _diag(
                 "recipe.not-a-mapping",
-                "a recipe must be a mapping of sections",
-                Origin(shown, root.start_mark.line + 1, root.start_mark.column + 1),
+                "a recipe must be a mapping of sections (`section:` lines with keys under them)",
+                where,
+                "start with `defaults: base.yaml`, then e.g. `grpo:` and `  max_num_steps: 20`",
             )
         )
-    origins: dict[KeyPath, Origin] = {}
-    constructor = yaml.SafeLoader("")
-    return _node_to_python(root, (), shown, origins, constructor), origins
+    return root, origins
 
 
-def _node_to_python(node, path: KeyPath, file: str, origins: dict, constructor) -> Any:
-    if not isinstance(node, yaml.MappingNode):
-        try:
-            return constructor.construct_object(node, deep=True)
-        except yaml.YAMLError as err:
-            mark = node.start_mark
-            raise RlflowError(
-                _diag(
-                    "recipe.yaml",
-                    f"invalid value: {err}",
-                    Origin(file, mark.line + 1, mark.column + 1),
-                )
-            ) from None
-    result: dict = {}
-    for key_node, value_node in node.value:
-        key = str(key_node.value)
-        mark = key_node.start_mark
-        origin = Origin(file, mark.line + 1, mark.column + 1)
-        if key in result:
-            first = origins[path + (key,)]
-            raise RlflowError(
-                _diag(
-                    "recipe.duplicate-key",
-                    f"`{'.'.join(path + (key,))}` is set twice",
-                    origin,
-                    f"remove one of the two; the first is at line {first.line}",
-                )
-            )
-        origins[path + (key,)] = origin
-        result[key] = _node_to_python(value_node, path + (key,), file, origins, constructor)
-    return result
+def _defaults_list(value: Any, origin: Origin | None) -> list[str]:
+    """`defaults:` as file names: one name, a list of them, or nothing."""
+    if isinstance(value, Scalar):
+        if value.plain and value.text in scalars.NULL_WORDS:
+            return []
+        return [value.text]
+    if isinstance(value, list) and all(isinstance(v, Scalar) for v in value):
+        return [v.text for v in value]
+    raise RlflowError(
+        _diag(
+            "recipe.defaults",
+            "`defaults:` must be a file name or a list of them",
+            origin,
+            "e.g. `defaults: base.yaml`",
+        )
+    )
 
 
 def _load_with_defaults(path: Path, chain: tuple[Path, ...]) -> tuple[dict, dict, list[Path]]:
@@ -218,25 +201,14 @@ def _load_with_defaults(path: Path, chain: tuple[Path, ...]) -> tuple[dict, dict
             )
         )
     own, own_origins = _read_yaml(path)
-    parents = own.pop("defaults", [])
     defaults_origin = own_origins.pop(("defaults",), None)
-    if isinstance(parents, str):
-        parents = [parents]
-    if not isinstance(parents, list) or not all(isinstance(p, str) for p in parents):
-        raise RlflowError(
-            _diag(
-                "recipe.defaults",
-                "`defaults:` must be a file name or a list of them",
-                defaults_origin,
-                "e.g. `defaults: base.yaml`",
-            )
-        )
+    parents = _defaults_list(own.pop("defaults", []), defaults_origin)
     merged: dict = {}
     origins: dict[KeyPath, Origin] = {}
     files: list[Path] = []
     for parent in parents:
         parent_path = path.parent / parent
-        if not parent_path.exists():
+        if not parent or "\0" in parent or not parent_path.is_file():
             raise RlflowError(
                 _diag(
                     "recipe.defaults-missing",
@@ -294,9 +266,10 @@ def _apply_override(text: str, data: dict, origins: dict, problems: list[Diagnos
         )
         return
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+        value = read_value(raw, origin)
+    except RlflowError as err:
+        problems += err.diagnostics
+        return
     path = tuple(key.split("."))
     node = data
     for i, part in enumerate(path[:-1]):
@@ -319,6 +292,8 @@ def _apply_override(text: str, data: dict, origins: dict, problems: list[Diagnos
         problems.append(_unknown_key(path, list(node), origin))
         return
     node[path[-1]] = value
+    for stale in [p for p in origins if p[: len(path)] == path]:
+        del origins[stale]  # positions of what the override replaced
     origins[path] = origin
 
 
@@ -368,15 +343,15 @@ def _type_name(tp: Any) -> str:
 def _build(tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Diagnostic]) -> Any:
     """Convert `value` to type `tp`; append a diagnostic and return None on a mismatch."""
     name = ".".join(path) or "recipe"
-    origin = origins.get(path)
+    origin = origins.get(path) or _origin_of(value)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             problems.append(
                 _diag(
                     "recipe.type",
                     f"`{name}` must be a section (a mapping of keys)",
-                    origin,
-                    f"got {value!r}",
+                    _origin_of(value) or origin,
+                    f"got {_shown(value)}",
                 )
             )
             return None
@@ -385,38 +360,56 @@ def _build(tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Dia
         for key in value:
             if key not in hints:
                 problems.append(_unknown_key(path + (key,), fields, origins.get(path + (key,))))
-        kwargs = {}
-        for field_name in fields:
-            if field_name not in value:
-                problems.append(
-                    _diag(
-                        "recipe.missing-key",
-                        f"`{'.'.join(path + (field_name,))}` is not set",
-                        origin,
-                        "every key needs a value: start the recipe with `defaults: base.yaml`, "
-                        "which sets them all, or set this one",
-                    )
+        missing = [f for f in fields if f not in value]
+        if missing:
+            names = ", ".join(f"`{'.'.join(path + (f,))}`" for f in missing)
+            problems.append(
+                _diag(
+                    "recipe.missing-key",
+                    f"{names} {'is' if len(missing) == 1 else 'are'} not set",
+                    origin,
+                    "every key needs a value: start the recipe with `defaults: base.yaml`, "
+                    "which sets them all, or set " + ("this one" if len(missing) == 1 else "these"),
                 )
-                continue
-            kwargs[field_name] = _build(
-                hints[field_name], value[field_name], path + (field_name,), origins, problems
             )
-        return tp(**kwargs)
+        kwargs = {
+            f: _build(hints[f], value[f], path + (f,), origins, problems)
+            for f in fields
+            if f in value
+        }
+        return None if missing else tp(**kwargs)
     return _check_value(tp, value, path, origins, problems)
+
+
+def _origin_of(value: Any) -> Origin | None:
+    return value.origin if isinstance(value, Scalar) else None
+
+
+def _shown(value: Any) -> str:
+    """A value as a diagnostic shows it: text quoted, numbers and words YAML reads bare."""
+    if isinstance(value, (dict, list)):
+        return "a mapping" if isinstance(value, dict) else "a list"
+    if isinstance(value, Scalar):
+        return (
+            value.text
+            if value.plain and not scalars.reads_back_as_text(value.text)
+            else repr(value.text)
+        )
+    return repr(value)
 
 
 def _check_value(
     tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Diagnostic]
 ) -> Any:
     name = ".".join(path)
-    origin = origins.get(path)
+    origin = _origin_of(value) or origins.get(path)
     kind = get_origin(tp)
 
     def bad(extra: str = "") -> None:
         problems.append(
             _diag(
                 "recipe.type",
-                f"`{name}` is {value!r}, but must be {_type_name(tp)}",
+                f"`{name}` is {_shown(value)}, but must be {_type_name(tp)}",
                 origin,
                 extra or None,
             )
@@ -424,7 +417,7 @@ def _check_value(
 
     if kind in (typing.Union, types.UnionType):
         options = get_args(tp)
-        if value is None and type(None) in options:
+        if type(None) in options and _is_null(value):
             return None
         for option in options:
             if option is type(None):
@@ -433,21 +426,26 @@ def _check_value(
             result = _check_value(option, value, path, origins, trial)
             if not trial:
                 return result
+            if len(options) == 2 and any(d.code != "recipe.type" for d in trial):
+                problems += trial  # e.g. non-finite or ambiguous: more useful than "must be"
+                return None
         bad()
         return None
     if kind is Literal:
         allowed = get_args(tp)
-        if value not in allowed:
-            close = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+        text = value.text if isinstance(value, Scalar) else value
+        if text not in allowed or (isinstance(value, Scalar) and _is_null(value)):
+            close = difflib.get_close_matches(str(text), [str(a) for a in allowed], n=1)
             bad(f"did you mean {close[0]!r}?" if close else "")
-        return value
+            return None
+        return text
     if kind is list:
         if not isinstance(value, list):
             bad()
             return None
         return [_check_value(get_args(tp)[0], v, path, origins, problems) for v in value]
     if kind is dict:
-        key_type, value_type = get_args(tp)
+        _, value_type = get_args(tp)
         if not isinstance(value, dict):
             bad()
             return None
@@ -455,6 +453,9 @@ def _check_value(
             str(k): _check_value(value_type, v, path + (str(k),), origins, problems)
             for k, v in value.items()
         }
+    if isinstance(value, Scalar):
+        return _read_scalar(tp, value, name, origin, problems, bad)
+    # Python values: set by rlflow itself (with_values) or re-checked from `data`.
     if tp is bool:
         if not isinstance(value, bool):
             bad("write true or false")
@@ -464,16 +465,93 @@ def _check_value(
             bad()
         return value
     if tp is float:
-        if isinstance(value, str) and _FLOAT_RE.match(value.strip()):
-            return float(value)  # YAML 1.1 reads `1e-6` (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             bad()
-            return value
-        return float(value)
+            return None
+        return _finite(float(value), name, repr(value), origin, problems)
     if tp is str:
         if not isinstance(value, str):
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return str(value)
             bad()
         return value
     raise AssertionError(f"schema type {tp!r} is not handled by the recipe loader")
+
+
+def _is_null(value: Any) -> bool:
+    if isinstance(value, Scalar):
+        return value.plain and value.text in scalars.NULL_WORDS
+    return value is None
+
+
+def _read_scalar(tp, value: Scalar, name: str, origin, problems: list[Diagnostic], bad) -> Any:
+    """A scalar as written -> the key's type, by YAML 1.2 core rules (rlflow.recipe.scalars)."""
+    text, plain = value.text, value.plain
+    if tp is str:
+        if not plain:
+            return text
+        if text in scalars.NULL_WORDS or scalars.as_bool(text) is not None:
+            bad(f"did you mean '{text}'? " + _quote_help(name, text, origin))
+            return None
+        readings = scalars.other_readings(text)
+        if readings:
+            problems.append(
+                _diag(
+                    "recipe.ambiguous",
+                    f"`{name}` is {text} without quotes, which YAML reads as {readings}",
+                    origin,
+                    f"did you mean '{text}'? " + _quote_help(name, text, origin),
+                )
+            )
+            return None
+        return text
+    if tp is bool:
+        flag = scalars.as_bool(text) if plain else None
+        if flag is None:
+            hint = "write true or false"
+            if plain and text in scalars.YAML11_BOOL_WORDS:
+                hint += f" (YAML 1.2 reads {text} as text, YAML 1.1 as a boolean)"
+            bad(hint)
+        return flag
+    if plain and scalars.is_leading_zero(text) and tp in (int, float):
+        problems.append(
+            _diag(
+                "recipe.ambiguous",
+                f"`{name}` is {text}, which YAML reads as {scalars.other_readings(text)}",
+                origin,
+                f"write the number without the leading zero, e.g. {text.lstrip('+-0') or '0'}",
+            )
+        )
+        return None
+    if tp is int:
+        number = scalars.as_int(text) if plain else None
+        if number is None:
+            bad()
+        return number
+    if tp is float:
+        # Quoted numbers are accepted for number keys: the text has only one reading here.
+        number = scalars.as_float(text) if plain or scalars.as_float(text) is not None else None
+        if number is None:
+            bad()
+            return None
+        return _finite(number, name, text, origin, problems)
+    raise AssertionError(f"schema type {tp!r} is not handled by the recipe loader")
+
+
+def _finite(number: float, name: str, text: str, origin, problems: list[Diagnostic]):
+    if math.isfinite(number):
+        return number
+    problems.append(
+        _diag(
+            "recipe.non-finite",
+            f"`{name}` is {text}: numbers in a recipe must be finite (not NaN or infinity)",
+            origin,
+            "write a finite number; NaN or infinity here would silently disable or break what "
+            "the key controls",
+        )
+    )
+    return None
+
+
+def _quote_help(name: str, text: str, origin: Origin | None) -> str:
+    if origin is not None and origin.is_command_line:
+        return f"quote it inside the shell's quotes: '{name}=\"{text}\"'"
+    return f'write it in quotes: "{text}"'
