@@ -1,13 +1,15 @@
 """The checks `rlflow submit` runs before anything reaches Slurm; `--dry-run` runs all of them.
 
-Each returns diagnostics (errors block the submission, warnings are shown). None of them
-contacts the Slurm controller: a login node with a stale or missing config can still check.
+Each returns diagnostics (errors block the submission, warnings are shown). Only
+`check_cluster` asks Slurm anything (`sinfo`), and only when a Slurm config is there: a login
+node with a stale or missing config can still check everything else.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -183,20 +185,9 @@ def check_container(loaded: LoadedRecipe) -> list[Diagnostic]:
 
 
 def check_paths(loaded: LoadedRecipe, plan: JobPlan) -> list[Diagnostic]:
-    """Run directory writable (error); inputs that are missing here (warnings: some clusters
-    mount data only on the compute nodes)."""
-    problems = []
-    parent = Path(plan.run_dir).parent
-    existing = next((p for p in (parent, *parent.parents) if p.exists()), Path("/"))
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        problems.append(
-            loaded.diagnostic(
-                ("run", "output_dir"),
-                "submit.output-dir",
-                f"cannot create the run directory under {parent}: {existing} is not a writable directory",
-                help="set run.output_dir to a directory you can write to",
-            )
-        )
+    """Run directory: its name fits the file system and it can really be created (errors);
+    inputs that are missing here (warnings: some clusters mount data only on compute nodes)."""
+    problems = check_run_dir(loaded, plan)
     recipe = loaded.recipe
     inputs = []
     if not recipe.model.checkpoint.startswith("builtin:"):
@@ -221,6 +212,149 @@ def check_paths(loaded: LoadedRecipe, plan: JobPlan) -> list[Diagnostic]:
                 )
             )
     return problems
+
+
+def check_run_dir(loaded: LoadedRecipe, plan: JobPlan) -> list[Diagnostic]:
+    """Create the run directory's staging folder (and its missing parents) as `submit` will,
+    then remove everything this created: the only sure test of a path is to make it."""
+    final = Path(plan.run_dir)
+    name_max = _limit(final.parent, "PC_NAME_MAX", 255)
+    staging = f".{final.name}.staging"  # the longest name submit creates (rundir.stage)
+    if len(staging.encode()) > name_max:
+        excess = len(staging.encode()) - name_max
+        return [
+            loaded.diagnostic(
+                ("run", "name"),
+                "submit.name-too-long",
+                f"`run.name` is {len(loaded.recipe.run.name)} characters: the run directory "
+                f"(`{final.name[:24]}...`, staged as .NAME.staging) would need a "
+                f"{len(staging.encode())}-byte file name; the file system allows {name_max}",
+                help=f"shorten run.name to at most "
+                f"{max(len(loaded.recipe.run.name) - excess, 1)} characters",
+            )
+        ]
+    longest = final / "logs" / "slurm-4294967295.out"
+    path_max = _limit(final.parent, "PC_PATH_MAX", 4096)
+    if len(str(longest).encode()) >= path_max:
+        return [
+            loaded.diagnostic(
+                ("run", "output_dir"),
+                "submit.path-too-long",
+                f"the run directory's log path would be {len(str(longest).encode())} bytes, "
+                f"over the file system's limit of {path_max}",
+                help="choose a shorter run.output_dir or run.name",
+            )
+        ]
+    created: list[Path] = []
+    folder = final.parent
+    try:
+        missing = [p for p in (final.parent, *final.parent.parents) if not p.exists()]
+        for folder in [*reversed(missing), final.parent / staging]:
+            folder.mkdir()
+            created.append(folder)
+    except OSError as err:
+        return [
+            loaded.diagnostic(
+                ("run", "output_dir"),
+                "submit.output-dir",
+                f"cannot create the run directory under {final.parent}: "
+                f"{err.strerror or err} ({err.filename or folder})",
+                help="set run.output_dir to a directory you can write to",
+            )
+        ]
+    finally:
+        for folder in reversed(created):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+    return []
+
+
+def _limit(directory: Path, name: str, default: int) -> int:
+    """A file-system limit (pathconf) at the deepest existing folder of `directory`."""
+    existing = next((p for p in (directory, *directory.parents) if p.is_dir()), Path("/"))
+    try:
+        return os.pathconf(existing, name)
+    except (OSError, ValueError):
+        return default
+
+
+# GRES strings as sinfo prints them: gpu:4, gpu:h100:8(S:0-1), gpu:a100:4,gpu:v100:2
+_GPU_GRES = re.compile(r"gpu(?::[^:,()\s]+)?:(\d+)")
+SINFO_TIMEOUT_SECONDS = 10
+
+
+def check_cluster(plan: JobPlan) -> tuple[list[Diagnostic], str | None]:
+    """The job's shape against the partition's nodes, from `sinfo`: a job asking for more GPUs
+    per node (or more nodes) than the partition has is accepted by sbatch and then pends
+    forever. Returns the problems and what was checked, or no note when Slurm was not asked
+    (no Slurm config on this machine, no sinfo, or no answer)."""
+    config = os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    if not os.path.isfile(config) or shutil.which("sinfo") is None:
+        return [], None
+    try:
+        result = subprocess.run(
+            ["sinfo", "--noheader", "--Node", "--format=%N|%P|%G"],
+            capture_output=True,
+            text=True,
+            timeout=SINFO_TIMEOUT_SECONDS,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return [], None
+    if result.returncode != 0:
+        return [], None
+    gpus: dict[str, dict[str, int]] = {}  # partition -> node -> GPUs
+    default = None
+    for line in result.stdout.splitlines():
+        node, _, rest = line.strip().partition("|")
+        partition, _, gres = rest.partition("|")
+        if partition.endswith("*"):
+            partition = default = partition[:-1]
+        if node and partition:
+            count = sum(int(n) for n in _GPU_GRES.findall(gres))
+            gpus.setdefault(partition, {})[node] = count
+    partition = plan.partition or default
+    if partition is None:
+        return [], None
+    if partition not in gpus:
+        known = ", ".join(sorted(gpus)) or "none"
+        return [
+            Diagnostic(
+                "submit.partition",
+                f"Slurm has no partition `{partition}` (sinfo lists: {known})",
+                help="set slurm.partition to one of them",
+            )
+        ], f"partition {partition} (sinfo)"
+    nodes = gpus[partition]
+    wanted = plan.gpus_per_node if plan.gpu_request is not None else 0
+    fitting = [n for n, count in nodes.items() if count >= wanted]
+    most = max(nodes.values(), default=0)
+    note = f"partition {partition}: {len(nodes)} nodes, up to {most} GPUs each (sinfo)"
+    if not fitting:
+        return [
+            Diagnostic(
+                "submit.gpus",
+                f"`--gpus {wanted}`: no node in partition `{partition}` has {wanted} GPUs "
+                f"(the most is {most}); Slurm would accept the job and never start it",
+                file="command line",
+                help=f"use --gpus {most} or fewer (and more --nodes), or a partition with "
+                f"larger nodes",
+            )
+        ], note
+    if len(fitting) < plan.num_nodes:
+        return [
+            Diagnostic(
+                "submit.nodes",
+                f"`--nodes {plan.num_nodes}`: partition `{partition}` has only {len(fitting)} "
+                f"node{'s' * (len(fitting) != 1)} with {wanted} or more GPUs; Slurm would "
+                f"accept the job and never start it",
+                file="command line",
+                help=f"use --nodes {len(fitting)} or fewer, or another partition",
+            )
+        ], note
+    return [], note
 
 
 def pin_diagnostics(start: Path) -> list[Diagnostic]:

@@ -51,6 +51,7 @@ class Prepared:
     recipe_text: str
     warnings: list[Diagnostic]
     pins: str  # how the pin check went, for the dry-run summary
+    cluster: str | None = None  # what sinfo said about the partition; None: Slurm not asked
 
 
 @click.command(epilog=SUBMIT_EPILOG)
@@ -152,7 +153,7 @@ def prepare(
     token: str | None = None,
 ) -> Prepared:
     """Everything up to the submission; raises with every problem found (nothing is written)."""
-    from rlflow.launch.check import check_all
+    from rlflow.launch.check import check_all, check_cluster
     from rlflow.launch.plan import apply_flags, make_plan
     from rlflow.launch.render import render
     from rlflow.recipe.checks import check_recipe
@@ -173,10 +174,14 @@ def prepare(
     )
     script = render(plan)
     problems += check_all(loaded, plan, script, skip_pins=skip_pins, repo_root=Path(cwd))
+    cluster_problems, cluster = check_cluster(plan)
+    problems += cluster_problems
     _raise_on_errors(problems)
     source = str(recipe).replace("\n", "\\n")  # one comment line, whatever the path holds
     recipe_text = f"# resolved by `rlflow submit` from {source}\n" + dump_recipe(loaded.data)
-    return Prepared(loaded, plan, script, recipe_text, problems, _pins_summary(problems, skip_pins))
+    return Prepared(
+        loaded, plan, script, recipe_text, problems, _pins_summary(problems, skip_pins), cluster
+    )
 
 
 def _pins_summary(problems: list[Diagnostic], skipped: bool) -> str:
@@ -210,7 +215,10 @@ def show_dry_run(prepared: Prepared) -> None:
         f"values, paths, {prepared.pins}, bash -n: no errors"
         + (f", {warned} warning{'s' * (warned != 1)} (above)" if warned else "")
     )
-    out("dry run: nothing submitted, no Slurm controller contacted")
+    if prepared.cluster is None:
+        out("dry run: nothing submitted, no Slurm controller contacted")
+    else:
+        out(f"dry run: nothing submitted; checked against {prepared.cluster}")
 
 
 def _shape(plan) -> str:
@@ -242,7 +250,17 @@ def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
         "recipe.yaml": prepared.recipe_text,
         "git.json": rundir.git_json(plan.workdir),
     }
-    staged = rundir.stage(plan.run_dir, files)
+    try:
+        staged = rundir.stage(plan.run_dir, files)
+    except OSError as err:
+        raise RlflowError(
+            prepared.loaded.diagnostic(
+                ("run", "output_dir"),
+                "submit.output-dir",
+                f"cannot write the run directory {plan.run_dir}: {err.strerror or err}",
+                help="set run.output_dir to a directory you can write to; nothing was submitted",
+            )
+        ) from None
     try:
         job_id = slurm.sbatch_held(staged.script)
     except BaseException:
@@ -251,10 +269,19 @@ def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
     try:
         final = staged.publish(job_id)
         slurm.release(job_id)
-    except BaseException:
+    except BaseException as err:
         _cancel_quietly(job_id)  # the held job never ran; take it back with its directory
         staged.discard()
         rundir.remove_published(staged.final)
+        if isinstance(err, OSError):
+            raise RlflowError(
+                Diagnostic(
+                    "submit.run-dir",
+                    f"could not move the run directory into place at {staged.final}: "
+                    f"{err.strerror or err}",
+                    help=f"job {job_id} was cancelled and nothing is left behind; submit again",
+                )
+            ) from None
         raise
     return job_id, final
 

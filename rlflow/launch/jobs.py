@@ -6,6 +6,7 @@ a job id comes from Slurm's record of the job's output file (RUN_DIR/logs/slurm-
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -25,14 +26,17 @@ class JobRef:
     run_dir: Path | None
 
 
+_JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")
+
+
 def resolve(text: str) -> JobRef:
     """A job id or a run directory -> the job id and, where it can be found, the run directory."""
-    if text.isdigit():
+    if _JOB_ID.fullmatch(text):
         return JobRef(text, _run_dir_of(text))
     path = Path(text)
     id_file = path / JOB_ID_FILE
     if id_file.is_file():
-        return JobRef(id_file.read_text().strip(), path.resolve())
+        return JobRef(_read_job_id(id_file), path.resolve())
     raise RlflowError(
         Diagnostic(
             "jobs.unknown",
@@ -40,6 +44,33 @@ def resolve(text: str) -> JobRef:
             help="pass the number `rlflow submit` printed, or the run directory it created",
         )
     )
+
+
+def _read_job_id(id_file: Path) -> str:
+    """The run directory's `job_id` file, which must hold one job id and nothing else."""
+    try:
+        text = id_file.read_bytes()[:200].decode("utf-8", "replace").strip()
+    except OSError as err:
+        raise RlflowError(
+            Diagnostic(
+                "jobs.job-id-file",
+                f"cannot read {id_file}: {err.strerror or err}",
+                file=str(id_file),
+                help="check the run directory's permissions",
+            )
+        ) from None
+    if not _JOB_ID.fullmatch(text):
+        raise RlflowError(
+            Diagnostic(
+                "jobs.job-id-file",
+                f"{id_file} holds {text[:40]!r}, not a Slurm job id",
+                file=str(id_file),
+                line=1,
+                help="`rlflow submit` writes the job id there; if the file was edited, pass the "
+                "job id itself (the number `rlflow submit` printed)",
+            )
+        )
+    return text
 
 
 def _run_dir_of(job_id: str) -> Path | None:
@@ -130,8 +161,15 @@ def print_log(path: Path) -> None:
             ),
             EXIT_FINDINGS,
         )
-    with open(path, "rb") as log:
-        sys.stdout.buffer.write(log.read())
+    try:
+        with open(path, "rb") as log:
+            while chunk := log.read(1 << 20):
+                sys.stdout.buffer.write(chunk)
+    except OSError as err:
+        raise RlflowError(
+            Diagnostic("jobs.log-unreadable", f"cannot read {path}: {err.strerror or err}"),
+            EXIT_FINDINGS,
+        ) from None
     sys.stdout.flush()
 
 
@@ -159,6 +197,11 @@ def _print_new(path: Path, position: int) -> int:
             data = log.read()
     except FileNotFoundError:
         return position
+    except OSError as err:
+        raise RlflowError(
+            Diagnostic("jobs.log-unreadable", f"cannot read {path}: {err.strerror or err}"),
+            EXIT_FINDINGS,
+        ) from None
     if data:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()

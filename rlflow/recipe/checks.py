@@ -8,6 +8,7 @@ KeyError or a hang on the allocation.
 from __future__ import annotations
 
 import re
+import shlex
 
 from rlflow.errors import Diagnostic
 from rlflow.recipe.load import LoadedRecipe
@@ -490,6 +491,19 @@ def _slurm(loaded: LoadedRecipe) -> list[Diagnostic]:
                 "`slurm.rlflow_command` must not be empty",
             )
         )
+    else:
+        try:
+            shlex.split(slurm.rlflow_command)
+        except ValueError as err:
+            problems.append(
+                loaded.diagnostic(
+                    ("slurm", "rlflow_command"),
+                    "recipe.rlflow-command",
+                    f"`slurm.rlflow_command` is {slurm.rlflow_command!r}, which cannot be split "
+                    f"into words: {err}",
+                    help="balance the quotes, e.g. uv run --frozen rlflow",
+                )
+            )
     return problems
 
 
