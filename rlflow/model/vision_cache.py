@@ -19,7 +19,7 @@ class VisionCache:
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self._entries: dict[int, tuple[Media, torch.Tensor | None, torch.Tensor | None]] = {}
-        self.computed = 0  # media items run through the tower since construction (tests read it)
+        self.computed = 0  # prompts whose media ran through the tower (tests read it)
 
     def clear(self) -> None:
         self._entries.clear()
@@ -35,7 +35,7 @@ class VisionCache:
             video_parts = _split(videos, [_tokens(core, m.video_grid_thw) for m in missing])
             for m, img, vid in zip(missing, image_parts, video_parts):
                 self._entries[id(m)] = (m, img, vid)
-            self.computed += len(missing)
+            self.computed += sum(1 for m in missing if m.num_images or m.num_videos)
         picked = [self._entries[id(m)] for m in rows]
         return _cat([p[1] for p in picked]), _cat([p[2] for p in picked])
 
