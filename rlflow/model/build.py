@@ -178,11 +178,14 @@ def load_policy(
         chunks = [
             DistributedDataParallel(_unwrap(chunk).config, ddp_config, chunk) for chunk in chunks
         ]
-    from rlflow.model import vision_attention
+    from rlflow.model import packed_attention, vision_attention
+    from rlflow.model.forward import language_model
+    from rlflow.model.vision_cache import VisionCache
 
     for chunk in chunks:
         if getattr(_unwrap(chunk), "visual", None) is not None:
             vision_attention.install(_unwrap(chunk).visual)
+        packed_attention.install(language_model(_unwrap(chunk)))
         chunk.train(trainable)
         if not trainable:
             for param in chunk.parameters():
@@ -196,6 +199,9 @@ def load_policy(
         trainable=trainable,
     )
     policy.extra["provider"] = provider
+    # Vision features recomputed on every use; the trainer swaps in one shared, per-step cache
+    # when the tower is frozen (rlflow.train.setup).
+    policy.extra["vision_cache"] = VisionCache(enabled=False)
     return policy
 
 

@@ -127,3 +127,30 @@ def install(language_model) -> None:
 
         core.forward = types.MethodType(forward, core)
         core._rlflow_packed = True
+    if getattr(language_model, "position_embedding_type", None) == "rope":
+        _install_rope(language_model.rotary_pos_emb)
+
+
+def _install_rope(rotary) -> None:
+    """Plain RoPE numbers the whole sequence 0..T-1; inside `packing`, each row restarts at 0.
+
+    (Qwen2.5-VL's mrope takes explicit per-token positions, so it needs no patch.)
+    """
+    if getattr(rotary, "_rlflow_packed", False):
+        return
+    original = rotary.forward
+
+    def forward(self, max_seq_len, *args, _original=original, **kwargs):
+        pack = _CURRENT.get()
+        if pack is None:
+            return _original(max_seq_len, *args, **kwargs)
+        emb = _original(pack.max_len, *args, **kwargs)  # [max_len, 1, 1, dim]
+        starts = pack.cu_seqlens[:-1].long()
+        lengths = torch.tensor(pack.lengths, device=starts.device)
+        positions = torch.arange(pack.total, device=starts.device) - starts.repeat_interleave(
+            lengths, output_size=pack.total
+        )
+        return emb[positions.to(emb.device)]
+
+    rotary.forward = types.MethodType(forward, rotary)
+    rotary._rlflow_packed = True

@@ -33,6 +33,11 @@ class TrainBatch:
         return self.input_ids.shape[0]
 
     @property
+    def lengths(self) -> list[int]:
+        """Real tokens (prompt + response) per row, no padding."""
+        return self.attention_mask.sum(1).tolist()
+
+    @property
     def targets(self) -> torch.Tensor:
         return self.input_ids[:, 1:]
 

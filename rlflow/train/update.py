@@ -5,6 +5,13 @@ Data parallelism: each rank holds a shard of the step's rollouts. Losses are nor
 ranks and micro-batches of each piece's gradient. megatron-core's DDP averages over data-parallel
 ranks instead, so each micro-batch loss is scaled by the data-parallel size before backward
 (`_backward`): one place, one factor.
+
+Micro-batches: `micro_batch_size` rollouts each, or (`max_tokens_per_micro_batch` > 0) as many
+consecutive rollouts as fit the token budget. With `sequence_packing` each micro-batch runs as
+one packed sequence of its real tokens (rlflow.model.packed_forward) and only the generated
+targets' logprobs are computed; either way the results land in the padded [n, L-1] layout, so
+the loss and its normalisation never see the difference (positions outside `target_mask` hold 0
+when packed).
 """
 
 from __future__ import annotations
@@ -71,10 +78,18 @@ class Optimizer:
         return float(grad_norm or 0.0)
 
 
-def token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool = False):
-    """Per-target logprobs [N, L-1] (and entropy) of the batch under the policy's weights."""
+def token_logprobs(
+    policy: Policy, batch: TrainBatch, with_entropy: bool = False, packed: bool = True
+):
+    """Per-target logprobs [N, L-1] (and entropy) of the batch under the policy's weights.
+
+    packed: one packed sequence, logprobs at target positions only (0 elsewhere); otherwise
+    the padded reference path (every position).
+    """
     info = parallel.info()
     batch = batch.to(info.device)
+    if packed:
+        return _packed_token_logprobs(policy, batch, with_entropy)
     logits = policy_logits(
         policy.core,
         batch.input_ids,
@@ -101,9 +116,67 @@ def token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool = False
     return logprobs, entropy
 
 
+def _packed_token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool):
+    from rlflow.model.packed_forward import pack_rows, target_logprobs
+
+    core = policy.core
+    rows = pack_rows(
+        core,
+        batch.input_ids,
+        batch.attention_mask,
+        batch.prompt_mask,
+        batch.target_mask,
+        batch.media,
+    )
+    features = (None, None)
+    if policy.is_multimodal:
+        features = policy.extra["vision_cache"].features(core, batch.media)
+    logprobs, entropy = target_logprobs(core, rows, features, with_entropy)
+    mask = batch.target_mask
+
+    def unpack(values):  # [K] in row-major order of the mask -> [n, L-1], 0 elsewhere
+        return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(
+            mask, values
+        )
+
+    return unpack(logprobs), None if entropy is None else unpack(entropy)
+
+
+def micro_batches(
+    lengths: list[int], micro_batch_size: int, max_tokens: int = 0, packed: bool = True
+) -> list[list[int]]:
+    """Consecutive groups of row indices, one per forward pass.
+
+    max_tokens = 0: micro_batch_size rows each. Otherwise as many rows as fit the budget, counted
+    as the forward computes them: real tokens when packed, rows x longest row when padded. A row
+    longer than the budget goes alone.
+    """
+    if max_tokens <= 0:
+        return [
+            list(range(i, min(i + micro_batch_size, len(lengths))))
+            for i in range(0, len(lengths), micro_batch_size)
+        ]
+    groups: list[list[int]] = [[]]
+    total = longest = 0
+    for i, n in enumerate(lengths):
+        total, longest = total + n, max(longest, n)
+        cost = total if packed else (len(groups[-1]) + 1) * longest
+        if groups[-1] and cost > max_tokens:
+            groups.append([])
+            total = longest = n
+        groups[-1].append(i)
+    return [g for g in groups if g]
+
+
 @torch.no_grad()
 def rollout_logprobs(
-    policy: Policy, batch: TrainBatch, micro_batch_size: int, with_entropy: bool
+    policy: Policy,
+    batch: TrainBatch,
+    micro_batch_size: int,
+    with_entropy: bool,
+    *,
+    max_tokens_per_micro_batch: int = 0,
+    sequence_packing: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs of every rollout in micro-batches, padded back to the batch width (no grad)."""
     width = batch.input_ids.shape[1] - 1
@@ -112,12 +185,14 @@ def rollout_logprobs(
     was_training = policy.core.training
     policy.core.eval()
     try:
-        for start in range(0, len(batch), micro_batch_size):
-            micro = batch.rows(slice(start, start + micro_batch_size))
-            lp, ent = token_logprobs(policy, micro, with_entropy)
-            logprobs[start : start + len(micro), : lp.shape[1]] = lp.cpu()
+        for pick in micro_batches(
+            batch.lengths, micro_batch_size, max_tokens_per_micro_batch, sequence_packing
+        ):
+            micro = batch.rows(pick)
+            lp, ent = token_logprobs(policy, micro, with_entropy, sequence_packing)
+            logprobs[pick, : lp.shape[1]] = lp.cpu()
             if entropy is not None:
-                entropy[start : start + len(micro), : ent.shape[1]] = ent.cpu()
+                entropy[pick, : ent.shape[1]] = ent.cpu()
     finally:
         policy.core.train(was_training)
     return logprobs, entropy
@@ -140,6 +215,9 @@ def grpo_update(
     loss_cfg: LossConfig,
     micro_batch_size: int,
     num_minibatches: int,
+    *,
+    max_tokens_per_micro_batch: int = 0,
+    sequence_packing: bool = True,
 ) -> dict[str, float]:
     """num_minibatches optimizer updates over the batch; metrics averaged over updates."""
     totals: dict[str, float] = {}
@@ -149,8 +227,14 @@ def grpo_update(
         num_tokens, num_seqs = global_counts(batch.target_mask[rows])
         optimizer.zero_grad()
         sums: dict[str, float] = {}
-        for start in range(0, size, micro_batch_size):
-            pick = rows[start : start + micro_batch_size]
+        lengths = batch.lengths
+        for part in micro_batches(
+            [lengths[i] for i in rows],
+            micro_batch_size,
+            max_tokens_per_micro_batch,
+            sequence_packing,
+        ):
+            pick = [rows[i] for i in part]
             metrics = _grpo_micro_step(
                 policy,
                 batch.rows(pick),
@@ -159,15 +243,23 @@ def grpo_update(
                 loss_cfg,
                 num_tokens,
                 num_seqs,
+                sequence_packing,
             )
             for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value
+                _add_metric(sums, key, value)
+        maxima = {
+            k: parallel.all_reduce_max(sums.pop(k), parallel.data_parallel_group())
+            for k in list(sums)
+            if k.endswith("_max")
+        }
         sums = dict(
             zip(sums, parallel.all_reduce_sum(list(sums.values()), parallel.data_parallel_group()))
         )
         sums["grad_norm"] = optimizer.step()
         for key, value in sums.items():
             totals[key] = totals.get(key, 0.0) + value / num_minibatches
+        for key, value in maxima.items():
+            _add_metric(totals, key, value)
     return totals
 
 
@@ -179,15 +271,17 @@ def _grpo_micro_step(
     loss_cfg: LossConfig,
     num_tokens: float,
     num_seqs: float,
+    packed: bool = True,
 ) -> dict[str, float]:
     device = parallel.info().device
     width = micro.input_ids.shape[1] - 1
-    logprobs, _ = token_logprobs(policy, micro)
+    logprobs, _ = token_logprobs(policy, micro, packed=packed)
     mask = micro.target_mask.to(device)
     old = old_lp[:, :width].to(device)
     kl = None
     if ref_lp is not None:
         kl = grpo.kl_estimate(logprobs, ref_lp[:, :width].to(device), loss_cfg.kl_type)
+    is_weights, is_metrics = _importance_weights(loss_cfg, old, micro, mask, num_tokens)
     loss, metrics = grpo.clipped_pg_loss(
         logprobs,
         old,
@@ -200,22 +294,50 @@ def _grpo_micro_step(
         loss_cfg.token_level_loss,
         num_tokens,
         num_seqs,
+        ratio_level=loss_cfg.ratio_level,
+        is_weights_BT=is_weights,
     )
     _backward(loss)
-    return {key: float(value) for key, value in metrics.items()}
+    return {key: float(value) for key, value in {**metrics, **is_metrics}.items()}
+
+
+def _importance_weights(loss_cfg: LossConfig, old, micro: TrainBatch, mask, num_tokens):
+    """TIS/MIS weights from the generator's vs the trainer's logprobs (None when off)."""
+    cfg = loss_cfg.importance_sampling
+    if cfg.mode not in ("tis", "mis"):  # off (auto is resolved by the caller: effective_loss)
+        return None, {}
+    gen = micro.gen_logprobs.to(mask.device)
+    weights, clipped = grpo.importance_weights(old, gen, mask, cfg.mode, cfg.cap, cfg.mask_below)
+    return weights, grpo.importance_metrics(weights, clipped, mask, num_tokens)
+
+
+def _add_metric(sums: dict[str, float], key: str, value: float) -> None:
+    """Micro-batch metrics are shares that add up; `*_max` metrics take the maximum."""
+    if key.endswith("_max"):
+        sums[key] = max(sums.get(key, value), value)
+    else:
+        sums[key] = sums.get(key, 0.0) + value
 
 
 def sft_update(
-    policy: Policy, optimizer: Optimizer, batch: TrainBatch, micro_batch_size: int
+    policy: Policy,
+    optimizer: Optimizer,
+    batch: TrainBatch,
+    micro_batch_size: int,
+    *,
+    max_tokens_per_micro_batch: int = 0,
+    sequence_packing: bool = True,
 ) -> float:
     """One supervised step: mean negative logprob of the target tokens; returns the loss."""
     num_tokens, _ = global_counts(batch.target_mask)
     optimizer.zero_grad()
     total = 0.0
     device = parallel.info().device
-    for start in range(0, len(batch), micro_batch_size):
-        micro = batch.rows(slice(start, start + micro_batch_size))
-        logprobs, _ = token_logprobs(policy, micro)
+    for pick in micro_batches(
+        batch.lengths, micro_batch_size, max_tokens_per_micro_batch, sequence_packing
+    ):
+        micro = batch.rows(pick)
+        logprobs, _ = token_logprobs(policy, micro, packed=sequence_packing)
         mask = micro.target_mask.to(device)
         loss = -(logprobs * mask).sum() / num_tokens
         _backward(loss)

@@ -1,0 +1,159 @@
+"""Sequence packing, token-budget micro-batches and vision-feature reuse change no number.
+
+The padded path (every row padded to the longest, full [B, T, T] attention mask, logits at every
+position) is the reference: the packed path must give the same logprobs, entropies, losses and
+gradients on the real tiny megatron-core models, in fp32 on CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlflow.generation.base import Completion
+from rlflow.model.vision_cache import VisionCache
+from rlflow.train.rollouts import build_train_batch
+from rlflow.train.update import micro_batches, rollout_logprobs, token_logprobs
+from tests.tiny import FP32, SINGLE, mixed_prompts
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
+# Response lengths per rollout: ragged, from one token to a dozen.
+RESPONSE_LENGTHS = [5, 1, 12, 3, 7, 9, 2, 6]
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_processor):
+    image, text, video, image2 = mixed_prompts(tiny_processor)
+    return {
+        "image": [image, image2],
+        "video": [video],
+        "text": [text],
+        "mixed": [image, text, video, image2],
+    }
+
+
+def rollout_batch(policy, pad_token_id, prompts, group=2, seed=0):
+    """`group` rollouts per prompt (the same Prompt object, as in GRPO), ragged random answers.
+
+    One answer holds the image pad token: generated text, never a media slot.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    rows = [p for p in prompts for _ in range(group)]
+    completions = []
+    for i, _ in enumerate(rows):
+        n = RESPONSE_LENGTHS[i % len(RESPONSE_LENGTHS)]
+        ids = torch.randint(0, 500, (n,), generator=generator).tolist()
+        if i == 2 and policy.is_multimodal:
+            ids[-1] = policy.image_token_id
+        completions.append(Completion(ids, [0.0] * n, "length"))
+    advantages = torch.randn(len(rows), generator=generator).tolist()
+    media = policy.media_tokens
+    return build_train_batch(
+        rows, completions, advantages, media.image, media.video, media.merge_size, pad_token_id
+    )
+
+
+def assert_close_on_targets(packed, padded, mask, tol=1e-5):
+    assert packed.shape == padded.shape
+    diff = (packed - padded).abs()[mask]
+    assert diff.numel() == int(mask.sum()) > 0
+    assert float(diff.max()) <= tol, float(diff.max())
+    assert torch.all(packed[~mask] == 0)  # packed computes targets only
+
+
+@pytest.mark.parametrize("kind", ["image", "video", "text", "mixed"])
+def test_packed_logprobs_equal_padded(kind, tiny_policy, tiny_processor, prompts):
+    batch = rollout_batch(tiny_policy, tiny_processor.tokenizer.pad_token_id, prompts[kind])
+    with torch.no_grad():
+        padded, padded_entropy = token_logprobs(tiny_policy, batch, True, packed=False)
+        packed, packed_entropy = token_logprobs(tiny_policy, batch, True, packed=True)
+    assert_close_on_targets(packed, padded, batch.target_mask)
+    assert_close_on_targets(packed_entropy, padded_entropy, batch.target_mask)
+
+
+def test_packed_logprobs_equal_padded_text_only_qwen3(single_rank, tmp_path_factory):
+    """Plain RoPE (no mrope): positions restart in every packed row."""
+    from transformers import AutoTokenizer
+
+    from rlflow.generation.base import Prompt
+    from rlflow.model.build import load_policy
+    from rlflow.model.forward import Media
+    from rlflow.model.tiny import write_tiny_text_checkpoint
+
+    path = write_tiny_text_checkpoint(tmp_path_factory.mktemp("qwen3"), family="qwen3")
+    policy = load_policy(path, FP32, SINGLE, trainable=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    prompts = []
+    for i, question in enumerate(["How many?", "Count the red squares and the blue circles."]):
+        ids = tokenizer(question)["input_ids"]
+        prompts.append(Prompt(f"t{i}", question, tuple(ids), True, Media()))
+    batch = rollout_batch(policy, tokenizer.pad_token_id, prompts, group=3)
+    with torch.no_grad():
+        padded, _ = token_logprobs(policy, batch, packed=False)
+        packed, _ = token_logprobs(policy, batch, packed=True)
+    assert_close_on_targets(packed, padded, batch.target_mask)
+
+
+def test_micro_batches_by_rows_or_token_budget():
+    lengths = [10, 30, 5, 50, 20, 20]
+    assert micro_batches(lengths, 4) == [[0, 1, 2, 3], [4, 5]]
+    # packed: real tokens; the 50-token row is longer than the budget and goes alone
+    assert micro_batches(lengths, 4, max_tokens=40) == [[0, 1], [2], [3], [4, 5]]
+    # padded: rows x longest row
+    assert micro_batches(lengths, 4, max_tokens=60, packed=False) == [[0, 1], [2], [3], [4, 5]]
+    assert micro_batches(lengths, 1, max_tokens=1000) == [[0, 1, 2, 3, 4, 5]]
+
+
+def test_budgeted_packed_rollout_logprobs_equal_padded(tiny_policy, tiny_processor, prompts):
+    batch = rollout_batch(tiny_policy, tiny_processor.tokenizer.pad_token_id, prompts["mixed"])
+    padded, padded_entropy = rollout_logprobs(tiny_policy, batch, 3, True, sequence_packing=False)
+    budget = max(batch.lengths) + 10  # several micro-batches of different row counts
+    assert 1 < len(micro_batches(batch.lengths, 3, budget)) < len(batch)
+    packed, packed_entropy = rollout_logprobs(
+        tiny_policy, batch, 3, True, max_tokens_per_micro_batch=budget
+    )
+    assert_close_on_targets(packed, padded, batch.target_mask)
+    assert_close_on_targets(packed_entropy, padded_entropy, batch.target_mask)
+
+
+@pytest.fixture(scope="module")
+def trainable(single_rank, tiny_ckpt):
+    from rlflow.model.build import load_policy
+
+    return load_policy(tiny_ckpt, FP32, SINGLE, trainable=True)
+
+
+def loss_and_grads(policy, batch, cache: VisionCache):
+    """GRPO update metrics (loss terms, grad norm) and the gradients it leaves (lr 0)."""
+    from rlflow.recipe.load import load_recipe
+    from rlflow.train.update import Optimizer, grpo_update
+
+    policy.extra["vision_cache"] = cache
+    old, _ = rollout_logprobs(policy, batch, len(batch), False)  # fills the cache (no grad)
+    optimizer = Optimizer.create(policy, 0.0, 0.0, 0.9, 0.999, 1e-8, 0.0)
+    loss_cfg = load_recipe(RECIPE, ["loss.kl_penalty=0"]).recipe.loss
+    shifted = old + 0.05 * batch.target_mask  # ratios away from 1: clipping takes part
+    metrics = grpo_update(policy, optimizer, batch, shifted, None, loss_cfg, 3, 1)
+    grads = {
+        name: p.main_grad.clone()
+        for name, p in policy.core.named_parameters()
+        if p.requires_grad and p.main_grad is not None
+    }
+    return metrics, grads
+
+
+def test_vision_feature_reuse_gives_the_same_loss_and_gradients(trainable, tiny_processor, prompts):
+    batch = rollout_batch(trainable, tiny_processor.tokenizer.pad_token_id, prompts["mixed"])
+    fresh_metrics, fresh_grads = loss_and_grads(trainable, batch, VisionCache(enabled=False))
+    cache = VisionCache(enabled=True)
+    metrics, grads = loss_and_grads(trainable, batch, cache)
+    # three prompts with media, each run through the tower once for both passes
+    assert cache.computed == 3
+    assert metrics.keys() == fresh_metrics.keys()
+    for key, value in metrics.items():
+        assert value == pytest.approx(fresh_metrics[key], rel=1e-6, abs=1e-7), key
+    assert grads.keys() == fresh_grads.keys() and any(g.abs().sum() > 0 for g in grads.values())
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, fresh_grads[name], rtol=1e-5, atol=1e-7, msg=name)
