@@ -76,11 +76,9 @@ class HFGeneration(GenerationBackend):
         return time.perf_counter() - start
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
-        out = []
-        for start in range(0, len(prompts), self.max_batch_size):
-            out += self._batch(
-                prompts[start : start + self.max_batch_size], params, params.seed + start
-            )
+        out, size = [], self.max_batch_size or len(prompts)
+        for start in range(0, len(prompts), size):
+            out += self._batch(prompts[start : start + size], params, params.seed + start)
         return out
 
     @torch.no_grad()

@@ -63,7 +63,7 @@ class VLLMGeneration(GenerationBackend):
             "model": str(policy.checkpoint),
             "dtype": _dtype_name(policy),
             "max_model_len": max_model_len,
-            "max_num_seqs": gen_cfg.max_batch_size,
+            "max_num_seqs": gen_cfg.max_batch_size or 256,
             "enforce_eager": self.cfg.enforce_eager,
             "gpu_memory_utilization": self.cfg.gpu_memory_utilization,
             "limit_mm_per_prompt": MEDIA_LIMITS,

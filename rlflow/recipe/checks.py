@@ -56,6 +56,7 @@ def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
         _datasets,
         _rewards,
         _grpo,
+        _variants,
         _generation,
         _parallel_sizes,
         _slurm,
@@ -228,11 +229,19 @@ def _datasets(loaded: LoadedRecipe) -> list[Diagnostic]:
 
 
 def _rewards(loaded: LoadedRecipe) -> list[Diagnostic]:
-    from rlflow.data.rewards import REWARDS  # pure Python, no torch
+    from rlflow.data.rewards import REWARDS, is_import_path  # pure Python, no torch
+    from rlflow.data.user_rewards import check_import_path  # reads source, imports nothing
 
     problems = []
     for name, weight in loaded.recipe.rewards.items():
-        if name not in REWARDS:
+        problem = check_import_path(name) if is_import_path(name) else None
+        if problem:
+            problems.append(
+                loaded.diagnostic(
+                    ("rewards", name), "recipe.reward-import", problem[0], help=problem[1]
+                )
+            )
+        elif not is_import_path(name) and name not in REWARDS:
             close = [n for n in REWARDS if n.startswith(name[:3])]
             problems.append(
                 loaded.diagnostic(
@@ -260,7 +269,126 @@ def _rewards(loaded: LoadedRecipe) -> list[Diagnostic]:
                 "`rewards` needs at least one reward with a positive weight",
             )
         )
+    return problems + _scoring(loaded)
+
+
+def _scoring(loaded: LoadedRecipe) -> list[Diagnostic]:
+    from rlflow.data.rewards import REWARDS, is_import_path
+    from rlflow.data.user_rewards import check_import_path
+
+    scoring = loaded.recipe.scoring
+    problems = []
+    reward = scoring.accuracy.split("/", 1)[0]
+    problem = None
+    if is_import_path(reward):
+        if reward not in loaded.recipe.rewards:
+            problem = check_import_path(reward)
+    elif reward not in REWARDS:
+        problem = (
+            f"`scoring.accuracy` names `{reward}`, which is not a known reward",
+            "name a reward (known: " + ", ".join(sorted(REWARDS)) + "), an import path "
+            "package.module:function, or reward/component for a reward that returns a dict",
+        )
+    if problem:
+        problems.append(
+            loaded.diagnostic(
+                ("scoring", "accuracy"), "recipe.unknown-reward", problem[0], help=problem[1]
+            )
+        )
+    if scoring.num_workers < 0:
+        problems.append(
+            loaded.diagnostic(
+                ("scoring", "num_workers"), "recipe.range", "`scoring.num_workers` must be >= 0"
+            )
+        )
+    if not scoring.timeout_s > 0:
+        problems.append(
+            loaded.diagnostic(
+                ("scoring", "timeout_s"), "recipe.range", "`scoring.timeout_s` must be positive"
+            )
+        )
     return problems
+
+
+def _variants(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """GSPO, overlong shaping, importance sampling, dynamic sampling: keys that go together."""
+    loss, recipe = loaded.recipe.loss, loaded.recipe
+    problems = []
+    if loss.ratio_level == "sequence" and loss.token_level_loss:
+        problems.append(
+            loaded.diagnostic(
+                ("loss", "ratio_level"),
+                "recipe.gspo",
+                "`loss.ratio_level: sequence` (GSPO) needs `loss.token_level_loss: false`",
+                help="GSPO averages per sequence; set loss.token_level_loss: false (as NeMo-RL "
+                "requires with sequence_level_importance_ratios)",
+            )
+        )
+    overlong = loss.overlong_penalty
+    max_new = recipe.generation.max_new_tokens
+    if overlong.enabled and not 1 <= overlong.buffer_tokens <= max_new:
+        problems.append(
+            loaded.diagnostic(
+                ("loss", "overlong_penalty", "buffer_tokens"),
+                "recipe.range",
+                f"`loss.overlong_penalty.buffer_tokens` ({overlong.buffer_tokens}) must be "
+                f"between 1 and generation.max_new_tokens ({max_new})",
+                help="the penalty ramps up over the last buffer_tokens of the generation budget",
+            )
+        )
+    if overlong.penalty < 0:
+        problems.append(
+            loaded.diagnostic(
+                ("loss", "overlong_penalty", "penalty"),
+                "recipe.range",
+                "`loss.overlong_penalty.penalty` must not be negative",
+            )
+        )
+    sampling = loss.importance_sampling
+    if not sampling.cap > 0:
+        problems.append(
+            loaded.diagnostic(
+                ("loss", "importance_sampling", "cap"),
+                "recipe.range",
+                "`loss.importance_sampling.cap` must be positive",
+            )
+        )
+    elif not 0 <= sampling.mask_below <= sampling.cap:
+        problems.append(
+            loaded.diagnostic(
+                ("loss", "importance_sampling", "mask_below"),
+                "recipe.range",
+                f"`loss.importance_sampling.mask_below` must be between 0 and cap ({sampling.cap})",
+            )
+        )
+    if recipe.grpo.dynamic_sampling.max_extra_rounds < 0:
+        problems.append(
+            loaded.diagnostic(
+                ("grpo", "dynamic_sampling", "max_extra_rounds"),
+                "recipe.range",
+                "`grpo.dynamic_sampling.max_extra_rounds` must not be negative",
+            )
+        )
+    problems += _prompt_template(loaded)
+    return problems
+
+
+def _prompt_template(loaded: LoadedRecipe) -> list[Diagnostic]:
+    from rlflow.data.prompts import template_fields
+
+    try:
+        template_fields(loaded.recipe.data.prompt_template)
+    except ValueError as exc:
+        return [
+            loaded.diagnostic(
+                ("data", "prompt_template"),
+                "recipe.prompt-template",
+                f"`data.prompt_template` is not a valid template: {exc}",
+                help='use {question} and JSONL column names in braces, e.g. "{question} Hint: '
+                '{hint}"; write {{ and }} for literal braces',
+            )
+        ]
+    return []
 
 
 def _grpo(loaded: LoadedRecipe) -> list[Diagnostic]:
@@ -298,6 +426,7 @@ def _grpo(loaded: LoadedRecipe) -> list[Diagnostic]:
         ("loss", "kl_penalty", loss.kl_penalty),
         ("optimizer", "max_grad_norm", opt.max_grad_norm),
         ("optimizer", "weight_decay", opt.weight_decay),
+        ("optimizer", "max_tokens_per_micro_batch", opt.max_tokens_per_micro_batch),
     ]:
         if value < 0:
             problems.append(
@@ -369,12 +498,12 @@ def _generation(loaded: LoadedRecipe) -> list[Diagnostic]:
                 help="0 disables top-k",
             )
         )
-    if gen.max_batch_size < 1:
+    if gen.max_batch_size < 0:
         problems.append(
             loaded.diagnostic(
                 ("generation", "max_batch_size"),
                 "recipe.range",
-                "`generation.max_batch_size` must be at least 1",
+                "`generation.max_batch_size` must be 0 (sized from free memory) or more",
             )
         )
     return problems + _vllm(loaded)

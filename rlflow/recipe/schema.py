@@ -51,8 +51,15 @@ class DataConfig:
     max_objects: int  # synthetic scenes hold 1..max_objects objects
     mix: dict[str, float]  # kind=mixed: share of "clevr", "video" and "text" rows
     prompt_suffix: str  # appended to every question (tells the model the answer format)
+    prompt_template: str  # jsonl rows: the question, from {question} and any column, e.g. {hint}
     max_prompt_tokens: int
     video: VideoConfig
+
+
+@dataclass(frozen=True)
+class DynamicSamplingConfig:
+    enabled: bool  # DAPO: drop groups whose rewards are all equal, generate more to refill
+    max_extra_rounds: int  # extra generation rounds per step before the run stops with an error
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,21 @@ class GRPOConfig:
     val_at_start: bool
     val_at_end: bool
     max_val_samples: int
+    dynamic_sampling: DynamicSamplingConfig
+
+
+@dataclass(frozen=True)
+class OverlongPenaltyConfig:
+    enabled: bool  # DAPO's soft overlong punishment, added to the reward
+    buffer_tokens: int  # the penalty ramps over the last buffer_tokens before max_new_tokens
+    penalty: float  # reward subtracted at max_new_tokens
+
+
+@dataclass(frozen=True)
+class ImportanceSamplingConfig:
+    mode: Literal["auto", "off", "tis", "mis"]  # auto: tis for vllm/hf rollouts, off for megatron
+    cap: float  # tis: weights truncated at cap; mis: sequences above cap are masked
+    mask_below: float  # mis: sequences whose weight is below this are masked too
 
 
 @dataclass(frozen=True)
@@ -78,6 +100,9 @@ class LossConfig:
     token_level_loss: (
         bool  # true: mean over all tokens; false: mean per sequence, then over sequences
     )
+    ratio_level: Literal["token", "sequence"]  # sequence: GSPO's one ratio per sequence
+    overlong_penalty: OverlongPenaltyConfig
+    importance_sampling: ImportanceSamplingConfig
 
 
 @dataclass(frozen=True)
@@ -88,7 +113,9 @@ class OptimizerConfig:
     adam_beta2: float
     adam_eps: float
     max_grad_norm: float  # 0 disables clipping
-    micro_batch_size: int  # rollouts per forward/backward pass
+    micro_batch_size: int  # rollouts per forward/backward pass (max_tokens_per_micro_batch = 0)
+    max_tokens_per_micro_batch: int  # > 0: token budget per forward/backward pass instead
+    sequence_packing: bool  # micro-batches as one packed sequence of real tokens (no padding)
 
 
 @dataclass(frozen=True)
@@ -132,7 +159,7 @@ class GenerationConfig:
     top_p: float
     top_k: int  # 0 disables top-k
     val_temperature: float  # 0 = greedy validation
-    max_batch_size: int  # rollouts per generate call
+    max_batch_size: int  # rollouts per generation pass; 0: from free memory (megatron)
     cuda_graphs: bool  # megatron backend on GPUs: replay the decode step as a CUDA graph
     compile_decode: bool  # megatron backend: torch.compile the decode layer (fuses small kernels)
     vllm: VllmConfig
@@ -161,6 +188,27 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class WatchdogConfig:
+    enabled: bool  # the node launcher ends a job whose rank stops making progress
+    startup_timeout_s: int  # rank start -> recipe read, torch imported, process group up
+    preflight_timeout_s: int  # the in-job node checks and their all-reduce
+    model_load_timeout_s: int  # building or loading the policy and reference
+    checkpoint_timeout_s: int  # one checkpoint save
+    phase_timeout_s: int  # any other phase of a step (generation, logprobs, training, ...)
+    collective_timeout_s: int  # torch.distributed's own timeout for one collective
+
+
+@dataclass(frozen=True)
+class PreflightConfig:
+    enabled: bool  # check every node before any model is loaded
+    gemm_size: int  # n of the n x n matrix product compared with the CPU (GPU nodes)
+    gemm_tolerance: float  # largest relative difference accepted
+    allreduce_mb: int  # size of the all-reduce whose bandwidth is logged
+    min_free_disk_gb: float  # free space the run directory needs besides a checkpoint's size
+    required_env: list[str]  # variables every node must have set (e.g. ["HF_HOME"])
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     tensorboard: bool
     progress_bar: bool
@@ -181,6 +229,10 @@ class SlurmConfig:
     setup_command: str | None  # run once per node before training (e.g. build a venv)
     signal_grace_seconds: int  # Slurm sends SIGUSR1 this long before the time limit
     max_requeues: int  # requeue after a time-limit warning at most this many times
+    max_failure_retries: (
+        int  # requeue after a node failure (hang, preflight, lost node), excluding it
+    )
+    stop_signal: Literal["USR1", "HUP"]  # the time-limit warning (USR2 is the stack-dump signal)
     rlflow_command: (
         str  # how the nodes run rlflow, e.g. "uv run --frozen rlflow" or ".venv/bin/rlflow"
     )
@@ -188,11 +240,19 @@ class SlurmConfig:
 
 
 @dataclass(frozen=True)
+class ScoringConfig:
+    accuracy: str  # the reward (or reward/component) whose mean is reported as accuracy
+    num_workers: int  # processes that run rewards from user code; 0 runs them in the trainer
+    timeout_s: float  # one call of a user reward on one batch must return within this
+
+
+@dataclass(frozen=True)
 class Recipe:
     run: RunConfig
     model: ModelConfig
     data: DataConfig
-    rewards: dict[str, float]  # reward name -> weight (rlflow.data.rewards.REWARDS)
+    rewards: dict[str, float]  # registered name or package.module:function -> weight
+    scoring: ScoringConfig
     grpo: GRPOConfig
     loss: LossConfig
     optimizer: OptimizerConfig
@@ -202,4 +262,6 @@ class Recipe:
     cluster: ClusterConfig
     checkpointing: CheckpointConfig
     logging: LoggingConfig
+    watchdog: WatchdogConfig
+    preflight: PreflightConfig
     slurm: SlurmConfig
