@@ -72,7 +72,7 @@ class MegatronGeneration(GenerationBackend):
         device = next(policy.core.parameters()).device
         self.device = device
         self.cuda_graphs = cuda_graphs and device.type == "cuda"  # graphs exist on GPUs only
-        self.compile_decode = compile_decode
+        self.compile_decode = compile_decode and self.cuda_graphs  # compiled for GPU graphs only
         self.share_prompts = share_prompts
         self._decoder: Decoder | None = None
         self._cache: KVCache | None = None  # GPU: kept across calls (the graphs point into it)
