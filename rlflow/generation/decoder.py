@@ -120,12 +120,10 @@ class Decoder:
         self.dims = Dims(heads, kv_heads, head_dim, config.layernorm_epsilon, scale, tp_group)
         self._decode_layer = decode_layer
         if compile_decode:
-            # Fuses each layer's norms, rotary and elementwise work; one graph serves every layer
-            # (same shapes), recompiled once per batch bucket.
-            import torch._dynamo
-
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self._decode_layer = torch.compile(decode_layer, dynamic=False)
+            # Fuses each layer's norms, rotary and elementwise work; one graph serves every layer.
+            # The batch bucket changes as rows retire: after the second size, dynamo compiles one
+            # shape-generic graph for all of them (two compiles in all, not one per bucket).
+            self._decode_layer = torch.compile(decode_layer)
 
     def new_cache(self, rows: int, length: int, dtype, device) -> KVCache:
         d = self.dims
