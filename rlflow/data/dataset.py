@@ -40,10 +40,18 @@ def build_dataset(
                 Diagnostic(
                     "data.jsonl-path",
                     f"`data.{split}.kind` is jsonl, but `data.{split}.path` is not set",
-                    help=f"set data.{split}.path to a JSONL file with image, problem and solution fields",
+                    help=f"set data.{split}.path to a JSONL file (or a directory of them) "
+                    "with problem and solution fields",
                 )
             )
-        return JsonlDataset(split_cfg.path, split_cfg.image_root, split_cfg.num_samples, split)
+        return JsonlDataset(
+            split_cfg.path,
+            split_cfg.image_root,
+            split_cfg.num_samples,
+            split,
+            template=data_cfg.prompt_template,
+            num_frames=data_cfg.video.num_frames,
+        )
     spec = SceneSpec(
         data_cfg.image_size, data_cfg.max_objects, data_cfg.video.num_frames, condition
     )

@@ -1,46 +1,68 @@
-"""Real data in the CLEVR-CoGenT / R1-V JSONL layout: one JSON object per line.
+"""Your own data: JSONL files (one JSON object per line), or a directory of them.
 
     {"image": "images/000017.png", "problem": "How many items are there?", "solution": "<answer> 3 </answer>"}
+    {"video": "clips/7.gif", "question": "What moves first?", "answer": "the cube", "difficulty": 2}
+    {"question": "What is 2 + 3?", "answer": "5"}
 
-`image` (or `image_path`) is relative to `image_root` (by default the JSONL file's directory);
-`solution` is "<answer> N </answer>", a bare answer, or a number. Every used line is checked when
-the dataset is built, so a bad row fails before the job spends GPU time; images are opened only
-when a row is read.
+- question: `problem`, `question` or `prompt`; answer: `solution` or `answer` ("<answer> N
+  </answer>", a bare answer, or a number). Both are required.
+- media (optional; a row with neither is text-only): `image` / `image_path` (a path, or a list
+  of paths) or `video` (an animated GIF/WebP/PNG, a directory of frame images, a list of frame
+  paths, or a video file when PyAV is installed). Paths are relative to `image_root`, by
+  default the JSONL file's directory; absolute paths work too.
+- `id` names the row (default `file.jsonl:LINE`); every other column is passed to rewards
+  (`RewardBatch.fields`) and to the prompt template (`data.prompt_template`, "{question}").
+
+Every used line is checked when the dataset is built, so a bad row fails before the job
+spends GPU time. Images and videos are decoded when a row is read; a file that cannot be
+decoded then is an error naming its JSONL file, line and field.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from rlflow.data.prompts import render_question, template_fields
 from rlflow.data.rewards import extract_answer
 from rlflow.data.sample import Sample
 from rlflow.errors import Diagnostic, RlflowError
 
-IMAGE_KEYS = ("image", "image_path")
+IMAGE_KEYS = ("image", "image_path", "images")
+QUESTION_KEYS = ("problem", "question", "prompt")
+ANSWER_KEYS = ("solution", "answer")
+FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 MAX_REPORTED = 10  # problems listed before the rest are summarised as a count
 # Literal media markers in a problem would add a second set of image tokens to the prompt
 # (NeMo-RL #3494: 601 placeholders for 600 features); the chat template places the image itself.
 _MEDIA_MARKER_RE = re.compile(r"<image>|<video>", re.IGNORECASE)
 _HELP_LAYOUT = (
     'each line must be a JSON object like {"image": "a.png", "problem": "How many ...?", '
-    '"solution": "<answer> 3 </answer>"}'
+    '"solution": "<answer> 3 </answer>"} (image or video optional)'
 )
 
 
 @dataclass(frozen=True)
 class JsonlRow:
     id: str
-    image_path: Path
+    file: Path
     line: int
     question: str
     answer: str
+    image_paths: tuple[Path, ...] = ()
+    video: tuple[Path, ...] | Path | None = None  # frame files, or one file/directory
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def image_path(self) -> Path:  # the first image (single-image rows)
+        return self.image_paths[0]
 
 
 class JsonlDataset:
-    """Rows of a JSONL file (the first `num_samples`); images are read on access."""
+    """Rows of a JSONL file or directory (the first `num_samples`); media read on access."""
 
     def __init__(
         self,
@@ -48,67 +70,153 @@ class JsonlDataset:
         image_root: str | Path | None,
         num_samples: int,
         split: str = "<split>",
+        template: str = "{question}",
+        num_frames: int | None = None,
     ):
         self.path = Path(path)
-        self.rows = read_rows(self.path, image_root, num_samples, split)
+        self.num_frames = num_frames
+        self.rows = read_rows(self.path, image_root, num_samples, split, template, num_frames)
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, index: int) -> Sample:
         row = self.rows[index]  # IndexError past the end, as a sequence should
+        images = tuple(self._open(row, p, "image") for p in row.image_paths)
+        video = self._video(row) if row.video is not None else None
+        media = "video" if video is not None else "image" if images else "text"
         return Sample(
             id=row.id,
-            media="image",
+            media=media,
             question=row.question,
             answer=row.answer,
-            images=(self._open(row),),
+            images=images,
+            video=video,
             kind="jsonl",
             template="jsonl",
+            fields=row.fields,
         )
 
-    def _open(self, row: JsonlRow):
+    def _open(self, row: JsonlRow, path: Path, key: str):
         from PIL import Image, UnidentifiedImageError
 
         try:
-            with Image.open(row.image_path) as image:
+            with Image.open(path) as image:
                 return image.convert("RGB")
         except (OSError, UnidentifiedImageError) as exc:
-            raise RlflowError(
-                Diagnostic(
-                    "data.jsonl-bad-image",
-                    f"cannot read image {row.image_path}: {exc}",
-                    file=str(self.path),
-                    line=row.line,
-                    help="replace the file with a readable PNG/JPEG, or remove this line",
-                )
-            ) from exc
+            raise _read_error(row, key, f"cannot read image {path}: {exc}") from exc
+
+    def _video(self, row: JsonlRow) -> tuple:
+        frames = read_video(row, self._open)
+        if not frames:
+            raise _read_error(row, "video", f"video {row.video} has no frames")
+        return uniform_frames(frames, self.num_frames or len(frames))
+
+
+def _read_error(row: JsonlRow, key: str, message: str) -> RlflowError:
+    help = (
+        "replace the file with a readable PNG/JPEG, or remove this line"
+        if key == "image"
+        else "use an animated GIF/WebP/PNG, a directory of frame images or a list of frame "
+        "paths (video files need PyAV: pip install av), or remove this line"
+    )
+    return RlflowError(
+        Diagnostic(
+            "data.jsonl-bad-image" if key == "image" else "data.jsonl-bad-video",
+            f"`{key}`: {message}",
+            file=str(row.file),
+            line=row.line,
+            help=help,
+        )
+    )
+
+
+def read_video(row: JsonlRow, open_image) -> list:
+    """A row's video as RGB PIL frames, all the size of the first."""
+    from PIL import Image, ImageSequence
+
+    if isinstance(row.video, tuple):
+        frames = [open_image(row, p, "video") for p in row.video]
+    elif row.video.is_dir():
+        files = sorted(p for p in row.video.iterdir() if p.suffix.lower() in FRAME_SUFFIXES)
+        frames = [open_image(row, p, "video") for p in files]
+    else:
+        try:
+            with Image.open(row.video) as clip:
+                frames = [f.convert("RGB") for f in ImageSequence.Iterator(clip)]
+        except OSError as exc:
+            frames = _decode_with_av(row, exc)
+    size = frames[0].size if frames else None
+    return [f if f.size == size else f.resize(size) for f in frames]
+
+
+def _decode_with_av(row: JsonlRow, pil_error: Exception) -> list:
+    try:
+        import av  # optional: rlflow does not depend on it
+    except ImportError:
+        raise _read_error(
+            row, "video", f"cannot read video {row.video}: {pil_error} (and PyAV is not installed)"
+        ) from pil_error
+    try:
+        with av.open(str(row.video)) as container:
+            return [frame.to_image().convert("RGB") for frame in container.decode(video=0)]
+    except Exception as exc:  # PyAV raises its own error types per codec problem
+        raise _read_error(row, "video", f"cannot read video {row.video}: {exc}") from exc
+
+
+def uniform_frames(frames: list, num_frames: int) -> tuple:
+    """num_frames frames spread evenly over the clip (repeating frames of a short clip)."""
+    if num_frames == len(frames):
+        return tuple(frames)
+    step = len(frames) / num_frames
+    return tuple(frames[min(int(i * step), len(frames) - 1)] for i in range(num_frames))
+
+
+def jsonl_files(path: Path) -> list[Path]:
+    """A JSONL file, or the *.jsonl files of a directory in name order."""
+    return sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
 
 
 def read_rows(
-    path: Path, image_root: str | Path | None, num_samples: int, split: str = "<split>"
+    path: Path,
+    image_root: str | Path | None,
+    num_samples: int,
+    split: str = "<split>",
+    template: str = "{question}",
+    num_frames: int | None = None,
 ) -> list[JsonlRow]:
     """Parse and check the first `num_samples` rows; raise with every problem found."""
-    if not path.is_file():
+    if not path.exists():
         raise RlflowError(
             Diagnostic(
                 "data.jsonl-missing-file",
                 f"JSONL file {path} does not exist",
-                help=f"set data.{split}.path to an existing file (relative paths start at the "
-                "directory rlflow runs in)",
+                help=f"set data.{split}.path to an existing file or directory (relative paths "
+                "start at the directory rlflow runs in)",
             )
         )
-    root = Path(image_root) if image_root is not None else path.parent
+    files = jsonl_files(path)
+    if not files:
+        raise RlflowError(
+            Diagnostic(
+                "data.jsonl-empty",
+                f"directory {path} has no *.jsonl files",
+                help=f"point data.{split}.path at a .jsonl file or a directory of them",
+            )
+        )
+    context = _Context(split, template, template_fields(template), num_frames)
     rows: list[JsonlRow] = []
     problems: list[Diagnostic] = []
-    with path.open(encoding="utf-8") as lines:
-        for number, text in enumerate(lines, start=1):
-            if len(rows) >= num_samples:
-                break
-            if text.strip():
-                row = _parse_line(text, number, path, root, split, problems)
-                if row is not None:
-                    rows.append(row)
+    for file in files:
+        root = Path(image_root) if image_root is not None else file.parent
+        with file.open(encoding="utf-8") as lines:
+            for number, text in enumerate(lines, start=1):
+                if len(rows) >= num_samples:
+                    break
+                if text.strip():
+                    row = _parse_line(text, number, file, root, context, problems)
+                    if row is not None:
+                        rows.append(row)
     if not rows and not problems:
         problems.append(
             Diagnostic(
@@ -123,8 +231,16 @@ def read_rows(
     return rows
 
 
+@dataclass(frozen=True)
+class _Context:
+    split: str
+    template: str
+    template_fields: list[str]
+    num_frames: int | None
+
+
 def _parse_line(
-    text: str, number: int, path: Path, root: Path, split: str, problems: list[Diagnostic]
+    text: str, number: int, path: Path, root: Path, ctx: _Context, problems: list[Diagnostic]
 ) -> JsonlRow | None:
     def problem(code: str, message: str, help: str = _HELP_LAYOUT, column: int | None = None):
         problems.append(
@@ -143,58 +259,152 @@ def _parse_line(
             "data.jsonl-bad-row", f"line {number} is a JSON {type(record).__name__}, not an object"
         )
         return None
-    image_key = next((k for k in IMAGE_KEYS if k in record), None)
-    missing = [k for k in ("problem", "solution") if k not in record]
-    if image_key is None:
-        missing.insert(0, "image")
+    question_key = next((k for k in QUESTION_KEYS if k in record), None)
+    answer_key = next((k for k in ANSWER_KEYS if k in record), None)
+    missing = [
+        name for name, key in (("problem", question_key), ("solution", answer_key)) if key is None
+    ]
     if missing:
         keys = ", ".join(f"`{k}`" for k in missing)
+        alternatives = {"problem": "`question` or `prompt`", "solution": "`answer`"}
         problem(
             "data.jsonl-missing-key",
             f"line {number} has no {keys} (it has: {', '.join(sorted(record)) or 'nothing'})",
+            help=_HELP_LAYOUT
+            + "; also accepted: "
+            + "; ".join(f"{alternatives[m]} for `{m}`" for m in missing),
         )
         return None
-    return _check_values(record, image_key, number, path, root, split, problem)
+    return _check_values(record, question_key, answer_key, number, path, root, ctx, problem)
 
 
 def _check_values(
-    record: dict, image_key: str, number: int, path: Path, root: Path, split: str, problem
+    record: dict, question_key: str, answer_key: str, number, path, root, ctx, problem
 ) -> JsonlRow | None:
-    image, question, solution = record[image_key], record["problem"], record["solution"]
-    bad = [
-        k
-        for k, v in ((image_key, image), ("problem", question))
-        if not isinstance(v, str) or not v.strip()
-    ]
+    question, solution = record[question_key], record[answer_key]
+    bad = [] if isinstance(question, str) and question.strip() else [question_key]
     if isinstance(solution, bool) or not isinstance(solution, str | int | float):
-        bad.append("solution")
+        bad.append(answer_key)
     if bad:
         problem(
             "data.jsonl-bad-value",
             f"line {number}: {', '.join(f'`{k}`' for k in bad)} must be a non-empty string"
-            + (" (or a number for `solution`)" if "solution" in bad else ""),
+            + (f" (or a number for `{answer_key}`)" if answer_key in bad else ""),
         )
         return None
     answer = _answer_from(solution)
     if not answer:
         problem(
             "data.jsonl-bad-value",
-            f"line {number}: `solution` {solution!r} holds no answer",
+            f"line {number}: `{answer_key}` {solution!r} holds no answer",
             help='write the answer bare ("3") or tagged ("<answer> 3 </answer>")',
         )
         return None
-    image_path = root / image  # an absolute `image` replaces the root
-    if not image_path.is_file():
+    media = _media_paths(record, number, root, ctx, problem)
+    if media is None:
+        return None
+    image_paths, video = media
+    used = {question_key, answer_key, "id", "video", *IMAGE_KEYS}
+    extras = {k: v for k, v in record.items() if k not in used}
+    question = _MEDIA_MARKER_RE.sub("", question).strip()
+    missing = [f for f in ctx.template_fields if f != "question" and f not in extras]
+    if missing:
         problem(
-            "data.jsonl-missing-image",
-            f"line {number}: image {image_path} does not exist",
-            help=f"set data.{split}.image_root to the directory the image paths start from "
-            f"(now {root})",
+            "data.jsonl-missing-key",
+            f"line {number}: data.prompt_template uses {{{missing[0]}}}, but the row has no "
+            f"`{missing[0]}` column",
+            help=f"add `{missing[0]}` to every row, or change data.prompt_template "
+            f"(now {ctx.template!r})",
         )
         return None
-    question = _MEDIA_MARKER_RE.sub("", question).strip()
+    question = render_question(ctx.template, question, extras)
     row_id = str(record.get("id", f"{path.name}:{number}"))
-    return JsonlRow(id=row_id, image_path=image_path, line=number, question=question, answer=answer)
+    return JsonlRow(
+        id=row_id,
+        file=path,
+        line=number,
+        question=question,
+        answer=answer,
+        image_paths=image_paths,
+        video=video,
+        fields=extras,
+    )
+
+
+def _media_paths(record: dict, number: int, root: Path, ctx: _Context, problem):
+    """(image paths, video) of a row, every file checked to exist; None after a problem."""
+    image_key = next((k for k in IMAGE_KEYS if k in record), None)
+    if image_key is not None and "video" in record:
+        problem(
+            "data.jsonl-bad-row",
+            f"line {number} has both `{image_key}` and `video`",
+            help="a row shows images or one video, not both",
+        )
+        return None
+    images: tuple[Path, ...] = ()
+    if image_key is not None:
+        values = _path_list(record[image_key])
+        if values is None:
+            problem(
+                "data.jsonl-bad-value",
+                f"line {number}: `{image_key}` must be a path or a list of paths",
+            )
+            return None
+        images = tuple(root / v for v in values)  # an absolute path replaces the root
+        for image in images:
+            if not image.is_file():
+                problem(
+                    "data.jsonl-missing-image",
+                    f"line {number}: `{image_key}` {image} does not exist",
+                    help=f"set data.{ctx.split}.image_root to the directory the image paths "
+                    f"start from (now {root})",
+                )
+                return None
+    video = None
+    if "video" in record:
+        video = _video_path(record["video"], number, root, ctx, problem)
+        if video is None:
+            return None
+    return images, video
+
+
+def _video_path(value, number: int, root: Path, ctx: _Context, problem):
+    if not ctx.num_frames:
+        problem(
+            "data.jsonl-video-frames",
+            f"line {number} has a `video`, but data.video.num_frames is not set",
+            help="set data.video.num_frames (e.g. 4), temporal_patch_size (2) and fps",
+        )
+        return None
+    values = _path_list(value)
+    if values is None:
+        problem(
+            "data.jsonl-bad-value",
+            f"line {number}: `video` must be a path (a file or a directory of frames) or a list "
+            "of frame paths",
+        )
+        return None
+    paths = tuple(root / v for v in values)
+    missing = [p for p in paths if not p.exists()]
+    if missing:
+        problem(
+            "data.jsonl-missing-video",
+            f"line {number}: `video` {missing[0]} does not exist",
+            help=f"set data.{ctx.split}.image_root to the directory the media paths start "
+            f"from (now {root})",
+        )
+        return None
+    if isinstance(value, list):
+        return paths
+    return paths[0]
+
+
+def _path_list(value) -> list[str] | None:
+    if isinstance(value, str) and value.strip():
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) and v.strip() for v in value):
+        return value
+    return None
 
 
 def _answer_from(solution: str | int | float) -> str:

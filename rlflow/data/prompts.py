@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import string
+from collections.abc import Mapping
+
 from rlflow.data.sample import Sample
 
 
@@ -21,3 +24,28 @@ def to_messages(sample: Sample, prompt_suffix: str) -> list[dict]:
 def reference_completion(sample: Sample) -> str:
     """What a perfect policy answers: the warm start's target and the format reward's model."""
     return f"<answer>{sample.answer}</answer>"
+
+
+def template_fields(template: str) -> list[str]:
+    """The {names} a prompt template uses; ValueError for a malformed template.
+
+    Only plain names: no attribute access, indexing, conversions or format specs, so a
+    template cannot reach into objects and every name is a JSONL column (or `question`).
+    """
+    names = []
+    for _, name, spec, conversion in string.Formatter().parse(template):
+        if name is None:
+            continue
+        if not name.isidentifier() or spec or conversion:
+            raise ValueError(f"{{{name}}} is not a plain {{column}} placeholder")
+        names.append(name)
+    return names
+
+
+def render_question(template: str, question: str, columns: Mapping[str, object]) -> str:
+    """The question a JSONL row shows: the template with {question} and the row's columns.
+
+    KeyError names a placeholder the row has no column for (the caller reports file:line).
+    """
+    values = {name: columns[name] for name in template_fields(template) if name != "question"}
+    return template.format(question=question, **values)

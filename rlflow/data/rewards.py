@@ -1,38 +1,118 @@
-"""Rewards: pure functions (completion, reference answer) -> score in [0, 1].
+"""Rewards: the batch contract, the built-in rewards and their registry.
 
-Recipes weight them by name (`rewards: {format: 0.2, exact_match: 0.8}`); `score` applies the
-weights, renormalised to sum to 1, to a batch of rollouts. Add one with
+A reward is a function of one `RewardBatch` (a few rollouts, column by column) that returns
+one float per rollout, or a dict of named components (each a list of one float per rollout;
+the reward's value is their sum, and each is logged as its own metric). Recipes name rewards
+with a weight: a registered name (`exact_match`) or an import path (`my_pkg.rewards:fn`)::
+
+    rewards: {format: 0.2, exact_match: 0.8, my_pkg.rewards:brevity: 0.5}
+
+`rlflow.data.scoring.Scorer` applies the weights, renormalised to sum to 1. Built-in rewards
+are per-row functions (completion, reference answer) -> [0, 1], registered with
 `@register_reward("name")`. This module must stay importable without torch or PIL: recipe
-validation on login nodes reads REWARDS to check the names.
+checks on login nodes and reward worker processes import it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
 
 if TYPE_CHECKING:
     from rlflow.data.sample import Sample
 
-RewardFn = Callable[[str, str], float]
-REWARDS: dict[str, RewardFn] = {}
+RowRewardFn = Callable[[str, str], float]
+RewardFn = RowRewardFn  # the registry's per-row form (kept for code that imports this name)
+RewardValues = Sequence[float] | Mapping[str, Sequence[float]]
+BatchRewardFn = Callable[["RewardBatch"], RewardValues]
+REWARDS: dict[str, RowRewardFn] = {}
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 NUMBER_RE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)")
 SHOWN_CHARS = 160  # how much of a completion an error message quotes
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    def add(fn: RewardFn) -> RewardFn:
+@dataclass(frozen=True)
+class RewardBatch:
+    """What a reward sees: rollouts column by column, all lists of the same length.
+
+    A batch is some of a step's rollouts (the G generations of a prompt are usually, but not
+    always, in one batch); return exactly one value per rollout, in order.
+    """
+
+    prompts: list[str]  # the user turn's text as the model saw it (template + suffix), no markup
+    completions: list[str]  # the generated text, special tokens removed
+    completion_tokens: list[int]  # generated tokens, including the stop token if one ended it
+    finish_reasons: list[str]  # "stop" (EOS) or "length" (hit generation.max_new_tokens)
+    answers: list[str]  # the reference answer of the row
+    media: list[str]  # "image" | "video" | "text"
+    fields: list[dict[str, Any]] = field(default_factory=list)  # extra JSONL columns, per rollout
+    sample_ids: list[str] = field(default_factory=list)  # "file.jsonl:12", or the row's `id`
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+    def rows(self, index: slice | Sequence[int]) -> RewardBatch:
+        """The sub-batch of the given rollouts (same columns)."""
+        pick = list(range(len(self)))[index] if isinstance(index, slice) else list(index)
+        return RewardBatch(
+            **{name: [getattr(self, name)[i] for i in pick] for name in _COLUMNS},
+        )
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Rollout i as a dict (error messages show it)."""
+        return {name: getattr(self, name)[i] for name in _COLUMNS}
+
+    @staticmethod
+    def build(
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        completion_tokens: Sequence[int],
+        finish_reasons: Sequence[str],
+        samples: Sequence[Sample],
+    ) -> RewardBatch:
+        """A batch for rollouts of `samples[i]` (repeat each row once per generation)."""
+        return RewardBatch(
+            prompts=list(prompts),
+            completions=list(completions),
+            completion_tokens=[int(n) for n in completion_tokens],
+            finish_reasons=list(finish_reasons),
+            answers=[s.answer for s in samples],
+            media=[s.media for s in samples],
+            fields=[dict(s.fields) for s in samples],
+            sample_ids=[s.id for s in samples],
+        )
+
+
+_COLUMNS = (
+    "prompts",
+    "completions",
+    "completion_tokens",
+    "finish_reasons",
+    "answers",
+    "media",
+    "fields",
+    "sample_ids",
+)
+
+
+def register_reward(name: str) -> Callable[[RowRewardFn], RowRewardFn]:
+    def add(fn: RowRewardFn) -> RowRewardFn:
         if name in REWARDS:
             raise ValueError(f"reward {name!r} is registered twice")
         REWARDS[name] = fn
         return fn
 
     return add
+
+
+def is_import_path(name: str) -> bool:
+    """`package.module:function` names user code; anything else is a registered name."""
+    return ":" in name
 
 
 def extract_answer(completion: str) -> str | None:
@@ -68,100 +148,29 @@ def exact_match_reward(completion: str, answer: str) -> float:
     return 1.0 if got is not None and answers_match(got, answer) else 0.0
 
 
-# --- scoring a batch --------------------------------------------------------------------------
-
-
 class RewardError(RlflowError):
-    """A reward function raised or returned a value outside [0, 1] on one row."""
+    """A reward raised, returned a bad value, or timed out: the run stops, naming the reward
+    and showing the rollout it failed on."""
 
-    def __init__(self, reward: str, sample_id: str, completion: str, message: str, help: str):
+    def __init__(
+        self,
+        reward: str,
+        sample_id: str,
+        completion: str,
+        message: str,
+        help: str,
+        notes: Sequence[str] = (),
+    ):
         self.reward, self.sample_id, self.completion = reward, sample_id, completion
         super().__init__(
             Diagnostic(
                 "reward.failed",
                 f"reward `{reward}` {message} on row {sample_id}",
-                notes=(f"completion: {shorten(completion)}",),
+                notes=(f"completion: {shorten(completion)}", *notes),
                 help=help,
             ),
             exit_code=EXIT_FINDINGS,
         )
-
-
-def score(
-    completions: Sequence[str], samples: Sequence[Sample], weights: Mapping[str, float]
-) -> tuple[list[float], dict[str, list[float]], list[bool]]:
-    """Score rollouts: (weighted totals, each reward's scores, exact-match correctness).
-
-    `samples[i]` is the prompt row `completions[i]` answered: repeat each row once per
-    generation. Weights are renormalised to sum to 1, so totals stay in [0, 1].
-    """
-    assert len(completions) == len(samples), "one sample per completion"
-    shares = normalized_weights(weights)
-    per_reward = {
-        name: [_run(name, c, s) for c, s in zip(completions, samples, strict=True)]
-        for name in shares
-    }
-    totals = [
-        sum(share * per_reward[name][row] for name, share in shares.items())
-        for row in range(len(completions))
-    ]
-    exact = per_reward.get("exact_match") or [
-        _run("exact_match", c, s) for c, s in zip(completions, samples, strict=True)
-    ]
-    return totals, per_reward, [value == 1.0 for value in exact]
-
-
-def normalized_weights(weights: Mapping[str, float]) -> dict[str, float]:
-    """Recipe weights -> shares summing to 1; unknown names and bad weights are errors."""
-    problems = [
-        Diagnostic(
-            "recipe.unknown-reward",
-            f"`rewards.{name}` is not a known reward",
-            help="known rewards: " + ", ".join(sorted(REWARDS)),
-        )
-        for name in weights
-        if name not in REWARDS
-    ]
-    problems += [
-        Diagnostic("recipe.range", f"`rewards.{name}` weight {w} must not be negative")
-        for name, w in weights.items()
-        if w < 0
-    ]
-    total = sum(weights.values())
-    if not problems and total <= 0:
-        problems.append(
-            Diagnostic(
-                "recipe.range",
-                "the reward weights add up to 0",
-                help="give at least one reward a positive weight",
-            )
-        )
-    if problems:
-        raise RlflowError(problems)
-    return {name: w / total for name, w in weights.items()}
-
-
-def _run(name: str, completion: str, sample: Sample) -> float:
-    try:
-        value = REWARDS[name](completion, sample.answer)
-    except Exception as exc:
-        raise RewardError(
-            name,
-            sample.id,
-            completion,
-            f"raised {type(exc).__name__}: {exc}",
-            help=f"fix the reward `{name}` (traceback above) or the row's "
-            f"reference answer {sample.answer!r}",
-        ) from exc
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise RewardError(
-            name,
-            sample.id,
-            completion,
-            f"returned {value!r}, not a number in [0, 1]",
-            help=f"make `{name}` return a float between 0 and 1",
-        )
-    return float(value)
 
 
 def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
@@ -170,3 +179,26 @@ def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
         return repr(text)
     half = limit // 2
     return f"{text[:half]!r} ... ({len(text) - 2 * half} characters) ... {text[-half:]!r}"
+
+
+def score(
+    completions: Sequence[str], samples: Sequence[Sample], weights: Mapping[str, float]
+) -> tuple[list[float], dict[str, list[float]], list[bool]]:
+    """Score rollouts in this process: (weighted totals, each reward's scores, exact_match).
+
+    A convenience over `rlflow.data.scoring.Scorer` for built-in rewards (no prompt or finish
+    reason: rewards that need them get empty text and "stop").
+    """
+    from rlflow.data.scoring import Scorer
+
+    batch = RewardBatch.build(
+        [""] * len(completions),
+        completions,
+        [0] * len(completions),
+        ["stop"] * len(completions),
+        samples,
+    )
+    with Scorer(weights, accuracy="exact_match", num_workers=0, timeout_s=0) as scorer:
+        scores = scorer.score(batch)
+    per_reward = {name: scores.components[name] for name in scorer.weights}
+    return scores.totals, per_reward, [value == 1.0 for value in scores.accuracy]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # PIL stays out of the import path of login-node code
     from PIL.Image import Image
@@ -20,7 +20,8 @@ class Sample:
     `question` is the user's text without media markers: the chat template places the
     image/video tokens (`rlflow.data.prompts.to_messages`). `video` frames are RGB and all
     the same size. `scene` is the generated scene graph for synthetic rows (None for files):
-    tests and per-template metrics read it; the model never sees it.
+    tests and per-template metrics read it; the model never sees it. `fields` holds a JSONL
+    row's extra columns, passed to rewards (`RewardBatch.fields`).
     """
 
     id: str
@@ -32,3 +33,4 @@ class Sample:
     kind: str = ""  # the dataset kind that made the row: clevr | video | text | jsonl
     template: str = ""  # question family, e.g. "color_shape" (for per-family accuracy)
     scene: Scene | None = None
+    fields: dict[str, Any] = field(default_factory=dict)  # a JSONL row's extra columns (rewards)

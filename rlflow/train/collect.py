@@ -2,14 +2,23 @@
 
 `collect_rollouts` is everything before the trainer's own forward passes: it returns what to
 train on (prompts, completions, advantages) and what was scored, for the step's metrics.
+
+Dynamic sampling (DAPO, `grpo.dynamic_sampling`): a group whose G rewards are all equal has
+zero advantage and teaches nothing, so it is dropped, and more prompts are generated until this
+rank has its share of groups with signal. Data-parallel ranks agree on every extra round (one
+all-reduce), so they draw the same number of sampler batches and a resumed run draws exactly
+the batches the uninterrupted one would have.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
+from rlflow import parallel
+from rlflow.errors import Diagnostic, RlflowError
 from rlflow.generation.base import Completion, Prompt, SamplingParams
 from rlflow.train import grpo
 
@@ -29,38 +38,170 @@ class Rollouts:
     stats: dict[str, float] = field(default_factory=dict)  # sums, reduced over ranks by the caller
 
 
-def collect_rollouts(t, step: int, timer) -> Rollouts:
-    """Generate G completions for this rank's share of the step's prompts and score them."""
-    from rlflow.data.rewards import score
+@dataclass
+class _Group:
+    """One prompt's G scored rollouts."""
 
+    prompt: Prompt
+    completions: list[Completion]
+    rewards: list[float]
+
+
+def collect_rollouts(t, step: int, timer) -> Rollouts:
+    """This rank's share of the step's prompt groups, generated, scored, with advantages."""
     recipe, info = t.recipe, t.info
+    cfg = recipe.grpo
+    dynamic = cfg.dynamic_sampling
+    want = cfg.num_prompts_per_step // info.dp_size
+    out = Rollouts([], [], [])
+    kept: list[_Group] = []
+    generated_groups = filtered_groups = extra_rounds = 0
+    for round_ in range(dynamic.max_extra_rounds + 1 if dynamic.enabled else 1):
+        indices = next(t.sampler)[info.dp_rank :: info.dp_size]
+        if len(kept) < want:  # a full rank still draws, so every rank's sampler stays in step
+            groups = _generate_and_score(t, step, round_, indices, timer, out)
+            generated_groups += len(groups)
+            for group in groups:
+                if dynamic.enabled and _no_signal(group):
+                    filtered_groups += 1
+                else:
+                    kept.append(group)
+            extra_rounds = round_
+        if not dynamic.enabled:
+            break
+        if not parallel.all_reduce_max(float(len(kept) < want), parallel.data_parallel_group()):
+            break
+    else:
+        _raise_exhausted(kept, want, dynamic.max_extra_rounds, generated_groups, filtered_groups)
+    kept = kept[:want]
+    with timer("reward"):
+        advantages = grpo.group_advantages(
+            torch.tensor([g.rewards for g in kept]),
+            cfg.use_leave_one_out_baseline,
+            cfg.normalize_rewards,
+        ).flatten()
+    out.prompts = [g.prompt for g in kept for _ in g.completions]
+    out.completions = [c for g in kept for c in g.completions]
+    out.advantages = advantages.tolist()
+    out.stats = {
+        "sampling/groups_generated": float(generated_groups),
+        "sampling/groups_filtered": float(filtered_groups),
+        "sampling/extra_rounds": float(extra_rounds),
+        "sampling/generated_tokens": float(sum(len(c.token_ids) for c in out.generated)),
+    }
+    return out
+
+
+def sampling_metrics(totals: dict[str, float], dp_size: int) -> dict[str, float]:
+    """Step metrics from the rank-summed `sampling/*` sums."""
+    generated = max(totals["sampling/groups_generated"], 1.0)
+    return {
+        "train/filtered_fraction": totals["sampling/groups_filtered"] / generated,
+        "train/extra_rounds": totals["sampling/extra_rounds"] / dp_size,
+        "train/generated_tokens": totals["sampling/generated_tokens"],
+    }
+
+
+def _generate_and_score(t, step: int, round_: int, indices, timer, out: Rollouts) -> list[_Group]:
+    recipe = t.recipe
     G = recipe.grpo.num_generations_per_prompt
-    indices = next(t.sampler)[info.dp_rank :: info.dp_size]
     samples = [t.train_data[i] for i in indices]
     prompts = [t.encoder.encode(s) for s in samples]
     rollout_prompts = [p for p in prompts for _ in range(G)]
     rollout_samples = [s for s in samples for _ in range(G)]
     with timer("generation"):
         completions = t.backend.generate(
-            rollout_prompts, sampling(t, step, recipe.generation.temperature)
+            rollout_prompts, sampling(t, step, recipe.generation.temperature, round_)
         )
     with timer("reward"):
-        texts = [t.encoder.decode(c.token_ids) for c in completions]
-        rewards, per_reward, correct = score(texts, rollout_samples, recipe.rewards)
-        advantages = grpo.group_advantages(
-            torch.tensor(rewards).view(len(samples), G),
-            recipe.grpo.use_leave_one_out_baseline,
-            recipe.grpo.normalize_rewards,
-        ).flatten()
-    return Rollouts(
-        prompts=rollout_prompts,
-        completions=completions,
-        advantages=advantages.tolist(),
-        rewards=rewards,
-        per_reward=per_reward,
-        accuracy=[float(c) for c in correct],
-        generated=completions,
+        rewards, per_reward, accuracy = score_rollouts(t, rollout_samples, completions)
+        penalty = shaping_penalty(recipe, completions)
+        if penalty is not None:
+            rewards = [r + p for r, p in zip(rewards, penalty, strict=True)]
+            per_reward["overlong_penalty"] = penalty
+    out.rewards += rewards
+    out.accuracy += accuracy
+    out.generated += completions
+    for name, values in per_reward.items():
+        out.per_reward.setdefault(name, []).extend(values)
+    return [
+        _Group(prompts[i], completions[i * G : (i + 1) * G], rewards[i * G : (i + 1) * G])
+        for i in range(len(samples))
+    ]
+
+
+def _no_signal(group: _Group) -> bool:
+    # float32, as group_advantages sees them: "all equal" here means zero advantage there
+    return bool(grpo.zero_variance_groups(torch.tensor([group.rewards]))[0])
+
+
+def _raise_exhausted(kept, want, rounds, generated, filtered) -> None:
+    kept_all, want_all = parallel.all_reduce_sum(
+        [float(min(len(kept), want)), float(want)], parallel.data_parallel_group()
     )
+    raise RlflowError(
+        Diagnostic(
+            "grpo.dynamic-sampling-exhausted",
+            f"dynamic sampling: after {rounds} extra generation rounds only {kept_all:.0f} of "
+            f"{want_all:.0f} prompt groups have rewards that differ ({filtered} of {generated} "
+            "groups on this rank had all-equal rewards)",
+            help="raise grpo.dynamic_sampling.max_extra_rounds, use more generations per prompt "
+            "(grpo.num_generations_per_prompt), or check the rewards: all-equal groups mean the "
+            "task is too easy or too hard for the policy, or a reward is constant",
+        )
+    )
+
+
+def score_rollouts(t, samples, completions) -> tuple[list[float], dict[str, list[float]], list]:
+    """(weighted reward, each reward and component, accuracy) of each rollout."""
+    from rlflow.data.rewards import RewardBatch
+
+    suffix = t.recipe.data.prompt_suffix
+    batch = RewardBatch.build(
+        [s.question + suffix for s in samples],
+        [t.encoder.decode(c.token_ids) for c in completions],
+        [len(c.token_ids) for c in completions],
+        [c.finish_reason for c in completions],
+        samples,
+    )
+    scores = scorer(t).score(batch)
+    return scores.totals, scores.components, scores.accuracy
+
+
+def scorer(t):
+    """The run's Scorer (its reward worker pool starts on first use and lives with the run)."""
+    if "scorer" not in t.extra:
+        from rlflow.data.scoring import Scorer
+        from rlflow.data.user_rewards import search_path
+
+        s = t.recipe.scoring
+        t.extra["scorer"] = Scorer(
+            t.recipe.rewards, s.accuracy, s.num_workers, s.timeout_s, search_path()
+        )
+    return t.extra["scorer"]
+
+
+def shaping_penalty(recipe, completions) -> list[float] | None:
+    """DAPO's overlong penalty per rollout (added to the reward), or None when it is off."""
+    cfg = recipe.loss.overlong_penalty
+    if not cfg.enabled:
+        return None
+    lengths = torch.tensor([len(c.token_ids) for c in completions])
+    penalty = grpo.overlong_penalty(
+        lengths, recipe.generation.max_new_tokens, cfg.buffer_tokens, cfg.penalty
+    )
+    return penalty.tolist()
+
+
+def effective_loss(recipe):
+    """recipe.loss with importance_sampling.mode `auto` resolved for the rollout backend:
+    tis for vllm and hf (another engine's numerics), off for megatron (the policy's own
+    tensors: in fp32 the weights would be 1 to ~1e-7, so the loss is left exactly as is)."""
+    cfg = recipe.loss.importance_sampling
+    if cfg.mode != "auto":
+        return recipe.loss
+    mode = "off" if recipe.generation.backend == "megatron" else "tis"
+    return dataclasses.replace(recipe.loss, importance_sampling=dataclasses.replace(cfg, mode=mode))
 
 
 def sampling(t, step: int, temperature: float, round_: int = 0) -> SamplingParams:

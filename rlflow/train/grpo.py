@@ -15,6 +15,14 @@ Formulas (README "GRPO math" has the same with examples):
     per-token loss l_t = max(-A rho_t, -A clip(rho_t, 1 - clip_low, 1 + clip_high)) + beta kl_t
     token level    L = sum_{valid t} l_t / N_tokens(global)
     sequence level L = sum_b (mean_{valid t in b} l_t) / N_seqs(global)
+
+Variants (each a recipe key; README "GRPO variants"):
+    GSPO           rho_b = exp(mean_{valid t in b} (logp_t - logp_old_t)), one ratio per sequence,
+                   clipped like rho_t (loss.ratio_level: sequence)
+    TIS            l_t *= min(w_t, C),  w_t = exp(logp_old_t - logp_gen_t)      (token, truncated)
+    MIS            l_t *= w_b if low <= w_b <= C else 0,  w_b = prod_t w_t      (sequence, masked)
+    overlong       r_i -= penalty * clamp((len_i - (L_max - L_buf)) / L_buf, 0, 1)   (DAPO)
+    dynamic        groups whose rewards are all equal are dropped before the update (DAPO)
 """
 
 from __future__ import annotations
@@ -103,6 +111,100 @@ def _leave_one_out_moments(rewards_PG: Tensor) -> tuple[Tensor, Tensor]:
     return mean_PG, std_PG
 
 
+def zero_variance_groups(rewards_PG: Tensor) -> Tensor:
+    """(P,) bool: groups whose G rewards are all exactly equal (zero advantage, no signal).
+
+    DAPO's dynamic sampling drops these groups and generates more prompts to fill the batch.
+    """
+    if rewards_PG.dim() != 2:
+        raise ValueError(f"rewards_PG must be 2-D, got shape {tuple(rewards_PG.shape)}")
+    return rewards_PG.amax(1) == rewards_PG.amin(1)
+
+
+def overlong_penalty(
+    lengths_B: Tensor, max_new_tokens: int, buffer_tokens: int, penalty: float
+) -> Tensor:
+    """DAPO's soft overlong punishment (B,), <= 0, added to each rollout's reward.
+
+    0 for completions up to max_new_tokens - buffer_tokens tokens long, then falling linearly to
+    -penalty at max_new_tokens (and below that, -penalty, for anything longer):
+        -penalty * clamp((len - (max_new_tokens - buffer_tokens)) / buffer_tokens, 0, 1)
+    buffer_tokens = 0 gives no penalty at all (shaping off).
+    """
+    if buffer_tokens < 0 or buffer_tokens > max_new_tokens:
+        raise ValueError(
+            f"buffer_tokens must be in [0, max_new_tokens={max_new_tokens}], got {buffer_tokens}"
+        )
+    lengths_B = lengths_B.to(torch.float64)
+    if buffer_tokens == 0:
+        return torch.zeros_like(lengths_B)
+    excess_B = (lengths_B - (max_new_tokens - buffer_tokens)) / buffer_tokens
+    return -penalty * excess_B.clamp(0.0, 1.0)
+
+
+# ---------------------------------------------------------------- importance sampling
+
+
+def importance_weights(
+    train_logprobs_BT: Tensor,
+    gen_logprobs_BT: Tensor,
+    mask_BT: Tensor,
+    kind: Literal["tis", "mis"],
+    cap: float,
+    mask_below: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """Off-policy correction for a generator that disagrees with the trainer: (weights, clipped).
+
+    The rollouts were sampled by the generator (vLLM, HF) but the loss assumes the trainer's own
+    policy before this step (logp_old, recomputed). Per token w_t = exp(logp_old_t - logp_gen_t).
+      tis (truncated, token level): weight_t = min(w_t, cap); `clipped` marks w_t > cap.
+      mis (masked, sequence level): w_b = exp(sum_{valid t} log w_t), the sequence's likelihood
+          ratio; weight = w_b on every token of b when mask_below <= w_b <= cap, else 0 (the
+          sequence is left out); `clipped` marks the tokens of masked sequences.
+    Weights are detached constants, 1 where trainer and generator agree exactly, and 0 on
+    padding. The log-ratio is clamped to +-20 before exp (finite in fp32 and bf16).
+    """
+    if train_logprobs_BT.shape != gen_logprobs_BT.shape or mask_BT.shape != gen_logprobs_BT.shape:
+        raise ValueError(
+            f"train_logprobs {tuple(train_logprobs_BT.shape)}, gen_logprobs "
+            f"{tuple(gen_logprobs_BT.shape)} and mask {tuple(mask_BT.shape)} must match"
+        )
+    if not cap > 0 or not 0 <= mask_below <= cap:
+        raise ValueError(f"need cap > 0 and 0 <= mask_below <= cap, got {cap}, {mask_below}")
+    valid_BT = mask_BT.bool()
+    with torch.no_grad():
+        log_w_BT = torch.where(valid_BT, train_logprobs_BT.float() - gen_logprobs_BT.float(), 0.0)
+        if kind == "tis":
+            w_BT = log_w_BT.clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP).exp()
+            clipped_BT = valid_BT & (w_BT > cap)
+            weights_BT = torch.where(valid_BT, w_BT.clamp(max=cap), 0.0)
+        elif kind == "mis":
+            log_w_B = log_w_BT.sum(1).clamp(-KL_LOG_RATIO_CLAMP, KL_LOG_RATIO_CLAMP)
+            w_B = log_w_B.exp()
+            keep_B = (w_B >= mask_below) & (w_B <= cap)
+            clipped_BT = valid_BT & ~keep_B.unsqueeze(1)
+            weights_BT = torch.where(valid_BT & keep_B.unsqueeze(1), w_B.unsqueeze(1), 0.0)
+        else:
+            raise ValueError(f"unknown importance-sampling kind {kind!r}; use 'tis' or 'mis'")
+    return weights_BT, clipped_BT
+
+
+def importance_metrics(
+    weights_BT: Tensor, clipped_BT: Tensor, mask_BT: Tensor, num_tokens: float | Tensor
+) -> dict[str, Tensor]:
+    """Mismatch metrics beside token_mult_prob_error: is_weight_mean (per valid token, a share
+    that adds up over micro-batches given the global num_tokens), is_weight_max (reduce with
+    max) and is_clipped_fraction (share of valid tokens truncated or masked)."""
+    valid_BT = mask_BT.bool()
+    return {
+        "is_weight_mean": _masked_sum(weights_BT, valid_BT) / num_tokens,
+        "is_weight_max": torch.where(valid_BT, weights_BT, 0.0).amax()
+        if valid_BT.any()
+        else weights_BT.new_zeros(()),
+        "is_clipped_fraction": (clipped_BT & valid_BT).sum() / num_tokens,
+    }
+
+
 # ---------------------------------------------------------------- KL
 
 
@@ -142,6 +244,8 @@ def clipped_pg_loss(
     token_level: bool,
     global_num_tokens: float | Tensor,
     global_num_seqs: float | Tensor,
+    ratio_level: Literal["token", "sequence"] = "token",
+    is_weights_BT: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-style clipped policy-gradient loss with a KL penalty; returns (loss, metrics).
 
@@ -167,6 +271,12 @@ def clipped_pg_loss(
       clip_low_fraction        share of valid tokens with A < 0 and rho < 1 - clip_low;
       clip_high_fraction       share of valid tokens with A > 0 and rho > 1 + clip_high;
       clip_fraction            their sum: tokens whose clipped branch is active (zero gradient).
+
+    ratio_level="sequence" is GSPO: rho is one number per sequence, exp of the mean token
+    log-ratio (length-normalised), broadcast over its tokens and clipped the same way (GSPO's
+    ranges are ~1e-3, not 0.2). is_weights_BT (from `importance_weights`, constant) multiplies
+    the policy-gradient term per token (TIS / MIS); the KL term is not reweighted. None means
+    no correction: the loss is exactly the uncorrected one.
     """
     _check_loss_shapes(logprobs_BT, old_logprobs_BT, advantages_B, mask_BT, kl_BT)
     _check_positive("global_num_tokens", global_num_tokens)
@@ -175,10 +285,22 @@ def clipped_pg_loss(
     # Padding may hold -inf logprobs: zero the log-ratio there before exp, so neither the
     # forward nor the backward pass ever sees inf.
     log_ratio_BT = torch.where(valid_BT, logprobs_BT - old_logprobs_BT.detach(), 0.0)
+    if ratio_level == "sequence":
+        seq_log_ratio_B = log_ratio_BT.sum(1) / valid_BT.sum(1).clamp(min=1)
+        log_ratio_BT = seq_log_ratio_B.unsqueeze(1).expand_as(log_ratio_BT)
+    elif ratio_level != "token":
+        raise ValueError(f"unknown ratio_level {ratio_level!r}; use 'token' or 'sequence'")
     ratio_BT = log_ratio_BT.exp()
     adv_B1 = advantages_B.detach().unsqueeze(1).to(ratio_BT.dtype)
     clipped_ratio_BT = ratio_BT.clamp(1 - clip_low, 1 + clip_high)
     pg_BT = torch.maximum(-adv_B1 * ratio_BT, -adv_B1 * clipped_ratio_BT)
+    if is_weights_BT is not None:
+        if is_weights_BT.shape != pg_BT.shape:
+            raise ValueError(
+                f"is_weights_BT has shape {tuple(is_weights_BT.shape)}, expected "
+                f"{tuple(pg_BT.shape)}"
+            )
+        pg_BT = pg_BT * is_weights_BT.detach().to(pg_BT.dtype)
     norm = (valid_BT, token_level, global_num_tokens, global_num_seqs)
     pg_loss = _normalise(pg_BT, *norm)
     kl_loss = _normalise(kl_weight * kl_BT, *norm) if kl_BT is not None else pg_loss.new_zeros(())

@@ -15,7 +15,13 @@ import torch
 from rlflow import parallel
 from rlflow.generation.base import Completion
 from rlflow.train import grpo
-from rlflow.train.collect import collect_rollouts, sampling
+from rlflow.train.collect import (
+    collect_rollouts,
+    effective_loss,
+    sampling,
+    sampling_metrics,
+    score_rollouts,
+)
 from rlflow.train.faults import inject_failure
 from rlflow.train.metrics import StepTimer
 from rlflow.train.rollouts import build_train_batch
@@ -93,7 +99,7 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
             batch,
             old_logprobs,
             ref_logprobs,
-            recipe.loss,
+            effective_loss(recipe),
             micro,
             recipe.grpo.num_minibatches,
         )
@@ -114,15 +120,12 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
 @torch.no_grad()
 def validate(t: Trainer) -> dict[str, float]:
     """Greedy (val_temperature) answers on the first max_val_samples validation rows."""
-    from rlflow.data.rewards import score
-
     recipe, info = t.recipe, t.info
     count = min(recipe.grpo.max_val_samples, len(t.val_data))
     samples = [t.val_data[i] for i in range(info.dp_rank, count, info.dp_size)]
     prompts = [t.encoder.encode(s) for s in samples]
     completions = t.backend.generate(prompts, sampling(t, 0, recipe.generation.val_temperature))
-    texts = [t.encoder.decode(c.token_ids) for c in completions]
-    rewards, _, correct = score(texts, samples, recipe.rewards)
+    rewards, _, correct = score_rollouts(t, samples, completions)
     sums = {
         "val/accuracy": sum(correct),
         "val/reward": sum(rewards),
@@ -259,6 +262,7 @@ def _step_metrics(
         zip(sums, parallel.all_reduce_sum(list(sums.values()), parallel.data_parallel_group()))
     )
     tokens, rollouts = max(totals.pop("train/tokens"), 1.0), totals.pop("train/rollouts")
+    sampled = sampling_metrics(totals, t.info.dp_size)
     out = {
         k: v / rollouts
         for k, v in totals.items()
@@ -267,6 +271,7 @@ def _step_metrics(
     out["train/entropy"] = totals["train/entropy_sum"] / tokens
     out["train/token_mult_prob_error"] = totals["train/tmpe_sum"] / tokens
     out["train/token_mult_prob_error_max"] = parallel.all_reduce_max(tmpe_max)
+    out.update(sampled)
     out.update({f"train/{k}": v for k, v in update.items()})
     out.update({f"time/{k}": v for k, v in timer.seconds.items()})
     out["time/step"] = step_seconds

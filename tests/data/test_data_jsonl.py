@@ -81,7 +81,8 @@ def test_missing_key_names_file_line_and_key(configs, images, tmp_path):
         [
             {"image": "a.png", "problem": "?", "solution": "1"},
             {"image": "a.png", "solution": "1"},
-            {"problem": "?", "solution": "1"},
+            {"image": "a.png", "problem": "?"},
+            {"problem": "?", "solution": "1"},  # no media: a text row, valid
         ],
     )
     error = error_of(configs, path, str(images))
@@ -90,7 +91,8 @@ def test_missing_key_names_file_line_and_key(configs, images, tmp_path):
         ("data.jsonl-missing-key", path, 3),
     ]
     assert "line 2 has no `problem` (it has: image, solution)" in error.diagnostics[0].message
-    assert "line 3 has no `image`" in error.diagnostics[1].message
+    assert "line 3 has no `solution` (it has: image, problem)" in error.diagnostics[1].message
+    assert "`answer` for `solution`" in error.diagnostics[1].help
     assert f"--> {path}:2" in str(error)
 
 
@@ -119,14 +121,16 @@ def test_bad_values_are_named(configs, images, tmp_path):
         [
             {"image": "a.png", "problem": "", "solution": "1"},
             {"image": "a.png", "problem": "?", "solution": "<answer>  </answer>"},
-            {"image": 7, "problem": "?", "solution": None},
+            {"image": "a.png", "problem": "?", "solution": None},
+            {"image": 7, "problem": "?", "solution": "1"},
         ],
     )
     messages = [d.message for d in error_of(configs, path, str(images)).diagnostics]
     assert messages == [
         "line 1: `problem` must be a non-empty string",
         "line 2: `solution` '<answer>  </answer>' holds no answer",
-        "line 3: `image`, `solution` must be a non-empty string (or a number for `solution`)",
+        "line 3: `solution` must be a non-empty string (or a number for `solution`)",
+        "line 4: `image` must be a path or a list of paths",
     ]
 
 
@@ -136,7 +140,7 @@ def test_missing_image_is_named(configs, images, tmp_path):
     )
     (problem,) = error_of(configs, path, str(images)).diagnostics
     assert (problem.code, problem.line) == ("data.jsonl-missing-image", 1)
-    assert f"image {images / 'nope.png'} does not exist" in problem.message
+    assert f"`image` {images / 'nope.png'} does not exist" in problem.message
     assert "set data.train.image_root" in problem.help and str(images) in problem.help
 
 
