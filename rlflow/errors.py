@@ -8,6 +8,7 @@ with a code that tells scripts what happened: 0 fine, 1 findings, 2 unusable inp
 from __future__ import annotations
 
 import json
+import stat
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -44,8 +45,9 @@ class Diagnostic:
             out.append(f"  --> {self.location}")
             snippet = _source_line(self.file, self.line, root)
             if snippet is not None:
+                snippet, column = _window(snippet, self.column)
                 width = len(str(self.line))
-                start, length = _underline(snippet, self.column)
+                start, length = _underline(snippet, column)
                 pad, marker = " " * start, "^" * length
                 out += [
                     f"{' ' * width} |",
@@ -69,13 +71,42 @@ def _source_line(file: str | None, line: int | None, root: Path | None) -> str |
     path = Path(file)
     if not path.is_absolute() and root is not None:
         path = root / path
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
-        return None
-    if 1 <= line <= len(lines):
+    lines = _file_lines(path)
+    if lines is not None and 1 <= line <= len(lines):
         return lines[line - 1].rstrip()
     return None
+
+
+_LINES_CACHE: dict[tuple, list[str]] = {}
+SNIPPET_WIDTH = 160  # a 1 MB minified line is shown as a window around the column
+
+
+def _file_lines(path: Path) -> list[str] | None:
+    """The file's lines (LF/CRLF only, like TOML and YAML), read once per version of the file:
+    20,000 diagnostics against one .gitmodules must not read it 20,000 times."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            return None  # a directory or a pipe has no lines (and reading a pipe blocks)
+        key = (str(path), st.st_mtime_ns, st.st_size)
+        if key not in _LINES_CACHE:
+            if len(_LINES_CACHE) > 64:
+                _LINES_CACHE.clear()
+            text = path.read_bytes().decode("utf-8", errors="replace")
+            _LINES_CACHE[key] = [x.removesuffix("\r") for x in text.split("\n")]
+        return _LINES_CACHE[key]
+    except OSError:
+        return None
+
+
+def _window(snippet: str, column: int | None) -> tuple[str, int | None]:
+    """At most SNIPPET_WIDTH characters of a long line, around `column` (which moves with it)."""
+    if len(snippet) <= SNIPPET_WIDTH:
+        return snippet, column
+    start = max(0, min((column or 1) - 1 - SNIPPET_WIDTH // 4, len(snippet) - SNIPPET_WIDTH))
+    head = "..." if start else ""
+    text = head + snippet[start : start + SNIPPET_WIDTH] + "..."
+    return text, None if column is None else column - start + len(head)
 
 
 def _underline(snippet: str, column: int | None) -> tuple[int, int]:

@@ -212,8 +212,10 @@ def _write_error(err: OSError):
 
 
 def _read_root(root: Path) -> str:
+    from rlflow.pins.parse import read_toml_text
+
     try:
-        return (root / "pyproject.toml").read_text(encoding="utf-8")
+        return read_toml_text(root / "pyproject.toml")
     except (OSError, UnicodeDecodeError) as err:
         from rlflow.errors import Diagnostic
 

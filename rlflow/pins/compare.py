@@ -1,7 +1,8 @@
 """Pins + submodule state + policy -> findings with stable codes; pure (no I/O).
 
     RF001 error    one package, two git/URL/path sources (uv: "conflicting URLs")
-    RF002 warning  a submodule pins a package by git/URL, the root does not
+    RF002 warning  a submodule that uv does not reach through path dependencies pins a
+                   package by git/URL, and the root does not
     RF003 error    one index name, two URLs (uv: "conflicting indexes"; a trailing slash counts)
     RF004 error    version specifiers no version satisfies (e.g. ==0.6.8.post1 vs ==0.6.18.post1)
     RF005 error    a `lockstep` package is not pinned identically at the root
@@ -37,9 +38,12 @@ def compare(
     for pin in effective_pins(manifests):
         by_package[pin.package].append(pin)
     findings: list[Finding] = []
+    by_path = path_reached(manifests)
     for package in sorted(by_package):
         if package not in overridden:
-            findings += package_findings(package, by_package[package], root.conflicts, policy)
+            findings += package_findings(
+                package, by_package[package], root.conflicts, policy, by_path
+            )
     findings += index_findings(manifests)
     findings += state_findings(submodules)
     findings += [
@@ -50,15 +54,36 @@ def compare(
     return findings
 
 
+def path_reached(manifests: list[Manifest]) -> set[str]:
+    """Projects uv reaches from the root through local path dependencies only. uv honours
+    their `[tool.uv.sources]` and accepts their URL pins, root declaration or not."""
+    by_directory = {m.directory: m for m in manifests}
+    reached, queue = {manifests[0].project}, [manifests[0]]
+    while queue:
+        manifest = queue.pop()
+        pins = [p for p, _ in manifest.sources] + [r.pin for r in manifest.requirements if r.pin]
+        for pin in pins:
+            target = by_directory.get(pin.key.removeprefix("path:")) if pin.kind == "path" else None
+            if target is not None and target.project not in reached:
+                reached.add(target.project)
+                queue.append(target)
+    return reached
+
+
 def package_findings(
-    package: str, pins: list[Pin], conflicts: tuple[frozenset[str], ...], policy: Policy
+    package: str,
+    pins: list[Pin],
+    conflicts: tuple[frozenset[str], ...],
+    policy: Policy,
+    by_path: set[str] = frozenset(),
 ) -> list[Finding]:
     url_pins = [p for p in pins if p.kind in URL_KINDS]
     version_pins = [p for p in pins if p.kind == "version"]
     index_pins = [p for p in pins if p.kind == "index"]
     pairs = _pairs(url_pins, lambda a, b: a.key != b.key, conflicts)
     findings = _grouped("RF001", package, pairs)
-    remote = [p for p in url_pins if p.kind != "path"]  # path deps between checkouts are fine
+    # path deps between checkouts are fine; so are URL pins of path-reached projects (uv too)
+    remote = [p for p in url_pins if p.kind != "path" and p.project not in by_path]
     if remote and not any(p.is_root for p in url_pins):
         findings.append(Finding("RF002", "warning", package=package, theirs=tuple(remote)))
     version_pairs = _pairs(version_pins, lambda a, b: disjoint(a.key, b.key), conflicts)

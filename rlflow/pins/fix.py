@@ -21,6 +21,8 @@ from rlflow.pins.model import Finding, IndexDef, Pin
 from rlflow.pins.versions import exact_version
 
 FIXABLE_CODES = ("RF001", "RF003", "RF004", "RF005")
+_COMMIT = re.compile(r"[0-9a-f]{7,40}")
+_BOM = "\ufeff"
 _REQUIREMENT_HEAD = re.compile(
     r"^(?P<head>\s*[A-Za-z0-9][A-Za-z0-9._-]*\s*(\[[^\]]*\])?\s*)"
     r"(?P<spec>[^;]*?)(?P<tail>\s*(;.*)?)$",
@@ -134,14 +136,16 @@ def _git_source_edit(ours: Pin, target: Pin) -> Edit:
         url = _strip_git_prefix(_without_ref(target.url, target.ref))
         changes.append(Change(table + ("git",), url))
         words.append(f'git = "{url}"')
-    # Keep the root's key when it can hold the new value (`rev` takes a tag, branch or commit).
-    key = ours.ref_key if ours.ref_key in ("rev", target.ref_key) else (target.ref_key or "rev")
+    # Keep the root's key (a `tag` stays a `tag`); only a commit hash cannot be a tag or branch.
+    key = ours.ref_key or target.ref_key or "rev"
+    if key != "rev" and target.ref and _COMMIT.fullmatch(target.ref):
+        key = "rev"
     if ours.ref_key and not target.ref:
         changes.append(Change(table + (ours.ref_key,), None))
         words.append(f"remove `{ours.ref_key}`")
     elif ours.ref_key and ours.ref_key != key:
         changes.append(Change(table + (ours.ref_key,), target.ref, rename_to=key))
-        words.append(f'{key} = "{target.ref}" (instead of `{ours.ref_key}`)')
+        words.append(f'{key} = "{target.ref}" (instead of `{ours.ref_key}`: a commit)')
     elif target.ref:
         changes.append(Change(table + (key,), target.ref))
         words.append(f'{key} = "{target.ref}"')
@@ -177,11 +181,15 @@ def apply(text: str, edits: list[Edit]) -> str:
     """The root pyproject text with every edit made by tomlkit (comments and layout kept)."""
     import tomlkit  # only --fix pays for it
 
-    doc = tomlkit.parse(text)
+    bom = _BOM if text.startswith(_BOM) else ""
+    doc = tomlkit.parse(text.removeprefix(bom))
     for edit in edits:
         for change in edit.changes:
             _apply_change(tomlkit, doc, change)
-    return tomlkit.dumps(doc)
+    new = tomlkit.dumps(doc)
+    if "\r\n" in text and text.count("\n") == text.count("\r\n"):  # a CRLF file stays CRLF
+        new = new.replace("\r\n", "\n").replace("\n", "\r\n")
+    return bom + new
 
 
 def _apply_change(tomlkit, doc, change: Change) -> None:
@@ -244,7 +252,9 @@ def write_atomically(path: Path, new: str, expected_old: str) -> None:
     """Replace `path` with `new` in one rename; refuse if it changed since it was read."""
     import tempfile
 
-    if path.read_text(encoding="utf-8") != expected_old:
+    from rlflow.pins.parse import read_toml_text
+
+    if read_toml_text(path) != expected_old:
         raise OSError(f"{path} changed while check-pins was fixing it; run it again")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

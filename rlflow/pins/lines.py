@@ -36,9 +36,21 @@ class TomlLines:
     """Line index of one TOML document: `locate(path)` -> (line, column) or (None, None)."""
 
     def __init__(self, text: str):
-        self.lines = text.splitlines()
+        self.lines = split_lines(text)
         self.entries: list[_Entry] = []
+        self._index: dict[Path, _Entry] = {}
+        self._open: list[int] = []  # entries whose end line is not known yet
         self._scan()
+
+    @staticmethod
+    def deepest_line(text: str) -> int:
+        """The line on which bracket nesting is deepest (where a too-deep document goes wrong)."""
+        lexer, best, best_line = _Lexer(), -1, 1
+        for number, line in enumerate(split_lines(text), start=1):
+            lexer.feed(line)
+            if lexer.max_depth > best:
+                best, best_line = lexer.max_depth, number
+        return best_line
 
     def locate(self, path: Path, needle: re.Pattern | None = None) -> tuple[int | None, int | None]:
         """Where `path` is set; with `needle`, the first match of it inside that value.
@@ -57,7 +69,10 @@ class TomlLines:
         return None, None
 
     def _find(self, path: Path) -> _Entry | None:
-        return next((e for e in self.entries if e.path == path), None)
+        if not self._index:
+            for entry in reversed(self.entries):  # the first entry of a path wins
+                self._index[entry.path] = entry
+        return self._index.get(path)
 
     def _search(self, entry: _Entry, needle: re.Pattern) -> tuple[int, int] | None:
         for number in range(entry.line, entry.end + 1):
@@ -84,23 +99,29 @@ class TomlLines:
                     keys = keys + (index,)
                 table = keys
                 self._close_open(number - 1)
+                self._open.append(len(self.entries))
                 self.entries.append(_Entry(table, number, header.start(2) + 1, -1, is_table=True))
                 continue
             key = _DOTTED_KEY.match(text) if at_top else None
             if key:
                 self._close_open(number - 1, keep_tables=True)
                 path = table + _split_key(key.group(1))
+                self._open.append(len(self.entries))
                 self.entries.append(_Entry(path, number, key.start(1) + 1, -1))
             lexer.feed(text)
         self._close_open(len(self.lines))
 
     def _close_open(self, last_line: int, keep_tables: bool = False) -> None:
         """Set the end line of the entries still open (a key ends where the next key starts)."""
-        for i, entry in enumerate(self.entries):
-            if entry.end != -1 or (keep_tables and entry.is_table):
+        still_open = []
+        for i in self._open:
+            entry = self.entries[i]
+            if keep_tables and entry.is_table:
+                still_open.append(i)
                 continue
             end = max(last_line, entry.line)
             self.entries[i] = _Entry(entry.path, entry.line, entry.column, end, entry.is_table)
+        self._open = still_open
 
 
 class _Lexer:
@@ -108,6 +129,7 @@ class _Lexer:
 
     def __init__(self):
         self.depth = 0
+        self.max_depth = 0
         self.in_multiline: str | None = None  # '"""' or "'''"
 
     def at_top_level(self) -> bool:
@@ -133,9 +155,15 @@ class _Lexer:
                 continue
             if ch in "[{":
                 self.depth += 1
+                self.max_depth = max(self.max_depth, self.depth)
             elif ch in "]}":
                 self.depth = max(self.depth - 1, 0)
             i += 1
+
+
+def split_lines(text: str) -> list[str]:
+    """TOML lines: only LF and CRLF end a line (`str.splitlines` also splits on U+2028...)."""
+    return [line.removesuffix("\r") for line in text.split("\n")]
 
 
 def _skip_string(line: str, start: int) -> int:

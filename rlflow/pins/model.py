@@ -96,6 +96,7 @@ class Manifest:
     indexes: tuple[IndexDef, ...]
     metadata_pins: tuple[Pin, ...]  # [[tool.uv.dependency-metadata]] versions (root only)
     conflicts: tuple[frozenset[str], ...]  # [tool.uv] conflicts, as scope sets (root only)
+    directory: str = ""  # absolute directory of the project (path pins resolve against it)
 
 
 @dataclass(frozen=True)

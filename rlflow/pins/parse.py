@@ -12,6 +12,7 @@ uv ignores a dependency's groups and its `[tool.uv]` constraints and overrides, 
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from rlflow.pins.urls import git_key, normalize_repo, parse_direct_url, path_key
 
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)$|\s*\(at end of document\)$")
 _GIT_REFS = ("rev", "tag", "branch")
+BOM = "\ufeff"
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class Document:
 def load_document(root: Path, rel_file: str) -> Document:
     """Read and parse `root/rel_file`; missing, unreadable or malformed -> exit 2."""
     try:
-        text = (root / rel_file).read_text(encoding="utf-8")
+        text = read_toml_text(root / rel_file)
     except FileNotFoundError:
         raise RlflowError(
             Diagnostic(
@@ -79,12 +81,34 @@ def load_document(root: Path, rel_file: str) -> Document:
     return parse_document(rel_file, text)
 
 
+def read_toml_text(path: Path) -> str:
+    """The file's text exactly as written: CRLF kept (`--fix` writes it back), BOM kept."""
+    with open(path, encoding="utf-8", newline="") as stream:
+        return stream.read()
+
+
 def parse_document(rel_file: str, text: str) -> Document:
+    text = text.removeprefix(BOM)  # uv reads a UTF-8 BOM as nothing; so do we
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise _toml_error(rel_file, text, err) from None
+    except RecursionError:  # tomllib recurses once per nested array or inline table
+        raise _too_deep(rel_file, text) from None
     return Document(rel_file, data, TomlLines(text))
+
+
+def _too_deep(rel_file: str, text: str) -> RlflowError:
+    line = TomlLines.deepest_line(text)
+    return RlflowError(
+        Diagnostic(
+            "RF102",
+            "malformed TOML: arrays or inline tables nested too deeply to read",
+            file=rel_file,
+            line=line,
+            help="no pyproject.toml needs this much nesting: look for a run of `[` or `{`",
+        )
+    )
 
 
 def _toml_error(rel_file: str, text: str, err: tomllib.TOMLDecodeError) -> RlflowError:
@@ -132,6 +156,7 @@ class _Reader:
             indexes=tuple(indexes),
             metadata_pins=tuple(self.metadata_pins()) if self.is_root else (),
             conflicts=tuple(self.conflicts()) if self.is_root else (),
+            directory=os.path.normpath(self.abs_dir),
         )
 
     # -- typed access ---------------------------------------------------------------------
@@ -216,7 +241,7 @@ class _Reader:
             requirement=text,
         )
         if parsed.url:
-            url = parse_direct_url(parsed.url, self.abs_dir)
+            url = self.url(parse_direct_url, path, parsed.url, self.abs_dir)
             return Pin(
                 kind=url.kind,
                 key=url.key,
@@ -235,6 +260,13 @@ class _Reader:
                 **common,
             )
         return None
+
+    def url(self, parse, path: tuple, text: str, *args):
+        """`parse(text)`, or exit 2 naming the key when the URL cannot be parsed at all."""
+        try:
+            return parse(text, *args)
+        except ValueError as err:
+            raise self.doc.bad_value(path, f"`{text[:200]}` is not a valid URL: {err}") from None
 
     # -- [tool.uv.sources] ----------------------------------------------------------------
     def sources(self, index_urls: dict[str, str]) -> list[tuple[Pin, str | None]]:
@@ -274,7 +306,7 @@ class _Reader:
         if "git" in source:
             return self.git_source(source, path, common)
         if "url" in source:
-            url = parse_direct_url(source["url"], self.abs_dir)
+            url = self.url(parse_direct_url, path + ("url",), source["url"], self.abs_dir)
             return Pin(
                 kind=url.kind,
                 key=url.key,
@@ -315,7 +347,7 @@ class _Reader:
             )
         ref_key = refs[0] if refs else None
         ref = source[ref_key] if ref_key else None
-        repo = normalize_repo(source["git"])
+        repo = self.url(normalize_repo, path + ("git",), source["git"])
         subdirectory = source.get("subdirectory")
         return Pin(
             kind="git",

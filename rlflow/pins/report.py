@@ -37,7 +37,11 @@ def to_diagnostic(finding: Finding, findings: list[Finding]) -> Diagnostic:
         if finding.ours
         else (finding.location or (finding.theirs[0].location if finding.theirs else None))
     )
-    notes = [_site_note(s) for s in finding.theirs]
+    notes = []
+    for site in finding.theirs:  # the arrow already shows `where`: never print it twice
+        note = _site_note(site)
+        if note not in notes and not (site.location == where and len(finding.theirs) == 1):
+            notes.append(note)
     if finding.code in UV_SAYS and finding.package:
         notes.append(UV_SAYS[finding.code].format(package=finding.package))
     return Diagnostic(
@@ -225,31 +229,47 @@ def _rf005(f: Finding):
     )
 
 
+def git_in_parent(sub, *args: str) -> str:
+    """A git command about `sub` that works pasted at the repository root: a nested submodule
+    is a path inside its parent submodule (`git add a/b` says "Pathspec is in submodule")."""
+    import posixpath
+    import shlex
+
+    parent = posixpath.dirname(sub.declared_at.file)
+    name = posixpath.relpath(sub.path, parent) if parent else sub.path
+    where = f"-C {shlex.quote(parent)} " if parent else ""
+    return f"git {where}{' '.join(args)} {shlex.quote(name)}"
+
+
 def _rf006(f: Finding):
     sub = f.submodule
+    update = git_in_parent(sub, "submodule", "update", "--init", "--recursive")
     return (
         f"submodule `{sub.path}` is checked out at {sub.head[:12]} but its parent records "
         f"{sub.gitlink[:12]}: the pins checked are not the ones that will be committed",
-        f"check out the recorded commit (`git submodule update --recursive {sub.path}`), or "
-        f"record the checked-out one (`git add {sub.path}`)",
+        f"check out the recorded commit (`{update}`), or record the checked-out one "
+        f"(`{git_in_parent(sub, 'add')}`)",
     )
 
 
 def _rf007(f: Finding):
     sub = f.submodule
+    update = git_in_parent(sub, "submodule", "update", "--init", "--recursive")
     return (
         f"submodule `{sub.path}` is not initialized: its pins were not checked",
-        f"run `git submodule update --init --recursive {sub.path}`",
+        f"run `{update}`",
     )
 
 
 def _rf008(f: Finding):
+    import shlex
+
     sub = f.submodule
     return (
         f"`{sub.path}/pyproject.toml` has uncommitted changes: the pins checked are not the "
         f"ones its commit {(sub.head or '')[:12]} records",
-        f"commit them in the submodule and stage the new gitlink (`git add {sub.path}`), or "
-        f"discard them (`git -C {sub.path} checkout -- pyproject.toml`)",
+        f"commit them in the submodule and stage the new gitlink (`{git_in_parent(sub, 'add')}`), "
+        f"or discard them (`git -C {shlex.quote(sub.path)} checkout -- pyproject.toml`)",
     )
 
 

@@ -1,7 +1,9 @@
 """URL normalization, so that only real differences are reported.
 
 uv treats `git+https://host/org/repo.git@v1`, `https://host/org/repo@v1` (as `git = ...` in
-`[tool.uv.sources]`) and `https://host/org/repo/@v1` as the same repository and ref; a
+`[tool.uv.sources]`) and `https://host/org/repo/@v1` as the same repository and ref, and so is
+`https://github.com/NVIDIA/Megatron-LM` vs `.../nvidia/megatron-lm` (uv lowercases GitHub
+paths); a
 different ref, host, path or subdirectory is a conflict. Index URLs are NOT normalized here:
 uv compares them verbatim, and a trailing slash alone makes "conflicting indexes".
 """
@@ -38,7 +40,10 @@ def normalize_repo(url: str) -> str:
         path = path[: -len(".git")].rstrip("/")
     if not parts.scheme:  # scp-like `git@host:org/repo`: keep it, minus the decorations above
         return path
-    return f"{parts.scheme.lower()}://{host.lower()}{path}"
+    host = host.lower()
+    if host == "github.com":  # GitHub paths are case-insensitive; uv (like cargo) lowercases them
+        path = path.lower()
+    return f"{parts.scheme.lower()}://{host}{path}"
 
 
 def git_key(repo: str, ref: str | None, subdirectory: str | None) -> str:

@@ -1,7 +1,7 @@
 """Do two version specifier sets leave any version that satisfies both?; pure.
 
-Each set becomes an interval on the PEP 440 version line (`!=` ignored, `==1.2.*` and `~=` as
-ranges). That interval is a superset of what the set really allows, so an empty intersection
+Each set becomes an interval on the PEP 440 version line (`==1.2.*` and `~=` as ranges); `!=`
+then empties it when the interval is one version or lies inside an excluded `!=1.2.*`. That interval is a superset of what the set really allows, so an empty intersection
 is a sure conflict. Local versions (`==1.0` also allows `1.0+cu130`) and `===` are settled by
 testing the literal versions of both sets. Result: `disjoint` never reports a pair that some
 version satisfies (no false alarms); a few exotic empty pairs are left to uv.
@@ -18,13 +18,34 @@ Bound = tuple[Version, bool] | None  # (version, inclusive); None = unbounded
 def disjoint(a: str, b: str) -> bool:
     """True when no version satisfies both `a` and `b` (comma-separated specifiers)."""
     set_a, set_b = SpecifierSet(a), SpecifierSet(b)
-    low, high = _interval(list(set_a) + list(set_b))
-    if _nonempty(low, high):
+    specs = list(set_a) + list(set_b)
+    low, high = _interval(specs)
+    if _nonempty(low, high) and not _excluded(low, high, specs, set_a, set_b):
         return False
     for version in _literals(set_a, set_b):
         if set_a.contains(version, prereleases=True) and set_b.contains(version, prereleases=True):
             return False
     return True
+
+
+def _excluded(low: Bound, high: Bound, specs: list[Specifier], *sets: SpecifierSet) -> bool:
+    """`!=` can empty an interval only when it is one version (`==1.2` vs `!=1.2`) or lies
+    inside an excluded prefix (`==1.2.*` vs `!=1.2.*`); uv then says "unsatisfiable"."""
+    if any(spec.operator == "===" for spec in specs):
+        return False  # arbitrary equality compares strings: left to the literal test below
+    if low is not None and high is not None and low[0] == high[0]:
+        version = str(low[0])
+        return not all(s.contains(version, prereleases=True) for s in sets)
+    for spec in specs:
+        if spec.operator == "!=" and spec.version.endswith(".*"):
+            start, end = _spec_interval(Specifier("==" + spec.version))
+            inside_low = low is not None and low[0] >= start[0]
+            inside_high = high is not None and (
+                high[0] < end[0] or (high[0] == end[0] and not high[1])
+            )
+            if inside_low and inside_high:
+                return True
+    return False
 
 
 def exact_version(key: str) -> str | None:

@@ -110,3 +110,28 @@ def test_atomic_write_refuses_a_file_changed_since_it_was_read(tmp_path):
         write_atomically(path, "new text\n", expected_old="what check-pins read\n")
     assert path.read_text() == "edited by someone else meanwhile\n"
     assert [p.name for p in tmp_path.iterdir()] == ["pyproject.toml"]  # no temp file left
+
+
+def test_fix_keeps_tag_key_and_crlf_line_endings(nested):
+    """A CRLF file stays CRLF (the diff shows one line) and `tag` stays `tag`."""
+    body = f'emerging-optimizers = {{ git = "{EMO_URL}", tag = "v0.2.0" }}  # pinned\n'
+    root = root_toml(body=body).replace(
+        f'"emerging-optimizers @ git+{EMO_URL}@v0.3.0",', '"emerging-optimizers",'
+    )
+    layout = nested(root=root.replace("\n", "\r\n"))
+    path = layout.root / "pyproject.toml"
+    before = path.read_bytes()
+    result = check_pins("--repo", layout.root, "--fix")
+    assert result.code == 0, result.out
+    after = path.read_bytes()
+    assert after == before.replace(b'tag = "v0.2.0"', b'tag = "v0.3.0"')
+    changed = [line for line in result.out.split("\n") if line.startswith(("-", "+"))]
+    assert len(changed) == 4, result.out  # ---, +++, one line out, one line in
+
+
+def test_fix_keeps_a_bom(nested):
+    layout = nested(root="\ufeff" + root_toml(emo="v0.2.0"))
+    path = layout.root / "pyproject.toml"
+    before = path.read_text(encoding="utf-8")
+    assert check_pins("--repo", layout.root, "--fix").code == 0
+    assert path.read_text(encoding="utf-8") == before.replace("@v0.2.0", "@v0.3.0")

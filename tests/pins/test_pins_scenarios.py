@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pins_helpers import (
+    BRIDGE_PATH,
     EMO_URL,
     LM_PATH,
     REPO_ROOT,
@@ -67,11 +68,16 @@ def test_source_table_pin_gets_a_rev_fix_line(nested):
     line = line_of(layout.root / "pyproject.toml", 'rev = "v0.2.0"')
     assert result.code == 1
     assert f'help: set rev = "v0.3.0" at pyproject.toml:{line}' in result.out
-    # A `tag` key cannot hold what the submodule's `rev` holds (maybe a commit): switch keys.
+    # A `tag` stays a `tag` (the issue-11 --fix renamed it)...
     path = layout.root / "pyproject.toml"
     path.write_text(path.read_text().replace('rev = "v0.2.0"', 'tag = "v0.2.0"'))
     result = check_pins("--repo", layout.root)
-    assert f'help: set rev = "v0.3.0" (instead of `tag`) at pyproject.toml:{line}' in result.out
+    assert f'help: set tag = "v0.3.0" at pyproject.toml:{line}' in result.out
+    # ...unless the submodule pins a commit, which a `tag` key cannot hold.
+    lm = layout.lm / "pyproject.toml"
+    lm.write_text(lm.read_text().replace('rev = "v0.3.0"', 'rev = "0123abcd"'))
+    result = check_pins("--repo", layout.root)
+    assert 'help: set rev = "0123abcd" (instead of `tag`: a commit)' in result.out
 
 
 def test_url_spelling_differences_are_not_conflicts(nested):
@@ -268,10 +274,22 @@ def test_pins_uv_never_installs_are_ignored(nested):
     assert ("RF001", "mamba-ssm") in packages and ("RF001", "nemo-run") not in packages
 
 
-def test_submodule_url_pin_not_declared_at_root_warns(nested):
+def test_url_pin_of_a_path_dependency_is_accepted_like_uv_does(nested):
+    """uv honours the sources of path dependencies: no root declaration needed, no warning."""
     root = root_toml().replace(
         f'    "emerging-optimizers @ git+{EMO_URL}@v0.3.0",  # bumped with the submodule\n', ""
     )
+    result = check_pins("--repo", nested(root=root).root, "--strict")
+    assert result.code == 0, result.out
+    assert "RF002" not in result.out
+
+
+def test_submodule_url_pin_not_declared_at_root_warns(nested):
+    """Megatron-Bridge from an index, not by path: its checkout's git pins are not uv's."""
+    root = root_toml().replace(
+        f'    "emerging-optimizers @ git+{EMO_URL}@v0.3.0",  # bumped with the submodule\n', ""
+    )
+    root = root.replace(f'megatron-bridge = {{ path = "{BRIDGE_PATH}", editable = true }}', "")
     result = check_pins("--repo", nested(root=root).root)
     assert result.code == 0
     assert "warning[RF002]: `emerging-optimizers` is pinned by URL in submodule" in result.out

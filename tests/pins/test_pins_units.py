@@ -25,7 +25,15 @@ from rlflow.pins.versions import disjoint, exact_version
         ("~=1.2", "==1.9", False),
         ("==1.2.*", "==1.2.7", False),
         ("==1.2.*", "==1.3.0", True),
-        ("!=1.0", "==1.0", False),  # `!=` is ignored: no false alarms, uv has the last word
+        ("!=1.0", "==1.0", True),  # uv: "your requirements are unsatisfiable"
+        ("!=1.0.0", "==1.0", True),
+        ("!=1.1", "==1.0", False),
+        ("!=1.0", ">=1.0,<=1.0", True),
+        ("!=1.0", ">=1.0", False),
+        ("!=1.2.*", "==1.2.*", True),
+        ("!=1.2.*", "~=1.2.3", True),
+        ("!=1.2.*", "==1.2.7", True),
+        ("!=1.2.*", ">=1.2", False),
         (">=5.0,<6", "==5.17.0", False),
         ("===1.0-custom", "==1.0", False),
     ],
@@ -49,10 +57,15 @@ def test_exact_version():
         "https://github.com/NVIDIA-NeMo/Emerging-Optimizers/",
         "https://GitHub.com/NVIDIA-NeMo/Emerging-Optimizers.git/",
         "https://token@github.com/NVIDIA-NeMo/Emerging-Optimizers",
+        "https://github.com/nvidia-nemo/emerging-optimizers",  # uv: GitHub is case-insensitive
     ],
 )
 def test_repository_spellings_normalize_to_one(spelling):
-    assert normalize_repo(spelling) == "https://github.com/NVIDIA-NeMo/Emerging-Optimizers"
+    assert normalize_repo(spelling) == "https://github.com/nvidia-nemo/emerging-optimizers"
+
+
+def test_case_matters_off_github():
+    assert normalize_repo("https://gitlab.com/A/x") != normalize_repo("https://gitlab.com/a/x")
 
 
 def test_different_repositories_stay_different():
