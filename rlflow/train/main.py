@@ -44,7 +44,9 @@ def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
     try:
         loaded = load_checked(recipe_path, overrides)
         directory = Path(run_dir) if run_dir else default_run_dir(loaded.recipe)
-        directory.mkdir(parents=True, exist_ok=True)
+        from rlflow.train.storage import prepare_run_dir
+
+        prepare_run_dir(directory)  # read-only or uncreatable: a diagnostic, not a traceback
         if rank == 0:
             from rlflow.recipe.load import dump_recipe
 

@@ -51,14 +51,17 @@ class MetricsLog:
             )
 
     def truncate_after(self, step: int) -> None:
-        """On resume, forget steps logged after the checkpoint (they will be run again)."""
+        """On resume, forget steps logged after the checkpoint (they will be run again), and a
+        torn last line (the previous attempt died while writing it)."""
         if not self.enabled or not self.path.exists():
             return
-        kept = [
-            line
-            for line in self.path.read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] <= step
-        ]
+        records, torn = _parse(self.path)
+        if torn:
+            self.write(
+                f"{self.path}: removed a torn last line ({len(torn)} bytes: {torn[:60]!r}), "
+                f"left by a run that stopped while writing it"
+            )
+        kept = [line for line, record in records if record["step"] <= step]
         self.path.write_text("".join(line + "\n" for line in kept))
         if self._bar is not None:
             self._bar.n = step
@@ -101,8 +104,42 @@ class MetricsLog:
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / METRICS_FILE
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """Every step's record; a torn last line (a run killed mid-write) is left out."""
+    records, _ = _parse(run_dir / METRICS_FILE)
+    return [record for _, record in records]
+
+
+def _parse(path: Path) -> tuple[list[tuple[str, dict]], str | None]:
+    """(line, record) pairs, and the torn last line if there is one. A damaged line anywhere
+    else is an error naming it: only the last line can be cut short by a crash."""
+    from rlflow.errors import Diagnostic, RlflowError
+
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("not a step record")
+        except ValueError as err:
+            if number == len(lines):
+                return records, line
+            raise RlflowError(
+                Diagnostic(
+                    "metrics.damaged",
+                    f"line {number} of {path} is not a metrics record ({err})",
+                    file=str(path),
+                    line=number,
+                    help="delete that line (the steps after it were logged fine), or start a new "
+                    "run directory",
+                )
+            ) from None
+        records.append((line, record))
+    return records, None
 
 
 def _plain(value):
