@@ -278,7 +278,9 @@ class DecodeGraph:
         device = cache.keys[0].device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
-        self.lengths = torch.ones(rows, dtype=torch.long, device=device)
+        # Warm-up runs really execute: point their writes at the cache's last slot, a scratch
+        # slot no row ever reaches (the engine sizes the cache one past the longest row).
+        self.lengths = torch.full((rows,), cache.length, dtype=torch.long, device=device)
 
         def step():
             return decoder.decode(self.tokens, self.positions, self.lengths, cache, rows)

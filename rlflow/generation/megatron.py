@@ -110,8 +110,10 @@ class MegatronGeneration(GenerationBackend):
             for p in unique
         ]
         length = max(len(i) for i in ids) + params.max_new_tokens
-        if self.cuda_graphs:  # round up so one cache (and its graphs) serves many steps
-            length = -(-length // 256) * 256
+        if self.cuda_graphs:
+            # +1: the last slot is the graphs' warm-up scratch; round up so one cache (and its
+            # graphs) serves many steps
+            length = -(-(length + 1) // 256) * 256
         seeds = row_seeds(params.seed, len(prompts), self.device)
         results: list[Completion | None] = [None] * len(prompts)
         t0 = time.perf_counter()
@@ -246,6 +248,8 @@ class MegatronGeneration(GenerationBackend):
         stop_ids = torch.tensor(params.stop_token_ids or [-1], device=device)
         step_fn = self._step_fn(cache)
         batch = capacity
+        trace: list[tuple[int, int, int, float]] = []
+        t0 = time.perf_counter()
         for step in range(params.max_new_tokens):
             token = sample_tokens(logits, params, seeds_live, step)
             logprob = logits.gather(1, token[:, None])[:, 0] - logits.logsumexp(-1)
@@ -261,6 +265,7 @@ class MegatronGeneration(GenerationBackend):
             if not params.ignore_eos and (step + 1) % _STOP_CHECK_EVERY == 0:
                 alive = ~finished.index_select(0, live_ids)
                 count = int(alive.sum())
+                trace.append((step + 1, batch, count, round(time.perf_counter() - t0, 4)))
                 if count == 0:
                     break
                 smaller = _bucket(buckets, count) if buckets else count
@@ -275,6 +280,7 @@ class MegatronGeneration(GenerationBackend):
             lengths = lengths + 1
             logits = step_fn(token, positions + step, lengths, batch)
         self.last_timings["steps"] = max(self.last_timings["steps"], step + 1)
+        self.last_timings["trace"] = trace  # (step, batch, live rows, seconds since prefill)
         return _completions(out_tokens[:n], out_logprobs[:n], steps_done[:n], params)
 
     def _prefill_inputs(self, core, prompts, ids, pack: Packing):

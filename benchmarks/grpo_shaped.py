@@ -1,0 +1,881 @@
+"""GRPO-shaped rollouts and whole GRPO steps on the Qwen2.5-VL-3B shape (issue 9, section 1).
+
+Workload, generated from seeds (no downloads), on a random-weight Qwen2.5-VL-3B-shaped checkpoint
+(`rlflow init-tiny-model --preset qwen25vl-3b`), bf16:
+- 64 prompts x 8 samples = 512 rollouts; each prompt object is repeated 8 times in a row, as
+  rlflow's loop does (engines may detect the sharing by identity);
+- media mix, seeded order: images of 112, 224, 336 and 448 px (16, 64, 144, 256 visual tokens),
+  videos of 4 frames at 112 or 224 px (2 temporal patches: 32 or 128 tokens) and text-only rows;
+- ragged questions of 10-120 text tokens (seeded), encoded by rlflow's own PromptEncoder with the
+  checkpoint's processor (its pixel limit raised to 448x448 in a sibling checkpoint folder);
+- T=1 sampling, cap 256 new tokens. Random weights never emit EOS, so a seeded random set of
+  vocab/80 token ids is the stop set: near-flat logits stop each step with p ~ 1/80 (mean
+  response ~ 80 tokens; the measured mean is reported).
+
+Parts (--parts, any subset; one process may run at most ~9 minutes on the lent GPU):
+- rollout:  MegatronGeneration.generate on the 512 rollouts: one warm-up, then the median of
+            --reps timed calls. Useful tokens/s = tokens each row kept (up to and including its
+            stop token) / synchronised wall clock of the whole call; the GRPO-shaped roofline
+            (below) from THIS run's per-row lengths; peak memory.
+- hf:       HF `generate` (HFGeneration) on the same workload; on --hf-prompts prompts only
+            (x samples rows), because HF is slow. Its tokens/s is measured on that subset; the
+            full-batch time is extrapolated linearly in the number of --hf-batch chunks.
+- step:     whole GRPO steps (rlflow.train.setup + rlflow.train.loop.grpo_step) on the same
+            prompts and stop set: seconds per phase (time/*), tokens/s/GPU, update and logprob
+            MFU, memory per step.
+- fixed256: the same, every row exactly 256 new tokens (no stop set, ignore_eos).
+
+GRPO-shaped roofline (issue 9): prefill FLOPs of the unique prompts (LM 2 x params x tokens +
+vision tower 2 x vision params x patches + attention) / measured bf16 matmul rate, plus, for
+every decode step up to the longest row, max((LM weight bytes + KV bytes of the rows still live)
+/ measured copy bandwidth, (2 x LM params x live rows + attention FLOPs) / matmul rate). With
+--tp 2 the ceilings of one GPU are multiplied by the number of GPUs.
+
+    # one H200 (wheels as in generation_throughput.md; PYTHONPATH=/tmp/site:$PWD)
+    python3 benchmarks/grpo_shaped.py --out $OUT --parts rollout,hf
+    python3 benchmarks/grpo_shaped.py --out $OUT --parts step,fixed256
+    # two H200s, tensor parallel 2 (two ranks through rlflow's local launcher; rank 0 reports)
+    python3 benchmarks/grpo_shaped.py --out $OUT --tp 2 --parts rollout,step
+    # CPU smoke test of the script (tiny model, fp32, 4 prompts x 2 samples, cap 16)
+    uv run python benchmarks/grpo_shaped.py --tiny --out /tmp/grpo-shaped
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RECIPE = ROOT / "recipes" / "vlm_grpo-qwen25vl-3b-clevr-4n8g-megatron-tp2.yaml"
+RESULTS = "grpo_shaped_results.json"
+# One cycle of row kinds (8 images, 2 videos, 2 text rows); the batch takes them in turn, then
+# shuffles (seeded). ("image", 448) is a 448x448 image; ("video", 112) is 4 frames of 112x112.
+KIND_CYCLE = [
+    ("image", 112),
+    ("video", 112),
+    ("text", 0),
+    ("image", 224),
+    ("image", 336),
+    ("video", 224),
+    ("image", 448),
+    ("text", 0),
+    ("image", 112),
+    ("image", 224),
+    ("image", 336),
+    ("image", 448),
+]
+VIDEO_FRAMES = 4  # temporal patch size 2: two temporal patches
+MAX_PIXELS = 448 * 448  # the benchmark's processor limit: a 448x448 image keeps 32x32 patches
+WORDS = (
+    "how many are there in the image picture video scene clip frame objects shapes appear first "
+    "last which came before after total of and or with a is it what count number answer please "
+    "red green blue yellow purple cyan gray orange brown white black cube sphere cylinder square "
+    "circle triangle ball block big small large tiny the each color size"
+).split()
+
+
+# ----------------------------------------------------------------------------- workload
+
+
+def bench_checkpoint(base: Path, tiny: bool, device: torch.device, is_writer: bool) -> Path:
+    """rlflow's random checkpoint (`rlflow init-tiny-model --preset`), written once at `base`,
+    and a sibling folder that links its files but raises the processor's pixel limits to
+    448x448, so the four image sizes keep their resolution (the preset's limit is 224x224)."""
+    from rlflow.model.tiny import PRESETS, write_tiny_checkpoint
+
+    target = base.with_name(base.name + "-grpo-shaped")
+    if not is_writer:
+        return target
+    if not (base / "config.json").exists():
+        write_tiny_checkpoint(
+            base, seed=0, sizes=PRESETS["tiny" if tiny else "qwen25vl-3b"], device=str(device)
+        )
+    staging = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for item in base.iterdir():
+        if item.name != "processor_config.json":
+            (staging / item.name).symlink_to(item.resolve())
+    processor = json.loads((base / "processor_config.json").read_text())
+    processor["image_processor"]["size"]["longest_edge"] = MAX_PIXELS
+    processor["video_processor"]["size"]["longest_edge"] = max(
+        MAX_PIXELS, processor["video_processor"]["size"]["longest_edge"]
+    )
+    (staging / "processor_config.json").write_text(json.dumps(processor, indent=2))
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def make_samples(n: int, seed: int, tokenizer) -> list:
+    """n rlflow Samples: seeded kinds (KIND_CYCLE), random-pixel media, ragged questions."""
+    from PIL import Image
+
+    from rlflow.data.sample import Sample
+
+    kinds = [KIND_CYCLE[i % len(KIND_CYCLE)] for i in range(n)]
+    random.Random(seed).shuffle(kinds)
+    samples = []
+    for i, (kind, size) in enumerate(kinds):
+        rng = random.Random(seed * 1_000_003 + i)
+        target = rng.randint(10, 120)  # text tokens of the question
+        words: list[str] = []
+        while len(tokenizer(" ".join(words), add_special_tokens=False)["input_ids"]) < target:
+            words.append(rng.choice(WORDS))
+        pixels = np.random.default_rng([seed, i])
+        count = {"image": 1, "video": VIDEO_FRAMES}.get(kind, 0)
+        frames = tuple(
+            Image.fromarray(pixels.integers(0, 255, (size, size, 3), dtype=np.uint8))
+            for _ in range(count)
+        )
+        images = frames if kind == "image" else ()
+        video = frames if kind == "video" else None
+        samples.append(
+            Sample(
+                id=f"grpo-shaped/{seed}/{i}",
+                media=kind,
+                question=" ".join(words).capitalize() + "?",
+                answer="0",
+                images=images,
+                video=video,
+                kind=f"{kind}{size or ''}",
+            )
+        )
+    return samples
+
+
+def stop_token_ids(vocab_size: int, every: int, seed: int) -> tuple[int, ...]:
+    """vocab/every random token ids: under near-flat logits a step stops with p ~ 1/every."""
+    generator = torch.Generator().manual_seed(seed + 7)
+    return tuple(
+        sorted(torch.randperm(vocab_size, generator=generator)[: vocab_size // every].tolist())
+    )
+
+
+# ----------------------------------------------------------------------------- ceilings
+
+
+def ceilings(device: torch.device) -> dict:
+    """Measured copy bandwidth (bytes read + written) and bf16 matmul rate (8192^3) on this
+    device: the same method as generation_throughput.py."""
+    if device.type != "cuda":
+        return {"copy_tb_s": float("nan"), "matmul_tflop_s": float("nan")}
+    src = torch.empty(2**31, dtype=torch.bfloat16, device=device)  # 4 GiB
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    torch.cuda.synchronize(device)
+    copy = 10 * 2 * src.numel() * 2 / (time.perf_counter() - start) / 1e12
+    del src, dst
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device=device)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        c = a @ b
+    torch.cuda.synchronize(device)
+    matmul = 10 * 2 * 8192**3 / (time.perf_counter() - start) / 1e12
+    del a, b, c
+    torch.cuda.empty_cache()
+    return {"copy_tb_s": copy, "matmul_tflop_s": matmul}
+
+
+# ----------------------------------------------------------------------------- model counts
+
+
+def model_counts(checkpoint: Path, dtype_bytes: int) -> dict:
+    """Parameter counts and shapes from the checkpoint's config (a meta-device model: no memory).
+
+    lm_matmul_params are the LM weights a token multiplies through: the transformer layers and
+    the output head (a tied head is the embedding matrix, counted once; an untied embedding is a
+    lookup, not a matmul)."""
+    from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
+
+    config = AutoConfig.from_pretrained(str(checkpoint))
+    with torch.device("meta"):
+        model = Qwen2_5_VLForConditionalGeneration._from_config(config)
+    lm = sum(p.numel() for n, p in model.named_parameters() if "visual" not in n)
+    vision = sum(p.numel() for n, p in model.named_parameters() if "visual" in n)
+    text, vis = config.text_config, config.vision_config
+    embedding = text.vocab_size * text.hidden_size
+    tied = bool(getattr(text, "tie_word_embeddings", False) or config.tie_word_embeddings)
+    matmul = lm if tied else lm - embedding
+    head_dim = text.hidden_size // text.num_attention_heads
+    return {
+        "lm_params": lm,
+        "lm_matmul_params": matmul,
+        "head_params": embedding,
+        "vision_params": vision,
+        "vocab_size": text.vocab_size,
+        "layers": text.num_hidden_layers,
+        "q_width": text.num_attention_heads * head_dim,
+        "kv_bytes_per_token": text.num_hidden_layers
+        * 2
+        * text.num_key_value_heads
+        * head_dim
+        * dtype_bytes,
+        "weight_bytes": matmul * dtype_bytes,
+        "vision_hidden": vis.hidden_size,
+        "vision_depth": vis.depth,
+        "vision_full_layers": len(vis.fullatt_block_indexes),
+        "vision_window_patches": (vis.window_size // vis.patch_size) ** 2,
+        "image_token_id": config.image_token_id,
+        "video_token_id": config.video_token_id,
+    }
+
+
+def vision_flops(media, c: dict) -> float:
+    """2 x vision params x patches, plus window / full attention within each frame group."""
+    patches, attention = 0, 0.0
+    for pixels, grids in (
+        (media.pixel_values, media.image_grid_thw),
+        (media.pixel_values_videos, media.video_grid_thw),
+    ):
+        if pixels is None:
+            continue
+        patches += int(pixels.shape[0])
+        for t, h, w in grids.tolist():
+            seq = h * w  # Qwen2.5-VL's vision attention runs per temporal slice
+            full = 4 * seq * seq * c["vision_hidden"] * c["vision_full_layers"]
+            window = (
+                4
+                * seq
+                * min(seq, c["vision_window_patches"])
+                * c["vision_hidden"]
+                * (c["vision_depth"] - c["vision_full_layers"])
+            )
+            attention += t * (full + window)
+    return 2 * c["vision_params"] * patches + attention
+
+
+def roofline(rollout_prompts, lengths: list[int], c: dict, ceil: dict, gpus: int) -> dict:
+    """The issue's GRPO-shaped roofline from this run's per-row lengths (see module docstring)."""
+    matmul = ceil["matmul_tflop_s"] * 1e12 * gpus
+    copy = ceil["copy_tb_s"] * 1e12 * gpus
+    unique = list({id(p): p for p in rollout_prompts}.values())
+    body = c["lm_matmul_params"] - c["head_params"]  # no head over prompt tokens but the last
+    prefill = 0.0
+    for p in unique:
+        n = len(p.token_ids)
+        prefill += 2 * body * n + 2 * c["head_params"] + 4 * c["layers"] * n * n / 2 * c["q_width"]
+        prefill += vision_flops(p.media, c)
+    prompt_len = np.array([len(p.token_ids) for p in rollout_prompts])
+    length = np.array(lengths)
+    decode_s, memory_bound_steps = 0.0, 0
+    for k in range(1, int(length.max())):  # step k feeds token k, makes token k+1
+        live = length > k
+        rows = int(live.sum())
+        context = prompt_len[live] + k
+        by_bytes = (c["weight_bytes"] + c["kv_bytes_per_token"] * context.sum()) / copy
+        flops = 2 * c["lm_matmul_params"] * rows + 4 * c["layers"] * c["q_width"] * context.sum()
+        by_flops = flops / matmul
+        decode_s += max(by_bytes, by_flops)
+        memory_bound_steps += int(by_bytes >= by_flops)
+    prefill_s = float(prefill / matmul)
+    total = prefill_s + float(decode_s)
+    return {
+        "unique_prompts": len(unique),
+        "prefill_tflop": prefill / 1e12,
+        "prefill_s": prefill_s,
+        "decode_steps": int(length.max()) - 1,
+        "decode_s": float(decode_s),
+        "memory_bound_steps": memory_bound_steps,
+        "total_s": total,
+        "useful_tokens": int(length.sum()),
+        "tokens_per_s": float(length.sum() / total),
+        "gpus": gpus,
+    }
+
+
+# ----------------------------------------------------------------------------- rollout parts
+
+
+def timed_generate(backend, prompts, params, device) -> tuple[float, list]:
+    _sync(device)
+    start = time.perf_counter()
+    completions = backend.generate(prompts, params)
+    _sync(device)
+    return time.perf_counter() - start, completions
+
+
+def length_stats(completions) -> dict:
+    lengths = [len(c.token_ids) for c in completions]
+    return {
+        "rows": len(lengths),
+        "useful_tokens": sum(lengths),
+        "mean_response": statistics.mean(lengths),
+        "median_response": statistics.median(lengths),
+        "max_response": max(lengths),
+        "rows_at_cap": sum(c.finish_reason == "length" for c in completions),
+    }
+
+
+def run_rollout(policy, prompts, params, args, ceil, counts, gpus, device, log) -> dict:
+    from rlflow.generation.megatron import MegatronGeneration
+
+    backend = MegatronGeneration(
+        policy,
+        pad_token_id=args.pad_token_id,
+        max_batch_size=args.max_batch_size,
+        cuda_graphs=True,
+        compile_decode=args.compile_decode,
+    )
+    warm_s, _ = timed_generate(backend, prompts, params, device)
+    log(f"rollout: warm-up {warm_s:.1f} s (graph capture / compile included)")
+    _reset_peak(device)
+    before = _allocated(device)
+    runs = []
+    for rep in range(args.reps):
+        seconds, completions = timed_generate(backend, prompts, params, device)
+        stats = length_stats(completions)
+        # the roofline of exactly this call's work: its per-row lengths
+        roof = roofline(prompts, [len(c.token_ids) for c in completions], counts, ceil, gpus)
+        tokens_per_s = stats["useful_tokens"] / seconds
+        runs.append(
+            {
+                "seconds": seconds,
+                **stats,
+                "tokens_per_s": tokens_per_s,
+                "percent_of_roofline": 100 * roof["total_s"] / seconds,
+                "roofline": roof,
+            }
+        )
+        log(
+            f"rollout: run {rep + 1}: {seconds:.2f} s, {stats['useful_tokens']} useful tokens "
+            f"(mean response {stats['mean_response']:.1f}), {tokens_per_s:,.0f} tok/s"
+        )
+    peak = _peak(device)
+    if getattr(args, "profile", False):  # one more call under the profiler: top kernels, host gaps
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            timed_generate(backend, prompts, params, device)
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+        (args.out / "rollout_profile.txt").write_text(table)
+        log("rollout profile:\n" + table)
+    backend.close()
+    roof = runs[0]["roofline"]
+    out = {
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
+        "seconds": statistics.median(r["seconds"] for r in runs),
+        "percent_of_roofline": statistics.median(r["percent_of_roofline"] for r in runs),
+        "warmup_s": warm_s,
+        "runs": runs,
+        "engine_timings": getattr(backend, "last_timings", {}),
+        "allocated_before_gib": before,
+        "peak_gib": peak,
+        "roofline": roof,
+    }
+    log(
+        f"rollout: {out['tokens_per_s']:,.0f} useful tok/s = {out['percent_of_roofline']:.1f}% "
+        f"of the GRPO-shaped roofline ({roof['tokens_per_s']:,.0f} tok/s: prefill "
+        f"{roof['prefill_s'] * 1e3:.0f} ms + {roof['decode_steps']} decode steps "
+        f"{roof['decode_s'] * 1e3:.0f} ms); peak {peak:.1f} GiB"
+    )
+    return out
+
+
+def run_hf(policy, prompts, params, args, device, log) -> dict:
+    """HF generate on the first --hf-prompts prompts (all their samples), in --hf-batch chunks."""
+    from rlflow.generation.hf import HFGeneration
+
+    rows = args.hf_prompts * args.samples
+    subset = prompts[:rows]
+    backend = HFGeneration(policy, args.pad_token_id, args.hf_batch)
+    warm_s, _ = timed_generate(
+        backend, subset[: args.hf_batch], dataclasses.replace(params, max_new_tokens=8), device
+    )
+    log(f"hf: warm-up {warm_s:.1f} s")
+    _reset_peak(device)
+    runs = []
+    for rep in range(args.hf_reps):
+        seconds, completions = timed_generate(backend, subset, params, device)
+        stats = length_stats(completions)
+        runs.append({"seconds": seconds, **stats, "tokens_per_s": stats["useful_tokens"] / seconds})
+        log(f"hf: run {rep + 1}: {seconds:.1f} s, {runs[-1]['tokens_per_s']:,.0f} tok/s")
+    median = {k: statistics.median(r[k] for r in runs) for k in ("seconds", "tokens_per_s")}
+    chunks_subset = -(-rows // args.hf_batch)
+    chunks_full = -(-len(prompts) // args.hf_batch)
+    out = {
+        "measured_rows": rows,
+        "full_rows": len(prompts),
+        "batch": args.hf_batch,
+        "tokens_per_s": median["tokens_per_s"],
+        "seconds": median["seconds"],
+        "runs": runs,
+        "peak_gib": _peak(device),
+        # HF runs one chunk after another: the whole batch costs about chunks_full / chunks_subset
+        # times the subset (an extrapolation, not a measurement, when the subset is smaller).
+        "estimated_full_batch_s": median["seconds"] * chunks_full / chunks_subset,
+        "extrapolated": rows < len(prompts),
+    }
+    backend.close()
+    del backend
+    _free(device)
+    return out
+
+
+# ----------------------------------------------------------------------------- whole step
+
+
+class BenchmarkSampling:
+    """Wraps the trainer backend's generate: the benchmark's stop set (or exactly max_new_tokens)
+    replaces the recipe's EOS, and every call's rows and wall time are recorded.
+
+    Monkeypatching the loop's sampling is the brief's sanctioned way to give the real step the
+    GRPO-shaped stop behaviour: random weights never emit EOS."""
+
+    def __init__(self, generate, device):
+        self.generate, self.device = generate, device
+        self.stop_ids: tuple[int, ...] = ()
+        self.fixed = False
+        self.calls: list[dict] = []
+
+    def __call__(self, prompts, params):
+        params = dataclasses.replace(
+            params,
+            stop_token_ids=() if self.fixed else self.stop_ids,
+            ignore_eos=self.fixed,
+        )
+        _sync(self.device)
+        start = time.perf_counter()
+        completions = self.generate(prompts, params)
+        _sync(self.device)
+        self.calls.append(
+            {
+                "seconds": time.perf_counter() - start,
+                "prompt_tokens": sum(len(p.token_ids) for p in prompts),
+                "unique_prompts": len({id(p) for p in prompts}),
+                **length_stats(completions),
+            }
+        )
+        return completions
+
+
+def run_steps(loaded, samples, stop_ids, args, ceil, counts, run_dir, info, log) -> dict:
+    from rlflow.data import PromptSampler
+    from rlflow.train import loop
+    from rlflow.train.setup import setup
+
+    start = time.perf_counter()
+    t = setup(loaded, run_dir)
+    # The GRPO-shaped prompts replace the recipe's dataset: every step draws all of them.
+    t.train_data = samples
+    t.sampler = PromptSampler(len(samples), len(samples), args.seed)
+    sampling = BenchmarkSampling(t.backend.generate, info.device)
+    sampling.stop_ids = stop_ids
+    t.backend.generate = sampling
+    loop._resume_or_start(t)  # what loop.train does first: optimizer, reference = policy
+    log(f"step: trainer built in {time.perf_counter() - start:.1f} s")
+    gpus = info.world_size
+    rate = ceil["matmul_tflop_s"] * 1e12 * gpus
+    passes = 2 if t.reference is not None else 1
+    out = {"trainer_build_s": time.perf_counter() - start, "logprob_passes": passes}
+    for part in [p for p in args.parts if p in ("step", "fixed256")]:
+        sampling.fixed = part == "fixed256"
+        rows = []
+        for _ in range(args.steps):
+            step = t.step + 1
+            metrics = loop.grpo_step(t, step)
+            t.step = step
+            t.log.log(step, metrics)
+            call = sampling.calls[-1]
+            tokens = call["prompt_tokens"] + call["useful_tokens"]
+            timing = {k: v for k, v in metrics.items() if k.startswith("time/")}
+            row = {
+                "step": step,
+                **timing,
+                "tokens": tokens,
+                "response_mean": call["mean_response"],
+                "generate_s": call["seconds"],
+                "generation_tokens_per_s": call["useful_tokens"] / call["seconds"],
+                "tokens_per_s_per_gpu": tokens / metrics["time/step"] / gpus,
+                "update_mfu": 6
+                * counts["lm_matmul_params"]
+                * tokens
+                / metrics["time/training"]
+                / rate,
+                "logprob_mfu": 2
+                * counts["lm_matmul_params"]
+                * tokens
+                * passes
+                / metrics["time/logprobs"]
+                / rate,
+                **{k: v for k, v in metrics.items() if k.startswith("memory/")},
+                "token_mult_prob_error": metrics.get("train/token_mult_prob_error"),
+            }
+            rows.append(row)
+            log(
+                f"{part} {step}: {row['time/step']:.1f} s (generation "
+                f"{row.get('time/generation', 0):.1f}, logprobs {row.get('time/logprobs', 0):.1f},"
+                f" training {row.get('time/training', 0):.1f}), {tokens} tokens, "
+                f"{row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, MFU update "
+                f"{100 * row['update_mfu']:.1f}% logprobs {100 * row['logprob_mfu']:.1f}%, "
+                f"allocated {row.get('memory/allocated_gib', float('nan')):.2f} GiB"
+            )
+        later = rows[1:] or rows  # step 1 includes CUDA-graph capture and compilation
+        summary = {
+            key: statistics.median(r[key] for r in later)
+            for key in rows[0]
+            if key != "step"
+            and key.startswith(("time/", "tokens", "response", "generat", "update", "logprob"))
+        }
+        summary["allocated_gib_per_step"] = [r.get("memory/allocated_gib") for r in rows]
+        summary["peak_gib_per_step"] = [r.get("memory/peak_gib") for r in rows]
+        out[part] = {"median_of_steps_2_on": summary, "steps": rows}
+    t.backend.close()
+    t.log.close()
+    metrics_file = run_dir / "metrics.jsonl"
+    if info.is_main and metrics_file.exists():
+        shutil.copy(metrics_file, args.out / "metrics.jsonl")
+    return out
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON results")
+    parser.add_argument("--tiny", action="store_true", help="tiny model, fp32: CPU smoke test")
+    parser.add_argument("--parts", default="rollout,hf,step,fixed256")
+    parser.add_argument("--prompts", type=int, default=None, help="unique prompts (64; tiny 4)")
+    parser.add_argument("--samples", type=int, default=None, help="rollouts per prompt (8; 2)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="cap (256; tiny 16)")
+    parser.add_argument("--stop-every", type=int, default=80, help="stop set = vocab / this")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reps", type=int, default=2, help="timed rollout calls (median)")
+    parser.add_argument(
+        "--max-batch-size", type=int, default=None, help="engine max_batch_size (all rollouts)"
+    )
+    parser.add_argument(
+        "--compile-decode",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="MegatronGeneration compile_decode (default: on, off with --tiny)",
+    )
+    parser.add_argument("--hf-prompts", type=int, default=16, help="prompts HF generate runs on")
+    parser.add_argument("--hf-batch", type=int, default=128, help="HF generate chunk size")
+    parser.add_argument("--hf-reps", type=int, default=2, help="timed HF calls (median)")
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps per part (5; tiny 2)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (= GPUs)")
+    parser.add_argument("--profile", action="store_true", help="profile one more rollout call")
+    parser.add_argument("--recipe", type=Path, default=RECIPE)
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra recipe override for the step parts (repeatable)",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        default=None,
+        help="random checkpoint folder (default $TMPDIR/rlflow-bench-3b, as the other benchmarks)",
+    )
+    args = parser.parse_args(argv)
+    tiny = args.tiny
+    args.prompts = args.prompts or (4 if tiny else 64)
+    args.samples = args.samples or (2 if tiny else 8)
+    args.max_new_tokens = args.max_new_tokens or (16 if tiny else 256)
+    args.max_batch_size = args.max_batch_size or args.prompts * args.samples
+    args.steps = args.steps or (2 if tiny else 5)
+    args.hf_prompts = min(args.hf_prompts, args.prompts)
+    if args.compile_decode is None:
+        args.compile_decode = not tiny
+    args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(args.parts) - {"rollout", "hf", "step", "fixed256"})
+    if unknown:
+        parser.error(f"--parts: unknown part(s) {', '.join(unknown)}; use rollout,hf,step,fixed256")
+    tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+    args.checkpoint = args.checkpoint or tmp / ("rlflow-bench-tiny" if tiny else "rlflow-bench-3b")
+    return args
+
+
+def recipe_overrides(args, checkpoint: Path) -> list[str]:
+    tiny = args.tiny
+    return [
+        f"model.checkpoint={checkpoint}",
+        f"model.dtype={'float32' if tiny else 'bfloat16'}",
+        f"parallelism.tensor_parallel_size={args.tp}",
+        f"grpo.num_prompts_per_step={args.prompts}",
+        f"grpo.num_generations_per_prompt={args.samples}",
+        f"grpo.max_num_steps={10 * args.steps + 10}",
+        "grpo.val_period=0",
+        "grpo.val_at_start=false",
+        "grpo.val_at_end=false",
+        "generation.temperature=1.0",
+        f"generation.max_new_tokens={args.max_new_tokens}",
+        f"generation.max_batch_size={args.max_batch_size}",
+        f"generation.compile_decode={str(args.compile_decode).lower()}",
+        "data.max_prompt_tokens=2048",
+        f"data.video.num_frames={VIDEO_FRAMES}",
+        "data.video.temporal_patch_size=2",
+        "data.video.fps=2.0",
+        "checkpointing.enabled=false",
+        "logging.tensorboard=false",
+        "logging.progress_bar=false",
+        *args.override,
+    ]
+
+
+def rank_main(args) -> None:
+    from rlflow import parallel
+    from rlflow.model import library_logs
+    from rlflow.recipe import load_checked
+
+    library_logs.quiet()
+    began = time.perf_counter()
+    loaded = load_checked(args.recipe, recipe_overrides(args, args.checkpoint))
+    info = parallel.init_parallel(loaded.recipe.parallelism, args.seed)
+    device = info.device
+
+    def log(message: str) -> None:
+        if info.is_main:
+            print(f"[{time.perf_counter() - began:6.1f} s] {message}", flush=True)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "gpus": info.world_size if device.type == "cuda" else 0,
+        "tensor_parallel": info.tp_size,
+        "torch": torch.__version__,
+        "argv": sys.argv[1:],
+        "workload": {
+            "prompts": args.prompts,
+            "samples": args.samples,
+            "max_new_tokens": args.max_new_tokens,
+            "stop_every": args.stop_every,
+            "seed": args.seed,
+            "max_batch_size": args.max_batch_size,
+            "compile_decode": args.compile_decode,
+        },
+    }
+
+    def save() -> None:
+        if info.is_main:
+            (args.out / RESULTS).write_text(json.dumps(results, indent=2, default=float))
+
+    start = time.perf_counter()
+    checkpoint = bench_checkpoint(args.checkpoint, args.tiny, device, info.is_main)
+    parallel.barrier()
+    results["checkpoint_s"] = time.perf_counter() - start
+    loaded = load_checked(args.recipe, recipe_overrides(args, checkpoint))
+    dtype_bytes = 4 if args.tiny else 2
+    counts = model_counts(checkpoint, dtype_bytes)
+    results["model"] = counts
+    results["ceilings"] = ceil = ceilings(device)
+    log(f"checkpoint {checkpoint}; ceilings {json.dumps(ceil)}")
+
+    from rlflow.generation.base import SamplingParams
+    from rlflow.model.processor import PromptEncoder
+
+    encoder = PromptEncoder(checkpoint, loaded.recipe.data)
+    args.pad_token_id = encoder.pad_token_id
+    samples = make_samples(args.prompts, args.seed, encoder.tokenizer)
+    unique = [encoder.encode(s) for s in samples]
+    prompts = [p for p in unique for _ in range(args.samples)]  # the same object G times
+    stop_ids = stop_token_ids(counts["vocab_size"], args.stop_every, args.seed)
+    media_ids = {counts["image_token_id"], counts["video_token_id"]}
+    visual: dict[str, set[int]] = {}  # visual tokens per kind of row
+    for s, p in zip(samples, unique):
+        visual.setdefault(s.kind, set()).add(sum(t in media_ids for t in p.token_ids))
+    lengths = [len(p.token_ids) for p in unique]
+    results["workload"].update(
+        rows=len(prompts),
+        kinds={k: sum(s.kind == k for s in samples) for k in sorted(visual)},
+        visual_tokens={k: sorted(v) for k, v in sorted(visual.items())},
+        stop_set_size=len(stop_ids),
+        prompt_tokens_min=min(lengths),
+        prompt_tokens_mean=statistics.mean(lengths),
+        prompt_tokens_max=max(lengths),
+        prompt_tokens_unique_total=sum(lengths),
+    )
+    save()
+    log(f"workload {json.dumps(results['workload'])}")
+    params = SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        seed=args.seed,
+        stop_token_ids=stop_ids,
+        ignore_eos=False,
+    )
+
+    if {"rollout", "hf"} & set(args.parts):
+        from rlflow.model.build import load_policy
+
+        start = time.perf_counter()
+        policy = load_policy(
+            checkpoint, loaded.recipe.model, loaded.recipe.parallelism, trainable=False
+        )
+        results["load_policy_s"] = time.perf_counter() - start
+        log(f"policy loaded in {results['load_policy_s']:.1f} s")
+        if "rollout" in args.parts:
+            results["rollout"] = run_rollout(
+                policy, prompts, params, args, ceil, counts, info.world_size, device, log
+            )
+            save()
+        if "hf" in args.parts:
+            if info.tp_size > 1:
+                results["hf"] = {"skipped": "HF generate is the single-GPU reference (--tp 1)"}
+            else:
+                results["hf"] = hf = run_hf(policy, prompts, params, args, device, log)
+                if "rollout" in results:
+                    results["megatron_over_hf"] = (
+                        results["rollout"]["tokens_per_s"] / hf["tokens_per_s"]
+                    )
+                log(f"hf: {json.dumps({k: v for k, v in hf.items() if k != 'runs'})}")
+            save()
+        del policy
+        _free(device)
+
+    if {"step", "fixed256"} & set(args.parts):
+        from megatron.core import parallel_state
+
+        parallel_state.destroy_model_parallel()  # setup() initialises it again (same world)
+        run_dir = Path(
+            parallel.broadcast_object(
+                tempfile.mkdtemp(prefix="rlflow-bench-grpo-shaped-") if info.is_main else None
+            )
+        )
+        try:
+            results["train"] = run_steps(
+                loaded, samples, stop_ids, args, ceil, counts, run_dir, info, log
+            )
+        finally:
+            parallel.barrier()
+            if info.is_main:
+                shutil.rmtree(run_dir, ignore_errors=True)
+        save()
+    save()
+    if info.is_main:
+        print_summary(results)
+    parallel.shutdown()
+
+
+def print_summary(results: dict) -> None:
+    print("\n== GRPO-shaped benchmark ==", flush=True)
+    roll = results.get("rollout")
+    if roll:
+        roof = roll["roofline"]
+        run = roll["runs"][0]
+        print(
+            f"rollout: {roll['tokens_per_s']:,.0f} useful tok/s, "
+            f"{roll['percent_of_roofline']:.1f}% of the GRPO-shaped roofline "
+            f"({roof['tokens_per_s']:,.0f} tok/s); mean response {run['mean_response']:.1f} "
+            f"(max {run['max_response']}, {run['rows_at_cap']} rows at the cap); "
+            f"{roll['seconds']:.2f} s per call; peak {roll['peak_gib']:.1f} GiB"
+        )
+    hf = results.get("hf")
+    if hf and "tokens_per_s" in hf:
+        note = " (subset; full batch extrapolated)" if hf["extrapolated"] else ""
+        print(
+            f"hf generate: {hf['tokens_per_s']:,.0f} useful tok/s on {hf['measured_rows']} rows"
+            f"{note}: ~{hf['estimated_full_batch_s']:.1f} s for all {hf['full_rows']}; "
+            f"megatron / hf = {results.get('megatron_over_hf', float('nan')):.2f}x"
+        )
+    for part in ("step", "fixed256"):
+        s = results.get("train", {}).get(part, {}).get("median_of_steps_2_on")
+        if s:
+            print(
+                f"{part}: {s['time/step']:.1f} s/step (generation {s.get('time/generation', 0):.1f},"
+                f" logprobs {s.get('time/logprobs', 0):.1f}, training "
+                f"{s.get('time/training', 0):.1f}); {s['tokens_per_s_per_gpu']:,.0f} tok/s/GPU; "
+                f"MFU update {100 * s['update_mfu']:.1f}% logprobs {100 * s['logprob_mfu']:.1f}%;"
+                f" allocated GiB per step {results['train'][part]['median_of_steps_2_on']['allocated_gib_per_step']}"
+            )
+
+
+def launch_ranks(args) -> int:
+    """--tp N: N local ranks through rlflow's own launcher (`rlflow train --nproc`'s); rank 0's
+    log is echoed here as it grows."""
+    from rlflow.train.local import run_local
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    log_file = args.out / "logs" / "rank-0.log"
+    done = threading.Event()
+
+    def echo() -> None:
+        position = 0
+        while not done.is_set() or (log_file.exists() and log_file.stat().st_size > position):
+            if log_file.exists():
+                with log_file.open("rb") as f:
+                    f.seek(position)
+                    chunk = f.read()
+                    position += len(chunk)
+                    sys.stdout.write(chunk.decode(errors="replace"))
+                    sys.stdout.flush()
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    try:
+        return run_local(
+            [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]], args.tp, args.out
+        )
+    finally:
+        done.set()
+        thread.join(timeout=5)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.tp > 1 and "RANK" not in os.environ:
+        sys.exit(launch_ranks(args))
+    rank_main(args)
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reset_peak(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak(device) -> float:
+    return (
+        torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    )
+
+
+def _allocated(device) -> float:
+    return torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+
+
+def _free(device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
