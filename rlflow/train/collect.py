@@ -62,9 +62,9 @@ def collect_rollouts(t, step: int, timer) -> Rollouts:
             groups = _generate_and_score(t, step, round_, indices, timer, out)
             generated_groups += len(groups)
             for group in groups:
-                if dynamic.enabled and _no_signal(group):
-                    filtered_groups += 1
-                else:
+                no_signal = _no_signal(group)
+                filtered_groups += no_signal  # counted always: dropped only when enabled
+                if not (dynamic.enabled and no_signal):
                     kept.append(group)
             extra_rounds = round_
         if not dynamic.enabled:
@@ -93,7 +93,8 @@ def collect_rollouts(t, step: int, timer) -> Rollouts:
 
 
 def sampling_metrics(totals: dict[str, float], dp_size: int) -> dict[str, float]:
-    """Step metrics from the rank-summed `sampling/*` sums."""
+    """Step metrics from the rank-summed `sampling/*` sums. filtered_fraction is the share of
+    generated groups whose rewards were all equal (dropped when dynamic sampling is on)."""
     generated = max(totals["sampling/groups_generated"], 1.0)
     return {
         "train/filtered_fraction": totals["sampling/groups_filtered"] / generated,
