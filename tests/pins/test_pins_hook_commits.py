@@ -1,0 +1,164 @@
+"""The hook in real commits: `pre-commit install`, then `git commit` in a repository with nested
+submodules (trainer -> Megatron-Bridge -> Megatron-LM).
+
+git exports GIT_INDEX_FILE (and, for `commit -a` / `commit <paths>`, points it at a temporary
+index) to its hooks; before issue 11 the git calls made inside the submodules inherited it and
+every commit was refused (RF106 "index file open failed", or a false RF008 with `-a`). The hook
+here is a `repo: local` hook running the installed console script (`.venv/bin/rlflow`), so the
+test needs no network; the shipped hook definition is exercised by test_pins_precommit.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pins_helpers import GIT_ENV, LM_PATH, git, root_toml
+
+RLFLOW = Path(sys.executable).parent / "rlflow"
+CONFIG = f"""\
+repos:
+  - repo: local
+    hooks:
+      - id: rlflow-check-pins
+        name: rlflow check-pins
+        entry: {RLFLOW} check-pins
+        language: system
+        pass_filenames: false
+        always_run: true
+        require_serial: true
+"""
+
+
+@pytest.fixture
+def hooked(nested, tmp_path):
+    """A nested layout with the hook installed by the real `pre-commit install`."""
+    layout = nested()
+    (layout.root / ".pre-commit-config.yaml").write_text(CONFIG)
+    (layout.root / "docs").mkdir()
+    (layout.root / "docs" / "notes.md").write_text("notes\n")
+    git(layout.root, "add", ".pre-commit-config.yaml", "docs")
+    git(layout.root, "commit", "-q", "--no-verify", "-m", "hook config")
+    env = _env(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "pre_commit", "install"],
+        cwd=layout.root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    return layout
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        **GIT_ENV,
+        "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"),
+        "PRE_COMMIT_COLOR": "never",
+    }
+
+
+def commit(cwd: Path, tmp_path: Path, *args: str) -> tuple[int, str]:
+    """A real `git commit ARGS` (hooks run); returns (exit code, everything printed)."""
+    done = subprocess.run(
+        ["git", "commit", *args],
+        cwd=cwd,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def accepted(result: tuple[int, str]) -> None:
+    code, output = result
+    assert code == 0, output
+    assert "rlflow check-pins" in output and "Passed" in output, output
+
+
+def refused(result: tuple[int, str], finding: str) -> None:
+    code, output = result
+    assert code != 0, output
+    assert finding in output, output
+    assert "RF106" not in output and "Traceback" not in output, output
+
+
+def drift_root(layout) -> None:
+    (layout.root / "pyproject.toml").write_text(root_toml(emo="v0.2.0"))
+
+
+RF001 = "error[RF001]: conflicting git revs for `emerging-optimizers`"
+
+
+def test_plain_commit(hooked, tmp_path):
+    (hooked.root / "docs" / "notes.md").write_text("more notes\n")
+    git(hooked.root, "add", "docs/notes.md")
+    accepted(commit(hooked.root, tmp_path, "-m", "notes"))
+    drift_root(hooked)
+    git(hooked.root, "add", "pyproject.toml")
+    refused(commit(hooked.root, tmp_path, "-m", "drift"), RF001)
+
+
+def test_commit_all(hooked, tmp_path):
+    """`-a` commits through a temporary index; the nested Megatron-LM is still walked."""
+    (hooked.root / "docs" / "notes.md").write_text("more notes\n")
+    accepted(commit(hooked.root, tmp_path, "-a", "-m", "notes"))
+    drift_root(hooked)
+    refused(commit(hooked.root, tmp_path, "-a", "-m", "drift"), RF001)
+
+
+def test_commit_paths(hooked, tmp_path):
+    (hooked.root / "docs" / "notes.md").write_text("more notes\n")
+    accepted(commit(hooked.root, tmp_path, "-m", "notes", "--", "docs/notes.md"))
+    drift_root(hooked)
+    refused(commit(hooked.root, tmp_path, "-m", "drift", "--", "pyproject.toml"), RF001)
+
+
+def test_amend(hooked, tmp_path):
+    accepted(commit(hooked.root, tmp_path, "--amend", "-m", "reworded"))
+    drift_root(hooked)
+    git(hooked.root, "add", "pyproject.toml")
+    refused(commit(hooked.root, tmp_path, "--amend", "--no-edit"), RF001)
+
+
+def test_commit_from_a_subdirectory(hooked, tmp_path):
+    docs = hooked.root / "docs"
+    (docs / "notes.md").write_text("more notes\n")
+    git(docs, "add", "notes.md")
+    accepted(commit(docs, tmp_path, "-m", "notes"))
+    drift_root(hooked)
+    git(docs, "add", "../pyproject.toml")
+    refused(commit(docs, tmp_path, "-m", "drift"), RF001)
+
+
+def _bump_megatron_lm(layout, emo: str) -> None:
+    """Megatron-LM moves emerging-optimizers to `emo`; Megatron-Bridge records the new commit."""
+    lm = layout.root / LM_PATH
+    text = (lm / "pyproject.toml").read_text().replace('rev = "v0.3.0"', f'rev = "{emo}"')
+    (lm / "pyproject.toml").write_text(text)
+    git(lm, "commit", "-qam", f"emerging-optimizers {emo}")
+    git(layout.bridge, "commit", "-qam", "bump Megatron-LM")
+
+
+def test_commit_that_stages_a_submodule_bump(hooked, tmp_path):
+    _bump_megatron_lm(hooked, "v0.4.0")
+    git(hooked.root, "add", "submodules/Megatron-Bridge")
+    refused(commit(hooked.root, tmp_path, "-m", "bump bridge"), "`v0.4.0`")
+    (hooked.root / "pyproject.toml").write_text(root_toml(emo="v0.4.0"))
+    git(hooked.root, "add", "pyproject.toml")
+    accepted(commit(hooked.root, tmp_path, "-m", "bump bridge and the root pin"))
+
+
+def test_commit_all_records_an_unstaged_bump(hooked, tmp_path):
+    """The bump is only in the working tree; `-a` stages it in git's temporary index, which is
+    what the hook must read (the real index still has the old gitlink: no false RF006)."""
+    _bump_megatron_lm(hooked, "v0.3.0.post1")
+    (hooked.root / "pyproject.toml").write_text(root_toml(emo="v0.3.0.post1"))
+    accepted(commit(hooked.root, tmp_path, "-a", "-m", "bump bridge and the root pin"))
+    assert git(hooked.root, "status", "--porcelain") == ""
