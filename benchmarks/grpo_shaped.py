@@ -567,7 +567,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reps", type=int, default=2, help="timed rollout calls (median)")
     parser.add_argument(
-        "--max-batch-size", type=int, default=None, help="engine max_batch_size (all rollouts)"
+        "--max-batch-size",
+        type=int,
+        default=0,
+        help="generation.max_batch_size: 0 (the recipes' default) lets the engine size its pass "
+        "from free memory; 512 or 128 cap it",
     )
     parser.add_argument(
         "--compile-decode",
@@ -600,7 +604,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.prompts = args.prompts or (4 if tiny else 64)
     args.samples = args.samples or (2 if tiny else 8)
     args.max_new_tokens = args.max_new_tokens or (16 if tiny else 256)
-    args.max_batch_size = args.max_batch_size or args.prompts * args.samples
     args.steps = args.steps or (2 if tiny else 5)
     args.hf_prompts = min(args.hf_prompts, args.prompts)
     if args.compile_decode is None:
