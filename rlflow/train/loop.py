@@ -84,14 +84,15 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
     timer = StepTimer(sync=_sync_fn(info.device))
     start = time.perf_counter()
     inject_failure(info.rank, f"step{step}")
+    t.policy.extra["vision_cache"].clear()  # frozen-tower features live for one step
     rollouts = collect_rollouts(t, step, timer)
     batch = _train_batch(t, rollouts.prompts, rollouts.completions, rollouts.advantages)
     with timer("logprobs"):
-        micro = recipe.optimizer.micro_batch_size
-        old_logprobs, entropy = rollout_logprobs(t.policy, batch, micro, with_entropy=True)
+        micro, batching = _batching(recipe)
+        old_logprobs, entropy = rollout_logprobs(t.policy, batch, micro, True, **batching)
         ref_logprobs = None
         if t.reference is not None:
-            ref_logprobs, _ = rollout_logprobs(t.reference, batch, micro, with_entropy=False)
+            ref_logprobs, _ = rollout_logprobs(t.reference, batch, micro, False, **batching)
     with timer("training"):
         update = grpo_update(
             t.policy,
@@ -102,6 +103,7 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
             effective_loss(recipe),
             micro,
             recipe.grpo.num_minibatches,
+            **batching,
         )
     with timer("weight_refresh"):
         t.backend.refresh_weights()
@@ -172,7 +174,9 @@ def warm_start(t: Trainer) -> None:
         targets = [t.encoder.completion_ids(reference_completion(s)) for s in samples]
         completions = [Completion(ids, [0.0] * len(ids), "stop") for ids in targets]
         batch = _train_batch(t, prompts, completions, [0.0] * len(prompts))
-        loss = sft_update(t.policy, optimizer, batch, t.recipe.optimizer.micro_batch_size)
+        t.policy.extra["vision_cache"].clear()
+        micro, batching = _batching(t.recipe)
+        loss = sft_update(t.policy, optimizer, batch, micro, **batching)
         if step % 10 == 0 or step == cfg.num_steps:
             t.log.write(f"warm start {step}/{cfg.num_steps}: loss {loss:.4f}")
 
@@ -218,6 +222,15 @@ def _grpo_optimizer(t: Trainer) -> Optimizer:
     )
 
 
+def _batching(recipe) -> tuple[int, dict]:
+    """micro_batch_size, and the token-budget and packing keywords of the update functions."""
+    o = recipe.optimizer
+    return o.micro_batch_size, {
+        "max_tokens_per_micro_batch": o.max_tokens_per_micro_batch,
+        "sequence_packing": o.sequence_packing,
+    }
+
+
 def _train_batch(t: Trainer, prompts, completions, advantages):
     media = t.policy.media_tokens
     return build_train_batch(
@@ -252,6 +265,7 @@ def _step_metrics(
             grpo.token_mult_prob_error(batch.gen_logprobs, old_logprobs, mask) * mask.sum()
         ),
         "train/tokens": float(mask.sum()),
+        "train/real_tokens": float(batch.attention_mask.sum()),
         "train/rollouts": float(n_rollouts),
         **{f"train/reward_{name}": sum(values) for name, values in rollouts.per_reward.items()},
         **rollouts.stats,
@@ -271,6 +285,9 @@ def _step_metrics(
     out["train/entropy"] = totals["train/entropy_sum"] / tokens
     out["train/token_mult_prob_error"] = totals["train/tmpe_sum"] / tokens
     out["train/token_mult_prob_error_max"] = parallel.all_reduce_max(tmpe_max)
+    # Prompt + response tokens of all rollouts on all ranks, no padding: each logprob pass and
+    # the update process exactly these (tokens/s and MFU of a phase = this / its time).
+    out["train/real_tokens"] = totals["train/real_tokens"]
     out.update(sampled)
     out.update({f"train/{k}": v for k, v in update.items()})
     out.update({f"time/{k}": v for k, v in timer.seconds.items()})

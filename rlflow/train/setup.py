@@ -66,6 +66,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def share_vision_cache(policy, reference, enabled: bool) -> None:
+    """One per-step vision-feature cache for generation, both logprob passes and the update.
+
+    Only with a frozen tower: its features are then the same in the policy and the reference
+    (both load the same weights). `grpo_step` clears it at the start of every step.
+    """
+    from rlflow.model.vision_cache import VisionCache
+
+    cache = VisionCache(enabled=enabled and policy.is_multimodal)
+    for p in (policy, reference):
+        if p is not None:
+            p.extra["vision_cache"] = cache
+
+
 def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     from rlflow.data import PromptSampler, build_dataset
     from rlflow.generation.base import check_backend_ready, make_backend
@@ -86,6 +100,7 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     reference = None
     if recipe.loss.kl_penalty > 0:
         reference = load_policy(checkpoint, recipe.model, recipe.parallelism, trainable=False)
+    share_vision_cache(policy, reference, enabled=recipe.model.freeze_vision)
     encoder = PromptEncoder(checkpoint, recipe.data)
     train_data = build_dataset(recipe.data.train, recipe.data)
     val_data = build_dataset(recipe.data.validation, recipe.data)

@@ -157,3 +157,36 @@ def test_vision_feature_reuse_gives_the_same_loss_and_gradients(trainable, tiny_
     assert grads.keys() == fresh_grads.keys() and any(g.abs().sum() > 0 for g in grads.values())
     for name, grad in grads.items():
         torch.testing.assert_close(grad, fresh_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_a_negative_token_budget_is_refused():
+    from rlflow.errors import RlflowError
+    from rlflow.recipe import load_checked
+
+    with pytest.raises(RlflowError) as caught:
+        load_checked(RECIPE, ["optimizer.max_tokens_per_micro_batch=-1"])
+    text = "\n".join(d.render() for d in caught.value.diagnostics)
+    assert "`optimizer.max_tokens_per_micro_batch` must not be negative" in text
+
+
+def test_grpo_run_with_packing_and_a_token_budget_matches_the_padded_run(tmp_path):
+    """Two short `rlflow train` runs (warm start, GRPO steps with KL, validation): same metrics."""
+    from rlflow.train.metrics import read_metrics
+    from tests.train.test_train_runs import comparable, train
+
+    short = ["grpo.max_num_steps=2", "warm_start.num_steps=2", "checkpointing.enabled=false"]
+    runs = {}
+    for name, overrides in {
+        "padded": ["optimizer.sequence_packing=false"],
+        "packed": ["optimizer.sequence_packing=true", "optimizer.max_tokens_per_micro_batch=200"],
+    }.items():
+        result = train(tmp_path / name, *short, *overrides)
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[name] = comparable(read_metrics(tmp_path / name))
+    padded, packed = runs["padded"], runs["packed"]
+    assert [r["step"] for r in packed] == [0, 1, 2]
+    assert packed[1]["train/real_tokens"] > 0
+    for want, got in zip(padded, packed, strict=True):
+        assert want.keys() == got.keys()
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (want["step"], key)
