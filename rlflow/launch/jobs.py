@@ -117,7 +117,34 @@ def describe(ref: JobRef) -> str:
             f"{ref.run_dir / 'logs' / f'slurm-{ref.job_id}.out'} (batch script)",
         ]
         lines += [f"  failure: {line}" for line in _failures(ref.run_dir)]
+        lines += _attempts(ref.run_dir)
     return "\n".join(lines)
+
+
+def _attempts(run_dir: Path) -> list[str]:
+    """One line per finished attempt (RUN_DIR/attempts.jsonl), then the final word."""
+    from rlflow.launch.attempts import read_attempts
+
+    records = read_attempts(run_dir)
+    if not records:
+        return []
+    lines = ["  attempts:"]
+    for r in records:
+        step = "-" if r.get("step") is None else r["step"]
+        saved = "-" if r.get("checkpoint_step") is None else r["checkpoint_step"]
+        excluded = ",".join(r.get("excluded") or []) or "-"
+        lines.append(
+            f"    {r['attempt']}: {r['outcome']} on {r['nodes']} at step {step} (checkpoint "
+            f"{saved}), excluded {excluded}: {r['reason']} -> {r['action']}"
+        )
+    last = records[-1]
+    if last["action"].startswith("stop"):
+        count = len(records)
+        lines.append(
+            f"  final: stopped after {count} attempt{'s' * (count != 1)} with exit code "
+            f"{last['exit_code']}: {last['action'].removeprefix('stop: ')}"
+        )
+    return lines
 
 
 def _failures(run_dir: Path) -> list[str]:

@@ -18,12 +18,25 @@ logs/rank-N.log, and watches them:
   also signals every process of the step. SIGTERM (scancel, the hard limit) is passed on,
   then SIGKILL follows after --stop-grace.
 
+- progress: every rank reports (phase, step, time) to a heartbeat file (rlflow/train/watchdog.py).
+  A rank silent past its phase's timeout is hung: every local rank dumps its Python stacks
+  (faulthandler, on SIGUSR2) into its log, the launcher collects them into logs/hang-*.txt,
+  records "rank R (host) made no progress for S s in phase P at step N" and ends the job (exit
+  77), so the batch script can requeue without this node.
+- the ranks never outlive the launcher: each has PR_SET_PDEATHSIG(SIGKILL), and a small reaper
+  process kills their process groups (wrappers' children too) when the launcher dies, even of
+  SIGKILL; the launcher itself gets SIGTERM when its parent (slurmstepd) dies.
+- node-K.started / node-K.ended in the status directory: a node that started and never ended
+  was lost (the batch script's retry decision, rlflow/launch/attempts.py, reads them).
+
 Standard library only, no torch: it must start in a fraction of a second on every node.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import json
 import os
 import signal
 import socket
@@ -35,6 +48,12 @@ from pathlib import Path
 
 EX_TEMPFAIL = 75  # the trainer's "saved, stopped, please requeue" exit code
 EX_PEER_FAILED = 76  # the trainer's "stopped because another rank failed": never the root cause
+EX_HANG = 77  # the launcher's "a rank made no progress": a node failure, retried elsewhere
+EX_PREFLIGHT = 78  # the trainer's "this node failed a preflight check": a node failure
+DUMP_SIGNAL = signal.SIGUSR2  # rlflow/train/watchdog.py: faulthandler dumps every stack
+DUMP_WAIT_SECONDS = 5.0  # for the ranks' stack dumps to reach their logs
+HEARTBEAT_POLL_SECONDS = 1.0
+PR_SET_PDEATHSIG = 1
 KILL_GRACE_SECONDS = 10.0  # SIGTERM -> SIGKILL, like Slurm's KillWait
 POLL_SECONDS = 0.1
 WARNING_REPEAT_SECONDS = 5.0  # a rank that missed the warning (no handler yet) hears it again
@@ -66,8 +85,17 @@ class Rank:
     rank: int
     local_rank: int
     log_path: Path
+    heartbeat_path: Path
     process: subprocess.Popen | None = None
     exit_code: int | None = None  # None while running
+    started_at: float = 0.0  # CLOCK_MONOTONIC
+
+    def heartbeat(self) -> dict | None:
+        """The rank's last progress report, or None before its first."""
+        try:
+            return json.loads(self.heartbeat_path.read_text())
+        except (OSError, ValueError):
+            return None
 
 
 def node_info(environ: dict[str, str], num_nodes: int, ranks_per_node: int) -> NodeInfo:
@@ -115,10 +143,48 @@ def rank_environment(base: dict[str, str], info: NodeInfo, local_rank: int) -> d
     return env
 
 
-def _ignore_warning_until_handled() -> None:
-    """In each rank, before exec: SIGUSR1's default action would kill it; SIG_IGN survives exec
-    until the rank installs its own handler."""
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+def _set_parent_death_signal(signum: int) -> None:
+    """Linux: deliver `signum` to this process when its parent dies (survives exec)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: the reaper alone covers it
+
+
+def _rank_preexec(stop_signal: int):
+    def preexec() -> None:
+        """In each rank, before exec: the warning's and the dump signal's default action would
+        kill it (or a wrapper such as `uv run`); SIG_IGN survives exec until the rank installs
+        its own handlers. The rank dies with the launcher."""
+        for signum in {signal.SIGUSR1, stop_signal, DUMP_SIGNAL}:
+            signal.signal(signum, signal.SIG_IGN)
+        _set_parent_death_signal(signal.SIGKILL)
+
+    return preexec
+
+
+# The reaper: a separate process holding a pipe from the launcher. At EOF (the launcher ended,
+# however it ended) it kills every process group it was told about, unless told "done".
+_REAPER = """
+import os, signal, sys
+groups, done = [], False
+for line in sys.stdin:
+    line = line.strip()
+    if line == "done":
+        done = True
+        break
+    if line.isdigit():
+        groups.append(int(line))
+if not done:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for group in groups:
+            try:
+                os.killpg(group, sig)
+            except OSError:
+                pass
+        if sig == signal.SIGTERM:
+            import time; time.sleep(2)
+"""
 
 
 # Signals that arrive while this module is still starting (before Launcher.run installs its
@@ -137,16 +203,34 @@ def exit_code(returncode: int) -> int:
 
 class Launcher:
     def __init__(
-        self, info: NodeInfo, command: list[str], log_dir: Path, status_dir: Path, stop_grace: float
+        self,
+        info: NodeInfo,
+        command: list[str],
+        log_dir: Path,
+        status_dir: Path,
+        stop_grace: float,
+        startup_timeout: float | None = None,
+        stop_signal: str = "USR1",
     ):
         self.info, self.command, self.stop_grace = info, command, stop_grace
-        self.status_dir = status_dir
+        self.status_dir, self.log_dir = status_dir, log_dir
+        self.startup_timeout = startup_timeout  # None: a rank need not report progress
+        self.stop_signal_name = stop_signal
+        self.stop_signal = signal.Signals[f"SIG{stop_signal}"]
+        beats = status_dir / "heartbeat"
         self.ranks = [
-            Rank(info.global_rank(i), i, log_dir / f"rank-{info.global_rank(i)}.log")
+            Rank(
+                info.global_rank(i),
+                i,
+                log_dir / f"rank-{info.global_rank(i)}.log",
+                beats / f"rank-{info.global_rank(i)}.json",
+            )
             for i in range(info.ranks_per_node)
         ]
         self.pending_signals: list[int] = []
-        self.warned_at: float | None = None  # when SIGUSR1 was last passed on
+        self.warned_at: float | None = None  # when the warning was last passed on
+        self.reaper: subprocess.Popen | None = None
+        self.next_heartbeat_check = 0.0
 
     def say(self, message: str, stream=sys.stdout) -> None:
         print(
@@ -157,9 +241,19 @@ class Launcher:
 
     def run(self) -> int:
         self.status_dir.mkdir(parents=True, exist_ok=True)
-        for signum in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+        (self.status_dir / "heartbeat").mkdir(exist_ok=True)
+        for signum in {signal.SIGUSR1, self.stop_signal, signal.SIGTERM, signal.SIGINT}:
             signal.signal(signum, lambda s, _frame: self.pending_signals.append(s))
         self.pending_signals += _early_signals
+        _set_parent_death_signal(signal.SIGTERM)  # slurmstepd gone: stop the ranks, then go
+        self.record_node("started", f"{self.info.hostname} pid {os.getpid()}")
+        self.start_reaper()
+        code = self.launch_and_watch()
+        self.stop_reaper()
+        self.record_node("ended", f"{self.info.hostname} exit {code}")
+        return code
+
+    def launch_and_watch(self) -> int:
         failed = self.start()
         if failed is not None:
             return self.fail(failed)
@@ -168,6 +262,42 @@ class Launcher:
             f"{self.info.world_size}, rendezvous {self.info.master_addr}:{self.info.master_port}"
         )
         return self.watch()
+
+    def record_node(self, event: str, text: str) -> None:
+        try:
+            (self.status_dir / f"node-{self.info.node_rank}.{event}").write_text(text + "\n")
+        except OSError:
+            pass
+
+    def start_reaper(self) -> None:
+        try:
+            self.reaper = subprocess.Popen(
+                [sys.executable, "-c", _REAPER],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+                text=True,
+            )
+        except OSError as err:
+            self.say(f"no reaper ({err}): ranks rely on PR_SET_PDEATHSIG alone", sys.stderr)
+
+    def tell_reaper(self, line: str) -> None:
+        if self.reaper is None:
+            return
+        try:
+            self.reaper.stdin.write(line + "\n")
+            self.reaper.stdin.flush()
+        except (OSError, ValueError):
+            pass
+
+    def stop_reaper(self) -> None:
+        if self.reaper is not None:
+            self.tell_reaper("done")
+            try:
+                self.reaper.stdin.close()
+                self.reaper.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
 
     def start(self) -> Rank | None:
         """Start every rank; the rank that could not start, if any (the others are stopped)."""
@@ -181,17 +311,23 @@ class Launcher:
                     f"{time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode()
                 )
                 log.flush()
+                env = rank_environment(dict(os.environ), self.info, rank.local_rank)
+                env["RLFLOW_HEARTBEAT_FILE"] = str(rank.heartbeat_path)
+                env["RLFLOW_STOP_SIGNAL"] = self.stop_signal_name
+                rank.heartbeat_path.unlink(missing_ok=True)  # a previous attempt's report
+                rank.started_at = time.monotonic()
                 try:
                     # Own process group: a wrapper (uv run, bash -c) and its children stop together.
                     rank.process = subprocess.Popen(
                         self.command,
-                        env=rank_environment(dict(os.environ), self.info, rank.local_rank),
+                        env=env,
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
-                        preexec_fn=_ignore_warning_until_handled,
+                        preexec_fn=_rank_preexec(self.stop_signal),
                     )
+                    self.tell_reaper(str(rank.process.pid))
                 except OSError as err:
                     log.write(f"rlflow: cannot run {self.command[0]!r}: {err}\n".encode())
                     rank.exit_code = 127 if isinstance(err, FileNotFoundError) else 126
@@ -209,8 +345,15 @@ class Launcher:
                 self.warned_at is not None
                 and time.monotonic() - self.warned_at >= WARNING_REPEAT_SECONDS
             ):
+                # Only to ranks that have not said they heard it: a rank that is saving must
+                # not get it again (rlflow/train/signals.py).
                 self.warned_at = time.monotonic()
-                self.signal_all(self.running(), signal.SIGUSR1)
+                self.signal_all(self.unwarned(), self.stop_signal)
+            if time.monotonic() >= self.next_heartbeat_check:
+                self.next_heartbeat_check = time.monotonic() + HEARTBEAT_POLL_SECONDS
+                hung = self.find_hung()
+                if hung is not None:
+                    return self.hang(*hung)
             for rank in self.running():
                 code = rank.process.poll()
                 if code is not None:
@@ -236,17 +379,101 @@ class Launcher:
         """Act on signals received since the last poll; an exit code when it is time to go."""
         while self.pending_signals:
             signum = self.pending_signals.pop(0)
-            if signum == signal.SIGUSR1:
-                self.say("time-limit warning (SIGUSR1): passing it on to the ranks")
+            if signum in (signal.SIGUSR1, self.stop_signal):
+                name = signal.Signals(signum).name
+                self.say(
+                    f"time-limit warning ({name}): passing it on to the ranks"
+                    + (f" as {self.stop_signal.name}" if signum != self.stop_signal else "")
+                )
                 self.warned_at = time.monotonic()
-                self.signal_all(self.running(), signal.SIGUSR1)
+                self.signal_all(self.running(), self.stop_signal)
             else:
                 # Slurm's own SIGKILL (after KillWait) bounds this; a rank that saves on SIGTERM
-                # gets the full grace rather than being cut short here.
-                self.say(f"{signal.Signals(signum).name}: stopping the ranks")
+                # gets the full grace rather than being cut short here. Recorded first: a node
+                # that was told to stop is not a lost node, even if SIGKILL comes before the end.
+                name = signal.Signals(signum).name
+                self.record_node("ended", f"{self.info.hostname} stopping on {name}")
+                self.say(f"{name}: stopping the ranks")
                 self.stop(self.running(), grace=self.stop_grace)
                 return 128 + signum
         return None
+
+    def unwarned(self) -> list[Rank]:
+        return [r for r in self.running() if not (r.heartbeat() or {}).get("stop_requested")]
+
+    def find_hung(self) -> tuple[Rank, float, dict] | None:
+        """The rank silent longest past its phase's timeout: (rank, seconds silent, report)."""
+        now = time.monotonic()
+        late = []
+        for rank in self.running():
+            beat = rank.heartbeat()
+            if beat is None:
+                if self.startup_timeout is None:
+                    continue  # a command that does not report progress (smoke tests)
+                beat = {"phase": "startup", "step": 0, "time": rank.started_at}
+                limit = self.startup_timeout
+            else:
+                limit = beat.get("timeout_s")
+            if limit is not None and now - beat["time"] > limit:
+                late.append((now - beat["time"], rank, beat))
+        if not late:
+            return None
+        silent, rank, beat = max(late, key=lambda item: item[0])
+        return rank, silent, beat
+
+    def hang(self, rank: Rank, silent: float, beat: dict) -> int:
+        """Dump every local rank's stacks, record the hang with the rank named, end the job."""
+        where = f"rank {rank.rank} ({self.info.hostname})"
+        message = (
+            f"{where} made no progress for {silent:.0f} s in phase `{beat['phase']}` at step "
+            f"{beat.get('step', 0)}"
+        )
+        self.say(f"{message}: dumping the stacks of ranks {self.names(self.running())}")
+        stacks = self.dump_stacks(message)
+        message += f"; stacks: {stacks}"
+        self.say(message, sys.stderr)
+        rank.exit_code = EX_HANG
+        self.stop([r for r in self.running() if r is not rank] + [rank])
+        self.record_failure(rank, EX_HANG, message)
+        return EX_HANG
+
+    def dump_stacks(self, headline: str) -> Path:
+        """SIGUSR2 (then SIGCONT, so a stopped rank answers too) to every running rank; their
+        faulthandler dumps land in the rank logs and are copied to one hang file."""
+        ranks = self.running()
+        offsets = {r.rank: _size(r.log_path) for r in ranks}
+        states = {r.rank: _process_state(r.process.pid) for r in ranks}
+        for rank in ranks:
+            pid = (rank.heartbeat() or {}).get("pid") or rank.process.pid
+            for signum in (DUMP_SIGNAL, signal.SIGCONT):
+                try:
+                    os.kill(pid, signum)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + DUMP_WAIT_SECONDS
+        sizes: dict[int, int] = {}
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = {r.rank: _size(r.log_path) for r in ranks}
+            grown = all(now[k] > offsets[k] for k in now)
+            if grown and now == sizes:
+                break  # every rank wrote, and nothing more arrives
+            sizes = now
+        attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
+        path = self.log_dir / f"hang-attempt{attempt}-node{self.info.node_rank}.txt"
+        parts = [f"rlflow watchdog: {headline}\n"]
+        for rank in ranks:
+            state = states[rank.rank]
+            parts.append(
+                f"\n==== rank {rank.rank} (pid {rank.process.pid}, process state {state}), "
+                f"from {rank.log_path} ====\n"
+            )
+            parts.append(_read_from(rank.log_path, offsets[rank.rank]) or "(no dump arrived)\n")
+        try:
+            path.write_text("".join(parts))
+        except OSError as err:
+            self.say(f"cannot write {path}: {err}", sys.stderr)
+        return path
 
     def fail(self, rank: Rank) -> int:
         others = self.running()
@@ -271,15 +498,26 @@ class Launcher:
             self.say("all ranks finished")
         return 0
 
-    def record_failure(self, rank: Rank) -> None:
+    def record_failure(self, rank: Rank, code: int | None = None, message: str = "") -> None:
         """The first failure of the job (first writer wins): the batch script's exit code.
 
-        A rank that only saw a peer die (exit 76) is recorded apart, in peer-failure, so a
-        node that noticed the death first never hides the node where the error happened."""
-        text = (
-            f"{rank.exit_code}\nrank {rank.rank} on {self.info.hostname} (node "
-            f"{self.info.node_rank}) exited with code {rank.exit_code}; log: {rank.log_path}\n"
-        )
+        Line 1: the exit code; line 2: what happened; line 3: the node's name (the retry
+        decision excludes it for a hang or a failed preflight). A rank that only saw a peer
+        die (exit 76) is recorded apart, in peer-failure, so a node that noticed the death
+        first never hides the node where the error happened."""
+        code = rank.exit_code if code is None else code
+        if not message:
+            note = (rank.heartbeat() or {}).get("note")
+            message = (
+                f"rank {rank.rank} on {self.info.hostname} (node {self.info.node_rank}) "
+                + (f"{note}" if note else f"exited with code {code}")
+                + f"; log: {rank.log_path}"
+            )
+        text = f"{code}\n{message}\n{self.info.hostname}\n"
+        try:  # every node's own failure too: a preflight may fail on several nodes at once
+            (self.status_dir / f"failure-node-{self.info.node_rank}").write_text(text)
+        except OSError:
+            pass
         name = "peer-failure" if rank.exit_code == EX_PEER_FAILED else "first-failure"
         try:
             fd = os.open(self.status_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -321,6 +559,31 @@ class Launcher:
         return ",".join(str(r.rank) for r in ranks)
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _process_state(pid: int) -> str:
+    """R running, S sleeping, T stopped (SIGSTOP), D uninterruptible I/O, Z exited."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if "--" not in argv:
         raise LaunchError("no command: put the per-rank command after `--`")
@@ -338,6 +601,18 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         required=True,
         help="seconds the other ranks get after one stopped for a requeue",
     )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=None,
+        help="seconds a rank may take to send its first progress report (default: no limit)",
+    )
+    parser.add_argument(
+        "--stop-signal",
+        choices=["USR1", "HUP"],
+        default="USR1",
+        help="the time-limit warning as the ranks hear it",
+    )
     args = parser.parse_args(argv[:split])
     command = argv[split + 1 :]
     if not command:
@@ -353,7 +628,16 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as err:
         print(f"rlflow node launcher: error: {err}", file=sys.stderr, flush=True)
         return 2
-    return Launcher(info, command, args.log_dir, args.status_dir, args.stop_grace).run()
+    launcher = Launcher(
+        info,
+        command,
+        args.log_dir,
+        args.status_dir,
+        args.stop_grace,
+        startup_timeout=args.startup_timeout,
+        stop_signal=args.stop_signal,
+    )
+    return launcher.run()
 
 
 if __name__ == "__main__":

@@ -62,6 +62,9 @@ class JobPlan:
     requeue_flag: str  # "--requeue" or "--no-requeue"
     signal_grace_seconds: int
     max_requeues: int
+    max_failure_retries: int
+    stop_signal: str  # the time-limit warning as the ranks hear it (USR1 or HUP)
+    startup_timeout_seconds: int | None  # watchdog: a rank's first progress report (rlflow train)
     container_image: str | None
     container_mounts: str | None  # pyxis' comma-separated list
     env: tuple[tuple[str, str], ...]
@@ -125,9 +128,21 @@ def make_plan(
         mem=slurm.mem,
         extra_sbatch_args=tuple(slurm.extra_sbatch_args),
         dependency=f"{flags.dependency_type}:{':'.join(flags.after)}" if flags.after else None,
-        requeue_flag="--requeue" if slurm.max_requeues > 0 else "--no-requeue",
+        requeue_flag=(
+            "--requeue"
+            if slurm.max_requeues > 0 or slurm.max_failure_retries > 0
+            else "--no-requeue"
+        ),
         signal_grace_seconds=slurm.signal_grace_seconds,
         max_requeues=slurm.max_requeues,
+        max_failure_retries=slurm.max_failure_retries,
+        stop_signal=slurm.stop_signal,
+        # A --command need not report progress; `rlflow train` does from its first second.
+        startup_timeout_seconds=(
+            recipe.watchdog.startup_timeout_s
+            if recipe.watchdog.enabled and flags.command is None
+            else None
+        ),
         container_image=slurm.container_image,
         container_mounts=",".join(slurm.container_mounts) if slurm.container_mounts else None,
         env=tuple(slurm.env.items()),

@@ -45,9 +45,8 @@ def train(recipe, overrides, run_dir, nproc):
         from rlflow.recipe import load_checked
         from rlflow.train.local import run_local
 
-        directory = (
-            Path(run_dir) if run_dir else default_run_dir(load_checked(recipe, overrides).recipe)
-        )
+        checked = load_checked(recipe, overrides).recipe
+        directory = Path(run_dir) if run_dir else default_run_dir(checked)
         argv = [
             sys.executable,
             "-m",
@@ -58,7 +57,16 @@ def train(recipe, overrides, run_dir, nproc):
             "--run-dir",
             str(directory),
         ]
-        sys.exit(run_local(argv, nproc, directory))
+        watch = checked.watchdog
+        sys.exit(
+            run_local(
+                argv,
+                nproc,
+                directory,
+                startup_timeout=watch.startup_timeout_s if watch.enabled else None,
+                stop_signal=checked.slurm.stop_signal,
+            )
+        )
 
     sys.exit(run(recipe, list(overrides), run_dir))
 

@@ -6,11 +6,18 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from rlflow.launch.node import Launcher, NodeInfo
+from rlflow.launch.node import EX_TEMPFAIL, Launcher, NodeInfo
 
 
-def run_local(command: list[str], nproc: int, run_dir: Path) -> int:
-    """Start `command` as ranks 0..nproc-1 (rank logs in RUN_DIR/logs); return the exit code."""
+def run_local(
+    command: list[str],
+    nproc: int,
+    run_dir: Path,
+    startup_timeout: float | None = None,
+    stop_signal: str = "USR1",
+) -> int:
+    """Start `command` as ranks 0..nproc-1 (rank logs in RUN_DIR/logs); return the exit code:
+    75 when the ranks saved and stopped on a time-limit warning, as one rank alone would."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -23,7 +30,17 @@ def run_local(command: list[str], nproc: int, run_dir: Path) -> int:
         master_port=str(port),
     )
     logs = run_dir / "logs"
-    launcher = Launcher(info, command, logs, logs, stop_grace=60.0)
+    launcher = Launcher(
+        info,
+        command,
+        logs,
+        logs,
+        stop_grace=60.0,
+        startup_timeout=startup_timeout,
+        stop_signal=stop_signal,
+    )
     code = launcher.run()
     print(f"rank logs: {logs}/rank-*.log", flush=True)
+    if code == 0 and any(r.exit_code == EX_TEMPFAIL for r in launcher.ranks):
+        return EX_TEMPFAIL
     return code

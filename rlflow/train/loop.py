@@ -14,7 +14,7 @@ import torch
 
 from rlflow import parallel
 from rlflow.generation.base import Completion
-from rlflow.train import grpo
+from rlflow.train import grpo, watchdog
 from rlflow.train.collect import (
     collect_rollouts,
     effective_loss,
@@ -48,6 +48,8 @@ def train(t: Trainer) -> int:
             metrics.update(validate(t))
         t.log.log(step, metrics)
         stop = t.stop.agreed()
+        if stop:
+            t.stop.stopping()
         if recipe.checkpointing.enabled and (
             step % recipe.checkpointing.save_period == 0 or last or stop
         ):
@@ -83,6 +85,7 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
     recipe, info = t.recipe, t.info
     timer = StepTimer(sync=_sync_fn(info.device))
     start = time.perf_counter()
+    watchdog.beat("prompts", step)
     inject_failure(info.rank, f"step{step}")
     t.policy.extra["vision_cache"].clear()  # frozen-tower features live for one step
     rollouts = collect_rollouts(t, step, timer)
@@ -122,6 +125,8 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
 @torch.no_grad()
 def validate(t: Trainer) -> dict[str, float]:
     """Greedy (val_temperature) answers on the first max_val_samples validation rows."""
+    watchdog.beat("validation")
+
     recipe, info = t.recipe, t.info
     count = min(recipe.grpo.max_val_samples, len(t.val_data))
     samples = [t.val_data[i] for i in range(info.dp_rank, count, info.dp_size)]
@@ -168,6 +173,7 @@ def warm_start(t: Trainer) -> None:
     )
     sampler = PromptSampler(len(t.train_data), cfg.batch_size, t.recipe.run.seed + 1)
     for step in range(1, cfg.num_steps + 1):
+        watchdog.beat("warm_start")
         indices = next(sampler)[t.info.dp_rank :: t.info.dp_size]
         samples = [t.train_data[i] for i in indices]
         prompts = [t.encoder.encode(s) for s in samples]
@@ -182,6 +188,7 @@ def warm_start(t: Trainer) -> None:
 
 
 def save(t: Trainer) -> None:
+    watchdog.beat("checkpoint_save")
     t.checkpointer.save(
         t.step, t.policy.chunks, t.optimizer.inner, {"sampler": t.sampler.state_dict()}
     )

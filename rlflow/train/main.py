@@ -36,13 +36,17 @@ def default_run_dir(recipe) -> Path:
 
 def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
     """Returns the process exit code; never raises."""
+    from rlflow.launch.preflight import PreflightFailed
     from rlflow.model import library_logs
     from rlflow.recipe import load_checked
+    from rlflow.train import watchdog
 
+    watchdog.start()  # stack dumps on request; progress reports when a launcher asks for them
     library_logs.quiet()
     rank = int(os.environ.get("RANK", "0"))
     try:
         loaded = load_checked(recipe_path, overrides)
+        watchdog.configure(loaded.recipe.watchdog)
         directory = Path(run_dir) if run_dir else default_run_dir(loaded.recipe)
         from rlflow.train.storage import prepare_run_dir
 
@@ -61,6 +65,9 @@ def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
         trainer.backend.close()
         _shutdown()
         return code
+    except PreflightFailed as err:
+        print(f"[rank {rank}] {err}", file=sys.stderr, flush=True)
+        _hard_exit(err.exit_code)
     except RlflowError as err:
         if rank == 0 or os.environ.get("WORLD_SIZE", "1") == "1" or not _same_on_all_ranks(err):
             print_diagnostics(err.diagnostics)

@@ -20,6 +20,9 @@ class StepTimer:
 
     @contextmanager
     def __call__(self, phase: str):
+        from rlflow.train import watchdog
+
+        watchdog.beat(phase)  # progress for the node launcher's watchdog
         self._sync()
         start = time.perf_counter()
         try:

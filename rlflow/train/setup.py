@@ -13,6 +13,7 @@ from rlflow import parallel
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe.load import LoadedRecipe
 from rlflow.recipe.schema import Recipe
+from rlflow.train import watchdog
 
 
 @dataclass
@@ -83,6 +84,7 @@ def share_vision_cache(policy, reference, enabled: bool) -> None:
 def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     from rlflow.data import PromptSampler, build_dataset
     from rlflow.generation.base import check_backend_ready, make_backend
+    from rlflow.launch.preflight import run_preflight
     from rlflow.model.build import load_policy, resolve_checkpoint
     from rlflow.model.processor import PromptEncoder
     from rlflow.train.checkpoint import Checkpointer
@@ -90,8 +92,15 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     from rlflow.train.signals import StopRequest
 
     recipe = loaded.recipe
-    info = parallel.init_parallel(recipe.parallelism, recipe.run.seed)
+    watchdog.beat("startup")  # the process group's rendezvous still counts as start-up
+    info = parallel.init_parallel(
+        recipe.parallelism, recipe.run.seed, timeout_s=recipe.watchdog.collective_timeout_s
+    )
     check_layout(recipe, info)
+    if recipe.preflight.enabled:
+        watchdog.beat("preflight")
+        run_preflight(recipe.preflight, run_dir, recipe.model.checkpoint, info)
+    watchdog.beat("model_load")
     check_backend_ready(recipe.generation)
     stop = StopRequest(enabled=recipe.checkpointing.save_on_signal)
     seed_everything(recipe.run.seed)
@@ -115,6 +124,7 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
         progress_bar=recipe.logging.progress_bar,
         total_steps=recipe.grpo.max_num_steps,
     )
+    watchdog.beat("setup")
     return Trainer(
         recipe=recipe,
         run_dir=run_dir,

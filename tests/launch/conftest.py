@@ -1,7 +1,7 @@
 """The launch tests' real Slurm cluster: started once per session, stopped and purged at the end.
 
 tests/slurm/start.sh installs Slurm, munge and MariaDB with apt-get on first use (root, Debian
-12) and starts 8 slurmd "nodes" with 4 fake GPUs each, in a fresh state directory and on free
+12) and starts 9 slurmd "nodes" (node9 a spare) with 4 fake GPUs each, in a fresh state directory and on free
 ports, so it never collides with another cluster on the machine. If it cannot start, every
 test that needs it fails with start.sh's own output: the Slurm tests are never skipped.
 """
@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 HARNESS = Path(__file__).resolve().parents[1] / "slurm"
-NUM_NODES = 8
+NUM_NODES = 9  # node9 is a spare (higher Weight): 8-node jobs get node1-8, retries may use it
+SPARE_NODES = 1
 GPUS_PER_NODE = 4
 START_TIMEOUT_SECONDS = 900  # a fresh machine apt-get installs ~30 packages first
 STATE_PREFIX = "rlflow-slurm-"
@@ -56,6 +57,7 @@ def _harness_env(base: int) -> dict[str, str]:
     return {
         **os.environ,
         "SLURM_LOCAL_NODES": str(NUM_NODES),
+        "SLURM_LOCAL_SPARE_NODES": str(SPARE_NODES),
         "SLURM_LOCAL_GPUS": str(GPUS_PER_NODE),
         "SLURM_LOCAL_LINK_ETC": "0",  # never touch /etc/slurm: SLURM_CONF is exported instead
         "SLURM_LOCAL_CTLD_PORT": str(base),
@@ -91,7 +93,7 @@ def _reap_abandoned_clusters() -> None:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """A running 8-node cluster with SLURM_CONF exported for the whole session."""
+    """A running 9-node cluster (8 + a spare) with SLURM_CONF exported for the whole session."""
     _reap_abandoned_clusters()
     # munged and mysqld must reach the state dir: /tmp, not pytest's 0700 tmp tree.
     state = Path(tempfile.mkdtemp(prefix=STATE_PREFIX, dir="/tmp"))

@@ -184,7 +184,7 @@ def test_requeue_after_the_time_limit_warning(tmp_path):
     assert "time-limit warning (SIGUSR1): asking the ranks to save and stop" in log
     assert "requeueing: attempt 1 continues the run" in log
     assert "rlflow: job " + job + " attempt 1 on" in log
-    stopped = sorted(p.name for p in (run_dir / "status" / "attempt-0").iterdir())
+    stopped = sorted(p.name for p in (run_dir / "status" / "attempt-0").glob("stopped-*"))
     assert stopped == ["stopped-node-0", "stopped-node-1"]
 
 

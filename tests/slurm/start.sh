@@ -16,6 +16,8 @@
 #
 # Settings (environment):
 #   SLURM_LOCAL_NODES=8          slurmd daemons / nodes (node1..nodeN)
+#   SLURM_LOCAL_SPARE_NODES=0    the last K nodes get a higher Weight: Slurm uses them only
+#                                when the others are taken or excluded (node-failure retries)
 #   SLURM_LOCAL_CPUS=8           CPUs declared per node (the host has fewer: fine)
 #   SLURM_LOCAL_MEM_MB=16000     RealMemory declared per node
 #   SLURM_LOCAL_GPUS=8           fake GPUs per node (0: no GRES at all)
@@ -69,6 +71,7 @@ esac
 
 STATE=${1:-${SLURM_LOCAL_STATE:-/tmp/slurm-local}}
 NODES=${SLURM_LOCAL_NODES:-8}
+SPARE=${SLURM_LOCAL_SPARE_NODES:-0}
 CPUS=${SLURM_LOCAL_CPUS:-8}
 MEM=${SLURM_LOCAL_MEM_MB:-16000}
 GPUS=${SLURM_LOCAL_GPUS:-8}
@@ -119,7 +122,7 @@ MUNGE_SOCK="$STATE/munge/munge.socket.2"
 T_START=$SECONDS
 
 # Everything that describes the cluster's shape; a change restarts it cleanly.
-PARAMS="nodes=$NODES cpus=$CPUS mem=$MEM gpus=$GPUS type=$GPU_TYPE mknod=$GPU_MKNOD acct=$ACCOUNTING parts=$PARTITIONS cluster=$CLUSTER ports=$CTLD_PORT,$SLURMD_PORT_BASE,$DBD_PORT,$DB_PORT minage=$MIN_JOB_AGE tmpl=$(cat "$HERE/slurm.conf.in" "$HERE/slurmdbd.conf.in" "${BASH_SOURCE[0]}" | md5sum | cut -c1-12)"
+PARAMS="nodes=$NODES spare=$SPARE cpus=$CPUS mem=$MEM gpus=$GPUS type=$GPU_TYPE mknod=$GPU_MKNOD acct=$ACCOUNTING parts=$PARTITIONS cluster=$CLUSTER ports=$CTLD_PORT,$SLURMD_PORT_BASE,$DBD_PORT,$DB_PORT minage=$MIN_JOB_AGE tmpl=$(cat "$HERE/slurm.conf.in" "$HERE/slurmdbd.conf.in" "${BASH_SOURCE[0]}" | md5sum | cut -c1-12)"
 
 emit_env() { echo "export SLURM_CONF=$CONF"; }
 
@@ -280,7 +283,14 @@ port_busy $((SLURMD_PORT_BASE + NODES + 1)) && info "note: port $((SLURMD_PORT_B
     echo "GresTypes=gpu"
     gres=" Gres=gpu:${GPU_TYPE:+$GPU_TYPE:}$GPUS"
   fi
-  echo "NodeName=$NODELIST NodeHostname=localhost NodeAddr=127.0.0.1 Port=$PORTS CPUs=$CPUS RealMemory=$MEM$gres State=UNKNOWN"
+  if (( SPARE > 0 && SPARE < NODES )); then
+    for ((i = 1; i <= NODES; i++)); do
+      weight=1; (( i > NODES - SPARE )) && weight=100
+      echo "NodeName=node$i NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((SLURMD_PORT_BASE + i)) CPUs=$CPUS RealMemory=$MEM$gres Weight=$weight State=UNKNOWN"
+    done
+  else
+    echo "NodeName=$NODELIST NodeHostname=localhost NodeAddr=127.0.0.1 Port=$PORTS CPUs=$CPUS RealMemory=$MEM$gres State=UNKNOWN"
+  fi
   def=YES
   for p in $PARTITIONS; do
     echo "PartitionName=$p Nodes=ALL Default=$def MaxTime=INFINITE State=UP"

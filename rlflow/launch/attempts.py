@@ -1,0 +1,227 @@
+"""What an attempt of a job ended with, and what the batch script does next.
+
+The batch script runs this after the training step (`python -m rlflow.launch.attempts ...`). It
+reads what the node launchers left in RUN_DIR/status/attempt-N/ (first-failure, peer-failure,
+stopped-node-K, node-K.started/.ended, heartbeat/rank-R.json), classifies the attempt, appends
+one record to RUN_DIR/attempts.jsonl and prints the decision as one line on stdout:
+
+    done                  the run finished
+    time-limit N          the ranks saved and stopped for the time limit; N such requeues so far
+    retry NODES           a node failure: requeue with NODES (comma-separated) excluded
+    fail CODE             stop with CODE: not retryable, or no retries left
+
+Node failures are retried: a hang (exit 77, the watchdog named the node), a failed preflight
+(exit 78) and a lost node (a launcher that started and never ended: the node died, or Slurm
+lost it). Everything else is the run's own error (a recipe error, an exception on a rank, an
+out-of-memory kill) and is not retried: a retry would end the same way.
+
+Standard library only: it runs on the batch host between steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+EX_TEMPFAIL, EX_PEER_FAILED, EX_HANG, EX_PREFLIGHT = 75, 76, 77, 78
+ATTEMPTS_FILE = "attempts.jsonl"
+
+
+@dataclass
+class Attempt:
+    attempt: int
+    job_id: str
+    outcome: str  # completed | time-limit | node-failure | failed
+    reason: str
+    nodes: str  # Slurm's node list of the attempt
+    excluded: list[str]  # nodes excluded from the next attempt (cumulative)
+    step: int | None  # the furthest step any rank reported
+    checkpoint_step: int | None  # the newest complete checkpoint after this attempt
+    exit_code: int
+    action: str
+    bad_nodes: list[str] = field(default_factory=list)
+    ended: str = ""
+
+
+def read_attempts(run_dir: Path) -> list[dict]:
+    path = run_dir / ATTEMPTS_FILE
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a torn last line (the node died mid-write)
+    return records
+
+
+def _failure(status: Path) -> tuple[int, str, str] | None:
+    """(exit code, message, host) of the first failure, a peer failure only if none."""
+    for name in ("first-failure", "peer-failure"):
+        path = status / name
+        if path.is_file():
+            lines = path.read_text(errors="replace").splitlines() + ["", "", ""]
+            try:
+                code = int(lines[0])
+            except ValueError:
+                code = 1
+            return code, lines[1], lines[2]
+    return None
+
+
+def lost_nodes(status: Path) -> list[str]:
+    """Nodes whose launcher started and never recorded its end."""
+    lost = []
+    for started in sorted(status.glob("node-*.started")):
+        if not started.with_suffix(".ended").exists():
+            lost.append(started.read_text(errors="replace").split()[0])
+    return lost
+
+
+def slurm_node_state(node: str) -> str:
+    """`State=... Reason=...` from scontrol, for the record (empty if unknown)."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=20
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    fields = dict(word.split("=", 1) for word in out.split() if "=" in word)
+    state = fields.get("State", "")
+    reason = out.split("Reason=", 1)[1].strip() if "Reason=" in out else ""
+    return f"State={state}" + (f" Reason={reason}" if reason else "")
+
+
+def furthest_step(status: Path) -> int | None:
+    steps = []
+    for beat in status.glob("heartbeat/rank-*.json"):
+        try:
+            steps.append(int(json.loads(beat.read_text())["step"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return max(steps) if steps else None
+
+
+def checkpoint_step(run_dir: Path) -> int | None:
+    steps = [
+        int(p.name.split("_")[1])
+        for p in (run_dir / "checkpoints").glob("step_*")
+        if p.is_dir() and p.name.split("_")[1].isdigit()
+    ]
+    return max(steps) if steps else None
+
+
+def classify(status: Path, rc: int) -> tuple[str, str, list[str], int]:
+    """(outcome, reason, offending nodes, exit code) of one attempt."""
+    failure = _failure(status)
+    lost = lost_nodes(status)
+    if lost:
+        states = {node: slurm_node_state(node) for node in lost}
+        reason = "; ".join(
+            f"node {node} lost: its launcher never reported an exit"
+            + (f" (Slurm: {states[node]})" if states[node] else "")
+            for node in lost
+        )
+        return "node-failure", reason, lost, rc or 1
+    if failure is not None:
+        code, message, host = failure
+        if code in (EX_HANG, EX_PREFLIGHT) and host:
+            bad = {host}
+            for other in status.glob("failure-node-*"):
+                lines = other.read_text(errors="replace").splitlines() + ["", "", ""]
+                if lines[0] in (str(EX_HANG), str(EX_PREFLIGHT)) and lines[2]:
+                    bad.add(lines[2])
+            return "node-failure", message, sorted(bad), code
+        return "failed", message, [], code
+    if rc == 0:
+        if any(status.glob("stopped-node-*")):
+            return "time-limit", "saved and stopped for the time limit", [], EX_TEMPFAIL
+        return "completed", "finished", [], 0
+    return "failed", f"the training step ended with exit code {rc}", [], rc
+
+
+def decide(args: argparse.Namespace) -> tuple[str, Attempt]:
+    run_dir, status = Path(args.run_dir), Path(args.status_dir)
+    previous = read_attempts(run_dir)
+    excluded = list(previous[-1]["excluded"]) if previous else []
+    outcome, reason, bad, code = classify(status, args.rc)
+    retries = sum(1 for r in previous if r["outcome"] == "node-failure")
+    timeouts = sum(1 for r in previous if r["outcome"] == "time-limit")
+    if outcome == "completed":
+        decision, action = "done", "done"
+    elif outcome == "time-limit":
+        decision = f"time-limit {timeouts}"
+        action = (
+            "requeue"
+            if timeouts < args.max_requeues
+            else f"stop: no requeues left (slurm.max_requeues={args.max_requeues})"
+        )
+    elif outcome == "node-failure" and retries < args.max_failure_retries:
+        excluded = sorted(set(excluded) | set(bad))
+        decision = f"retry {','.join(excluded)}"
+        action = (
+            f"requeue without {', '.join(bad)} (retry {retries + 1} of "
+            f"slurm.max_failure_retries={args.max_failure_retries})"
+        )
+    elif outcome == "node-failure":
+        decision = f"fail {code}"
+        action = (
+            f"stop: node-failure retries exhausted "
+            f"(slurm.max_failure_retries={args.max_failure_retries})"
+        )
+    else:
+        decision = f"fail {code}"
+        action = "stop: not retried (a retry would fail the same way)"
+    record = Attempt(
+        attempt=args.attempt,
+        job_id=args.job_id,
+        outcome=outcome,
+        reason=reason,
+        nodes=args.nodes,
+        excluded=excluded,
+        step=furthest_step(status),
+        checkpoint_step=checkpoint_step(run_dir),
+        exit_code=code,
+        action=action,
+        bad_nodes=bad,
+        ended=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
+    return decision, record
+
+
+def append(run_dir: Path, record: Attempt) -> None:
+    with open(run_dir / ATTEMPTS_FILE, "a") as out:
+        out.write(json.dumps(asdict(record)) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlflow.launch.attempts")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--status-dir", required=True)
+    parser.add_argument("--attempt", type=int, required=True)
+    parser.add_argument("--job-id", default="")
+    parser.add_argument("--nodes", default="")
+    parser.add_argument("--rc", type=int, required=True)
+    parser.add_argument("--max-requeues", type=int, required=True)
+    parser.add_argument("--max-failure-retries", type=int, required=True)
+    args = parser.parse_args(argv)
+    decision, record = decide(args)
+    try:
+        append(Path(args.run_dir), record)
+    except OSError as err:
+        print(f"rlflow: cannot record the attempt: {err}", file=sys.stderr)
+    if record.outcome not in ("completed", "time-limit"):
+        print(f"rlflow: failed: {record.reason}", file=sys.stderr)
+        print(f"rlflow: attempt {record.attempt}: {record.action}", file=sys.stderr)
+    print(decision, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
