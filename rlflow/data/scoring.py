@@ -233,5 +233,9 @@ def _sample_notes(batch: RewardBatch, i: int) -> list[str]:
         f"answer: {batch.answers[i]!r}, media: {batch.media[i]}, "
         f"finish_reason: {batch.finish_reasons[i]}, completion_tokens: "
         f"{batch.completion_tokens[i]}",
-        f"fields: {shorten(repr(batch.fields[i]))}",
+        f"fields: {_clipped(repr(batch.fields[i]))}",
     ]
+
+
+def _clipped(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 5] + " ...}"
