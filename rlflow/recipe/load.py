@@ -155,7 +155,7 @@ def _read_yaml(path: Path) -> tuple[dict, dict[KeyPath, Origin]]:
             _diag("recipe.unreadable", f"cannot read `{shown}`: {reason}", Origin(shown))
         ) from None
     root, origins = read_tree(text, shown)
-    if root is None:
+    if root is None or (isinstance(root, Scalar) and root.plain and root.text == ""):
         return {}, {}
     if not isinstance(root, dict):
         where = root.origin if isinstance(root, Scalar) else Origin(shown)
