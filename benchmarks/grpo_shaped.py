@@ -629,6 +629,7 @@ def recipe_overrides(args, checkpoint: Path) -> list[str]:
         "grpo.val_period=0",
         "grpo.val_at_start=false",
         "grpo.val_at_end=false",
+        "grpo.dynamic_sampling.enabled=false",  # random weights: every group's rewards are equal
         "generation.temperature=1.0",
         f"generation.max_new_tokens={args.max_new_tokens}",
         f"generation.max_batch_size={args.max_batch_size}",
@@ -679,7 +680,7 @@ def rank_main(args) -> None:
 
     def save() -> None:
         if info.is_main:
-            (args.out / RESULTS).write_text(json.dumps(results, indent=2, default=float))
+            (args.out / RESULTS).write_text(json.dumps(results, indent=2, default=_plain))
 
     start = time.perf_counter()
     checkpoint = bench_checkpoint(args.checkpoint, args.tiny, device, info.is_main)
@@ -850,6 +851,14 @@ def main() -> None:
     if args.tp > 1 and "RANK" not in os.environ:
         sys.exit(launch_ranks(args))
     rank_main(args)
+
+
+def _plain(value):
+    """JSON for numpy / torch scalars (and a readable string for anything else)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def _sync(device) -> None:
