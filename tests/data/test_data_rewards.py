@@ -152,6 +152,7 @@ def test_a_reward_outside_zero_one_is_an_error(value):
 def test_rewards_import_without_torch_or_pil():
     code = (
         "import sys, rlflow.data.rewards as r; "
+        "import rlflow.data.scoring, rlflow.data.reward_pool, rlflow.data.user_rewards; "
         "from rlflow.data import REWARDS, score; "
         "from rlflow.recipe import load_checked; "
         f"load_checked({str(BASE_RECIPE)!r}); "
