@@ -118,12 +118,16 @@ class Decoder:
         self.layers = [_weights(layer) for layer in lm.decoder.layers]
         scale = config.softmax_scale or head_dim**-0.5
         self.dims = Dims(heads, kv_heads, head_dim, config.layernorm_epsilon, scale, tp_group)
-        self._decode_layer = decode_layer
-        if compile_decode:
-            # Fuses each layer's norms, rotary and elementwise work; one graph serves every layer.
-            # The batch bucket changes as rows retire: after the second size, dynamo compiles one
-            # shape-generic graph for all of them (two compiles in all, not one per bucket).
-            self._decode_layer = torch.compile(decode_layer)
+        # Decode on GPUs: each layer's work before and after attention is fused by torch.compile
+        # into a few kernels (norms, rotary, SwiGLU, residual adds); the cache write and the
+        # attention call stay outside, since a compiled in-place write into the cache would copy
+        # the whole cache. One graph serves every layer; the batch bucket changes as rows retire,
+        # so after the second size dynamo compiles one shape-generic graph for all of them.
+        # Under tensor parallelism the all-reduces stay eager (nothing is compiled).
+        self._before, self._after = _before_attention, _after_attention
+        if compile_decode and tp_group is None:
+            self._before = torch.compile(_before_attention)
+            self._after = torch.compile(_after_attention)
 
     def new_cache(self, rows: int, length: int, dtype, device) -> KVCache:
         d = self.dims
@@ -185,10 +189,10 @@ class Decoder:
         hidden = self.embed(tokens[:, None])[:, 0]
         slots = torch.arange(rows, device=tokens.device) * cache.length + lengths - 1
         for index, w in enumerate(self.layers):
-            hidden = self._decode_layer(
-                hidden, w, cos, sin, cache.keys[index][:rows], cache.values[index][:rows], slots,
-                lengths, self.dims,
-            )  # fmt: skip
+            keys, values = cache.keys[index][:rows], cache.values[index][:rows]
+            q, k, v = self._before(hidden, w, cos, sin, self.dims)
+            out = _cache_attention(q, k, v, keys, values, slots, lengths, self.dims)
+            hidden = self._after(hidden, out, w, self.dims)
         return self.logits(hidden)
 
 
@@ -202,16 +206,25 @@ def prefill_layer(hidden, w: LayerWeights, cos, sin, pack, keys, values, dest, s
     return hidden + _mlp(hidden, w, dims)
 
 
-def decode_layer(hidden, w: LayerWeights, cos, sin, keys, values, slots, lengths, dims: Dims):
-    """One layer for one new token per row; keys/values [rows, T, kv, D] are that layer's cache."""
-    rows, length = keys.shape[0], keys.shape[1]
+def _before_attention(hidden, w: LayerWeights, cos, sin, dims: Dims):
+    """hidden [rows, H] -> rotated q [rows, heads, D], k and v [rows, kv, D]."""
     normed = F.rms_norm(hidden, hidden.shape[-1:], w.input_norm, dims.eps)
-    q, k, v = _qkv(normed, w, cos, sin, dims)  # q [rows, heads, D], k/v [rows, kv, D]
+    return _qkv(normed, w, cos, sin, dims)
+
+
+def _cache_attention(q, k, v, keys, values, slots, lengths, dims: Dims):
+    """Write the new keys/values at `slots` of keys/values [rows, T, kv, D]; attend over each
+    row's first lengths[row] keys -> [rows, heads*D]."""
+    rows, length = keys.shape[0], keys.shape[1]
     flat_keys = keys.view(rows * length, dims.kv_heads, dims.head_dim)
     flat_values = values.view(rows * length, dims.kv_heads, dims.head_dim)
     flat_keys.index_copy_(0, slots, k)
     flat_values.index_copy_(0, slots, v)
-    out = _decode_attention(q, keys, values, flat_keys, flat_values, lengths, dims)
+    return _decode_attention(q, keys, values, flat_keys, flat_values, lengths, dims)
+
+
+def _after_attention(hidden, out, w: LayerWeights, dims: Dims):
+    """Attention projection + residual, then the MLP block + residual."""
     hidden = hidden + _reduce(F.linear(out, w.proj_weight), w.proj_bias, dims)
     return hidden + _mlp(hidden, w, dims)
 

@@ -162,6 +162,10 @@ class MegatronGeneration(GenerationBackend):
             if self._cache is not None:
                 held = self._cache.rows * self._cache.length * per_row // length
             free, _ = torch.cuda.mem_get_info(self.device)
+            # blocks PyTorch's allocator holds but no tensor uses (training's freed buffers)
+            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(
+                self.device
+            )
             limit = min(limit, max(1, int((free + held) * _CACHE_MEMORY_SHARE) // per_row))
         return limit
 
@@ -212,18 +216,11 @@ class MegatronGeneration(GenerationBackend):
         hidden, cos, sin, next_pos = self._prefill_inputs(
             core, [unique[p] for p in order], [ids[p] for p in order], pack
         )
-        starts = pack.cu_seqlens[:-1].tolist()
-        dest, src = [], []
-        for r_local, r in enumerate(rows):
-            i = slot_of[row_prompt[r]]
-            dest.extend(range(r_local * length, r_local * length + lengths_p[i]))
-            src.extend(range(starts[i], starts[i] + lengths_p[i]))
-        dest_t = torch.tensor(dest, dtype=torch.long, device=device)
-        src_t = torch.tensor(src, dtype=torch.long, device=device)
-        hidden = decoder.prefill(hidden, cos, sin, pack, cache, dest_t, src_t)
+        row_slot = torch.tensor([slot_of[row_prompt[r]] for r in rows], device=device)
+        dest, src = _prefill_slots(pack, row_slot, length)
+        hidden = decoder.prefill(hidden, cos, sin, pack, cache, dest, src)
         last = pack.cu_seqlens[1:].long() - 1
         prompt_logits = decoder.logits(hidden.index_select(0, last))  # [unique, V]
-        row_slot = torch.tensor([slot_of[row_prompt[r]] for r in rows], device=device)
         logits = prompt_logits.index_select(0, row_slot)
         _sync(device)
         self.last_timings["prefill_s"] += time.perf_counter() - t0
@@ -242,8 +239,10 @@ class MegatronGeneration(GenerationBackend):
         logits = torch.cat([logits, logits[:1].expand(pad, -1)]) if pad else logits
         finished = torch.zeros(n + 1, dtype=torch.bool, device=device)
         finished[trash] = True
-        out_tokens = torch.zeros(n + 1, params.max_new_tokens, dtype=torch.long, device=device)
-        out_logprobs = torch.zeros(n + 1, params.max_new_tokens, device=device)
+        # step-major, so a step's column is a plain view: indexing it by row ids alone never
+        # turns a Python int into a host->device copy (which would sync every step)
+        out_tokens = torch.zeros(params.max_new_tokens, n + 1, dtype=torch.long, device=device)
+        out_logprobs = torch.zeros(params.max_new_tokens, n + 1, device=device)
         steps_done = torch.zeros(n + 1, dtype=torch.long, device=device)
         stop_ids = torch.tensor(params.stop_token_ids or [-1], device=device)
         step_fn = self._step_fn(cache)
@@ -251,12 +250,12 @@ class MegatronGeneration(GenerationBackend):
         trace: list[tuple[int, int, int, float]] = []
         t0 = time.perf_counter()
         for step in range(params.max_new_tokens):
-            token = sample_tokens(logits, params, seeds_live, step)
-            logprob = logits.gather(1, token[:, None])[:, 0] - logits.logsumexp(-1)
+            token, logprob = sample_tokens(logits, params, seeds_live, step)
             was_finished = finished.index_select(0, live_ids)
             keep = ~was_finished
-            out_tokens[live_ids, step] = torch.where(keep, token, out_tokens[live_ids, step])
-            out_logprobs[live_ids, step] = torch.where(keep, logprob, out_logprobs[live_ids, step])
+            column_tokens, column_logprobs = out_tokens[step], out_logprobs[step]
+            column_tokens[live_ids] = torch.where(keep, token, column_tokens[live_ids])
+            column_logprobs[live_ids] = torch.where(keep, logprob, column_logprobs[live_ids])
             steps_done[live_ids] = torch.where(keep, step + 1, steps_done[live_ids])
             if not params.ignore_eos:
                 finished[live_ids] = was_finished | torch.isin(token, stop_ids)
@@ -281,7 +280,7 @@ class MegatronGeneration(GenerationBackend):
             logits = step_fn(token, positions + step, lengths, batch)
         self.last_timings["steps"] = max(self.last_timings["steps"], step + 1)
         self.last_timings["trace"] = trace  # (step, batch, live rows, seconds since prefill)
-        return _completions(out_tokens[:n], out_logprobs[:n], steps_done[:n], params)
+        return _completions(out_tokens[:, :n].T, out_logprobs[:, :n].T, steps_done[:n], params)
 
     def _prefill_inputs(self, core, prompts, ids, pack: Packing):
         """Packed embeddings [T, H], cos/sin [T, 1, D] and each prompt's next text position."""
@@ -311,6 +310,18 @@ class MegatronGeneration(GenerationBackend):
         cos, sin = decoder.rotary(packed_positions, dtype)
         next_pos = positions.amax(dim=(0, 2)) + 1
         return embeddings[valid], cos, sin, next_pos
+
+
+def _prefill_slots(pack: Packing, row_slot: torch.Tensor, length: int):
+    """(dest, src): cache slot row*length + j <- packed token start(prompt of row) + j."""
+    lengths = torch.tensor(pack.lengths, device=row_slot.device)[row_slot]  # per row
+    starts = pack.cu_seqlens[:-1].long()[row_slot]
+    row_of_token = torch.repeat_interleave(
+        torch.arange(len(row_slot), device=row_slot.device), lengths
+    )
+    first = torch.cumsum(lengths, 0) - lengths  # each row's first entry in the flat list
+    offset = torch.arange(int(lengths.sum()), device=row_slot.device) - first[row_of_token]
+    return row_of_token * length + offset, starts[row_of_token] + offset
 
 
 def _share(prompts: list[Prompt]) -> tuple[list[Prompt], list[int]]:

@@ -30,10 +30,16 @@ def uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
 
 def sample_tokens(
     logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, step: int
-) -> torch.Tensor:
-    """logits [B, V] (fp32) -> tokens [B]. temperature 0 is greedy (argmax, first index on ties)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, V] (fp32) -> (tokens [B], their logprobs [B] under the unmodified distribution).
+
+    temperature 0 is greedy (argmax, first index on ties).
+    """
     if params.temperature == 0:
-        return logits.argmax(dim=-1)
+        token = logits.argmax(dim=-1)
+        return token, logits.gather(1, token[:, None])[:, 0] - logits.logsumexp(-1)
+    if params.temperature == 1 and params.top_k == 0 and params.top_p >= 1.0:
+        return _sample_plain(logits, uniforms(seeds, step))
     scores = logits / params.temperature
     if params.top_k > 0 and params.top_k < scores.shape[-1]:
         kth = torch.topk(scores, params.top_k, dim=-1).values[:, -1:]
@@ -47,8 +53,34 @@ def sample_tokens(
         scores = scores.masked_fill(drop, float("-inf"))
     cdf = torch.softmax(scores, dim=-1).cumsum(dim=-1)
     target = (uniforms(seeds, step) * cdf[:, -1].double()).to(cdf.dtype)
-    token = torch.searchsorted(cdf, target[:, None], right=True)[:, 0]
-    return token.clamp_(max=scores.shape[-1] - 1)
+    token = torch.searchsorted(cdf, target[:, None], right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
+    return token, logits.gather(1, token[:, None])[:, 0] - logits.logsumexp(-1)
+
+
+_BLOCK = 2048  # vocabulary block of the two-level inverse CDF
+
+
+def _sample_plain(logits: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """T=1 sampling by a two-level inverse CDF: per-block sums locate the block, then one
+    block's cumulative sum locates the token. Three passes over [B, V] instead of a full-vocab
+    softmax, cumsum and logsumexp; the same exponentials give the logprob's normaliser."""
+    rows, vocab = logits.shape
+    blocks = -(-vocab // _BLOCK)
+    weights = logits.new_zeros(rows, blocks * _BLOCK)
+    top = logits.amax(dim=-1, keepdim=True)
+    torch.sub(logits, top, out=weights[:, :vocab]).exp_()  # exp(logit - max); padding stays 0
+    weights = weights.view(rows, blocks, _BLOCK)
+    block_sums = weights.sum(-1)  # [B, blocks]
+    cumulative = block_sums.cumsum(-1)
+    total = cumulative[:, -1]
+    target = (u * total.double()).to(total.dtype)[:, None]
+    block = torch.searchsorted(cumulative, target, right=True).clamp_(max=blocks - 1)  # [B, 1]
+    before = cumulative.gather(1, block) - block_sums.gather(1, block)
+    inner = weights.gather(1, block[:, :, None].expand(rows, 1, _BLOCK))[:, 0].cumsum(-1)
+    within = torch.searchsorted(inner, target - before, right=True).clamp_(max=_BLOCK - 1)
+    token = (block * _BLOCK + within)[:, 0].clamp_(max=vocab - 1)
+    logprob = logits.gather(1, token[:, None])[:, 0] - top[:, 0] - total.log()
+    return token, logprob
 
 
 def _hash(x: torch.Tensor) -> torch.Tensor:
