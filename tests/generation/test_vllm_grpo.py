@@ -86,6 +86,9 @@ def test_grpo_with_vllm_matches_the_trainers_logprobs(vllm_env, tmp_path):
     assert statistics.median(tmpe) <= 1.05 and max(tmpe) <= 1.10, tmpe
     assert max(r["train/token_mult_prob_error_max"] for r in steps) <= 1.10  # worst single token
     assert all(r["time/weight_refresh"] > 0 for r in steps)  # refreshed after every update
+    # importance_sampling.mode auto is TIS for vLLM rollouts: weights ~1, logged beside TMPE
+    assert all(abs(r["train/is_weight_mean"] - 1) < 0.05 for r in steps)
+    assert all(r["train/is_clipped_fraction"] <= 0.01 for r in steps)
     assert_gone(worker_pid(tmp_path / "run"))
 
 
