@@ -91,4 +91,6 @@ def is_no_space(err: BaseException, path: Path, needed: int) -> bool:
 
 def _gb(n: int) -> str:
     value = n / GB
-    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}" if value >= 0.01 else f"{value:.6f}"
