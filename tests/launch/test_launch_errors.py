@@ -3,6 +3,8 @@ written and nothing reaches Slurm (these run as --dry-run, which runs every chec
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 from launch_helpers import RECIPES, rlflow, write_recipe
 
@@ -219,3 +221,165 @@ def test_pin_drift_fails_the_dry_run_with_exit_1(drift_repo):
     )
     assert skipped.returncode == 0
     assert "pins skipped (--skip-pin-check)" in skipped.stdout
+
+
+# --- issue 15: bad input never ends in a traceback, a silent rewrite or a doomed job ----------
+
+
+def _no_traceback(result) -> None:
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "slurm.time_limit=12:00:00",
+            "error[recipe.ambiguous]: `slurm.time_limit` is 12:00:00 without quotes, which YAML "
+            "reads as the number 43200 (YAML 1.1, base 60)\n"
+            "  --> command line `slurm.time_limit=12:00:00`\n"
+            "help: did you mean '12:00:00'? quote it inside the shell's quotes: "
+            "'slurm.time_limit=\"12:00:00\"'",
+        ),
+        ("slurm.mem=010", "`slurm.mem` is 010 without quotes, which YAML reads as the number 10"),
+        ("optimizer.lr=.nan", "error[recipe.non-finite]: `optimizer.lr` is .nan"),
+        ("rewards.format=.nan", "error[recipe.non-finite]: `rewards.format` is .nan"),
+        ("loss.kl_penalty=.nan", "error[recipe.non-finite]: `loss.kl_penalty` is .nan"),
+        (
+            "slurm.rlflow_command=uv run 'rlflow",
+            'error[recipe.rlflow-command]: `slurm.rlflow_command` is "uv run \'rlflow", which '
+            "cannot be split into words: No closing quotation",
+        ),
+        (
+            "run.name=" + "n" * 300,
+            "error[submit.name-too-long]: `run.name` is 300 characters",
+        ),
+        (
+            "run.output_dir=/proc/runs",
+            "error[submit.output-dir]: cannot create the run directory under /proc/runs: "
+            "No such file or directory",
+        ),
+    ],
+)
+def test_issue_15_inputs_are_diagnostics(tmp_path, override, message):
+    result = dry_run(tmp_path, override, "--nodes", "1", "--gpus", "1")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    _no_traceback(result)
+
+
+def test_override_hash_is_a_character_not_a_comment(tmp_path):
+    result = rlflow(
+        "submit",
+        TINY,
+        "slurm.partition=#gpu",
+        "--nodes",
+        "1",
+        "--gpus",
+        "1",
+        "--dry-run",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "#SBATCH --partition='#gpu'\n" in result.stdout
+    assert list(tmp_path.iterdir()) == []  # the writability probe left nothing behind
+
+
+@pytest.mark.parametrize(
+    "text, code",
+    [
+        ("", "recipe.empty"),
+        ("# comments only\n", "recipe.empty"),
+        ("grpo:\n  max_num_steps: 3\n", "recipe.missing-key"),
+        ("a: &x [*x]\n", "recipe.yaml-alias"),
+        (
+            "a: &a [x, x, x, x, x, x, x, x, x]\n"
+            + "".join(
+                f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")
+            ),
+            "recipe.yaml-alias",
+        ),
+        ("a: " + "[" * 5000 + "]" * 5000 + "\n", "recipe.yaml-depth"),
+    ],
+    ids=["empty", "comments", "no-defaults", "self-alias", "alias-bomb", "5000-deep"],
+)
+def test_broken_recipe_files_are_diagnostics(tmp_path, text, code):
+    path = tmp_path / "broken.yaml"
+    path.write_text(text)
+    for extra in (["--dry-run"], []):  # the real submit checks the same before any sbatch
+        result = rlflow("submit", str(path), "--nodes", "1", "--gpus", "1", *extra, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(f"error[{code}]: ")
+        assert "--> broken.yaml" in result.stderr
+        assert len(result.stderr) < 20_000
+        _no_traceback(result)
+    train = rlflow("train", str(path), cwd=tmp_path)
+    assert train.returncode == 2 and f"error[{code}]: " in train.stderr
+    _no_traceback(train)
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "cancel"])
+@pytest.mark.parametrize("content", ["abc; rm -rf /\n", "", "12 13\n", "\xff\xfe"])
+def test_tampered_job_id_file_is_a_diagnostic(tmp_path, command, content):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "job_id").write_bytes(content.encode("latin-1"))
+    result = rlflow(command, str(run_dir), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"error[jobs.job-id-file]: {run_dir}/job_id holds ")
+    assert "not a Slurm job id" in result.stderr
+    _no_traceback(result)
+
+
+# --- against the real cluster: sbatch would accept these, and the job would never start --------
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+def test_gpus_and_nodes_the_partition_cannot_give_are_refused(tmp_path):
+    for extra in (["--dry-run"], []):
+        five = rlflow(
+            "submit",
+            TINY,
+            "run.name=refused-gpus5",
+            "--nodes",
+            "1",
+            "--gpus",
+            "5",
+            *extra,
+            cwd=tmp_path,
+        )
+        assert five.returncode == 2, five.stdout + five.stderr
+        assert (
+            "error[submit.gpus]: `--gpus 5`: no node in partition `debug` has 5 GPUs (the most "
+            "is 4); Slurm would accept the job and never start it"
+        ) in five.stderr
+        assert "help: use --gpus 4 or fewer (and more --nodes)" in five.stderr
+        _no_traceback(five)
+    nine = rlflow("submit", TINY, "--nodes", "9", "--gpus", "4", "--dry-run", cwd=tmp_path)
+    assert nine.returncode == 2
+    assert "`--nodes 9`: partition `debug` has only 8 nodes with 4 or more GPUs" in nine.stderr
+    nope = rlflow(
+        "submit",
+        TINY,
+        "slurm.partition=nope",
+        "--nodes",
+        "1",
+        "--gpus",
+        "1",
+        "--dry-run",
+        cwd=tmp_path,
+    )
+    assert "error[submit.partition]: Slurm has no partition `nope` (sinfo lists: debug)" in (
+        nope.stderr
+    )
+    fits = rlflow("submit", TINY, "--nodes", "8", "--gpus", "4", "--dry-run", cwd=tmp_path)
+    assert fits.returncode == 0, fits.stderr
+    assert (
+        "dry run: nothing submitted; checked against partition debug: 8 nodes, up to 4 GPUs "
+        "each (sinfo)"
+    ) in fits.stdout
+    assert not (tmp_path / "runs").exists()  # the refused real submit wrote nothing...
+    queue = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-n", "refused-gpus5"], capture_output=True, text=True
+    )
+    assert queue.returncode == 0 and queue.stdout.strip() == ""  # ...and queued nothing

@@ -219,9 +219,11 @@ def workdir(tmp_path_factory):
     where = tmp_path_factory.mktemp("work")
     previous = os.getcwd()
     os.chdir(where)
-    os.environ.pop("SLURM_CONF", None)  # no sinfo: the property is about the recipe
+    conf = os.environ.pop("SLURM_CONF", None)  # no sinfo: the property is about the recipe
     yield where
     os.chdir(previous)
+    if conf is not None:
+        os.environ["SLURM_CONF"] = conf
 
 
 def check_outcome(code, out, err, key=None, expected=None):
