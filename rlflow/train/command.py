@@ -44,9 +44,11 @@ def train(recipe, overrides, run_dir, nproc):
 
         from rlflow.recipe import load_checked
         from rlflow.train.local import run_local
+        from rlflow.train.storage import prepare_run_dir
 
         checked = load_checked(recipe, overrides).recipe
         directory = Path(run_dir) if run_dir else default_run_dir(checked)
+        prepare_run_dir(directory)  # the ranks' logs go there: a read-only one is a diagnostic
         argv = [
             sys.executable,
             "-m",
