@@ -244,3 +244,137 @@ def test_any_gitmodules_gives_an_exit_code_not_a_traceback(repo, data, target, f
     random_file = st.lists(pieces, max_size=40).map("".join)
     content = data.draw(st.one_of(mutated(original), random_file))
     _with_content(repo, target, content, fmt)
+
+
+# -- issue 11: every new case ------------------------------------------------------------------
+# Decorations uv accepts (a BOM, CRLF) and input it rejects (deep nesting) around any document.
+@st.composite
+def decorated(draw, original: str) -> str:
+    text = original
+    if draw(st.booleans()):
+        text = text.replace("\n", "\r\n")
+    if draw(st.booleans()):
+        text = "\ufeff" + text
+    if draw(st.booleans()):
+        depth = draw(st.integers(1, 4000))
+        opener = draw(st.sampled_from(["[", "{a = ", "[{a = "]))
+        closer = {"[": "]", "{a = ": "}", "[{a = ": "}]"}[opener]
+        text += f"\n[tool.nest]\nx = {opener * depth}1{closer * depth}\n"
+    if draw(st.booleans()):
+        text += "\n# " + "y" * draw(st.integers(0, 300_000)) + "\n"
+    return text
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), target=st.sampled_from(TARGETS), fmt=st.sampled_from(["text", "json"]))
+def test_bom_crlf_nesting_and_long_lines_never_crash(repo, data, target, fmt):
+    original = (repo.root / target).read_text()
+    _with_content(repo, target, data.draw(decorated(original)), fmt)
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_bom_and_crlf_change_no_finding(repo, data):
+    """uv reads a BOM and CRLF as nothing: the findings must be exactly those of the plain file."""
+    target = data.draw(st.sampled_from(TARGETS))
+    path = repo.root / target
+    original = path.read_bytes()
+    plain = check_pins("--repo", repo.root, "--format", "json").json["diagnostics"]
+    text = original.decode()
+    if data.draw(st.booleans()):
+        text = text.replace("\n", "\r\n")
+    text = ("\ufeff" if data.draw(st.booleans()) else "") + text
+    try:
+        path.write_bytes(text.encode())
+        after = check_pins("--repo", repo.root, "--format", "json").json["diagnostics"]
+    finally:
+        path.write_bytes(original)
+    # RF008 (the submodule's file differs from its commit) is the only expected difference
+    assert [d for d in after if d["code"] != "RF008"] == [d for d in plain if d["code"] != "RF008"]
+
+
+def _valid_set(text: str) -> bool:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        SpecifierSet(text)
+    except InvalidSpecifier:
+        return False
+    return True
+
+
+VERSIONS = ["0.9", "1.0", "1.0.0", "1.0.post1", "1.0rc1", "1.1", "1.2", "1.2.7", "2.0"]
+OPERATORS = ["==", "!=", ">=", "<=", ">", "<", "~="]
+SPEC = st.builds(
+    lambda op, v, star: (
+        f"{op}{v}.*" if star and op in ("==", "!=") and v[-1].isdigit() else f"{op}{v}"
+    ),
+    st.sampled_from(OPERATORS),
+    st.sampled_from(VERSIONS),
+    st.booleans(),
+).filter(lambda s: not (s.startswith("~=") and s.count(".") == 0))
+SPEC_SET = st.lists(SPEC, min_size=1, max_size=3).map(",".join).filter(_valid_set)
+PROBES = VERSIONS + ["1.0.1", "1.2.0", "1.2.99", "1.3", "1.1rc1", "1.0+cu130", "3.0", "0.1"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(a=SPEC_SET, b=SPEC_SET)
+def test_disjoint_never_claims_a_satisfiable_pair(a, b):
+    """No false alarms, `!=` included: a reported pair has no version satisfying both."""
+    from packaging.specifiers import SpecifierSet
+
+    from rlflow.pins.versions import disjoint
+
+    sa, sb = SpecifierSet(a), SpecifierSet(b)
+    witness = [v for v in PROBES if sa.contains(v, True) and sb.contains(v, True)]
+    if disjoint(a, b):
+        assert not witness, (a, b, witness)
+
+
+@given(v=st.sampled_from(VERSIONS), w=st.sampled_from(VERSIONS))
+def test_exact_against_exclusion_is_found(v, w):
+    """`==v` vs `!=w` is unsatisfiable exactly when v and w are the same version (uv agrees)."""
+    from packaging.version import Version
+
+    from rlflow.pins.versions import disjoint
+
+    assert disjoint(f"=={v}", f"!={w}") is (Version(v) == Version(w))
+
+
+@given(
+    owner=st.text("abcXYZ-", min_size=1, max_size=8),
+    name=st.text("abcXYZ-_.", min_size=1, max_size=8).filter(lambda s: s.strip(".")),
+    flips=st.lists(st.booleans(), min_size=16, max_size=16),
+    host=st.sampled_from(["github.com", "GitHub.com", "gitlab.com", "example.org"]),
+)
+def test_github_case_is_ignored_and_only_there(owner, name, flips, host):
+    from rlflow.pins.urls import normalize_repo
+
+    def flip(text: str) -> str:
+        return "".join(c.swapcase() if flips[i % 16] else c for i, c in enumerate(text))
+
+    url, other = f"https://{host}/{owner}/{name}", f"https://{host}/{flip(owner)}/{flip(name)}"
+    same = normalize_repo(url) == normalize_repo(other)
+    if host.lower() == "github.com":
+        assert same
+    else:
+        assert same is (f"{owner}/{name}" == f"{flip(owner)}/{flip(name)}")
+
+
+@settings(max_examples=100, deadline=None)
+@given(crlf=st.booleans(), bom=st.booleans(), key=st.sampled_from(["rev", "tag", "branch"]))
+def test_fix_apply_keeps_line_endings_bom_and_key(crlf, bom, key):
+    from rlflow.pins.fix import Change, Edit, apply
+
+    text = (
+        '[project]\nname = "x"\n\n[tool.uv.sources]\n'
+        f'emo = {{ git = "https://h/emo", {key} = "v0.2.0" }}  # pinned\n'
+        '[tool.other]\nmultiline = """\na\nb\n"""\n'
+    )
+    if crlf:
+        text = text.replace("\n", "\r\n")
+    if bom:
+        text = "\ufeff" + text
+    edit = Edit((Change(("tool", "uv", "sources", "emo", key), "v0.3.0"),), "")
+    new = apply(text, [edit])
+    assert new == text.replace('"v0.2.0"', '"v0.3.0"')

@@ -182,7 +182,7 @@ def _write(workspace, config: dict) -> None:
     (root / "uv.lock").unlink(missing_ok=True)
 
 
-def uv_lock(workspace) -> subprocess.CompletedProcess:
+def uv_lock(workspace, *args: str, offline: bool = True) -> subprocess.CompletedProcess:
     """The real uv, offline, with a private cache and this interpreter (no downloads)."""
     env = {
         **os.environ,
@@ -192,7 +192,7 @@ def uv_lock(workspace) -> subprocess.CompletedProcess:
         "UV_PYTHON": sys.executable,
     }
     return subprocess.run(
-        [str(UV), "lock", "--offline", "--quiet"],
+        [str(UV), "lock", "--quiet", *(["--offline"] if offline else []), *args],
         cwd=workspace["root"],
         env=env,
         capture_output=True,
@@ -223,6 +223,10 @@ def test_rf001_matches_uv_conflicting_urls(workspace, config):
     _write(workspace, config)
     uv, stderr = _uv_conflicts(workspace)
     assert _rf001_packages(workspace) == uv, f"{config}\nuv said:\n{stderr}"
+    if not uv:  # uv accepts it (transitive pins through path deps included): so must --strict
+        strict = check_pins("--repo", workspace["root"], "--strict", "--format", "json")
+        pins = [c for c in strict.codes() if c != "RF008"]  # RF008: the test's uncommitted edits
+        assert pins == [], f"{config}\n{strict.out}"
 
 
 @pytest.mark.parametrize("config", PAIRS, ids=[f"pair-{i}" for i in range(len(PAIRS))])
@@ -264,3 +268,126 @@ def test_index_trailing_slash_matches_uv(workspace):
     assert "conflicting indexes for package `flashinfer-cubin`" in done.stderr, done.stderr
     result = check_pins("--repo", root, "--format", "json")
     assert "RF003" in result.codes()
+
+
+# -- issue 11: GitHub case, `!=`, BOM ------------------------------------------------------------
+def _simple_root(workspace, root_deps: list[str], child_deps: list[str], extra: str = "") -> None:
+    root = workspace["root"]
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "root"\nversion = "0.1.0"\nrequires-python = ">=3.12"\n'
+        f"dependencies = {_array(['child-a', *root_deps])}\n\n"
+        f'[tool.uv.sources]\nchild-a = {{ path = "child-a" }}\n{extra}'
+    )
+    (root / "child-a" / "pyproject.toml").write_text(
+        '[project]\nname = "child-a"\nversion = "0.1.0"\nrequires-python = ">=3.10"\n'
+        f"dependencies = {_array(child_deps)}\n\n"
+        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
+    )
+    (root / "child-a" / "child-b" / "pyproject.toml").write_text(_child_toml("child-b", []))
+    (root / "uv.lock").unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def github_alias(workspace, tmp_path_factory):
+    """`https://github.com/NVIDIA-NeMo/Emerging-Optimizers` (any case) and a gitlab twin are
+    served from the local emerging-optimizers repository through git's `insteadOf`, so the real
+    uv fetches them with no network (uv runs git; GitHub's API fast path is turned off)."""
+    upstream = workspace["upstreams"]["emerging-optimizers"]
+    config = tmp_path_factory.mktemp("gitconfig") / "config"
+    lines = [f'[url "file://{upstream}"]']
+    for host in ("github.com", "gitlab.com"):
+        for spelling in ("NVIDIA-NeMo/Emerging-Optimizers", "nvidia-nemo/emerging-optimizers"):
+            lines += [f"\tinsteadOf = https://{host}/{spelling}", ""]
+    config.write_text("\n".join(line for line in lines if line) + "\n")
+    return config
+
+
+@pytest.mark.parametrize("host", ["github.com", "gitlab.com"])
+def test_url_case_matches_uv(workspace, github_alias, host):
+    """uv treats GitHub URLs that differ only in case as one repository; other hosts not."""
+    root_req = f"emerging-optimizers @ git+https://{host}/NVIDIA-NeMo/Emerging-Optimizers@v0.3.0"
+    source = (
+        'emerging-optimizers = { git = "https://'
+        + host
+        + '/nvidia-nemo/emerging-optimizers", rev = "v0.3.0" }\n'
+    )
+    _simple_root(workspace, [root_req], ["emerging-optimizers"])
+    child = workspace["root"] / "child-a" / "pyproject.toml"
+    child.write_text(child.read_text() + "\n[tool.uv.sources]\n" + source)
+    env = {
+        **os.environ,
+        "GIT_CONFIG_GLOBAL": str(github_alias),
+        "UV_CACHE_DIR": str(workspace["cache"]),
+        "UV_NO_CONFIG": "1",
+        "UV_PYTHON_DOWNLOADS": "never",
+        "UV_PYTHON": sys.executable,
+        "UV_NO_GITHUB_FAST_PATH": "1",
+    }
+    done = subprocess.run(
+        [str(UV), "lock", "--quiet"],
+        cwd=workspace["root"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    uv_conflict = "conflicting URLs" in done.stderr
+    assert done.returncode == 0 or uv_conflict, done.stderr
+    assert uv_conflict is (host == "gitlab.com")
+    assert bool(_rf001_packages(workspace)) is uv_conflict
+
+
+def _wheel(directory: Path, name: str, version: str) -> None:
+    """A minimal real wheel (metadata only): enough for uv to resolve against --find-links."""
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: rlflow-tests\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(directory / f"{name}-{version}-py3-none-any.whl", "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("wheels")
+    for version in ("0.2.0", "0.3.0"):
+        _wheel(directory, "leaf", version)
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("root_spec", "child_spec"),
+    [
+        ("==0.2.0", "!=0.2.0"),
+        ("==0.2", "!=0.2.0"),
+        ("==0.2.*", "!=0.2.*"),
+        ("==0.2.0", "!=0.3.0"),
+        (">=0.2.0", "!=0.2.0"),
+        ("==0.3.0", "!=0.2.*"),
+    ],
+)
+def test_exclusions_match_uv(workspace, wheels, root_spec, child_spec):
+    """RF004 exactly when uv says the requirements are unsatisfiable (local wheels only)."""
+    _simple_root(workspace, [f"leaf{root_spec}"], [f"leaf{child_spec}"])
+    # --no-index: only the local wheels, no network (UV_NO_CONFIG hides [tool.uv] settings)
+    done = uv_lock(workspace, "--no-index", "--find-links", str(wheels), offline=False)
+    unsatisfiable = "No solution found" in done.stderr
+    assert done.returncode == 0 or unsatisfiable, done.stderr
+    result = check_pins("--repo", workspace["root"], "--format", "json")
+    assert ("RF004" in result.codes()) is unsatisfiable, done.stderr
+
+
+def test_bom_is_accepted_like_uv(workspace):
+    _simple_root(workspace, [], [])
+    path = workspace["root"] / "pyproject.toml"
+    path.write_text("\ufeff" + path.read_text())
+    done = uv_lock(workspace)
+    assert done.returncode == 0, done.stderr
+    result = check_pins("--repo", workspace["root"], "--strict", "--format", "json")
+    assert [c for c in result.codes() if c != "RF008"] == [], result.out
