@@ -53,6 +53,10 @@ EX_PREFLIGHT = 78  # the trainer's "this node failed a preflight check": a node 
 DUMP_SIGNAL = signal.SIGUSR2  # rlflow/train/watchdog.py: faulthandler dumps every stack
 DUMP_WAIT_SECONDS = 5.0  # for the ranks' stack dumps to reach their logs
 HEARTBEAT_POLL_SECONDS = 1.0
+# A rank on another node silent this much longer (wall clock) is the likelier root cause: its
+# launcher names it, while this one waits up to DEFER_SECONDS before naming its own rank.
+DEFER_MARGIN_SECONDS = 1.0
+DEFER_SECONDS = 20.0
 PR_SET_PDEATHSIG = 1
 KILL_GRACE_SECONDS = 10.0  # SIGTERM -> SIGKILL, like Slurm's KillWait
 POLL_SECONDS = 0.1
@@ -231,6 +235,7 @@ class Launcher:
         self.warned_at: float | None = None  # when the warning was last passed on
         self.reaper: subprocess.Popen | None = None
         self.next_heartbeat_check = 0.0
+        self.deferred_since: float | None = None
 
     def say(self, message: str, stream=sys.stdout) -> None:
         print(
@@ -352,7 +357,7 @@ class Launcher:
             if time.monotonic() >= self.next_heartbeat_check:
                 self.next_heartbeat_check = time.monotonic() + HEARTBEAT_POLL_SECONDS
                 hung = self.find_hung()
-                if hung is not None:
+                if hung is not None and not self.defer_to_other_node(hung[2]):
                     return self.hang(*hung)
             for rank in self.running():
                 code = rank.process.poll()
@@ -420,6 +425,35 @@ class Launcher:
             return None
         silent, rank, beat = max(late, key=lambda item: item[0])
         return rank, silent, beat
+
+    def defer_to_other_node(self, beat: dict) -> bool:
+        """Every rank stops reporting once one is stuck (the others wait in a collective), so
+        each node's launcher sees its own ranks go silent. The one silent longest across the
+        job is the root cause: if it is on another node, leave the naming to that node's
+        launcher (for at most DEFER_SECONDS: that node may be gone)."""
+        if (self.status_dir / "first-failure").exists():
+            return True  # another node has named the cause; srun ends this node next
+        mine = beat.get("wall")
+        if mine is None:
+            return False
+        local = {r.heartbeat_path.name for r in self.ranks}
+        now = time.time()
+        for path in (self.status_dir / "heartbeat").glob("rank-*.json"):
+            if path.name in local:
+                continue
+            try:
+                other = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            limit, wall = other.get("timeout_s"), other.get("wall")
+            if limit is None or wall is None:
+                continue
+            if wall < mine - DEFER_MARGIN_SECONDS and now - wall > limit:
+                if self.deferred_since is None:
+                    self.deferred_since = time.monotonic()
+                    self.say(f"a rank on another node is silent longer ({path.name}): waiting")
+                return time.monotonic() - self.deferred_since < DEFER_SECONDS
+        return False
 
     def hang(self, rank: Rank, silent: float, beat: dict) -> int:
         """Dump every local rank's stacks, record the hang with the rank named, end the job."""

@@ -101,6 +101,7 @@ def _write() -> None:
         "phase": _state.phase,
         "step": _state.step,
         "time": time.monotonic(),
+        "wall": time.time(),  # compared across nodes (monotonic clocks are per machine)
         "timeout_s": timeout if _state.enabled else None,
         "stop_requested": _state.stop_requested,
         "note": _state.note,
