@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from conftest import GPUS_PER_NODE, NUM_NODES
 from launch_helpers import RECIPES, rlflow, write_recipe
 
 TINY = str(RECIPES / "tiny-cpu.yaml")
@@ -355,9 +356,12 @@ def test_gpus_and_nodes_the_partition_cannot_give_are_refused(tmp_path):
         ) in five.stderr
         assert "help: use --gpus 4 or fewer (and more --nodes)" in five.stderr
         _no_traceback(five)
-    nine = rlflow("submit", TINY, "--nodes", "9", "--gpus", "4", "--dry-run", cwd=tmp_path)
-    assert nine.returncode == 2
-    assert "`--nodes 9`: partition `debug` has only 8 nodes with 4 or more GPUs" in nine.stderr
+    more = str(NUM_NODES + 1)
+    too_many = rlflow("submit", TINY, "--nodes", more, "--gpus", "4", "--dry-run", cwd=tmp_path)
+    assert too_many.returncode == 2
+    assert (
+        f"`--nodes {more}`: partition `debug` has only {NUM_NODES} nodes with 4 or more GPUs"
+    ) in too_many.stderr
     nope = rlflow(
         "submit",
         TINY,
@@ -375,8 +379,8 @@ def test_gpus_and_nodes_the_partition_cannot_give_are_refused(tmp_path):
     fits = rlflow("submit", TINY, "--nodes", "8", "--gpus", "4", "--dry-run", cwd=tmp_path)
     assert fits.returncode == 0, fits.stderr
     assert (
-        "dry run: nothing submitted; checked against partition debug: 8 nodes, up to 4 GPUs "
-        "each (sinfo)"
+        f"dry run: nothing submitted; checked against partition debug: {NUM_NODES} nodes, up to "
+        f"{GPUS_PER_NODE} GPUs each (sinfo)"
     ) in fits.stdout
     assert not (tmp_path / "runs").exists()  # the refused real submit wrote nothing...
     queue = subprocess.run(
