@@ -266,7 +266,7 @@ def _apply_override(text: str, data: dict, origins: dict, problems: list[Diagnos
         )
         return
     try:
-        value = read_value(raw, origin)
+        value = read_value(raw, origin, text_key=_holds_text(tuple(key.split("."))))
     except RlflowError as err:
         problems += err.diagnostics
         return
@@ -295,6 +295,20 @@ def _apply_override(text: str, data: dict, origins: dict, problems: list[Diagnos
     for stale in [p for p in origins if p[: len(path)] == path]:
         del origins[stale]  # positions of what the override replaced
     origins[path] = origin
+
+
+def _holds_text(path: KeyPath) -> bool:
+    """True when the schema types `path` as a string (or a string or null)."""
+    tp: Any = Recipe
+    for key in path:
+        if dataclasses.is_dataclass(tp):
+            tp = typing.get_type_hints(tp).get(key)
+        elif get_origin(tp) is dict:
+            tp = get_args(tp)[1]
+        else:
+            return False
+    options = get_args(tp) if get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return any(o is str or get_origin(o) is Literal for o in options)
 
 
 def _is_mapping_key(path: KeyPath) -> bool:

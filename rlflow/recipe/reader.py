@@ -10,6 +10,7 @@ larger than MAX_BYTES, more than one document.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -96,15 +97,18 @@ def read_tree(text: str, file: str) -> tuple[Any, dict[KeyPath, Origin]]:
     return tree, origins
 
 
-def read_value(text: str, origin: Origin) -> Any:
+def read_value(text: str, origin: Origin, text_key: bool = False) -> Any:
     """The value of a command-line override (`key=VALUE`).
 
-    A value that starts like a YAML flow collection or a quoted scalar (`[`, `{`, `"`, `'`) is
-    read as YAML; anything else is plain text, exactly as typed: `#gpu` is not a comment and
-    `*x` is not an alias. Either way the key's type decides what plain text means.
+    A value that starts like a quoted scalar (`"`, `'`) or, unless the key holds text
+    (`text_key`), a YAML flow collection (`[`, `{`) is read as YAML. Anything else is plain text,
+    exactly as typed: `#gpu` is not a comment, `*x` is not an alias, and a prompt template
+    `{question}?` is text. Either way the key's type decides what plain text means.
     """
     stripped = text.strip()
-    if not stripped.startswith(("[", "{", '"', "'")):
+    yaml_starts = ('"', "'") if text_key else ("[", "{", '"', "'")
+    if not stripped.startswith(yaml_starts):
+        _check_text(stripped, origin)
         return Scalar(stripped, plain=True, origin=origin)
     try:
         tree, _, end = _build(stripped, lambda mark: origin, origin)
@@ -185,6 +189,7 @@ def _build(text: str, at, whole: Origin) -> tuple[Any, dict[KeyPath, Origin], in
                 _take_key(event, parent, origins, at)
                 continue
             if isinstance(event, yaml.ScalarEvent):
+                _check_text(event.value, at(event.start_mark))
                 value: Any = Scalar(
                     event.value, event.style is None and tag is None, at(event.start_mark)
                 )
@@ -224,6 +229,25 @@ def _build(text: str, at, whole: Origin) -> tuple[Any, dict[KeyPath, Origin], in
     return root, origins, end
 
 
+_UNPASSABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _check_text(text: str, origin: Origin) -> None:
+    """Text no program can receive: NUL ends a C string, and a lone surrogate (an escape like
+    \\ud800, or undecodable bytes on the command line) is not Unicode at all."""
+    bad = _UNPASSABLE.search(text)
+    if bad:
+        raise RlflowError(
+            diagnostic(
+                "recipe.bad-character",
+                f"a value holds the character {bad[0]!r}, which no file, environment variable "
+                f"or command line can carry",
+                origin,
+                "remove it (NUL, or half of a UTF-16 surrogate pair such as \\ud800)",
+            )
+        )
+
+
 def _take_key(event, frame: _Frame, origins: dict, at) -> None:
     if not isinstance(event, yaml.ScalarEvent):
         raise _refuse(
@@ -233,6 +257,7 @@ def _take_key(event, frame: _Frame, origins: dict, at) -> None:
             "write `name: value`",
         )
     key = event.value
+    _check_text(key, at(event.start_mark))
     path = frame.path + (key,)
     if key in frame.value:
         first = origins.get(path)

@@ -284,10 +284,12 @@ def test_generated_overrides_exit_0_or_2_and_never_rewrite_strings(workdir, key,
         expected = text.strip()  # plain override text, as typed: no YAML at all
         if expected in NULL_WORDS:
             expected = NULL
-        elif expected.startswith(("[", "{", '"', "'")):
-            expected = None  # read as YAML on purpose (a quoted value or a list)
+        elif expected.startswith(('"', "'")):
+            expected = None  # read as a YAML quoted scalar on purpose
     elif key in STRING_KEYS and wrap in ("single", "double"):
         expected = text
+    elif key in STRING_KEYS:  # [..] and {..} are text for a string key
+        expected = value.strip()
     check_outcome(code, out, err, key, expected)
 
 

@@ -96,7 +96,9 @@ def test_string_values_are_kept_exactly(tmp_path):
     assert slurm.env == {"A": "1.10", "B": "0123", "C": "5", "D": "3.11", "E": "yes", "F": "#x"}
 
 
-@pytest.mark.parametrize("value", ["#gpu", "*gpu", "&gpu", "!gpu", "gpu #1", "|", "- a", "%x"])
+@pytest.mark.parametrize(
+    "value", ["#gpu", "*gpu", "&gpu", "!gpu", "gpu #1", "|", "- a", "%x", "{question}?", "[a] b"]
+)
 def test_override_values_are_plain_text(value):
     assert load_checked(TINY, [f"slurm.partition={value}"]).recipe.slurm.partition == value
 
