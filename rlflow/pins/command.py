@@ -25,7 +25,9 @@ Examples:
 Finding codes: RF001 conflicting git URL/rev, RF002 submodule URL pin not declared at the
 root, RF003 index URL mismatch, RF004 disjoint versions, RF005 lockstep drift, RF006 gitlink
 != checkout, RF007 uninitialized submodule, RF008 uncommitted submodule pyproject, RF009
-stale policy entry. Policy: [tool.rlflow.pins] in the root pyproject.toml (see README).
+stale policy entry, RF010 root and submodule uv.lock disagree on a source, RF011 stale uv.lock,
+RF012 submodule commit not on its approved ref. Policy: [tool.rlflow.pins] in the root
+pyproject.toml (see README).
 """
 
 
@@ -133,8 +135,14 @@ def analyse(checkout, root_text: str, strict: bool) -> Analysis:
         read_manifest(doc, project, checkout.root / project, is_root=project == "")
         for doc, project in zip(docs, checkout.pyprojects, strict=True)
     ]
+    from rlflow.pins.locks import lock_findings
+    from rlflow.pins.refs import ref_findings
+
     policy = load_policy(docs[0])
-    findings, allowed = apply_allowlist(compare(manifests, checkout.submodules, policy), policy)
+    findings = compare(manifests, checkout.submodules, policy)
+    findings += lock_findings(checkout.root, manifests, docs)
+    findings += ref_findings(checkout, policy)
+    findings, allowed = apply_allowlist(findings, policy)
     if strict:
         findings = [replace(f, severity="error") for f in findings]
     return Analysis(checkout, root_text, findings, allowed, _checked(checkout))

@@ -2,6 +2,7 @@
 
     [tool.rlflow.pins]
     lockstep = ["transformer-engine"]        # must be pinned identically everywhere
+    submodule-refs = { "submodules/Megatron-Bridge" = "main" }  # gitlink must be on origin/main
     allow = [                                # known-harmless differences, each with a reason
       { package = "nemo-run", reason = "only in Megatron-LM's test tooling", code = "RF001",
         submodule = "submodules/Megatron-Bridge/3rdparty/Megatron-LM" },
@@ -14,7 +15,7 @@ narrow it. An entry that matches nothing is reported (RF009), so the list cannot
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from packaging.utils import canonicalize_name
 
@@ -22,8 +23,8 @@ from rlflow.errors import Diagnostic, RlflowError
 from rlflow.pins.model import Finding, Location
 
 TABLE = ("tool", "rlflow", "pins")
-FINDING_CODES = ("RF001", "RF002", "RF003", "RF004", "RF005", "RF006", "RF007", "RF008", "RF009")
-_POLICY_KEYS = ("lockstep", "allow")
+FINDING_CODES = tuple(f"RF{n:03d}" for n in range(1, 13))
+_POLICY_KEYS = ("lockstep", "allow", "submodule-refs")
 _ALLOW_KEYS = ("package", "reason", "code", "submodule")
 
 
@@ -48,6 +49,7 @@ class AllowEntry:
 class Policy:
     lockstep: dict[str, Location]  # package -> where it is listed
     allow: tuple[AllowEntry, ...]
+    submodule_refs: dict[str, tuple[str, Location]] = field(default_factory=dict)  # path -> ref
 
 
 def load_policy(doc) -> Policy:
@@ -64,7 +66,26 @@ def load_policy(doc) -> Policy:
             raise _bad(doc, TABLE + ("lockstep", i), "lockstep entries must be package names")
         lockstep[canonicalize_name(name)] = doc.loc(TABLE + ("lockstep",))
     allow = tuple(_allow_entry(doc, entry, i) for i, entry in enumerate(_list(doc, table, "allow")))
-    return Policy(lockstep, allow)
+    return Policy(lockstep, allow, _submodule_refs(doc, table))
+
+
+def _submodule_refs(doc, table: dict) -> dict[str, tuple[str, Location]]:
+    """`submodule-refs = { "submodules/Megatron-Bridge" = "main" }`: path -> approved ref."""
+    value = table.get("submodule-refs", {})
+    path = TABLE + ("submodule-refs",)
+    if not isinstance(value, dict):
+        raise _bad(doc, path, '`submodule-refs` must be a table: { "path/of/submodule" = "main" }')
+    refs = {}
+    for sub, ref in value.items():
+        if not isinstance(ref, str) or not ref.strip() or ref.startswith("-"):
+            raise _bad(
+                doc,
+                path + (sub,),
+                f"`submodule-refs` entry `{sub}` must name a branch or tag of the submodule's "
+                'remote, e.g. "main"',
+            )
+        refs[sub.strip("/")] = (ref.strip(), doc.loc(path + (sub,)))
+    return refs
 
 
 def apply_allowlist(

@@ -280,6 +280,36 @@ def _rf009(f: Finding):
     )
 
 
+def _rf010(f: Finding):
+    return (
+        f.detail,
+        "lock the same source on both sides: re-lock the side that is behind (`uv lock "
+        f"--upgrade-package {f.package}`), or bump the submodule",
+    )
+
+
+def _rf011(f: Finding):
+    import posixpath
+    import shlex
+
+    directory = posixpath.dirname(f.detail.split("`")[1])
+    command = f"uv lock --directory {shlex.quote(directory)}" if directory else "uv lock"
+    return f.detail, f"run `{command}` (then commit the lock)"
+
+
+def _rf012(f: Finding):
+    return f.detail, _rf012_help(f)
+
+
+def _rf012_help(f: Finding) -> str:
+    sub = f.submodule
+    return (
+        f"push the commit to that ref upstream, or move the submodule to a commit on it "
+        f"(`rlflow bump {sub.path} <ref>`); fetch first if the remote moved "
+        f"(`git -C {sub.path} fetch`)"
+    )
+
+
 def _as_requirement(pin: Pin) -> str:
     if pin.requirement:
         return pin.requirement
@@ -301,4 +331,7 @@ _WORDS = {
     "RF007": _rf007,
     "RF008": _rf008,
     "RF009": _rf009,
+    "RF010": _rf010,
+    "RF011": _rf011,
+    "RF012": _rf012,
 }
