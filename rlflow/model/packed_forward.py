@@ -152,7 +152,10 @@ def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
         return TargetLogprob.apply(logits, targets)
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    return -vocab_parallel_cross_entropy(logits.float()[:, None], targets[:, None])[:, 0]
+    # A copy: megatron's vocab-parallel cross entropy works in place on its input (and .float()
+    # of fp32 logits would be the logits themselves, which the entropy still needs).
+    fp32 = logits.to(torch.float32, copy=True)
+    return -vocab_parallel_cross_entropy(fp32[:, None], targets[:, None])[:, 0]
 
 
 @torch.no_grad()
@@ -183,6 +186,6 @@ class TargetLogprob(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         logits, targets, lse = ctx.saved_tensors
         # d/dlogits (logit[y] - lse) = onehot(y) - softmax
-        out = logits.float().sub_(lse[:, None]).exp_().neg_()
+        out = logits.to(torch.float32, copy=True).sub_(lse[:, None]).exp_().neg_()
         out.scatter_add_(1, targets[:, None].long(), torch.ones_like(out[:, :1]))
         return out.mul_(grad[:, None]).to(logits.dtype), None

@@ -190,3 +190,55 @@ def test_grpo_run_with_packing_and_a_token_budget_matches_the_padded_run(tmp_pat
         assert want.keys() == got.keys()
         for key, value in want.items():
             assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (want["step"], key)
+
+
+def _tensor_parallel_worker(rank: int, port: int, out: str) -> None:
+    """One of two tensor-parallel ranks: packed vs padded logprobs and entropies (vocab-sharded
+    logits: megatron's vocab-parallel cross entropy and the gathered entropy)."""
+    import json
+    import os
+
+    from transformers import AutoProcessor
+
+    from rlflow import parallel
+    from rlflow.model import library_logs
+    from rlflow.model.build import load_policy
+    from rlflow.recipe.schema import ParallelismConfig
+    from tests.tiny import tiny_checkpoint
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    library_logs.quiet()
+    layout = ParallelismConfig(2, 1, 1, 1)
+    parallel.init_parallel(layout, seed=1)
+    checkpoint = tiny_checkpoint(os.path.join(out, "model"))
+    policy = load_policy(checkpoint, FP32, layout, trainable=False)
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    batch = rollout_batch(policy, processor.tokenizer.pad_token_id, mixed_prompts(processor))
+    with torch.no_grad():
+        padded, padded_entropy = token_logprobs(policy, batch, True, packed=False)
+        packed, packed_entropy = token_logprobs(policy, batch, True, packed=True)
+    mask = batch.target_mask
+    if rank == 0:
+        result = {
+            "logprobs": float((packed - padded).abs()[mask].max()),
+            "entropy": float((packed_entropy - padded_entropy).abs()[mask].max()),
+            "vocab_shard": policy.core.language_model.output_layer.output_size_per_partition,
+        }
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump(result, f)
+
+
+def test_packed_logprobs_equal_padded_under_tensor_parallelism(tmp_path):
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_tensor_parallel_worker, args=(port, str(tmp_path)), nprocs=2)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["vocab_shard"] < 512  # the vocabulary really is split over the two ranks
+    assert result["logprobs"] <= 1e-5 and result["entropy"] <= 1e-5, result
