@@ -167,6 +167,11 @@ def _short(pin: Pin, versus: Pin) -> str:
     return _value(pin)
 
 
+def short_value(site, versus) -> str:
+    """What `rlflow bump` lists: `v0.3.0`, `==0.6.18`, or an index URL."""
+    return site.url if isinstance(site, IndexDef) else _short(site, versus)
+
+
 def _rf001(f: Finding):
     ours, theirs = _pair(f)
     what = "git revs" if all(_same_repo(f.ours, t) for t in f.theirs) else "URLs"

@@ -1,0 +1,340 @@
+"""`rlflow bump SUBMODULE REF`: move a submodule and every pin that must follow it, in one commit.
+
+    1. refuse a dirty tree (the commit must contain the bump and nothing else)
+    2. fetch the submodule's remote; REF is a branch of it (`origin/REF`), a tag or a commit
+    3. check it out, and its nested submodules at the commits it records
+    4. mirror into the root pyproject every pin that now disagrees (what `check-pins --fix`
+       would move: lockstep pins, git revs, exact versions, index URLs), tomlkit keeping layout
+    5. `uv lock` when the root has a uv.lock (the real uv)
+    6. check-pins on the result; then one commit whose message lists every pin moved
+
+Anything that fails puts the submodule, the pyproject and the lock back as they were.
+`--dry-run` does steps 2-4 to learn the plan, prints it, and puts everything back.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
+from rlflow.pins import gitcmd
+
+
+@dataclass(frozen=True)
+class Move:
+    path: str
+    old: str | None
+    new: str | None
+
+
+@dataclass(frozen=True)
+class PinMove:
+    package: str
+    old: str
+    new: str
+    where: str
+    description: str
+
+    def line(self) -> str:
+        return f"{self.package}: {self.old} -> {self.new} ({self.where})"
+
+
+@click.command("bump")
+@click.argument("submodule")
+@click.argument("ref")
+@click.option(
+    "--repo",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("."),
+    help="The repository (or any directory inside it).  [default: .]",
+)
+@click.option("--dry-run", is_flag=True, help="Show the plan; change nothing.")
+@click.pass_context
+def bump(ctx: click.Context, submodule: str, ref: str, repo: Path, dry_run: bool) -> None:
+    """Move SUBMODULE to REF and the root pins that follow it, in one commit.
+
+    \b
+    REF is a branch of the submodule's remote (fetched first), a tag, or a commit.
+    Nested submodules move to the commits REF records. Root pins that would disagree with
+    the submodule afterwards (lockstep pins, git revs, exact versions) are moved in
+    pyproject.toml with its layout kept; uv.lock is re-locked with `uv lock` if there is one;
+    check-pins must pass; then one commit lists every pin moved. A dirty tree is refused.
+
+    \b
+    Examples:
+      rlflow bump submodules/Megatron-Bridge main --dry-run
+      rlflow bump submodules/Megatron-Bridge v0.7.0
+    """
+    ctx.exit(run_bump(repo, submodule, ref, dry_run))
+
+
+def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
+    from rlflow.pins.walk import find_root, walk
+
+    root = find_root(repo)
+    path = submodule.strip("/").removeprefix("./")
+    _refuse_dirty(root)
+    checkout = walk(root)
+    sub = next((s for s in checkout.submodules if s.path == path), None)
+    if sub is None or sub.declared_at.file != ".gitmodules":
+        known = ", ".join(
+            s.path for s in checkout.submodules if s.declared_at.file == ".gitmodules"
+        )
+        raise _usage(
+            f"`{submodule}` is not a submodule of the repository root",
+            f"bump one of: {known or '(none)'}; a nested submodule moves with its parent",
+        )
+    if not sub.initialized:
+        raise _usage(
+            f"submodule `{path}` is not initialized",
+            f"run `git submodule update --init --recursive {path}` first",
+        )
+    sub_dir = root / path
+    target, label = _resolve(sub_dir, ref)
+    before = _gitlinks_below(root, checkout, path)
+    files = _snapshot(root)
+    moved_submodule = False
+    try:
+        _checkout(sub_dir, target)
+        moved_submodule = True
+        plan = _plan(root, path, before)
+        if dry_run:
+            _print_plan(path, label, plan, root, dry_run=True)
+            return 0
+        _apply(root, path, plan)
+        _print_plan(path, label, plan, root, dry_run=False)
+        message = _message(path, label, target, plan)
+        gitcmd.run(root, "add", "--", path, "pyproject.toml", *_lock_files(root))
+        done = subprocess.run(
+            ["git", "commit", "-q", "-F", "-"],
+            cwd=root,
+            input=message,
+            text=True,
+            env=gitcmd.clean_env(),
+            capture_output=True,
+        )
+        if done.returncode != 0:
+            raise RlflowError(
+                Diagnostic(
+                    "RF108",
+                    f"`git commit` refused the bump: {(done.stderr or done.stdout).strip()}",
+                    help="nothing was committed; the tree was put back as it was",
+                ),
+                exit_code=EXIT_FINDINGS,
+            )
+        print(f"committed: {message.splitlines()[0]}")
+        moved_submodule = False  # committed: keep it
+        return 0
+    finally:
+        if moved_submodule:
+            _restore(root, path, sub.head, files)
+
+
+# -- steps ------------------------------------------------------------------------------------
+def _refuse_dirty(root: Path) -> None:
+    status = gitcmd.run(root, "status", "--porcelain", "--ignore-submodules=none")
+    dirty = [line for line in status.splitlines() if line.strip()]
+    if dirty:
+        shown = "\n".join(f"  {line}" for line in dirty[:10])
+        raise _usage(
+            f"the working tree has uncommitted changes:\n{shown}",
+            "commit or stash them first: the bump commit must contain the bump and nothing else",
+        )
+
+
+def _resolve(sub_dir: Path, ref: str) -> tuple[str, str]:
+    """REF -> (commit, how it was named), after fetching the submodule's remote."""
+    remotes = gitcmd.run(sub_dir, "remote").split()
+    remote = "origin" if "origin" in remotes or not remotes else remotes[0]
+    if remotes:
+        done = gitcmd.run_raw(sub_dir, "fetch", "-q", "--tags", remote)
+        if done.returncode != 0:
+            raise _usage(
+                f"cannot fetch `{remote}` in `{sub_dir.name}`: {done.stderr.strip()}",
+                "check the network and the submodule's remote URL",
+            )
+    for candidate, label in (
+        (f"refs/remotes/{remote}/{ref}", f"{remote}/{ref}"),
+        (f"refs/tags/{ref}", ref),
+        (ref, ref),
+    ):
+        done = gitcmd.run_raw(sub_dir, "rev-parse", "--verify", "--quiet", candidate + "^{commit}")
+        if done.returncode == 0 and not ref.startswith("-"):
+            return done.stdout.strip(), label
+    raise _usage(
+        f"`{ref}` is not a branch of `{remote}`, a tag or a commit of `{sub_dir.name}`",
+        f"list them: `git -C {sub_dir.name} branch -r` / `git -C {sub_dir.name} tag`",
+    )
+
+
+def _checkout(sub_dir: Path, commit: str) -> None:
+    gitcmd.run(sub_dir, "checkout", "-q", "--detach", commit)
+    gitcmd.run(sub_dir, "submodule", "update", "-q", "--init", "--recursive")
+
+
+def _gitlinks_below(root: Path, checkout, path: str) -> dict[str, str | None]:
+    return {
+        s.path: s.head
+        for s in checkout.submodules
+        if s.path == path or s.path.startswith(path + "/")
+    }
+
+
+@dataclass(frozen=True)
+class Plan:
+    moves: tuple[Move, ...]
+    pins: tuple[PinMove, ...]
+    new_text: str
+    old_text: str
+    relock: bool
+    analysis: object
+
+
+def _plan(root: Path, path: str, before: dict[str, str | None]) -> Plan:
+    from rlflow.pins import fix
+    from rlflow.pins.command import _read_root, analyse
+    from rlflow.pins.walk import walk
+
+    checkout = walk(root)
+    after = _gitlinks_below(root, checkout, path)
+    moves = tuple(
+        Move(p, before.get(p), after.get(p))
+        for p in sorted(set(before) | set(after))
+        if before.get(p) != after.get(p)
+    )
+    text = _read_root(root)
+    analysis = analyse(checkout, text, strict=False)
+    plans = [(f, fix.plan(f, analysis.findings)) for f in analysis.findings]
+    refused = [(f, p) for f, p in plans if isinstance(p, fix.Refusal)]
+    if refused:
+        reasons = "; ".join(f"[{f.code}] `{f.package}`: {p.reason}" for f, p in refused)
+        raise RlflowError(
+            Diagnostic(
+                "RF108",
+                f"cannot move the root pins with the submodule: {reasons}",
+                help="nothing was changed; decide these pins by hand, commit, then bump again",
+            ),
+            exit_code=EXIT_FINDINGS,
+        )
+    from rlflow.pins.report import short_value
+
+    pins = tuple(
+        PinMove(
+            f.package,
+            short_value(f.ours, f.theirs[0]),
+            short_value(f.theirs[0], f.ours),
+            str(f.ours.location),
+            p.description,
+        )
+        for f, p in plans
+        if isinstance(p, fix.Edit)
+    )
+    edits = [p for _, p in plans if isinstance(p, fix.Edit)]
+    new_text = fix.apply(text, edits) if edits else text
+    return Plan(moves, pins, new_text, text, (root / "uv.lock").is_file(), analysis)
+
+
+def _apply(root: Path, path: str, plan: Plan) -> None:
+    from rlflow.pins import fix
+    from rlflow.pins.command import _read_root, analyse
+    from rlflow.pins.report import print_text
+    from rlflow.pins.walk import walk
+
+    if plan.new_text != plan.old_text:
+        fix.write_atomically(root / "pyproject.toml", plan.new_text, plan.old_text)
+    if plan.relock:
+        _uv_lock(root)
+    gitcmd.run(root, "add", "--", path)  # the gitlink the commit will record
+    analysis = analyse(walk(root), _read_root(root), strict=False)
+    if analysis.exit_code != 0:
+        print_text(analysis.findings, analysis.allowed, analysis.checked, root, stream=sys.stderr)
+        raise RlflowError(
+            Diagnostic(
+                "RF108",
+                "check-pins fails after the bump (above); nothing was committed",
+                help="the tree was put back as it was; fix the pins by hand and bump again",
+            ),
+            exit_code=EXIT_FINDINGS,
+        )
+
+
+def _uv_lock(root: Path) -> None:
+    uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    try:
+        done = subprocess.run(
+            [uv, "lock"], cwd=root, capture_output=True, text=True, env=gitcmd.clean_env()
+        )
+    except FileNotFoundError:
+        raise _usage("the project has a uv.lock but `uv` is not installed", "install uv") from None
+    if done.returncode != 0:
+        raise RlflowError(
+            Diagnostic(
+                "RF108",
+                "`uv lock` failed after the bump: " + done.stderr.strip().splitlines()[-1]
+                if done.stderr.strip()
+                else "`uv lock` failed after the bump",
+                notes=tuple(done.stderr.strip().splitlines()[:20]),
+                help="nothing was committed; the tree was put back as it was",
+            ),
+            exit_code=EXIT_FINDINGS,
+        )
+
+
+def _lock_files(root: Path) -> list[str]:
+    return ["uv.lock"] if (root / "uv.lock").is_file() else []
+
+
+def _snapshot(root: Path) -> dict[Path, bytes]:
+    files = [root / "pyproject.toml", root / "uv.lock"]
+    return {f: f.read_bytes() for f in files if f.is_file()}
+
+
+def _restore(root: Path, path: str, head: str | None, files: dict[Path, bytes]) -> None:
+    gitcmd.run_raw(root, "reset", "-q", "--", path, *[f.name for f in files])
+    for file, data in files.items():
+        file.write_bytes(data)
+    if head:
+        gitcmd.run_raw(root / path, "checkout", "-q", "--detach", head)
+        gitcmd.run_raw(root / path, "submodule", "update", "-q", "--init", "--recursive")
+
+
+def _print_plan(path: str, label: str, plan: Plan, root: Path, dry_run: bool) -> None:
+    head = "plan (--dry-run: nothing changed)" if dry_run else "bump"
+    lines = [f"{head}: {path} -> {label}"]
+    for move in plan.moves:
+        lines.append(f"  move {move.path}: {_short(move.old)} -> {_short(move.new)}")
+    if plan.pins:
+        lines.append("pins moved in pyproject.toml:")
+        lines += [f"  {p.line()}: {p.description}" for p in plan.pins]
+    else:
+        lines.append("pins moved in pyproject.toml: none")
+    lines.append("uv.lock: re-locked with `uv lock`" if plan.relock else "uv.lock: none")
+    print("\n".join(lines))
+
+
+def _message(path: str, label: str, commit: str, plan: Plan) -> str:
+    title = f"Bump {path} to {label} ({commit[:12]})"
+    body = [f"{m.path}: {_short(m.old)} -> {_short(m.new)}" for m in plan.moves]
+    body.append("")
+    if plan.pins:
+        body.append("Pins moved in pyproject.toml:")
+        body += [f"- {p.line()}" for p in plan.pins]
+    else:
+        body.append("Pins moved in pyproject.toml: none")
+    if plan.relock:
+        body.append("uv.lock re-locked with `uv lock`.")
+    return title + "\n\n" + "\n".join(body) + "\n"
+
+
+def _short(commit: str | None) -> str:
+    return commit[:12] if commit else "(none)"
+
+
+def _usage(message: str, help: str) -> RlflowError:
+    return RlflowError(Diagnostic("RF108", message, help=help))

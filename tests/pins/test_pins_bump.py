@@ -1,0 +1,163 @@
+"""`rlflow bump SUBMODULE REF`, run through the console script on real repositories: upstream
+Megatron-LM moves emerging-optimizers to v0.4.0, upstream Megatron-Bridge records that commit,
+and the trainer bumps Megatron-Bridge to `main`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pins_helpers import BRIDGE_PATH, EMO_URL, GIT_ENV, LM_PATH, check_pins, git, root_toml
+
+RLFLOW = Path(sys.executable).parent / "rlflow"
+LOCKSTEP = '\n[tool.rlflow.pins]\nlockstep = ["emerging-optimizers"]\n'
+
+
+def rlflow(cwd: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(RLFLOW), *args],
+        cwd=cwd,
+        env={
+            **os.environ,
+            **GIT_ENV,
+            "GIT_CONFIG_COUNT": "1",  # submodules are cloned from local paths
+            "GIT_CONFIG_KEY_0": "protocol.file.allow",
+            "GIT_CONFIG_VALUE_0": "always",
+            **(env or {}),
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def upstream_moves(layout, emo: str = "v0.4.0") -> str:
+    """Megatron-LM pins `emo`; Megatron-Bridge's main records it. Returns the new LM commit."""
+    lm = layout.upstream_lm / "pyproject.toml"
+    lm.write_text(lm.read_text().replace('rev = "v0.3.0"', f'rev = "{emo}"'))
+    git(layout.upstream_lm, "commit", "-qam", f"emerging-optimizers {emo}")
+    nested_lm = layout.upstream_bridge / "3rdparty" / "Megatron-LM"
+    git(nested_lm, "fetch", "-q", "origin")
+    git(nested_lm, "checkout", "-q", "origin/main")
+    git(layout.upstream_bridge, "commit", "-qam", "bump Megatron-LM")
+    return git(layout.upstream_lm, "rev-parse", "HEAD").strip()
+
+
+def test_dry_run_shows_the_plan_and_changes_nothing(nested):
+    layout = nested(root=root_toml(body=LOCKSTEP))
+    new_lm = upstream_moves(layout)
+    before = git(layout.root, "rev-parse", "HEAD")
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "main", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert f"plan (--dry-run: nothing changed): {BRIDGE_PATH} -> origin/main" in done.stdout
+    assert f"move {LM_PATH}: " in done.stdout and new_lm[:12] in done.stdout
+    assert "emerging-optimizers: v0.3.0 -> v0.4.0" in done.stdout
+    assert git(layout.root, "rev-parse", "HEAD") == before
+    assert git(layout.root, "status", "--porcelain", "--ignore-submodules=none") == ""
+    assert git(layout.lm, "rev-parse", "HEAD").strip() != new_lm
+
+
+def test_bump_moves_nested_submodules_mirrors_pins_and_commits_once(nested):
+    layout = nested(root=root_toml(body=LOCKSTEP))
+    new_lm = upstream_moves(layout)
+    before = git(layout.root, "rev-parse", "HEAD").strip()
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "main")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert git(layout.root, "rev-parse", "HEAD~1").strip() == before  # exactly one commit
+    message = git(layout.root, "log", "-1", "--format=%B")
+    assert message.startswith(f"Bump {BRIDGE_PATH} to origin/main (")
+    assert "- emerging-optimizers: v0.3.0 -> v0.4.0 (pyproject.toml:" in message
+    assert git(layout.lm, "rev-parse", "HEAD").strip() == new_lm
+    text = (layout.root / "pyproject.toml").read_text()
+    assert text == root_toml(emo="v0.4.0", body=LOCKSTEP)  # one value moved, layout kept
+    assert git(layout.root, "status", "--porcelain", "--ignore-submodules=none") == ""
+    assert check_pins("--repo", layout.root, "--strict").code == 0
+
+
+def test_dirty_tree_is_refused(nested):
+    layout = nested()
+    upstream_moves(layout)
+    (layout.root / "pyproject.toml").write_text(root_toml() + "# edit\n")
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "main")
+    assert done.returncode == 2
+    assert "error[RF108]: the working tree has uncommitted changes" in done.stderr
+    assert "M pyproject.toml" in done.stderr
+
+
+def test_unknown_ref_and_nested_path_are_refused(nested):
+    layout = nested()
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "no-such-ref")
+    assert done.returncode == 2 and "`no-such-ref` is not a branch of `origin`" in done.stderr
+    done = rlflow(layout.root, "bump", LM_PATH, "main")
+    assert done.returncode == 2 and "a nested submodule moves with its parent" in done.stderr
+
+
+def test_refused_pin_puts_everything_back(nested):
+    """After the bump Megatron-Bridge pins v0.5.0 and Megatron-LM v0.4.0: a decision, not a
+    fix. Nothing is committed and the submodules go back where they were."""
+    layout = nested()
+    bridge = layout.upstream_bridge / "pyproject.toml"
+    source = f'emerging-optimizers = {{ git = "{EMO_URL}", rev = "v0.5.0" }}\n'
+    bridge.write_text(
+        bridge.read_text().replace(
+            '"transformers>=5.0"', '"transformers>=5.0", "emerging-optimizers"'
+        )
+        + source
+    )
+    upstream_moves(layout, emo="v0.4.0")
+    before = {p: git(p, "rev-parse", "HEAD") for p in (layout.root, layout.bridge, layout.lm)}
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "main")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "error[RF108]: cannot move the root pins with the submodule" in done.stderr
+    assert {p: git(p, "rev-parse", "HEAD") for p in before} == before
+    assert git(layout.root, "status", "--porcelain", "--ignore-submodules=none") == ""
+
+
+def test_bump_relocks_with_real_uv(tmp_path):
+    """A root with a uv.lock: the bump re-locks it with `uv lock` and commits the new lock."""
+    from pins_helpers import add_submodule, make_repo
+    from test_pins_locks import CHILD, ROOT
+    from test_pins_uv_differential import _leaf_toml
+
+    emo = make_repo(
+        tmp_path / "emo", {"pyproject.toml": _leaf_toml("emerging-optimizers", "0.2.0")}
+    )
+    git(emo, "tag", "v0.2.0")
+    (emo / "pyproject.toml").write_text(_leaf_toml("emerging-optimizers", "0.3.0"))
+    git(emo, "commit", "-qam", "0.3.0")
+    git(emo, "tag", "v0.3.0")
+    url = f"file://{emo}"
+    child = make_repo(
+        tmp_path / "up-child", {"pyproject.toml": CHILD.format(url=url, ref='rev = "v0.2.0"')}
+    )
+    root = make_repo(
+        tmp_path / "root", {"pyproject.toml": ROOT.format(url=url, ref='rev = "v0.2.0"')}
+    )
+    add_submodule(root, child, "child-a")
+    uv_env = {
+        "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+        "UV_NO_CONFIG": "1",
+        "UV_OFFLINE": "1",
+        "UV_PYTHON_DOWNLOADS": "never",
+        "UV_PYTHON": sys.executable,
+    }
+    subprocess.run(
+        [str(RLFLOW.parent / "uv"), "lock", "-q"],
+        cwd=root,
+        env={**os.environ, **uv_env},
+        check=True,
+    )
+    git(root, "add", "uv.lock")
+    git(root, "commit", "-qm", "lock")
+    (child / "pyproject.toml").write_text(CHILD.format(url=url, ref='rev = "v0.3.0"'))
+    git(child, "commit", "-qam", "emerging-optimizers v0.3.0")
+    done = rlflow(root, "bump", "child-a", "main", env=uv_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    message = git(root, "log", "-1", "--format=%B")
+    assert "- emerging-optimizers: v0.2.0 -> v0.3.0 (pyproject.toml:" in message
+    assert "uv.lock re-locked with `uv lock`." in message
+    assert "?rev=v0.3.0" in (root / "uv.lock").read_text()
+    assert git(root, "status", "--porcelain", "--ignore-submodules=none") == ""
+    assert check_pins("--repo", root, "--strict").code == 0
