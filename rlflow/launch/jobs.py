@@ -132,11 +132,13 @@ def _attempts(run_dir: Path) -> list[str]:
     for r in records:
         step = "-" if r.get("step") is None else r["step"]
         saved = "-" if r.get("checkpoint_step") is None else r["checkpoint_step"]
-        excluded = ",".join(r.get("excluded") or []) or "-"
+        excluded = ",".join(r.get("excluded") or []) if r["outcome"] == "node-failure" else ""
         lines.append(
             f"    {r['attempt']}: {r['outcome']} on {r['nodes']} at step {step} (checkpoint "
-            f"{saved}), excluded {excluded}: {r['reason']} -> {r['action']}"
+            f"{saved}){f', excluding {excluded} next' if excluded else ''} -> {r['action']}"
         )
+        if r["outcome"] not in ("completed", "time-limit"):
+            lines.append(f"       {r['reason']}")
     last = records[-1]
     if last["action"].startswith("stop"):
         count = len(records)

@@ -61,6 +61,7 @@ def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
         _parallel_sizes,
         _slurm,
         _checkpointing,
+        _watchdog,
     ):
         problems += rule(loaded)
     return problems
@@ -649,3 +650,54 @@ def _checkpointing(loaded: LoadedRecipe) -> list[Diagnostic]:
                 )
             )
     return problems
+
+
+def _watchdog(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """Watchdog, preflight and retry keys (rlflow/launch/node.py, preflight.py, attempts.py)."""
+    recipe = loaded.recipe
+    watch, pre = recipe.watchdog, recipe.preflight
+    problems = []
+    at_least = [
+        *(("watchdog", key, getattr(watch, key), 1) for key in _WATCHDOG_TIMEOUTS),
+        ("preflight", "gemm_size", pre.gemm_size, 1),
+        ("preflight", "allreduce_mb", pre.allreduce_mb, 0),
+        ("preflight", "min_free_disk_gb", pre.min_free_disk_gb, 0),
+        ("slurm", "max_failure_retries", recipe.slurm.max_failure_retries, 0),
+    ]
+    for section, key, value, low in at_least:
+        if value < low:
+            problems.append(
+                loaded.diagnostic(
+                    (section, key), "recipe.range", f"`{section}.{key}` must be at least {low}"
+                )
+            )
+    if not pre.gemm_tolerance > 0:
+        problems.append(
+            loaded.diagnostic(
+                ("preflight", "gemm_tolerance"),
+                "recipe.range",
+                "`preflight.gemm_tolerance` must be positive",
+            )
+        )
+    if watch.enabled and watch.collective_timeout_s < watch.phase_timeout_s:
+        problems.append(
+            loaded.diagnostic(
+                ("watchdog", "collective_timeout_s"),
+                "recipe.range",
+                f"`watchdog.collective_timeout_s` ({watch.collective_timeout_s}) is shorter than "
+                f"`watchdog.phase_timeout_s` ({watch.phase_timeout_s})",
+                help="a collective that times out first ends the job without naming the rank "
+                "that stopped: make collective_timeout_s the longer of the two",
+            )
+        )
+    return problems
+
+
+_WATCHDOG_TIMEOUTS = (
+    "startup_timeout_s",
+    "preflight_timeout_s",
+    "model_load_timeout_s",
+    "checkpoint_timeout_s",
+    "phase_timeout_s",
+    "collective_timeout_s",
+)

@@ -265,3 +265,21 @@ def test_preflight_checks_name_what_is_wrong(tmp_path, monkeypatch):
     [full] = preflight.check_disk(tmp_path, 2**60, 1.0)
     assert full.startswith("disk: ") and "a checkpoint needs 1073741824.0 GiB" in full
     assert preflight.check_gemm(64, 1e-5, "cpu") == []
+
+
+def test_a_collective_timeout_shorter_than_the_watchdog_is_refused_by_the_dry_run(tmp_path):
+    recipe = Path(__file__).resolve().parent / "recipes" / "tiny-cpu.yaml"
+    result = subprocess.run(
+        [PYTHON, "-m", "rlflow.cli", "submit", str(recipe), "watchdog.collective_timeout_s=60"]
+        + ["slurm.max_failure_retries=-1", "--nodes", "1", "--gpus", "1", "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert (
+        "`watchdog.collective_timeout_s` (60) is shorter than `watchdog.phase_timeout_s` (600)"
+        in result.stderr
+    )
+    assert "`slurm.max_failure_retries` must be at least 0" in result.stderr
+    assert "Traceback" not in result.stderr
