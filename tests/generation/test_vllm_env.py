@@ -151,8 +151,8 @@ def test_recipe_checks_catch_unusable_vllm_settings(tmp_path):
     recipe = tmp_path / "vllm.yaml"
     recipe.write_text(
         f"defaults: {ROOT / 'recipes' / 'base.yaml'}\n"
-        "generation:\n  vllm:\n    cuda:\n      python: 3.10\n"
-    )  # YAML: 3.1
+        "generation:\n  vllm:\n    cuda:\n      python: 3.1\n"
+    )  # (an unquoted 3.10 is refused by the loader itself: tests/recipe/test_recipe_typed_yaml.py)
     with pytest.raises(RlflowError) as bad:
         load_checked(
             recipe, ["generation.vllm.gpu_memory_utilization=0", "generation.vllm.cpu.packages=[]"]
