@@ -307,16 +307,26 @@ def test_override_hash_is_a_character_not_a_comment(tmp_path):
 def test_broken_recipe_files_are_diagnostics(tmp_path, text, code):
     path = tmp_path / "broken.yaml"
     path.write_text(text)
-    for extra in (["--dry-run"], []):  # the real submit checks the same before any sbatch
-        result = rlflow("submit", str(path), "--nodes", "1", "--gpus", "1", *extra, cwd=tmp_path)
+    result = rlflow("submit", str(path), "--nodes", "1", "--gpus", "1", "--dry-run", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error[{code}]: ")
+    assert "--> broken.yaml" in result.stderr
+    assert len(result.stderr) < 20_000
+    _no_traceback(result)
+
+
+def test_real_submit_and_train_refuse_a_broken_recipe_the_same_way(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("# comments only\n")
+    submitted = rlflow("submit", str(path), "--nodes", "1", "--gpus", "1", cwd=tmp_path)
+    trained = rlflow("train", str(path), cwd=tmp_path)
+    for result in (submitted, trained):
         assert result.returncode == 2, result.stderr
-        assert result.stderr.startswith(f"error[{code}]: ")
-        assert "--> broken.yaml" in result.stderr
-        assert len(result.stderr) < 20_000
+        assert "error[recipe.empty]: `broken.yaml` sets nothing\n  --> broken.yaml" in (
+            result.stderr
+        )
         _no_traceback(result)
-    train = rlflow("train", str(path), cwd=tmp_path)
-    assert train.returncode == 2 and f"error[{code}]: " in train.stderr
-    _no_traceback(train)
+    assert list(tmp_path.iterdir()) == [path]
 
 
 @pytest.mark.parametrize("command", ["status", "logs", "cancel"])
