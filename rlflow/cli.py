@@ -22,6 +22,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "rlflow.pins.command:check_pins",
         "Check that submodule pyproject pins agree with the root pyproject.",
     ),
+    "bump": (
+        "rlflow.pins.bump:bump",
+        "Move a submodule to a ref, and the root pins that follow it, in one commit.",
+    ),
+    "check-tests": (
+        "rlflow.cicheck.command:check_tests",
+        "List tests that no CI shard collects.",
+    ),
     "submit": (
         "rlflow.launch.command:submit",
         "Render a recipe to an sbatch script and submit it.",

@@ -42,6 +42,8 @@ def loaded_modules(*argv: str) -> set[str]:
         ["check-pins", "--help"],
         ["check-pins", "--repo", str(REPO_ROOT)],
         ["check-pins", "--example", "--fix"],
+        ["check-tests", "--repo", str(REPO_ROOT)],
+        ["bump", "--help"],
     ],
 )
 def test_commands_leave_heavy_modules_unimported(argv):

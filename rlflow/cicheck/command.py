@@ -1,0 +1,151 @@
+"""`rlflow check-tests`: every test that no CI shard collects, with its file.
+
+Exit codes: 0 every test is collected by some shard, 1 some are not (RF210), 2 unusable input
+(a CI file that cannot be read, a shard command that cannot be resolved, a collection error).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import click
+
+from rlflow.errors import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    Diagnostic,
+    RlflowError,
+    print_diagnostics,
+    summary_line,
+)
+
+EPILOG = """\b
+Shards are read from .github/workflows/*.yml (each `run:` that calls pytest, the job's matrix
+expanded), shell scripts (*.sh, .ci/*, ci/*: `pytest`, `python -m pytest`, `uv run pytest`
+lines) and ci-shards.yaml (see README). Codes: RF200 malformed CI file, RF201 shard command
+that cannot be resolved, RF202 pytest collection failed, RF210 tests no shard collects.
+"""
+
+
+@click.command("check-tests", epilog=EPILOG)
+@click.option(
+    "--repo",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("."),
+    help="The repository to check (or any directory inside it).  [default: .]",
+)
+@click.option(
+    "--pytest",
+    "pytest_command",
+    default=None,
+    help="How to run pytest, e.g. 'uv run pytest'.  [default: this Python's `-m pytest`]",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True
+)
+@click.pass_context
+def check_tests(ctx: click.Context, repo: Path, pytest_command: str | None, fmt: str) -> None:
+    """List every test that no CI shard collects.
+
+    Reads the shards CI runs, collects each with the real `pytest --collect-only`, and
+    compares with what a plain `pytest --collect-only` finds. A shard without any selection
+    (a bare `pytest`) collects everything: then nothing needs collecting.
+    """
+    pytest = shlex.split(pytest_command) if pytest_command else [sys.executable, "-m", "pytest"]
+    try:
+        ctx.exit(run(repo, pytest, fmt))
+    except RlflowError as err:
+        print_diagnostics(err.diagnostics, fmt="json" if fmt == "json" else "text")
+        ctx.exit(err.exit_code)
+
+
+def run(repo: Path, pytest: list[str], fmt: str) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rlflow.cicheck.collect import collect
+    from rlflow.cicheck.shards import SHARDS_FILE, find_shards
+    from rlflow.pins import gitcmd
+    from rlflow.pins.walk import find_root
+
+    root = find_root(repo)
+    tracked = gitcmd.run(root, "ls-files", "-z").split("\0")
+    tracked += [
+        p
+        for p in gitcmd.run(root, "ls-files", "-z", "--others", "--exclude-standard").split("\0")
+        if p
+    ]
+    shards = find_shards(root, sorted(set(filter(None, tracked))))
+    if not shards:
+        raise RlflowError(
+            Diagnostic(
+                "RF201",
+                "no CI shard runs pytest: looked in .github/workflows/, shell scripts, .ci/, ci/ "
+                f"and {SHARDS_FILE}",
+                help=f"describe your CI's test shards in {SHARDS_FILE} (README: check-tests)",
+            )
+        )
+    everything = next((s for s in shards if s.selects_everything), None)
+    if everything is not None:
+        return _report(fmt, [], shards, None, f"shard {everything.name} runs every test")
+    universe = collect(root, pytest, (), "the whole test suite")
+    unique = sorted({s.args for s in shards})
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = pool.map(lambda args: collect(root, pytest, args, _label(shards, args)), unique)
+        covered = set().union(*results)
+    missing = sorted(universe - covered)
+    return _report(fmt, missing, shards, len(universe), None)
+
+
+def _label(shards, args) -> str:
+    return next(s.name for s in shards if s.args == args)
+
+
+def _report(fmt: str, missing: list[str], shards, total: int | None, reason: str | None) -> int:
+    by_file: dict[str, list[str]] = defaultdict(list)
+    for node in missing:
+        by_file[node.split("::", 1)[0]].append(node.split("::", 1)[1])
+    diagnostics = [
+        Diagnostic(
+            "RF210",
+            f"{len(tests)} test{'s' * (len(tests) != 1)} in {file} "
+            f"{'are' if len(tests) != 1 else 'is'} collected by no CI shard",
+            file=file,
+            notes=(
+                ", ".join(tests[:20])
+                + (f", ... ({len(tests) - 20} more)" if len(tests) > 20 else ""),
+            ),
+            help=f"add `{file}` to a shard's pytest paths (or widen its -k/-m), or delete the tests",
+        )
+        for file, tests in sorted(by_file.items())
+    ]
+    code = EXIT_FINDINGS if diagnostics else EXIT_OK
+    checked = f"{len(shards)} shard{'s' * (len(shards) != 1)}" + (
+        f", {total} tests" if total is not None else f" ({reason})"
+    )
+    if fmt == "json":
+        print(
+            json.dumps(
+                {
+                    "diagnostics": [d.to_json() for d in diagnostics],
+                    "uncollected": missing,
+                    "shards": [{"name": s.name, "args": list(s.args)} for s in shards],
+                    "checked": checked,
+                    "exit_code": code,
+                },
+                indent=2,
+            )
+        )
+        return code
+    for diagnostic in diagnostics:
+        print(diagnostic.render())
+        print()
+    print(
+        f"{summary_line(diagnostics)} ({checked})"
+        if diagnostics
+        else f"ok: {checked}, every test is collected"
+    )
+    return code

@@ -1,0 +1,180 @@
+"""`rlflow check-tests` on real repositories with real GitHub Actions workflows, shell scripts and
+ci-shards.yaml, collected by the real `pytest --collect-only`; through the console script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pins_helpers import GIT_ENV, git, make_repo
+
+RLFLOW = Path(sys.executable).parent / "rlflow"
+PYPROJECT = """\
+[project]
+name = "demo"
+version = "0.1.0"
+
+[tool.pytest.ini_options]
+testpaths = ["tests"]
+markers = ["slow: long tests", "gpu: needs a GPU"]
+"""
+TESTS = {
+    "tests/unit/test_math.py": (
+        "import pytest\n\n"
+        "def test_add():\n    assert 1 + 1 == 2\n\n"
+        "@pytest.mark.slow\ndef test_big():\n    assert True\n\n"
+        "@pytest.mark.parametrize('n', [1, 2])\ndef test_param(n):\n    assert n\n"
+    ),
+    "tests/gpu/test_kernels.py": "def test_kernel():\n    assert True\n",
+    "tests/e2e/test_flow.py": "def test_flow_fast():\n    assert True\n\n"
+    "def test_flow_full():\n    assert True\n",
+}
+WORKFLOW = """\
+name: ci
+on: [push]
+jobs:
+  test:
+    runs-on: ubuntu-latest
+    strategy:
+      matrix:
+        shard: [unit, gpu]
+        python: ["3.12"]
+        exclude:
+          - shard: gpu
+    steps:
+      - uses: actions/checkout@v4
+      - run: |
+          pip install uv
+          uv run --no-sync pytest tests/${{ matrix.shard }} -m "not slow" -x -n 2
+"""
+SCRIPT = '#!/usr/bin/env bash\nset -e\ncd "$(dirname "$0")/.."\npytest tests/e2e \\\n  -k fast\n'
+
+
+def repo(tmp_path: Path, files: dict[str, str]) -> Path:
+    return make_repo(tmp_path / "demo", {"pyproject.toml": PYPROJECT, **TESTS, **files})
+
+
+def check_tests(root: Path, *args: str) -> subprocess.CompletedProcess:
+    # The demo suites need no pytest plugins; loading this venv's (hypothesis, ...) would cost
+    # seconds per collection.
+    return subprocess.run(
+        [str(RLFLOW), "check-tests", "--repo", str(root), *args],
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_lists_every_test_no_shard_collects(tmp_path):
+    root = repo(tmp_path, {".github/workflows/ci.yml": WORKFLOW, ".ci/run": SCRIPT})
+    done = check_tests(root, "--format", "json")
+    assert done.returncode == 1, done.stderr
+    import json
+
+    report = json.loads(done.stdout)
+    assert report["uncollected"] == [
+        "tests/e2e/test_flow.py::test_flow_full",  # -k fast in .ci/run
+        "tests/gpu/test_kernels.py::test_kernel",  # the gpu shard is excluded from the matrix
+        "tests/unit/test_math.py::test_big",  # -m "not slow"
+    ]
+    names = [s["name"] for s in report["shards"]]
+    assert names == [".ci/run:4", ".github/workflows/ci.yml:16 (test: shard=unit, python=3.12)"]
+    text = check_tests(root).stdout
+    assert "error[RF210]: 1 test in tests/gpu/test_kernels.py is collected by no CI shard" in text
+    assert "--> tests/gpu/test_kernels.py" in text and "= note: test_kernel" in text
+
+
+def test_matrix_include_and_ci_shards_yaml_cover_the_rest(tmp_path):
+    workflow = WORKFLOW.replace(
+        "        exclude:\n          - shard: gpu\n",
+        "        include:\n          - shard: gpu\n            python: '3.11'\n",
+    )
+    shards = (
+        "shards:\n  - name: nightly-slow\n    args: [tests/unit, -m, slow]\n"
+        '  - name: e2e\n    args: "tests/e2e -k full"\n'
+    )
+    root = repo(
+        tmp_path,
+        {".github/workflows/ci.yml": workflow, ".ci/run": SCRIPT, "ci-shards.yaml": shards},
+    )
+    done = check_tests(root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok: 6 shards, 7 tests, every test is collected" in done.stdout
+
+
+def test_a_bare_pytest_shard_covers_everything_without_collecting(tmp_path):
+    root = repo(tmp_path, {".ci/run": "#!/bin/sh\nuv run pytest\n"})
+    done = check_tests(root, "--pytest", "false")  # would fail if it ran pytest at all
+    assert done.returncode == 0, done.stderr
+    assert "shard .ci/run:2 runs every test" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("files", "where", "message"),
+    [
+        ({".ci/run": "#!/bin/sh\npytest $TESTS\n"}, ".ci/run:2", "`$TESTS` is a shell expression"),
+        (
+            {".github/workflows/ci.yml": "jobs: [\n"},
+            ".github/workflows/ci.yml:",
+            "error[RF200]: malformed workflow",
+        ),
+        ({"ci-shards.yaml": "shards:\n  - args: [x]\n"}, "ci-shards.yaml", "needs a `name`"),
+        ({"tests/unit/test_broken.py": "import nope\n", ".ci/run": SCRIPT}, None, "RF202"),
+        ({}, None, "error[RF201]: no CI shard runs pytest"),
+    ],
+)
+def test_unreadable_input_is_exit_2(tmp_path, files, where, message):
+    root = repo(tmp_path, files)
+    done = check_tests(root)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+    if where:
+        assert f"--> {where}" in done.stderr
+
+
+def test_the_shipped_hook_blocks_a_commit_adding_an_uncovered_test(tmp_path):
+    """The second hook of .pre-commit-hooks.yaml, as a local hook with the same entry, through
+    the real `pre-commit install` and `git commit`."""
+    import yaml
+    from pins_helpers import REPO_ROOT
+
+    hooks = yaml.safe_load((REPO_ROOT / ".pre-commit-hooks.yaml").read_text())
+    hook = next(h for h in hooks if h["id"] == "rlflow-check-tests")
+    assert hook["entry"] == "rlflow check-tests" and hook["pass_filenames"] is False
+    config = (
+        "repos:\n  - repo: local\n    hooks:\n      - id: rlflow-check-tests\n"
+        f"        name: {hook['name']}\n        entry: {RLFLOW} check-tests\n"
+        f"        language: system\n        pass_filenames: false\n"
+        f"        files: '{hook['files']}'\n"
+    )
+    root = repo(tmp_path, {".ci/run": "#!/bin/sh\npytest tests/unit tests/e2e\n"})
+    (root / ".pre-commit-config.yaml").write_text(config)
+    git(root, "add", ".pre-commit-config.yaml")
+    git(root, "commit", "-qm", "hooks", "--no-verify")
+    env = {
+        **os.environ,
+        **GIT_ENV,
+        "PRE_COMMIT_HOME": str(tmp_path / "pc"),
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    }
+    subprocess.run([sys.executable, "-m", "pre_commit", "install"], cwd=root, env=env, check=True)
+    git(root, "rm", "-q", "-r", "tests/gpu")
+    done = subprocess.run(
+        ["git", "commit", "-m", "no gpu"], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (root / "tests" / "new").mkdir()
+    (root / "tests" / "new" / "test_new.py").write_text("def test_new():\n    assert True\n")
+    git(root, "add", "tests/new/test_new.py")
+    done = subprocess.run(
+        ["git", "commit", "-m", "new"], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert (
+        "error[RF210]: 1 test in tests/new/test_new.py is collected by no CI shard"
+        in done.stdout + done.stderr
+    )
