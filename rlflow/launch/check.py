@@ -282,7 +282,7 @@ def _limit(directory: Path, name: str, default: int) -> int:
 
 # GRES strings as sinfo prints them: gpu:4, gpu:h100:8(S:0-1), gpu:a100:4,gpu:v100:2
 _GPU_GRES = re.compile(r"gpu(?::[^:,()\s]+)?:(\d+)")
-SINFO_TIMEOUT_SECONDS = 10
+SINFO_TIMEOUT_SECONDS = 5  # a healthy controller answers in well under a second
 
 
 def check_cluster(plan: JobPlan) -> tuple[list[Diagnostic], str | None]:
