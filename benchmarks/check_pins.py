@@ -10,8 +10,13 @@ Each sample is a fresh process, as a user or a pre-commit hook runs it; commands
 interleaved so a busy machine slows them alike. Reported: median, min and max of
 
   pins agree, lock up to date (nothing to find):
-    rlflow check-pins                 the console script, bytecode cached (a normal install)
-    rlflow check-pins, no .pyc        every module compiled from source (cold install)
+    rlflow check-pins                 the console script, bytecode cached (a normal install);
+                                      includes the lock-level checks (RF010/RF011, uv.lock read)
+    rlflow check-pins, no .pyc        every module compiled from source (PYTHONDONTWRITEBYTECODE)
+    rlflow check-pins, no uv.lock     the pyproject-level check alone
+  stale lock (the root asks for one more package than uv.lock has):
+    rlflow check-pins                 exit 1, RF011
+    uv lock --check --offline         exit 1
     uv lock --check                   warm uv cache (network allowed) and --offline
   after a Megatron-LM bump (each sample a new bump, the incident):
     rlflow check-pins                 exit 1, RF001 naming both files and the fix
@@ -240,15 +245,23 @@ def measure(base: Path, dynamic: bool, args) -> None:
     # An empty cache prefix and no writing: every module compiled from source, every time.
     no_pyc = {**env, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(base / "no-pyc")}
     samples: dict[str, list[float]] = {
-        k: [] for k in ("pins", "nopyc", "start", "uv", "offline", "bpins", "buv", "block")
+        k: []
+        for k in ("pins", "nopyc", "nolock", "start", "uv", "offline", "bpins", "buv", "block")
     }
+    lock, away = root / "uv.lock", base / "uv.lock.away"
     for i in range(args.runs):  # interleaved, so a busy machine slows every command alike
         samples["pins"].append(run_once(check, root, env))
         samples["nopyc"].append(run_once(check, root, no_pyc))
+        lock.rename(away)  # the same check without the lock-level part (RF010/RF011)
+        try:
+            samples["nolock"].append(run_once(check, root, env))
+        finally:
+            away.rename(lock)
         samples["start"].append(run_once([sys.executable, "-c", "pass"], root, env))
         if i < args.uv_runs:
             samples["uv"].append(run_once(uv, root, uv_env))
             samples["offline"].append(run_once(uv + ["--offline"], root, uv_env))
+    stale_samples(root, env, uv, uv_env, samples, args)
     samples["bcold"] = []
     for i in range(args.bump_runs):  # each sample is a new bump: uv cannot reuse its last answer
         bump_megatron_lm(root, f"v0.4.{i}")
@@ -259,6 +272,21 @@ def measure(base: Path, dynamic: bool, args) -> None:
             cold_env = {**uv_env, "UV_CACHE_DIR": str(base / f"cold-{i}")}
             samples["bcold"].append(run_once(uv, root, cold_env, 1, "conflicting URLs"))
     report(root, dynamic, samples, first_lock)
+
+
+def stale_samples(root: Path, env: dict, uv: list, uv_env: dict, samples: dict, args) -> None:
+    """A stale lock: the root asks for one more package than uv.lock records."""
+    path = root / "pyproject.toml"
+    original = path.read_text()
+    path.write_text(original.replace("dependencies = [", 'dependencies = [\n    "einops",', 1))
+    check = [str(BIN / "rlflow"), "check-pins"]
+    samples["spins"], samples["suv"] = [], []
+    try:
+        for _ in range(args.bump_runs):
+            samples["spins"].append(run_once(check, root, env, 1, "error[RF011]"))
+            samples["suv"].append(run_once(uv + ["--offline"], root, uv_env, 1))
+    finally:
+        path.write_text(original)
 
 
 def report(
@@ -286,10 +314,26 @@ def report(
             base,
         )
     )
+    print(
+        row(
+            "... `rlflow check-pins` without uv.lock (pyproject level only, no RF010/RF011)",
+            samples["nolock"],
+            base,
+        )
+    )
     print(row("... `python -c pass` (interpreter start-up)", samples["start"], base))
     print(row("... `uv lock --check`, warm cache", samples["uv"], base))
     print(row("... `uv lock --check --offline`, warm cache", samples["offline"], base))
     print(row("(the first `uv lock` of this repository, empty cache)", first_lock, base))
+    stale = statistics.median(samples["spins"])
+    print(
+        row(
+            "stale lock (root asks for one more package): `rlflow check-pins` (exit 1, RF011)",
+            samples["spins"],
+            base,
+        )
+    )
+    print(row("... `uv lock --check --offline`, warm cache (exit 1)", samples["suv"], stale))
     bump = statistics.median(samples["bpins"])
     print(
         row(
