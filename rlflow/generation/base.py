@@ -87,6 +87,7 @@ def make_backend(
             gen_cfg.max_batch_size,
             cuda_graphs=gen_cfg.cuda_graphs,
             compile_decode=gen_cfg.compile_decode,
+            share_prompts=gen_cfg.share_prompts,
         )
     if gen_cfg.backend == "hf":
         from rlflow.generation.hf import HFGeneration

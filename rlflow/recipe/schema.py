@@ -160,6 +160,7 @@ class GenerationConfig:
     top_k: int  # 0 disables top-k
     val_temperature: float  # 0 = greedy validation
     max_batch_size: int  # rollouts per generation pass; 0: from free memory (megatron)
+    share_prompts: bool  # megatron backend: one vision pass + prefill per prompt for its samples
     cuda_graphs: bool  # megatron backend on GPUs: replay the decode step as a CUDA graph
     compile_decode: bool  # megatron backend: torch.compile the decode layer (fuses small kernels)
     vllm: VllmConfig
