@@ -378,3 +378,40 @@ def test_fix_apply_keeps_line_endings_bom_and_key(crlf, bom, key):
     edit = Edit((Change(("tool", "uv", "sources", "emo", key), "v0.3.0"),), "")
     new = apply(text, [edit])
     assert new == text.replace('"v0.2.0"', '"v0.3.0"')
+
+
+GIT_HOOK_ENV = st.fixed_dictionaries(
+    {},
+    optional={
+        "GIT_INDEX_FILE": st.sampled_from([".git/index", "/nonexistent/index", "index"]),
+        "GIT_DIR": st.sampled_from([".git", "/nonexistent"]),
+        "GIT_WORK_TREE": st.sampled_from([".", "/nonexistent"]),
+        "GIT_PREFIX": st.sampled_from(["docs/", ""]),
+        "GIT_COMMON_DIR": st.just(".git"),
+        "GIT_OBJECT_DIRECTORY": st.just(".git/objects"),
+    },
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(env=GIT_HOOK_ENV)
+def test_inherited_git_environment_changes_nothing(repo, env):
+    """Whatever a hook (or a user's shell) exports, the findings are those of a clean shell
+    (issue 11: GIT_INDEX_FILE made every real commit fail)."""
+    import os
+
+    clean = check_pins("--repo", repo.root, "--format", "json")
+    saved = {k: os.environ.get(k) for k in env}
+    cwd = os.getcwd()
+    try:
+        os.chdir(repo.root)  # a hook runs at the top level, where relative values point
+        os.environ.update(env)
+        hooked = check_pins("--repo", repo.root, "--format", "json")
+    finally:
+        os.chdir(cwd)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    assert (hooked.code, hooked.json["diagnostics"]) == (clean.code, clean.json["diagnostics"])
