@@ -73,7 +73,11 @@ def read_lock(root: Path, project: str) -> Lock | None:
     try:
         text = path.read_bytes().decode("utf-8").removeprefix("\ufeff")
         data = tomllib.loads(text)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as err:
+    except tomllib.TOMLDecodeError as err:
+        from rlflow.pins.parse import _toml_error
+
+        raise _toml_error(rel, text, err) from None
+    except (OSError, UnicodeDecodeError, RecursionError) as err:
         raise RlflowError(
             Diagnostic(
                 "RF102",

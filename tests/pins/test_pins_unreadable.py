@@ -157,3 +157,10 @@ def test_gitmodules_scale_linearly(tmp_path):
     assert t_large < 60, t_large
     print(f"4,000 sections: {t_small:.2f} s, 20,000: {t_large:.2f} s")
     assert t_large < 12 * max(t_small, 0.05), (t_small, t_large)
+
+
+def test_malformed_uv_lock_is_exit_2_with_line(nested):
+    layout = nested()
+    (layout.root / "uv.lock").write_text('version = 1\n[[package]]\nname = "x\n')
+    err = unusable(layout.root, "uv.lock", 3)
+    assert "error[RF102]: malformed TOML" in err
