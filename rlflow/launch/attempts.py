@@ -7,7 +7,7 @@ one record to RUN_DIR/attempts.jsonl and prints the decision as one line on stdo
 
     done                  the run finished
     time-limit N          the ranks saved and stopped for the time limit; N such requeues so far
-    retry NODES           a node failure: requeue with NODES (comma-separated) excluded
+    retry NODES           a node failure: requeue with NODES (comma-separated; - for none) excluded
     fail CODE             stop with CODE: not retryable, or no retries left
 
 Node failures are retried: a hang (exit 77, the watchdog named the node), a failed preflight
@@ -139,6 +139,10 @@ def classify(status: Path, rc: int) -> tuple[str, str, list[str], int]:
                     bad.add(lines[2])
             return "node-failure", message, sorted(bad), code
         return "failed", message, [], code
+    if rc != 0 and not any(status.glob("node-*.started")):
+        # srun could not start the step on any node: Slurm's side (e.g. a requeue right after a
+        # node loss), not the run's. A fresh allocation is worth a retry; no node is to blame.
+        return "node-failure", f"Slurm could not start the step (srun exit {rc})", [], rc
     if rc == 0:
         if any(status.glob("stopped-node-*")):
             return "time-limit", "saved and stopped for the time limit", [], EX_TEMPFAIL
@@ -164,9 +168,9 @@ def decide(args: argparse.Namespace) -> tuple[str, Attempt]:
         )
     elif outcome == "node-failure" and retries < args.max_failure_retries:
         excluded = sorted(set(excluded) | set(bad))
-        decision = f"retry {','.join(excluded)}"
+        decision = f"retry {','.join(excluded) or '-'}"
         action = (
-            f"requeue without {', '.join(bad)} (retry {retries + 1} of "
+            f"requeue without {', '.join(bad) or 'excluding a node'} (retry {retries + 1} of "
             f"slurm.max_failure_retries={args.max_failure_retries})"
         )
     elif outcome == "node-failure":

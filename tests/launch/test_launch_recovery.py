@@ -80,7 +80,14 @@ def wait_for_restart(job: str, run_dir: Path, restarts: int, timeout: float = 24
         if int(fields["Restarts"]) >= restarts and fields["JobState"] == "PENDING":
             seen = time.monotonic()
             time.sleep(3)  # slurmd refuses a start in the second of the requeue
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True)
+            lifted = subprocess.run(
+                ["scontrol", "update", f"JobId={job}", "StartTime=now"],
+                capture_output=True,
+                text=True,
+            )
+            assert lifted.returncode == 0, (
+                f"{lifted.stderr}\n{job_fields(job)}\n{batch_log(run_dir, job)}"
+            )
             return seen
         if fields["JobState"] in ("COMPLETED", "FAILED", "CANCELLED"):
             pytest.fail(f"job {job} ended ({fields['JobState']}):\n{batch_log(run_dir, job)}")
@@ -289,7 +296,7 @@ def test_a_lost_node_is_excluded_and_the_run_resumes_without_lost_or_repeated_st
         "1",
         cwd=REPO,
     )
-    beat = wait_for_heartbeat(run_dir, job, 1, lambda b: b["step"] >= 2, timeout=400)
+    beat = wait_for_heartbeat(run_dir, job, 1, lambda b: b["step"] >= 2, timeout=600)
     # node2 dies: its slurmd, the step daemon and the node launcher are SIGKILLed at once.
     launcher = int((run_dir / "status" / "attempt-0" / "node-1.started").read_text().split()[2])
     stepd = int(Path(f"/proc/{launcher}/stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -313,11 +320,13 @@ def test_a_lost_node_is_excluded_and_the_run_resumes_without_lost_or_repeated_st
     _restart_slurmd(slurm_cluster, "node2")
     try:
         wait_for_restart(job, run_dir, 1)
-        fields = wait_done(job, 400, run_dir)
+        fields = wait_done(job, 600, run_dir)
     finally:
         _resume(slurm_cluster, "node2")  # the later tests expect node1-8
     log = batch_log(run_dir, job)
-    assert (fields["JobState"], fields["Restarts"]) == ("COMPLETED", "1"), log
+    # Slurm may refuse the first step after the requeue (node2 still being cleaned up): that is
+    # a second, blameless retry (attempts.py), never a failure of the run.
+    assert fields["JobState"] == "COMPLETED" and int(fields["Restarts"]) >= 1, log
     assert "node2" not in hostnames(fields["NodeList"])
     lost = attempts(run_dir)[0]
     assert (lost["outcome"], lost["bad_nodes"], lost["excluded"]) == (

@@ -228,6 +228,12 @@ def test_node_failures_are_retried_with_the_nodes_excluded_until_the_retries_run
     assert [r["attempt"] for r in attempts.read_attempts(tmp_path)] == [0, 1, 2]
 
 
+def test_a_step_slurm_could_not_start_is_retried_without_blaming_a_node(tmp_path):
+    decision, record = _decide(tmp_path, 0, 1, {})  # srun failed: no launcher ever started
+    assert decision == "retry -" and record.bad_nodes == []
+    assert record.reason == "Slurm could not start the step (srun exit 1)"
+
+
 @pytest.mark.parametrize("code", [1, 2, 137])
 def test_errors_of_the_run_itself_are_not_retried(tmp_path, code):
     failure = f"{code}\nrank 0 on node1 (node 0) exited with code {code}; log: x\nnode1\n"
