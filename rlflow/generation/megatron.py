@@ -200,6 +200,7 @@ class MegatronGeneration(GenerationBackend):
     # --- one pass ---------------------------------------------------------------------------------
 
     def _run(self, core, unique, ids, group, rows, row_prompt, seeds, params, length):
+        """One pass: the unique prompts in `group` prefilled once, then their `rows` decoded."""
         device, decoder = self.device, self._decoder
         order = sorted(group)  # unique prompts of this pass, packed in this order
         slot_of = {p: i for i, p in enumerate(order)}
@@ -225,16 +226,24 @@ class MegatronGeneration(GenerationBackend):
         _sync(device)
         self.last_timings["prefill_s"] += time.perf_counter() - t0
 
-        # 2. decode, retiring finished rows at every check. Row n of the output buffers is a
-        # sink for batch padding (it starts finished), so no step needs a host sync.
-        trash = n
-        live_ids = torch.arange(capacity, device=device).clamp_(max=trash)
-        pad = capacity - n
+        # 2. decode: every row starts with its prompt's logits, length and next text position
         lengths = torch.tensor(lengths_p, device=device).index_select(0, row_slot)
-        lengths = torch.cat([lengths, torch.ones(pad, dtype=torch.long, device=device)])
         positions = next_pos.index_select(0, row_slot)
-        positions = torch.cat([positions, torch.zeros(pad, dtype=torch.long, device=device)])
         seeds_live = seeds.index_select(0, torch.tensor(rows, device=device))
+        return self._decode(cache, logits, lengths, positions, seeds_live, buckets, params)
+
+    def _decode(self, cache, logits, lengths, positions, seeds_live, buckets, params):
+        """Sample and decode until every row stopped, retiring finished rows at every check.
+
+        The batch is padded up to its bucket; output row n is a sink for the padding rows (it
+        starts finished), so no step needs a host sync.
+        """
+        device, n = self.device, logits.shape[0]
+        capacity = buckets[-1] if buckets else n
+        trash, pad = n, capacity - n
+        live_ids = torch.arange(capacity, device=device).clamp_(max=trash)
+        lengths = torch.cat([lengths, torch.ones(pad, dtype=torch.long, device=device)])
+        positions = torch.cat([positions, torch.zeros(pad, dtype=torch.long, device=device)])
         seeds_live = torch.cat([seeds_live, seeds_live[:1].expand(pad)])
         logits = torch.cat([logits, logits[:1].expand(pad, -1)]) if pad else logits
         finished = torch.zeros(n + 1, dtype=torch.bool, device=device)
