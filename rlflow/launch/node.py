@@ -25,7 +25,7 @@ logs/rank-N.log, and watches them:
   77), so the batch script can requeue without this node.
 - the ranks never outlive the launcher: each has PR_SET_PDEATHSIG(SIGKILL), and a small reaper
   process kills their process groups (wrappers' children too) when the launcher dies, even of
-  SIGKILL; the launcher itself gets SIGTERM when its parent (slurmstepd) dies.
+  SIGKILL; under srun the launcher itself gets SIGTERM when its parent (slurmstepd) dies.
 - node-K.started / node-K.ended in the status directory: a node that started and never ended
   was lost (the batch script's retry decision, rlflow/launch/attempts.py, reads them).
 
@@ -250,7 +250,6 @@ class Launcher:
         for signum in {signal.SIGUSR1, self.stop_signal, signal.SIGTERM, signal.SIGINT}:
             signal.signal(signum, lambda s, _frame: self.pending_signals.append(s))
         self.pending_signals += _early_signals
-        _set_parent_death_signal(signal.SIGTERM)  # slurmstepd gone: stop the ranks, then go
         self.record_node("started", f"{self.info.hostname} pid {os.getpid()}")
         self.start_reaper()
         code = self.launch_and_watch()
@@ -662,6 +661,9 @@ def main(argv: list[str] | None = None) -> int:
     except LaunchError as err:
         print(f"rlflow node launcher: error: {err}", file=sys.stderr, flush=True)
         return 2
+    # Under srun: slurmstepd gone (a lost node) -> SIGTERM -> stop the ranks, then go. Not for
+    # `rlflow train --nproc` (rlflow.train.local), whose parent may be a shell that exits.
+    _set_parent_death_signal(signal.SIGTERM)
     launcher = Launcher(
         info,
         command,
