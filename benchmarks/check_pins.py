@@ -359,6 +359,34 @@ def report(
     )
 
 
+def lock_only(root: Path, runs: int = 20) -> None:
+    import tomllib
+
+    from rlflow.pins.command import _read_root
+    from rlflow.pins.locks import lock_findings
+    from rlflow.pins.parse import parse_document, read_manifest
+    from rlflow.pins.walk import walk
+
+    docs = [parse_document("pyproject.toml", _read_root(root))]
+    manifests = [read_manifest(docs[0], "", root, True)]
+    text = (root / "uv.lock").read_text()
+    times: dict[str, list[float]] = {"lock_findings": [], "tomllib whole lock": [], "walk": []}
+    for _ in range(runs):
+        for name, call in (
+            ("lock_findings", lambda: lock_findings(root, manifests, docs)),
+            ("tomllib whole lock", lambda: tomllib.loads(text)),
+            ("walk", lambda: walk(root)),
+        ):
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    print(f"{len(text)} bytes of uv.lock; load average {os.getloadavg()[0]:.0f}")
+    for name, samples in times.items():
+        print(
+            f"{name}: min {min(samples) * 1e3:.1f} ms, median {statistics.median(samples) * 1e3:.1f} ms"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
@@ -366,7 +394,16 @@ def main() -> None:
     parser.add_argument("--cold-runs", type=int, default=2)
     parser.add_argument("--bump-runs", type=int, default=7)
     parser.add_argument("--metadata", choices=["static", "dynamic", "both"], default="both")
+    parser.add_argument(
+        "--lock-only",
+        action="store_true",
+        help="only time the lock-level check (RF010/RF011) in-process on this repository's "
+        "uv.lock, against a whole-file tomllib parse",
+    )
     args = parser.parse_args()
+    if args.lock_only:
+        lock_only(Path(__file__).resolve().parents[1])
+        return
     for dynamic in {"static": [False], "dynamic": [True], "both": [False, True]}[args.metadata]:
         with tempfile.TemporaryDirectory(prefix="rlflow-bench-pins-") as tmp:
             measure(Path(tmp), dynamic, args)

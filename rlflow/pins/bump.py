@@ -138,7 +138,10 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
 
 # -- steps ------------------------------------------------------------------------------------
 def _refuse_dirty(root: Path) -> None:
-    status = gitcmd.run(root, "status", "--porcelain", "--ignore-submodules=none")
+    # Changes to tracked files, submodules included; untracked files never get into the commit.
+    status = gitcmd.run(
+        root, "status", "--porcelain", "--untracked-files=no", "--ignore-submodules=untracked"
+    )
     dirty = [line for line in status.splitlines() if line.strip()]
     if dirty:
         shown = "\n".join(f"  {line}" for line in dirty[:10])
