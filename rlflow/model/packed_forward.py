@@ -53,9 +53,14 @@ def pack_rows(
         raise ValueError("sequence packing needs right-padded rows (padding after the tokens)")
     lengths = lengths_t.tolist()
     if is_multimodal(core):
-        positions, _ = mrope_positions(
-            core, input_ids, attention_mask, Media.concat(media), prompt_mask
-        )
+        # Positions need the grids only: no pixels are concatenated or moved here.
+        grids = Media.concat(
+            [
+                Media(None, m.image_grid_thw, None, m.video_grid_thw, m.second_per_grid_ts)
+                for m in media
+            ]
+        ).to(input_ids.device)
+        positions, _ = mrope_positions(core, input_ids, attention_mask, grids, prompt_mask)
         positions = positions[:, valid][:, None]  # [3, 1, T]: each row's own positions
     else:
         positions = columns.expand_as(valid)[valid][None]  # [1, T]: 0..len-1 per row
