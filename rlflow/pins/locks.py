@@ -3,8 +3,9 @@
     RF010 error  a package locked by the root and by a submodule comes from different sources
                  (git URL + commit, registry URL, or path), e.g. Megatron-Bridge locks another
                  TransformerEngine commit than the root does
-    RF011 error  a uv.lock is stale against its pyproject.toml (`uv lock --check` would fail):
-                 a requirement, constraint, override, group or requires-python changed
+    RF011 error  the root's uv.lock is stale against its pyproject.toml (`uv lock --check`
+                 would fail): a requirement, constraint, override, group or requires-python
+                 changed, here or in a path dependency (a submodule's own stale lock: warning)
 
 RF011 follows uv's own test: uv records every requirement as the project declared it (after
 `[tool.uv.sources]`) under `[package.metadata]` and `[manifest]`, and a lock is fresh when that
@@ -397,9 +398,11 @@ def _pyproject_line(document, name: str) -> Location | None:
 
 
 def _finding(lock: Lock, detail: str, where: Location | None) -> Finding:
+    # A submodule's stale lock is upstream's to fix and breaks nothing the root locks: a warning
+    # (`--strict` makes it an error). The root's own stale lock is an error.
     return Finding(
         "RF011",
-        "error",
+        "error" if lock.project == "" else "warning",
         location=where or Location(lock.file, lock.metadata_line),
         detail=f"`{lock.file}` is stale: {detail}",
     )
