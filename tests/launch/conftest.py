@@ -1,8 +1,8 @@
 """The launch tests' real Slurm cluster: started once per session, stopped and purged at the end.
 
 tests/slurm/start.sh installs Slurm, munge and MariaDB with apt-get on first use (root, Debian
-12) and starts 9 slurmd "nodes" (node9 a spare) with 4 fake GPUs each, in a fresh state directory and on free
-ports, so it never collides with another cluster on the machine. If it cannot start, every
+12) and starts 9 slurmd "nodes" (node9 a spare) with 4 fake GPUs each, in a fresh state
+directory and on free ports, so it never collides with another cluster on the machine. If it cannot start, every
 test that needs it fails with start.sh's own output: the Slurm tests are never skipped.
 """
 
