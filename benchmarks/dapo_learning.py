@@ -179,7 +179,7 @@ def _plot(curves: dict) -> None:
             )
     ax.set_xlabel("generated tokens (thousands)")
     ax.set_ylabel("validation accuracy (greedy, 64 scenes)")
-    ax.set_title("tiny CLEVR counting, 3 seeds each: GRPO vs DAPO dynamic sampling")
+    ax.set_title("tiny CLEVR counting: GRPO vs DAPO dynamic sampling (one line per seed)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
