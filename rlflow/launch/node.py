@@ -12,10 +12,12 @@ logs/rank-N.log, and watches them:
 - ranks exit 75 (EX_TEMPFAIL: saved and stopped for the time limit): the launcher waits up to
   --stop-grace for its other ranks, leaves a `stopped-node-K` marker and exits 0, so srun
   waits for slower nodes instead of killing them mid-save; the batch script then requeues.
-- SIGUSR1 (the time-limit warning) is passed on to every rank, and again every few seconds
-  until they exit: ranks start with SIGUSR1 ignored (so an early warning cannot kill a rank
-  still importing torch) and hear it once they install a handler. Treat it as a flag; Slurm
-  also signals every process of the step. SIGTERM (scancel, the hard limit) is passed on,
+- SIGUSR1 (the time-limit warning) is passed on to every rank (as slurm.stop_signal), and
+  again every few seconds to those that ignored it: ranks start with it ignored (so an early
+  warning cannot kill a rank still importing torch) and hear it once they install a handler.
+  A rank that had a handler, or said it heard the warning, never gets it twice: a second one
+  during its exit would kill it. Treat it as a flag. SIGTERM (scancel, the hard limit) is
+  passed on,
   then SIGKILL follows after --stop-grace.
 
 - progress: every rank reports (phase, step, time) to a heartbeat file (rlflow/train/watchdog.py).
@@ -93,6 +95,7 @@ class Rank:
     process: subprocess.Popen | None = None
     exit_code: int | None = None  # None while running
     started_at: float = 0.0  # CLOCK_MONOTONIC
+    missed_warning: bool = False  # the last warning found the signal ignored (still starting)
 
     def heartbeat(self) -> dict | None:
         """The rank's last progress report, or None before its first."""
@@ -349,10 +352,10 @@ class Launcher:
                 self.warned_at is not None
                 and time.monotonic() - self.warned_at >= WARNING_REPEAT_SECONDS
             ):
-                # Only to ranks that have not said they heard it: a rank that is saving must
-                # not get it again (rlflow/train/signals.py).
+                # Only to ranks that ignored it (no handler yet) and have not said they heard it:
+                # a rank that is saving and exiting must not get it again (signals.py).
                 self.warned_at = time.monotonic()
-                self.signal_all(self.unwarned(), self.stop_signal)
+                self.warn([r for r in self.unwarned() if r.missed_warning])
             if time.monotonic() >= self.next_heartbeat_check:
                 self.next_heartbeat_check = time.monotonic() + HEARTBEAT_POLL_SECONDS
                 hung = self.find_hung()
@@ -390,7 +393,7 @@ class Launcher:
                     + (f" as {self.stop_signal.name}" if signum != self.stop_signal else "")
                 )
                 self.warned_at = time.monotonic()
-                self.signal_all(self.running(), self.stop_signal)
+                self.warn(self.running())
             else:
                 # Slurm's own SIGKILL (after KillWait) bounds this; a rank that saves on SIGTERM
                 # gets the full grace rather than being cut short here. Recorded first: a node
@@ -401,6 +404,13 @@ class Launcher:
                 self.stop(self.running(), grace=self.stop_grace)
                 return 128 + signum
         return None
+
+    def warn(self, ranks: list[Rank]) -> None:
+        """The time-limit warning to `ranks`, noting which of them ignore it for now."""
+        for rank in ranks:
+            pid = (rank.heartbeat() or {}).get("pid") or rank.process.pid
+            rank.missed_warning = _ignores(pid, self.stop_signal)
+        self.signal_all(ranks, self.stop_signal)
 
     def unwarned(self) -> list[Rank]:
         return [r for r in self.running() if not (r.heartbeat() or {}).get("stop_requested")]
@@ -606,6 +616,17 @@ def _read_from(path: Path, offset: int) -> str:
             return log.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def _ignores(pid: int, signum: int) -> bool:
+    """Whether `pid` ignores `signum` right now (/proc SigIgn); True where it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) >> (int(signum) - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
 
 
 def _process_state(pid: int) -> str:

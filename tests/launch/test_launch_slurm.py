@@ -195,6 +195,7 @@ def test_no_requeue_left_ends_the_job_with_75(tmp_path):
         TINY,
         "slurm.signal_grace_seconds=50",
         "slurm.max_requeues=0",
+        "slurm.max_failure_retries=0",
         "--time",
         "1",
         "--nodes",
