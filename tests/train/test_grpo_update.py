@@ -7,7 +7,7 @@ import torch
 
 from rlflow.generation.base import SamplingParams
 from rlflow.generation.megatron import MegatronGeneration
-from rlflow.recipe.schema import LossConfig
+from rlflow.recipe.schema import ImportanceSamplingConfig, LossConfig, OverlongPenaltyConfig
 from rlflow.train import grpo
 from rlflow.train.rollouts import build_train_batch
 from rlflow.train.update import Optimizer, grpo_update, rollout_logprobs
@@ -59,6 +59,9 @@ def test_update_raises_logprob_of_rewarded_answers(trainable, tiny_processor):
         kl_penalty=0.0,
         kl_type="k3",
         token_level_loss=True,
+        ratio_level="token",
+        overlong_penalty=OverlongPenaltyConfig(enabled=False, buffer_tokens=0, penalty=0.0),
+        importance_sampling=ImportanceSamplingConfig(mode="off", cap=2.0, mask_below=0.0),
     )
     metrics = grpo_update(
         policy, optimizer, batch, before, None, loss_cfg, micro_batch_size=8, num_minibatches=1
