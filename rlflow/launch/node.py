@@ -481,34 +481,27 @@ class Launcher:
         return EX_HANG
 
     def dump_stacks(self, headline: str) -> Path:
-        """SIGUSR2 (then SIGCONT, so a stopped rank answers too) to every running rank; their
-        faulthandler dumps land in the rank logs and are copied to one hang file."""
+        """SIGUSR2 to every running rank; their faulthandler dumps land in the rank logs and are
+        copied to one hang file. A stopped rank (SIGSTOP, state T) gets SIGCONT only once the
+        others have dumped, so their stacks show where they waited, not where they went next."""
         ranks = self.running()
         offsets = {r.rank: _size(r.log_path) for r in ranks}
-        states = {r.rank: _process_state(r.process.pid) for r in ranks}
+        pids = {r.rank: (r.heartbeat() or {}).get("pid") or r.process.pid for r in ranks}
+        states = {r.rank: _process_state(pids[r.rank]) for r in ranks}
         for rank in ranks:
-            pid = (rank.heartbeat() or {}).get("pid") or rank.process.pid
-            for signum in (DUMP_SIGNAL, signal.SIGCONT):
-                try:
-                    os.kill(pid, signum)
-                except OSError:
-                    pass
-        deadline = time.monotonic() + DUMP_WAIT_SECONDS
-        sizes: dict[int, int] = {}
-        while time.monotonic() < deadline:
-            time.sleep(0.5)
-            now = {r.rank: _size(r.log_path) for r in ranks}
-            grown = all(now[k] > offsets[k] for k in now)
-            if grown and now == sizes:
-                break  # every rank wrote, and nothing more arrives
-            sizes = now
+            _kill(pids[rank.rank], DUMP_SIGNAL)
+        stopped = [r for r in ranks if states[r.rank] == "T"]
+        self.wait_for_dumps([r for r in ranks if r not in stopped], offsets)
+        for rank in stopped:
+            _kill(pids[rank.rank], signal.SIGCONT)
+        self.wait_for_dumps(stopped, offsets)
         attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
         path = self.log_dir / f"hang-attempt{attempt}-node{self.info.node_rank}.txt"
         parts = [f"rlflow watchdog: {headline}\n"]
         for rank in ranks:
             state = states[rank.rank]
             parts.append(
-                f"\n==== rank {rank.rank} (pid {rank.process.pid}, process state {state}), "
+                f"\n==== rank {rank.rank} (pid {pids[rank.rank]}, process state {state}), "
                 f"from {rank.log_path} ====\n"
             )
             parts.append(_read_from(rank.log_path, offsets[rank.rank]) or "(no dump arrived)\n")
@@ -517,6 +510,18 @@ class Launcher:
         except OSError as err:
             self.say(f"cannot write {path}: {err}", sys.stderr)
         return path
+
+    @staticmethod
+    def wait_for_dumps(ranks: list[Rank], offsets: dict[int, int]) -> None:
+        """Until every rank's log has grown and stopped growing (at most DUMP_WAIT_SECONDS)."""
+        deadline = time.monotonic() + DUMP_WAIT_SECONDS
+        sizes: dict[int, int] = {}
+        while ranks and time.monotonic() < deadline:
+            time.sleep(0.5)
+            now = {r.rank: _size(r.log_path) for r in ranks}
+            if all(now[k] > offsets[k] for k in now) and now == sizes:
+                return
+            sizes = now
 
     def fail(self, rank: Rank) -> int:
         others = self.running()
@@ -600,6 +605,13 @@ class Launcher:
     @staticmethod
     def names(ranks: list[Rank]) -> str:
         return ",".join(str(r.rank) for r in ranks)
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
 
 
 def _size(path: Path) -> int:
