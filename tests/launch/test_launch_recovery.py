@@ -264,6 +264,54 @@ def _resume(cluster, node: str) -> None:
     raise AssertionError(f"{node} did not come back: {state}")
 
 
+def _restart_controller(cluster) -> None:
+    """A fresh slurmctld (same state directory), as an admin would after a node loss.
+
+    Slurm 22.05 leaks GPU gres counts when a job whose step it refused on a lost node is
+    requeued ("_step_get_gres_cnt ... node offset invalid", then "dealloc ... bad node_offset"):
+    the nodes keep GresUsed=gpu:1 after the job ends, and a later job asking for every GPU of
+    those nodes pends forever. A controller restart recounts gres from the live jobs.
+    """
+    pids = cluster.state / "pids"
+    lines = pids.read_text().splitlines()
+    old = next(int(line.split()[1]) for line in lines if line.startswith("slurmctld "))
+    os.kill(old, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while _alive(old):
+        assert time.monotonic() < deadline, "slurmctld did not stop"
+        time.sleep(0.2)
+    log = (cluster.state / "log" / "slurmctld.out").open("ab")
+    daemon = subprocess.Popen(
+        ["/usr/sbin/slurmctld", "-D", "-f", str(cluster.conf)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    pids.write_text(
+        "\n".join(
+            f"slurmctld {daemon.pid} {os.path.realpath('/usr/sbin/slurmctld')}"
+            if line.startswith("slurmctld ")
+            else line
+            for line in lines
+        )
+        + "\n"
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        nodes = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True
+        ).stdout.split("\n")
+        if (
+            nodes
+            and all(line.endswith(" idle") for line in nodes if line.strip())
+            and any(line.strip() for line in nodes)
+        ):
+            return
+        assert time.monotonic() < deadline, f"nodes not idle after a controller restart: {nodes}"
+        time.sleep(0.5)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -324,6 +372,7 @@ def test_a_lost_node_is_excluded_and_the_run_resumes_without_lost_or_repeated_st
         fields = wait_done(job, 600, run_dir)
     finally:
         _resume(slurm_cluster, "node2")  # the later tests expect node1-8
+        _restart_controller(slurm_cluster)
     log = batch_log(run_dir, job)
     # Slurm may refuse the first step after the requeue (node2 still being cleaned up): that is
     # a second, blameless retry (attempts.py), never a failure of the run.
