@@ -96,10 +96,15 @@ def test_a_stopped_rank_is_named_and_every_local_stack_shows_where_it_was_blocke
     assert f"stacks: {tmp_path / 'logs' / 'hang-attempt0-node0.txt'}" in failure[1]
     rank0, rank1 = hang.split("==== rank 1 ")
     assert "process state T" in rank1  # it was stopped, and still answered (SIGCONT)
-    assert rank1.index(" in compute\n") < rank1.index(" in main\n")  # innermost first
+    # The stopped rank's dump is taken when it continues (SIGCONT after SIGUSR2): usually still
+    # inside compute(), but 1 run in 4 here it showed the next line of main() (the sleep had
+    # expired while stopped). Either way it is the real stack of that process, innermost first.
+    assert "progress.py" in rank1 and " in main\n" in rank1
+    if " in compute\n" in rank1:
+        assert rank1.index(" in compute\n") < rank1.index(" in main\n")
     assert " in exchange_gradients\n" in rank0 and " in all_reduce\n" in rank0
     assert "(most recent call first)" in rank0  # faulthandler's own format: a real dump
-    assert " in compute\n" in (tmp_path / "logs" / "rank-1.log").read_text()  # in the rank log too
+    assert " in main\n" in (tmp_path / "logs" / "rank-1.log").read_text()  # in the rank log too
 
 
 def test_a_rank_that_never_reports_is_ended_after_the_startup_timeout(tmp_path):
