@@ -61,6 +61,9 @@ DEFER_MARGIN_SECONDS = 1.0
 DEFER_SECONDS = 20.0
 PR_SET_PDEATHSIG = 1
 KILL_GRACE_SECONDS = 10.0  # SIGTERM -> SIGKILL, like Slurm's KillWait
+# A node whose ranks only saw a peer fail (exit 76) waits this long for the failing node to
+# record the root cause before its own exit ends the step (srun then stops every node).
+PEER_FAILURE_WAIT_SECONDS = 10.0
 POLL_SECONDS = 0.1
 WARNING_REPEAT_SECONDS = 5.0  # a rank that missed the warning (no handler yet) hears it again
 
@@ -399,6 +402,7 @@ class Launcher:
                 # gets the full grace rather than being cut short here. Recorded first: a node
                 # that was told to stop is not a lost node, even if SIGKILL comes before the end.
                 name = signal.Signals(signum).name
+                self.record_exited_failures()
                 self.record_node("ended", f"{self.info.hostname} stopping on {name}")
                 self.say(f"{name}: stopping the ranks")
                 self.stop(self.running(), grace=self.stop_grace)
@@ -533,7 +537,29 @@ class Launcher:
         self.stop(others)
         self.record_failure(rank)
         self.show_log_tail(rank)
+        if rank.exit_code == EX_PEER_FAILED:
+            self.wait_for_root_failure()
         return rank.exit_code
+
+    def record_exited_failures(self) -> None:
+        """A rank that failed just before srun stopped this node is still the root cause: the
+        node polls every 0.1 s, and srun's SIGTERM can come in between."""
+        for rank in self.running():
+            code = rank.process.poll()
+            if code is not None:
+                rank.exit_code = exit_code(code)
+        failed = [r for r in self.ranks if r.exit_code not in (None, 0, EX_TEMPFAIL)]
+        failed.sort(key=lambda r: r.exit_code == EX_PEER_FAILED)
+        if failed:
+            self.record_failure(failed[0])
+
+    def wait_for_root_failure(self) -> None:
+        """Hold this node's exit until another node records why (see PEER_FAILURE_WAIT_SECONDS)."""
+        deadline = time.monotonic() + PEER_FAILURE_WAIT_SECONDS
+        while time.monotonic() < deadline and not (self.status_dir / "first-failure").exists():
+            if any(s != self.stop_signal and s != signal.SIGUSR1 for s in self.pending_signals):
+                return  # srun is stopping the step: the root failure was recorded or never will be
+            time.sleep(POLL_SECONDS)
 
     def finish(self) -> int:
         stopped = [r for r in self.ranks if r.exit_code == EX_TEMPFAIL]
