@@ -29,9 +29,10 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from rlflow.errors import EX_TEMPFAIL
+
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[1]
-EXIT_REQUEUE = 75
 
 
 # --- one rank --------------------------------------------------------------------------------
@@ -104,7 +105,7 @@ def rank_main(args: argparse.Namespace) -> int:
         flush=True,
     )
     dist.destroy_process_group()
-    return EXIT_REQUEUE
+    return EX_TEMPFAIL
 
 
 def stop_signal() -> signal.Signals:
@@ -192,7 +193,7 @@ def loop_case(sig: str, args) -> dict:
         stop_signal=sig,
         checkpoint_files=saved,
         ranks_heard_it=heard,
-        ok=result["exit_code"] == EXIT_REQUEUE and saved == ["rank-0.pt", "rank-1.pt"] and heard,
+        ok=result["exit_code"] == EX_TEMPFAIL and saved == ["rank-0.pt", "rank-1.pt"] and heard,
     )
     return result
 
@@ -212,7 +213,7 @@ def train_case(sig: str, args) -> dict:
     result.update(
         stop_signal=sig,
         checkpoints=saved,
-        ok=result["exit_code"] == EXIT_REQUEUE and bool(saved),
+        ok=result["exit_code"] == EX_TEMPFAIL and bool(saved),
     )
     return result
 

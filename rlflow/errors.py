@@ -3,6 +3,10 @@
 Every user-facing failure in rlflow (a bad recipe key, a pin drift, an sbatch refusal) becomes
 one or more `Diagnostic`s. Commands collect them, print all of them, then a count, and exit
 with a code that tells scripts what happened: 0 fine, 1 findings, 2 unusable input.
+
+The job's own exit codes (75-78) are defined here too, once: the trainer, the node launcher,
+the retry decision and the sbatch template (a render variable) all read them from this module.
+Standard library only: the node launcher imports it on every node.
 """
 
 from __future__ import annotations
@@ -17,10 +21,43 @@ EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 
+# The job's exit codes (sysexits.h style): what a rank, a node launcher or the batch script ends
+# with, and what the batch script's retry decision (rlflow/launch/attempts.py) reads back.
+EX_TEMPFAIL = 75  # saved and stopped (time-limit warning, SIGTERM): requeue and resume
+EX_PEER_FAILED = 76  # stopped because another rank failed: never the root cause
+EX_HANG = 77  # the watchdog: a rank made no progress (a node failure, retried without the node)
+EX_PREFLIGHT = 78  # this node failed a preflight check (a node failure, retried without it)
+JOB_EXIT_CODES = {
+    "tempfail": EX_TEMPFAIL,
+    "peer_failed": EX_PEER_FAILED,
+    "hang": EX_HANG,
+    "preflight": EX_PREFLIGHT,
+}
+
+# What a diagnostic is about. Logic that must tell diagnostics apart (is this pin drift? does
+# every rank see the same error?) reads `category`, never the text of `code`.
+CATEGORIES = (
+    "recipe",  # a recipe key or a combination of keys
+    "allocation",  # the recipe against the job's shape (nodes x GPUs)
+    "submit",  # flags, sbatch values, the run directory
+    "pins",  # check-pins findings
+    "pins-unchecked",  # check-pins could not run (no git repository, no pyproject.toml)
+    "data",
+    "model",
+    "train",
+    "checkpoint",
+    "reward",
+    "other",
+)
+
 
 @dataclass(frozen=True)
 class Diagnostic:
-    """One finding. `code` is stable (scripts and docs refer to it); the rest is for humans."""
+    """One finding. `code` is stable (scripts and docs refer to it); the rest is for humans.
+
+    `category` (see CATEGORIES) defaults to the code's namespace (`recipe.range` -> recipe;
+    check-pins' RFnnn -> pins); set it where the namespace says something else.
+    """
 
     code: str
     message: str
@@ -30,6 +67,12 @@ class Diagnostic:
     column: int | None = None
     help: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    category: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.category:
+            object.__setattr__(self, "category", _default_category(self.code))
+        assert self.category in CATEGORIES, f"unknown diagnostic category {self.category!r}"
 
     @property
     def location(self) -> str | None:
@@ -63,6 +106,13 @@ class Diagnostic:
         data = asdict(self)
         data["notes"] = list(self.notes)
         return data
+
+
+def _default_category(code: str) -> str:
+    if code.startswith("RF"):
+        return "pins"
+    namespace = code.split(".", 1)[0]
+    return namespace if namespace in CATEGORIES else "other"
 
 
 def _source_line(file: str | None, line: int | None, root: Path | None) -> str | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -420,14 +420,4 @@ def _capped(problems: list[Diagnostic]) -> list[Diagnostic]:
     rest = len(problems) - MAX_REPORTED
     last = problems[MAX_REPORTED - 1]
     note = f"{rest} more problem{'s' * (rest != 1)} in this file not shown"
-    return problems[: MAX_REPORTED - 1] + [
-        Diagnostic(
-            last.code,
-            last.message,
-            file=last.file,
-            line=last.line,
-            column=last.column,
-            help=last.help,
-            notes=(*last.notes, note),
-        )
-    ]
+    return problems[: MAX_REPORTED - 1] + [replace(last, notes=(*last.notes, note))]

@@ -28,7 +28,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-EX_TEMPFAIL, EX_PEER_FAILED, EX_HANG, EX_PREFLIGHT = 75, 76, 77, 78
+from rlflow.errors import EX_HANG, EX_PREFLIGHT, EX_TEMPFAIL
+
 ATTEMPTS_FILE = "attempts.jsonl"
 
 

@@ -367,7 +367,7 @@ def pin_diagnostics(start: Path) -> list[Diagnostic]:
             checkout, (checkout.root / "pyproject.toml").read_text(encoding="utf-8"), strict=False
         )
     except RlflowError as err:
-        if all(d.code in ("RF100", "RF101") for d in err.diagnostics):
+        if all(d.category == "pins-unchecked" for d in err.diagnostics):
             return [
                 replace(d, severity="warning", message=f"pin check not run: {d.message}")
                 for d in err.diagnostics
@@ -387,6 +387,7 @@ def pin_diagnostics(start: Path) -> list[Diagnostic]:
                 f"{checkout.root}: not submitting",
                 help="fix them (`rlflow check-pins --fix` moves the root pins), or pass "
                 "--skip-pin-check to submit anyway",
+                category="pins",
             )
         )
     return found

@@ -187,7 +187,7 @@ def prepare(
 def _pins_summary(problems: list[Diagnostic], skipped: bool) -> str:
     if skipped:
         return "pins skipped (--skip-pin-check)"
-    if any(p.code in ("RF100", "RF101") for p in problems):
+    if any(p.category == "pins-unchecked" for p in problems):
         return "pins not checked (see the warning)"
     return "pins"
 
@@ -196,7 +196,7 @@ def _raise_on_errors(problems: list[Diagnostic]) -> None:
     """Exit 2 for unusable input (recipe, flags); exit 1 when only the pin check found drift."""
     errors = [p for p in problems if p.severity == "error"]
     if errors:
-        only_pins = all(p.code.startswith("RF") or p.code == "submit.pins" for p in errors)
+        only_pins = all(p.category == "pins" for p in errors)
         raise RlflowError(problems, EXIT_FINDINGS if only_pins else EXIT_USAGE)
 
 

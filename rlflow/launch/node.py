@@ -48,10 +48,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-EX_TEMPFAIL = 75  # the trainer's "saved, stopped, please requeue" exit code
-EX_PEER_FAILED = 76  # the trainer's "stopped because another rank failed": never the root cause
-EX_HANG = 77  # the launcher's "a rank made no progress": a node failure, retried elsewhere
-EX_PREFLIGHT = 78  # the trainer's "this node failed a preflight check": a node failure
+# Standard library only, like this module: 75 saved and stopped, 76 a peer failed, 77 a hang.
+from rlflow.errors import EX_HANG, EX_PEER_FAILED, EX_TEMPFAIL
+
 DUMP_SIGNAL = signal.SIGUSR2  # rlflow/train/watchdog.py: faulthandler dumps every stack
 DUMP_WAIT_SECONDS = 5.0  # for the ranks' stack dumps to reach their logs
 HEARTBEAT_POLL_SECONDS = 1.0

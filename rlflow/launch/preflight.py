@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-EXIT_PREFLIGHT = 78  # the node launcher's contract (rlflow/launch/node.py)
-EXIT_PEER_FAILED = 76
+from rlflow.errors import EX_PEER_FAILED, EX_PREFLIGHT
+
 # The test cluster's GPUs are fake device files and torch there is a CPU build, so the driver's
 # view of a node is faked too: "node2:3" makes node2 show 3 GPUs. Tests only.
 TEST_VISIBLE_GPUS_ENV = "RLFLOW_TEST_VISIBLE_GPUS"
@@ -187,8 +187,8 @@ def run_preflight(cfg, run_dir: Path, model_dir: str | None, info, log=print) ->
         bad_nodes = {r.host for r in failed}
         if mine is not None:
             watchdog.note(f"failed preflight: {'; '.join(mine.failures)}")
-            raise PreflightFailed("preflight failed on " + "; ".join(lines), EXIT_PREFLIGHT)
-        code = EXIT_PREFLIGHT if hostname() in bad_nodes else EXIT_PEER_FAILED
+            raise PreflightFailed("preflight failed on " + "; ".join(lines), EX_PREFLIGHT)
+        code = EX_PREFLIGHT if hostname() in bad_nodes else EX_PEER_FAILED
         raise PreflightFailed(
             f"preflight failed on {', '.join(sorted(bad_nodes))} (reported there)", code
         )
@@ -223,6 +223,6 @@ def allreduce_seconds(megabytes: int, info) -> tuple[float, int]:
     if float(tensor[0]) != float(info.world_size) ** 2:
         raise PreflightFailed(
             f"preflight: all-reduce gave {float(tensor[0])}, expected {info.world_size**2}",
-            EXIT_PREFLIGHT,
+            EX_PREFLIGHT,
         )
     return seconds, numel * 4

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from rlflow.errors import Diagnostic, RlflowError
+from rlflow.errors import JOB_EXIT_CODES, Diagnostic, RlflowError
 from rlflow.launch.plan import JobPlan
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -18,8 +18,8 @@ TEMPLATE_NAME = "sbatch.sh.j2"
 
 
 def render(plan: JobPlan) -> str:
-    """The sbatch script for `plan`."""
-    return _environment().get_template(TEMPLATE_NAME).render(plan=plan)
+    """The sbatch script for `plan`; `exit` holds the job's exit codes (rlflow.errors)."""
+    return _environment().get_template(TEMPLATE_NAME).render(plan=plan, exit=JOB_EXIT_CODES)
 
 
 def quote(value: object) -> str:

@@ -72,6 +72,7 @@ def load_document(root: Path, rel_file: str) -> Document:
                 f"no pyproject.toml at `{rel_file}`",
                 file=rel_file,
                 help="run check-pins at the root of a uv project",
+                category="pins-unchecked",  # nothing to compare: not a finding
             )
         ) from None
     except (OSError, UnicodeDecodeError) as err:

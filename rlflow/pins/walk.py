@@ -48,6 +48,7 @@ def walk(start: Path) -> Checkout:
                 f"no pyproject.toml at the repository root `{root}`",
                 help="check-pins compares submodule pins with the root pyproject.toml; run it in "
                 "(or pass --repo) a uv project",
+                category="pins-unchecked",  # nothing to compare: not a finding
             )
         )
     if kind != "file":
@@ -74,6 +75,7 @@ def find_root(start: Path) -> Path:
                 "RF100",
                 f"`{start}` is not a directory",
                 help="pass --repo the path of a git checkout",
+                category="pins-unchecked",  # nothing to compare: not a finding
             )
         )
     for directory in [start.resolve(), *start.resolve().parents]:
@@ -86,6 +88,7 @@ def find_root(start: Path) -> Path:
             f"`{start}` is not inside a git repository",
             help="check-pins reads submodules through git: run it in a clone (`git init` for a new "
             "project)",
+            category="pins-unchecked",  # nothing to compare: not a finding
         )
     )
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from rlflow.launch.node import EX_TEMPFAIL, Launcher, NodeInfo
+from rlflow.errors import EX_TEMPFAIL
+from rlflow.launch.node import Launcher, NodeInfo
 
 
 def run_local(

@@ -30,8 +30,8 @@ from rlflow.train.update import Optimizer, grpo_update, rollout_logprobs, sft_up
 
 
 def train(t: Trainer) -> int:
-    """Run until grpo.max_num_steps; return the exit code (0, or EXIT_REQUEUE on a stop request)."""
-    from rlflow.train.signals import EXIT_REQUEUE
+    """Run until grpo.max_num_steps; return the exit code (0, or EX_TEMPFAIL on a stop request)."""
+    from rlflow.errors import EX_TEMPFAIL
 
     recipe = t.recipe
     resumed = _resume_or_start(t)
@@ -57,9 +57,9 @@ def train(t: Trainer) -> int:
         if stop and not last:
             t.log.write(
                 f"stopping at step {step} on {t.stop.signal_name or 'a peer signal'}: "
-                f"checkpoint saved, exit {EXIT_REQUEUE} (requeue)"
+                f"checkpoint saved, exit {EX_TEMPFAIL} (requeue)"
             )
-            return EXIT_REQUEUE
+            return EX_TEMPFAIL
     _summary(t)
     return 0
 

@@ -14,12 +14,10 @@ import sys
 import traceback
 from pathlib import Path
 
-from rlflow.errors import RlflowError, print_diagnostics
+from rlflow.errors import EX_PEER_FAILED, RlflowError, print_diagnostics
 from rlflow.train.faults import inject_failure
 
-# The node launcher's contract (rlflow/launch/node.py): 76 = stopped because another rank failed.
-EXIT_PEER_FAILED = 76
-
+SAME_ON_ALL_RANKS = {"recipe", "allocation", "model", "data", "train", "checkpoint"}
 _PEER_FAILURE_HINTS = (
     "Connection closed by peer",
     "Connection reset by peer",
@@ -37,7 +35,7 @@ def default_run_dir(recipe) -> Path:
 def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
     """Returns the process exit code; never raises."""
     from rlflow.launch.preflight import PreflightFailed
-    from rlflow.model import library_logs
+    from rlflow.model.compat import library_logs
     from rlflow.recipe import load_checked
     from rlflow.train import watchdog
 
@@ -73,16 +71,13 @@ def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
             print_diagnostics(err.diagnostics)
         _hard_exit(err.exit_code)
     except BaseException as err:  # noqa: BLE001 - the top of a rank: report, then leave at once
-        _hard_exit(EXIT_PEER_FAILED if _report(err, rank) else 1)
+        _hard_exit(EX_PEER_FAILED if _report(err, rank) else 1)
     return 1
 
 
 def _same_on_all_ranks(err: RlflowError) -> bool:
     # Recipe, checkpoint and data errors come from inputs every rank reads: rank 0 reports them.
-    return all(
-        d.code.split(".")[0] in {"recipe", "model", "data", "train", "checkpoint"}
-        for d in err.diagnostics
-    )
+    return all(d.category in SAME_ON_ALL_RANKS for d in err.diagnostics)
 
 
 def _report(err: BaseException, rank: int) -> bool:

@@ -3,7 +3,7 @@
 
 The handler only sets a flag (and tells the launcher it heard it, so the launcher stops
 repeating it); the train loop checks it between steps, where all ranks agree (a max over ranks),
-saves a checkpoint, and exits with EXIT_REQUEUE. The sbatch script treats that code as "requeue
+saves a checkpoint, and exits with EX_TEMPFAIL (rlflow.errors). The sbatch script treats that code as "requeue
 me": the requeued job resumes from the checkpoint.
 
 Once the stop is under way (`stopping()`), a repeated warning is ignored outright: Python
@@ -20,7 +20,6 @@ import signal
 from rlflow import parallel
 from rlflow.train import watchdog
 
-EXIT_REQUEUE = 75  # EX_TEMPFAIL: state saved, stopped on request; the job script requeues
 STOP_SIGNAL_ENV = "RLFLOW_STOP_SIGNAL"  # set by the launcher: the time-limit signal's name
 
 
