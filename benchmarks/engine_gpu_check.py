@@ -4,9 +4,12 @@ The CPU test suite covers the engine through its exact paths (SDPA with masks, f
 in bf16 the engine takes two other kernels, checked here against those references on random
 data, plus the CUDA-graph decode against eager decode on the tiny model:
 
-1. decode attention: FlashAttention varlen with `seqused_k` (grouped-query layout) vs masked SDPA;
+1. decode attention: FlashAttention varlen with `seqused_k` (grouped-query layout), whole rows
+   and split-KV (1, 2, 3, 5 chunks per row), vs masked SDPA;
 2. packed prefill attention: FlashAttention varlen (causal) vs grouped per-length SDPA;
-3. the tiny model in fp32 on the GPU: CUDA-graph buckets + row retirement vs eager, T=1 tokens.
+3. the tiny model in fp32 on the GPU: CUDA-graph buckets + row retirement vs eager, T=1 tokens;
+4. the tiny model in bf16 with split-KV decode: graphs vs eager (identical tokens), and split
+   vs whole-row kernels.
 
     PYTHONPATH=/tmp/site:$PWD python3 benchmarks/engine_gpu_check.py --out $OUT
 """
@@ -26,23 +29,28 @@ sys.path.insert(0, str(ROOT))
 
 
 def decode_attention_check() -> dict:
+    from rlflow.generation import split_kv
     from rlflow.generation.decoder import Dims, _decode_attention
 
     torch.manual_seed(0)
-    rows, length, kv, group, dim = 37, 300, 2, 8, 128
+    rows, length, kv, group, dim = 37, 661, 2, 8, 128
     dims = Dims(kv * group, kv, dim, 1e-6, dim**-0.5, None)
     keys = torch.randn(rows, length, kv, dim, device="cuda", dtype=torch.bfloat16)
     values = torch.randn_like(keys)
     q = torch.randn(rows, kv * group, dim, device="cuda", dtype=torch.bfloat16)
     lengths = torch.randint(1, length + 1, (rows,), device="cuda")
+    lengths[:3] = torch.tensor([1, 2, length])  # one key, two keys, a full row
     flat_k, flat_v = keys.view(-1, kv, dim), values.view(-1, kv, dim)
-    fast = _decode_attention(q, keys, values, flat_k, flat_v, lengths, dims)
     ref = _decode_attention(q.float(), keys.float(), values.float(), flat_k.float(),
                             flat_v.float(), lengths, dims)  # fmt: skip
-    return {
-        "max_abs_diff": float((fast.float() - ref).abs().max()),
-        "ref_scale": float(ref.abs().max()),
-    }
+    out = {"ref_scale": float(ref.abs().max())}
+    # one block per row, then the split-KV decode (rlflow/generation/split_kv.py) at 2..5 chunks
+    for splits in (1, 2, 3, 5):
+        split = split_kv.plan(lengths, length, group, splits) if splits > 1 else None
+        fast = _decode_attention(q, keys, values, flat_k, flat_v, lengths, dims, split)
+        out[f"max_abs_diff_splits_{splits}"] = float((fast.float() - ref).abs().max())
+    out["max_abs_diff"] = max(v for k, v in out.items() if k.startswith("max_abs_diff_"))
+    return out
 
 
 def prefill_attention_check() -> dict:
@@ -100,6 +108,50 @@ def tiny_engine_check(work: Path) -> dict:
     }
 
 
+def tiny_split_kv_check() -> dict:
+    """The tiny model in bf16 (the flash path): 300 T=1 tokens per row, so rows are long enough
+    to split. Graphs vs eager with split-KV must give identical tokens; split vs whole-row
+    kernels differ only by bf16 rounding of the attention output (reported, not required)."""
+    import dataclasses
+
+    from rlflow.generation.base import SamplingParams
+    from rlflow.generation.megatron import MegatronGeneration
+    from rlflow.model.build import load_policy
+    from tests.tiny import FP32, SINGLE, mixed_prompts, tiny_checkpoint
+
+    ckpt = tiny_checkpoint(tempfile.mkdtemp())
+    policy = load_policy(ckpt, dataclasses.replace(FP32, dtype="bfloat16"), SINGLE, False)
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(str(ckpt))
+    rows = [p for p in mixed_prompts(processor) for _ in range(6)]
+    pad = processor.tokenizer.pad_token_id
+    params = SamplingParams(300, 1.0, 1.0, 0, 7, (-1,), True)
+    split_graphs = MegatronGeneration(policy, pad, cuda_graphs=True).generate(rows, params)
+    split_eager = MegatronGeneration(policy, pad, cuda_graphs=False).generate(rows, params)
+    whole = MegatronGeneration(policy, pad, cuda_graphs=True, split_kv=False).generate(rows, params)
+
+    def first_difference(x, y) -> int:
+        return next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), len(x))
+
+    agree = [first_difference(x.token_ids, y.token_ids) for x, y in zip(split_graphs, whole)]
+    return {
+        "rows": len(rows),
+        "tokens_equal_graphs_vs_eager_split": [x.token_ids for x in split_graphs]
+        == [x.token_ids for x in split_eager],
+        "rows_identical_split_vs_whole": sum(a == 300 for a in agree),
+        "min_tokens_before_first_difference": min(agree),
+        "max_logprob_diff_split_vs_whole_before_difference": max(
+            (
+                abs(p - q)
+                for x, y, n in zip(split_graphs, whole, agree)
+                for p, q in zip(x.logprobs[:n], y.logprobs[:n])
+            ),
+            default=0.0,
+        ),  # fmt: skip
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -111,6 +163,7 @@ def main() -> None:
     }
     print(json.dumps(results), flush=True)
     results["tiny_engine"] = tiny_engine_check(Path(tempfile.mkdtemp()))
+    results["tiny_split_kv_bf16"] = tiny_split_kv_check()
     print(json.dumps(results, indent=1), flush=True)
     (args.out / "engine_gpu_check.json").write_text(json.dumps(results, indent=1))
 

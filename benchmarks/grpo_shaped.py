@@ -17,6 +17,8 @@ Parts (--parts, any subset; one process may run at most ~9 minutes on the lent G
             --reps timed calls. Useful tokens/s = tokens each row kept (up to and including its
             stop token) / synchronised wall clock of the whole call; the GRPO-shaped roofline
             (below) from THIS run's per-row lengths; peak memory.
+- nosplit:  the same as rollout with split-KV decode off (MegatronGeneration(split_kv=False)):
+            what rlflow/generation/split_kv.py gives, measured in the same process.
 - hf:       HF `generate` (HFGeneration) on the same workload; on --hf-prompts prompts only
             (x samples rows), because HF is slow. Its tokens/s is measured on that subset; the
             full-batch time is extrapolated linearly in the number of --hf-batch chunks.
@@ -331,7 +333,9 @@ def length_stats(completions) -> dict:
     }
 
 
-def run_rollout(policy, prompts, params, args, ceil, counts, gpus, device, log) -> dict:
+def run_rollout(
+    policy, prompts, params, args, ceil, counts, gpus, device, log, split_kv=True
+) -> dict:
     from rlflow.generation.megatron import MegatronGeneration
 
     backend = MegatronGeneration(
@@ -340,9 +344,10 @@ def run_rollout(policy, prompts, params, args, ceil, counts, gpus, device, log) 
         max_batch_size=args.max_batch_size,
         cuda_graphs=True,
         compile_decode=args.compile_decode,
+        split_kv=split_kv,
     )
     warm_s, _ = timed_generate(backend, prompts, params, device)
-    log(f"rollout: warm-up {warm_s:.1f} s (graph capture / compile included)")
+    log(f"rollout (split_kv={split_kv}): warm-up {warm_s:.1f} s (graph capture / compile included)")
     _reset_peak(device)
     before = _allocated(device)
     runs = []
@@ -366,7 +371,9 @@ def run_rollout(policy, prompts, params, args, ceil, counts, gpus, device, log) 
             f"(mean response {stats['mean_response']:.1f}), {tokens_per_s:,.0f} tok/s"
         )
     peak = _peak(device)
-    if getattr(args, "profile", False):  # one more call under the profiler: top kernels, host gaps
+    if (
+        getattr(args, "profile", False) and split_kv
+    ):  # one more call under the profiler: top kernels, host gaps
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -609,9 +616,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.compile_decode is None:
         args.compile_decode = not tiny
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = sorted(set(args.parts) - {"rollout", "hf", "step", "fixed256"})
+    unknown = sorted(set(args.parts) - {"rollout", "nosplit", "hf", "step", "fixed256"})
     if unknown:
-        parser.error(f"--parts: unknown part(s) {', '.join(unknown)}; use rollout,hf,step,fixed256")
+        parser.error(
+            f"--parts: unknown part(s) {', '.join(unknown)}; use rollout,nosplit,hf,step,fixed256"
+        )
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     args.checkpoint = args.checkpoint or tmp / ("rlflow-bench-tiny" if tiny else "rlflow-bench-3b")
     return args
@@ -729,7 +738,7 @@ def rank_main(args) -> None:
         ignore_eos=False,
     )
 
-    if {"rollout", "hf"} & set(args.parts):
+    if {"rollout", "nosplit", "hf"} & set(args.parts):
         from rlflow.model.build import load_policy
 
         start = time.perf_counter()
@@ -741,6 +750,11 @@ def rank_main(args) -> None:
         if "rollout" in args.parts:
             results["rollout"] = run_rollout(
                 policy, prompts, params, args, ceil, counts, info.world_size, device, log
+            )
+            save()
+        if "nosplit" in args.parts:  # the same engine without split-KV decode, same process
+            results["rollout_no_split_kv"] = run_rollout(
+                policy, prompts, params, args, ceil, counts, info.world_size, device, log, False
             )
             save()
         if "hf" in args.parts:

@@ -12,6 +12,8 @@ ops, which is what makes the decode step fast and CUDA-graph capturable:
 * on a GPU in bf16 the decode attention is FlashAttention's varlen kernel with `seqused_k`: it
   reads only the keys a row has, never the unwritten tail of the cache; a KV head's query group
   is laid out as that row's "query tokens", so each KV head is read once for all its queries;
+  when few rows are live, each row's keys are split across several thread blocks
+  (rlflow/generation/split_kv.py);
 * elsewhere (CPU, fp32) it is SDPA with a length mask: exact, and the parity tests' reference.
 
 Tensor parallelism: the policy's column/row-parallel weights are this rank's shards; the two
@@ -22,12 +24,14 @@ tests/generation compares it token for token with HF transformers.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from rlflow.generation import split_kv
 from rlflow.model.packed_attention import Packing, flash_available, varlen_causal
 
 
@@ -125,9 +129,12 @@ class Decoder:
         # so after the second size dynamo compiles one shape-generic graph for all of them.
         # Under tensor parallelism the all-reduces stay eager (nothing is compiled).
         self._before, self._after = _before_attention, _after_attention
+        self._merge = split_kv.merge
         if compile_decode and tp_group is None:
             self._before = torch.compile(_before_attention)
             self._after = torch.compile(_after_attention)
+            self._merge = torch.compile(split_kv.merge)
+        self.split_kv = True  # MegatronGeneration(split_kv=False) turns it off (benchmarks)
 
     def new_cache(self, rows: int, length: int, dtype, device) -> KVCache:
         d = self.dims
@@ -188,12 +195,25 @@ class Decoder:
         cos, sin = self.rotary(positions, cache.keys[0].dtype)
         hidden = self.embed(tokens[:, None])[:, 0]
         slots = torch.arange(rows, device=tokens.device) * cache.length + lengths - 1
+        split = self.split_plan(lengths, cache)
         for index, w in enumerate(self.layers):
             keys, values = cache.keys[index][:rows], cache.values[index][:rows]
             q, k, v = self._before(hidden, w, cos, sin, self.dims)
-            out = _cache_attention(q, k, v, keys, values, slots, lengths, self.dims)
+            out = _cache_attention(q, k, v, keys, values, slots, lengths, self.dims, split)
             hidden = self._after(hidden, out, w, self.dims)
         return self.logits(hidden)
+
+    def split_plan(self, lengths: torch.Tensor, cache: KVCache) -> split_kv.SplitPlan | None:
+        """How this step's flash decode splits each row's keys (None: one block per row)."""
+        keys = cache.keys[0]
+        if not (self.split_kv and flash_available(keys)):
+            return None
+        sms = torch.cuda.get_device_properties(keys.device).multi_processor_count
+        splits = split_kv.num_splits(lengths.shape[0], self.dims.kv_heads, cache.length, sms)
+        if splits == 1:
+            return None
+        plan = split_kv.plan(lengths, cache.length, self.dims.group, splits)
+        return dataclasses.replace(plan, merge=self._merge)
 
 
 def prefill_layer(hidden, w: LayerWeights, cos, sin, pack, keys, values, dest, src, dims: Dims):
@@ -212,7 +232,7 @@ def _before_attention(hidden, w: LayerWeights, cos, sin, dims: Dims):
     return _qkv(normed, w, cos, sin, dims)
 
 
-def _cache_attention(q, k, v, keys, values, slots, lengths, dims: Dims):
+def _cache_attention(q, k, v, keys, values, slots, lengths, dims: Dims, split=None):
     """Write the new keys/values at `slots` of keys/values [rows, T, kv, D]; attend over each
     row's first lengths[row] keys -> [rows, heads*D]."""
     rows, length = keys.shape[0], keys.shape[1]
@@ -220,7 +240,7 @@ def _cache_attention(q, k, v, keys, values, slots, lengths, dims: Dims):
     flat_values = values.view(rows * length, dims.kv_heads, dims.head_dim)
     flat_keys.index_copy_(0, slots, k)
     flat_values.index_copy_(0, slots, v)
-    return _decode_attention(q, keys, values, flat_keys, flat_values, lengths, dims)
+    return _decode_attention(q, keys, values, flat_keys, flat_values, lengths, dims, split)
 
 
 def _after_attention(hidden, out, w: LayerWeights, dims: Dims):
@@ -243,8 +263,10 @@ def _qkv(x, w: LayerWeights, cos, sin, dims: Dims):
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v.contiguous()
 
 
-def _decode_attention(q, keys, values, flat_keys, flat_values, lengths, dims: Dims):
-    """q [rows, heads, D] against each row's first lengths[row] cached keys -> [rows, heads*D]."""
+def _decode_attention(q, keys, values, flat_keys, flat_values, lengths, dims: Dims, split=None):
+    """q [rows, heads, D] against each row's first lengths[row] cached keys -> [rows, heads*D].
+
+    split: a split_kv.SplitPlan for this step (flash only), or None."""
     rows, length = keys.shape[0], keys.shape[1]
     group = dims.group
     if flash_available(q):
@@ -252,12 +274,15 @@ def _decode_attention(q, keys, values, flat_keys, flat_values, lengths, dims: Di
         # "tokens" of a sequence with kv_heads heads, so each KV head is read once for all of them.
         q_tokens = q.view(rows, dims.kv_heads, group, dims.head_dim).transpose(1, 2)
         q_tokens = q_tokens.reshape(rows * group, dims.kv_heads, dims.head_dim)
-        cu_q = torch.arange(0, rows + 1, device=q.device, dtype=torch.int32) * group
-        cu_k = torch.arange(0, rows + 1, device=q.device, dtype=torch.int32) * length
-        out = torch.ops.aten._flash_attention_forward(
-            q_tokens, flat_keys, flat_values, cu_q, cu_k, group, length, 0.0, False, False,
-            scale=dims.scale, seqused_k=lengths.to(torch.int32),
-        )[0]  # fmt: skip
+        if split is not None:
+            out = split_kv.attention(q_tokens, flat_keys, flat_values, split, rows,
+                                     _flash_attend(dims.scale))  # fmt: skip
+        else:
+            cu_q = torch.arange(0, rows + 1, device=q.device, dtype=torch.int32) * group
+            cu_k = torch.arange(0, rows + 1, device=q.device, dtype=torch.int32) * length
+            out = _flash_attend(dims.scale)(
+                q_tokens, flat_keys, flat_values, cu_q, cu_k, group, length, lengths
+            )[0]
         out = out.view(rows, group, dims.kv_heads, dims.head_dim).transpose(1, 2)
         return out.reshape(rows, dims.heads * dims.head_dim)
     allowed = torch.arange(length, device=q.device)[None] < lengths[:, None]  # [rows, T]
@@ -269,6 +294,19 @@ def _decode_attention(q, keys, values, flat_keys, flat_values, lengths, dims: Di
         scale=dims.scale,
     )
     return out.reshape(rows, dims.heads * dims.head_dim)
+
+
+def _flash_attend(scale: float):
+    """FlashAttention varlen, non-causal, reading only `used` keys of each sequence."""
+
+    def attend(q, k, v, cu_q, cu_k, max_q, max_k, used):
+        out, lse = torch.ops.aten._flash_attention_forward(
+            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, False, False,
+            scale=scale, seqused_k=used.to(torch.int32),
+        )[:2]  # fmt: skip
+        return out, lse
+
+    return attend
 
 
 def _mlp(hidden, w: LayerWeights, dims: Dims):

@@ -65,6 +65,7 @@ class MegatronGeneration(GenerationBackend):
         cuda_graphs: bool = True,
         compile_decode: bool = False,
         share_prompts: bool = True,
+        split_kv: bool = True,
     ):
         self.policy = policy
         self.pad_token_id = pad_token_id
@@ -74,6 +75,7 @@ class MegatronGeneration(GenerationBackend):
         self.cuda_graphs = cuda_graphs and device.type == "cuda"  # graphs exist on GPUs only
         self.compile_decode = compile_decode and self.cuda_graphs  # compiled for GPU graphs only
         self.share_prompts = share_prompts
+        self.split_kv = split_kv  # flash decode with few live rows: split their keys (split_kv.py)
         self._decoder: Decoder | None = None
         self._cache: KVCache | None = None  # GPU: kept across calls (the graphs point into it)
         self._graphs: dict[int, DecodeGraph] = {}
@@ -103,6 +105,7 @@ class MegatronGeneration(GenerationBackend):
     def _generate(self, core, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
         if self._decoder is None:  # views of the weights: built once, current after every update
             self._decoder = Decoder(core, compile_decode=self.compile_decode)
+            self._decoder.split_kv = self.split_kv
         tokens_of = self.policy.media_tokens
         unique, row_prompt = _share(prompts) if self.share_prompts else _unshared(prompts)
         ids = [
@@ -253,7 +256,12 @@ class MegatronGeneration(GenerationBackend):
         out_tokens = torch.zeros(params.max_new_tokens, n + 1, dtype=torch.long, device=device)
         out_logprobs = torch.zeros(params.max_new_tokens, n + 1, device=device)
         steps_done = torch.zeros(n + 1, dtype=torch.long, device=device)
-        stop_ids = torch.tensor(params.stop_token_ids or [-1], device=device)
+        # A lookup table rather than torch.isin: on a GPU, isin sorts through torch.unique (a
+        # host sync every step) once the batch has more than ~10 rows.
+        vocab = logits.shape[-1]
+        is_stop = torch.zeros(vocab, dtype=torch.bool, device=device)
+        sampled_stops = [t for t in params.stop_token_ids if 0 <= t < vocab]
+        is_stop[torch.tensor(sampled_stops, dtype=torch.long, device=device)] = True
         step_fn = self._step_fn(cache)
         batch = capacity
         trace: list[tuple[int, int, int, float]] = []
@@ -267,7 +275,7 @@ class MegatronGeneration(GenerationBackend):
             column_logprobs[live_ids] = torch.where(keep, logprob, column_logprobs[live_ids])
             steps_done[live_ids] = torch.where(keep, step + 1, steps_done[live_ids])
             if not params.ignore_eos:
-                finished[live_ids] = was_finished | torch.isin(token, stop_ids)
+                finished[live_ids] = was_finished | is_stop[token]
             if step + 1 == params.max_new_tokens:
                 break
             if not params.ignore_eos and (step + 1) % _STOP_CHECK_EVERY == 0:
