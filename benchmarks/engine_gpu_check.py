@@ -127,9 +127,13 @@ def tiny_split_kv_check() -> dict:
     rows = [p for p in mixed_prompts(processor) for _ in range(6)]
     pad = processor.tokenizer.pad_token_id
     params = SamplingParams(300, 1.0, 1.0, 0, 7, (-1,), True)
-    split_graphs = MegatronGeneration(policy, pad, cuda_graphs=True).generate(rows, params)
-    split_eager = MegatronGeneration(policy, pad, cuda_graphs=False).generate(rows, params)
-    whole = MegatronGeneration(policy, pad, cuda_graphs=True, split_kv=False).generate(rows, params)
+
+    def run(**kwargs):
+        return MegatronGeneration(policy, pad, **kwargs).generate(rows, params)
+
+    split_graphs = run(cuda_graphs=True, split_kv=True)
+    split_eager = run(cuda_graphs=False, split_kv=True)
+    whole = run(cuda_graphs=True, split_kv=False)
 
     def first_difference(x, y) -> int:
         return next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), len(x))

@@ -17,7 +17,7 @@ Parts (--parts, any subset; one process may run at most ~9 minutes on the lent G
             --reps timed calls. Useful tokens/s = tokens each row kept (up to and including its
             stop token) / synchronised wall clock of the whole call; the GRPO-shaped roofline
             (below) from THIS run's per-row lengths; peak memory.
-- nosplit:  the same as rollout with split-KV decode off (MegatronGeneration(split_kv=False)):
+- splitkv:  the same as rollout with split-KV decode on (MegatronGeneration(split_kv=True)):
             what rlflow/generation/split_kv.py gives, measured in the same process.
 - hf:       HF `generate` (HFGeneration) on the same workload; on --hf-prompts prompts only
             (x samples rows), because HF is slow. Its tokens/s is measured on that subset; the
@@ -334,7 +334,7 @@ def length_stats(completions) -> dict:
 
 
 def run_rollout(
-    policy, prompts, params, args, ceil, counts, gpus, device, log, split_kv=True
+    policy, prompts, params, args, ceil, counts, gpus, device, log, split_kv=False
 ) -> dict:
     from rlflow.generation.megatron import MegatronGeneration
 
@@ -371,9 +371,7 @@ def run_rollout(
             f"(mean response {stats['mean_response']:.1f}), {tokens_per_s:,.0f} tok/s"
         )
     peak = _peak(device)
-    if (
-        getattr(args, "profile", False) and split_kv
-    ):  # one more call under the profiler: top kernels, host gaps
+    if getattr(args, "profile", False) and not split_kv:  # one more call: kernels, host gaps
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -616,10 +614,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.compile_decode is None:
         args.compile_decode = not tiny
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = sorted(set(args.parts) - {"rollout", "nosplit", "hf", "step", "fixed256"})
+    unknown = sorted(set(args.parts) - {"rollout", "splitkv", "hf", "step", "fixed256"})
     if unknown:
         parser.error(
-            f"--parts: unknown part(s) {', '.join(unknown)}; use rollout,nosplit,hf,step,fixed256"
+            f"--parts: unknown part(s) {', '.join(unknown)}; use rollout,splitkv,hf,step,fixed256"
         )
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     args.checkpoint = args.checkpoint or tmp / ("rlflow-bench-tiny" if tiny else "rlflow-bench-3b")
@@ -738,7 +736,7 @@ def rank_main(args) -> None:
         ignore_eos=False,
     )
 
-    if {"rollout", "nosplit", "hf"} & set(args.parts):
+    if {"rollout", "splitkv", "hf"} & set(args.parts):
         from rlflow.model.build import load_policy
 
         start = time.perf_counter()
@@ -752,9 +750,9 @@ def rank_main(args) -> None:
                 policy, prompts, params, args, ceil, counts, info.world_size, device, log
             )
             save()
-        if "nosplit" in args.parts:  # the same engine without split-KV decode, same process
-            results["rollout_no_split_kv"] = run_rollout(
-                policy, prompts, params, args, ceil, counts, info.world_size, device, log, False
+        if "splitkv" in args.parts:  # the same engine with split-KV decode, same process
+            results["rollout_split_kv"] = run_rollout(
+                policy, prompts, params, args, ceil, counts, info.world_size, device, log, True
             )
             save()
         if "hf" in args.parts:

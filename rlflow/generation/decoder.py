@@ -12,8 +12,8 @@ ops, which is what makes the decode step fast and CUDA-graph capturable:
 * on a GPU in bf16 the decode attention is FlashAttention's varlen kernel with `seqused_k`: it
   reads only the keys a row has, never the unwritten tail of the cache; a KV head's query group
   is laid out as that row's "query tokens", so each KV head is read once for all its queries;
-  when few rows are live, each row's keys are split across several thread blocks
-  (rlflow/generation/split_kv.py);
+  optionally, when few rows are live, each row's keys are split across several thread blocks
+  (rlflow/generation/split_kv.py; off by default until measured on a GPU);
 * elsewhere (CPU, fp32) it is SDPA with a length mask: exact, and the parity tests' reference.
 
 Tensor parallelism: the policy's column/row-parallel weights are this rank's shards; the two
@@ -134,7 +134,7 @@ class Decoder:
             self._before = torch.compile(_before_attention)
             self._after = torch.compile(_after_attention)
             self._merge = torch.compile(split_kv.merge)
-        self.split_kv = True  # MegatronGeneration(split_kv=False) turns it off (benchmarks)
+        self.split_kv = False  # set by MegatronGeneration(split_kv=...)
 
     def new_cache(self, rows: int, length: int, dtype, device) -> KVCache:
         d = self.dims

@@ -65,7 +65,7 @@ class MegatronGeneration(GenerationBackend):
         cuda_graphs: bool = True,
         compile_decode: bool = False,
         share_prompts: bool = True,
-        split_kv: bool = True,
+        split_kv: bool = False,
     ):
         self.policy = policy
         self.pad_token_id = pad_token_id
@@ -75,7 +75,10 @@ class MegatronGeneration(GenerationBackend):
         self.cuda_graphs = cuda_graphs and device.type == "cuda"  # graphs exist on GPUs only
         self.compile_decode = compile_decode and self.cuda_graphs  # compiled for GPU graphs only
         self.share_prompts = share_prompts
-        self.split_kv = split_kv  # flash decode with few live rows: split their keys (split_kv.py)
+        # Split-KV flash decode (split_kv.py): exact on CPU against a reference kernel, not yet
+        # measured on a GPU, so off until benchmarks/grpo_shaped.py --parts rollout,splitkv has
+        # shown what it gives.
+        self.split_kv = split_kv
         self._decoder: Decoder | None = None
         self._cache: KVCache | None = None  # GPU: kept across calls (the graphs point into it)
         self._graphs: dict[int, DecodeGraph] = {}

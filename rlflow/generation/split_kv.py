@@ -84,9 +84,13 @@ def attention(q_tokens, flat_keys, flat_values, split: SplitPlan, rows: int, att
 def merge(out: torch.Tensor, lse: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
     """out [rows, S, group, kv, D], lse [rows, S, group, kv], used [rows, S] -> [rows*group, kv, D].
 
-    An empty chunk's lse is meaningless (FlashAttention writes +inf there): it gets weight 0.
+    An empty chunk's output and lse are meaningless (FlashAttention writes 0 and +inf there): it
+    gets weight 0.
     Chunk 0 always has the row's first key, so every row keeps a finite weight."""
-    lse = torch.where(used[:, :, None, None] > 0, lse.float(), float("-inf"))
+    dtype = out.dtype
+    has_keys = used[:, :, None, None] > 0
+    lse = torch.where(has_keys, lse.float(), float("-inf"))
     weights = torch.softmax(lse, dim=1)[..., None]  # over the chunks
-    merged = (out.float() * weights).sum(dim=1)
-    return merged.to(out.dtype).reshape(-1, out.shape[3], out.shape[4])
+    out = torch.where(has_keys[..., None], out.float(), 0.0)  # never 0 * (whatever it wrote)
+    merged = (out * weights).sum(dim=1)
+    return merged.to(dtype).reshape(-1, out.shape[3], out.shape[4])
