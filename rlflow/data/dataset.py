@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Protocol
 from rlflow.data.sample import Sample
 from rlflow.data.scene import SceneSpec, grid_for
 from rlflow.data.seeding import derive_seed, row_rng
-from rlflow.errors import Diagnostic, RlflowError
 
 if TYPE_CHECKING:
     from rlflow.recipe.schema import DataConfig, DatasetConfig
@@ -35,15 +34,7 @@ def build_dataset(
         from rlflow.data.jsonl import JsonlDataset
 
         split = _split_name(split_cfg, data_cfg)
-        if not split_cfg.path:
-            raise RlflowError(
-                Diagnostic(
-                    "data.jsonl-path",
-                    f"`data.{split}.kind` is jsonl, but `data.{split}.path` is not set",
-                    help=f"set data.{split}.path to a JSONL file (or a directory of them) "
-                    "with problem and solution fields",
-                )
-            )
+        assert split_cfg.path, "check_recipe refuses a jsonl split without a path"
         return JsonlDataset(
             split_cfg.path,
             split_cfg.image_root,
@@ -60,7 +51,7 @@ def build_dataset(
         kinds = mixed_kinds(split_cfg.num_samples, split_cfg.seed, data_cfg.mix)
     else:
         kinds = [split_cfg.kind] * split_cfg.num_samples
-    _check_video(spec, kinds)
+    assert "video" not in kinds or spec.num_frames, "check_recipe refuses video rows without frames"
     return SyntheticDataset(kinds, split_cfg.seed, spec)
 
 
@@ -82,17 +73,8 @@ class SyntheticDataset:
 
 
 def mixed_kinds(num_samples: int, seed: int, mix: Mapping[str, float]) -> list[str]:
-    """Each row's kind: counts exactly proportional to `mix` (largest remainder), seeded order."""
-    unknown = sorted(set(mix) - set(SYNTHETIC_KINDS))
-    if unknown or sum(max(v, 0) for v in mix.values()) <= 0:
-        raise RlflowError(
-            Diagnostic(
-                "data.mix",
-                f"data.mix must give positive shares to {', '.join(SYNTHETIC_KINDS)}"
-                + (f"; {', '.join(unknown)} is not a row type" if unknown else ""),
-                help="e.g. data.mix: {clevr: 0.5, video: 0.25, text: 0.25}",
-            )
-        )
+    """Each row's kind: counts exactly proportional to `mix` (largest remainder), seeded order.
+    `mix` has passed check_recipe (known kinds, shares adding up to more than 0)."""
     shares = {k: max(mix[k], 0) for k in SYNTHETIC_KINDS if mix.get(k, 0) > 0}
     total = sum(shares.values())
     exact = {k: num_samples * s / total for k, s in shares.items()}
@@ -110,17 +92,6 @@ def _split_name(split_cfg: DatasetConfig, data_cfg: DataConfig) -> str:
     if split_cfg is data_cfg.validation:
         return "validation"
     return "train" if split_cfg is data_cfg.train else "<split>"
-
-
-def _check_video(spec: SceneSpec, kinds: list[str]) -> None:
-    if "video" in kinds and not spec.num_frames:
-        raise RlflowError(
-            Diagnostic(
-                "data.video-frames",
-                "the data has video rows, but data.video.num_frames is not set",
-                help="set data.video.num_frames (e.g. 4), temporal_patch_size and fps",
-            )
-        )
 
 
 def _generators() -> dict[str, Callable[..., Sample]]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rlflow.data.prompts import render_question, template_fields
+from rlflow.data.prompts import format_answer, render_question, template_fields
 from rlflow.data.rewards import extract_answer
 from rlflow.data.sample import Sample
 from rlflow.errors import Diagnostic, RlflowError
@@ -41,7 +41,7 @@ MAX_REPORTED = 10  # problems listed before the rest are summarised as a count
 _MEDIA_MARKER_RE = re.compile(r"<image>|<video>", re.IGNORECASE)
 _HELP_LAYOUT = (
     'each line must be a JSON object like {"image": "a.png", "problem": "How many ...?", '
-    '"solution": "<answer> 3 </answer>"} (image or video optional)'
+    f'"solution": "{format_answer(" 3 ")}"}} (image or video optional)'
 )
 
 
@@ -297,7 +297,7 @@ def _check_values(
         problem(
             "data.jsonl-bad-value",
             f"line {number}: `{answer_key}` {solution!r} holds no answer",
-            help='write the answer bare ("3") or tagged ("<answer> 3 </answer>")',
+            help=f'write the answer bare ("3") or tagged ("{format_answer(" 3 ")}")',
         )
         return None
     media = _media_paths(record, number, root, ctx, problem)

@@ -1,11 +1,29 @@
-"""Sample -> chat messages (Qwen2.5-VL content-list form) and the supervised target text."""
+"""Sample -> chat messages (Qwen2.5-VL content-list form) and the supervised target text.
+
+The answer format lives here, once: the warm start's target (`format_answer`), the rewards'
+parser (`ANSWER_RE`, rlflow.data.rewards), the tiny tokenizer's special tokens and the JSONL
+loader's examples all read it. recipes/base.yaml's `data.prompt_suffix` tells the model the
+same tags (a test holds the two together).
+"""
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Mapping
 
 from rlflow.data.sample import Sample
+
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+# The text between the tags; rewards read the last such block of a completion.
+ANSWER_RE = re.compile(
+    f"{re.escape(ANSWER_OPEN)}(.*?){re.escape(ANSWER_CLOSE)}", re.DOTALL | re.IGNORECASE
+)
+
+
+def format_answer(answer: object) -> str:
+    """An answer in the format the rewards parse: <answer>3</answer>."""
+    return f"{ANSWER_OPEN}{answer}{ANSWER_CLOSE}"
 
 
 def to_messages(sample: Sample, prompt_suffix: str) -> list[dict]:
@@ -23,7 +41,7 @@ def to_messages(sample: Sample, prompt_suffix: str) -> list[dict]:
 
 def reference_completion(sample: Sample) -> str:
     """What a perfect policy answers: the warm start's target and the format reward's model."""
-    return f"<answer>{sample.answer}</answer>"
+    return format_answer(sample.answer)
 
 
 def template_fields(template: str) -> list[str]:

@@ -15,11 +15,13 @@ checks on login nodes and reward worker processes import it.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlflow.data.prompts import ANSWER_RE
 from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
 
 if TYPE_CHECKING:
@@ -31,7 +33,6 @@ RewardValues = Sequence[float] | Mapping[str, Sequence[float]]
 BatchRewardFn = Callable[["RewardBatch"], RewardValues]
 REWARDS: dict[str, RowRewardFn] = {}
 
-ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 NUMBER_RE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)")
 SHOWN_CHARS = 160  # how much of a completion an error message quotes
 
@@ -113,6 +114,81 @@ def register_reward(name: str) -> Callable[[RowRewardFn], RowRewardFn]:
 def is_import_path(name: str) -> bool:
     """`package.module:function` names user code; anything else is a registered name."""
     return ":" in name
+
+
+KeyPath = tuple[str, ...]
+
+
+def weight_problems(weights: Mapping[str, float]) -> list[tuple[KeyPath, Diagnostic]]:
+    """The rules for a recipe's `rewards:` weights, stated once: (the key to blame, the problem).
+
+    `check_recipe` points each at the recipe's line; `Scorer` raises them (for weights that
+    never went through a recipe). Import paths are judged elsewhere: from source by the dry run
+    (rlflow.data.user_rewards), by a real import when scoring starts.
+    """
+    problems: list[tuple[KeyPath, Diagnostic]] = []
+    for name, weight in weights.items():
+        if not is_import_path(name) and name not in REWARDS:
+            close = [n for n in REWARDS if n.startswith(name[:3])]
+            problems.append(
+                (
+                    ("rewards", name),
+                    Diagnostic(
+                        "recipe.unknown-reward",
+                        f"`rewards.{name}` is not a known reward",
+                        help=(f"did you mean `{close[0]}`? " if close else "")
+                        + "known rewards: "
+                        + ", ".join(sorted(REWARDS))
+                        + "; or a function of your own as package.module:function",
+                    ),
+                )
+            )
+        elif isinstance(weight, bool) or not isinstance(weight, int | float):
+            problems.append(
+                (
+                    ("rewards", name),
+                    Diagnostic(
+                        "recipe.range", f"`rewards.{name}` weight {weight!r} must be a number"
+                    ),
+                )
+            )
+        elif not math.isfinite(weight) or weight < 0:
+            problems.append(
+                (
+                    ("rewards", name),
+                    Diagnostic(
+                        "recipe.range",
+                        f"`rewards.{name}` weight {weight!r} must be a finite number, not negative",
+                        help="0 turns a reward off",
+                    ),
+                )
+            )
+    if not problems and sum(weights.values()) <= 0:
+        problems.append(
+            (
+                ("rewards",),
+                Diagnostic(
+                    "recipe.range",
+                    "the reward weights add up to 0: `rewards` needs at least one reward with a "
+                    "positive weight",
+                    help="give at least one reward a positive weight",
+                ),
+            )
+        )
+    return problems
+
+
+def accuracy_problem(accuracy: str) -> Diagnostic | None:
+    """`scoring.accuracy` must name a reward, or reward/component (registered names here)."""
+    reward = accuracy.split("/", 1)[0]
+    if is_import_path(reward) or reward in REWARDS:
+        return None
+    return Diagnostic(
+        "recipe.unknown-reward",
+        f"`scoring.accuracy` names `{reward}`, which is not a known reward",
+        help="name a reward (known: " + ", ".join(sorted(REWARDS)) + "), an import path "
+        "package.module:function, or reward/component for a reward that returns a dict",
+    )
 
 
 def extract_answer(completion: str) -> str | None:

@@ -18,8 +18,10 @@ from rlflow.data.rewards import (
     REWARDS,
     RewardBatch,
     RewardError,
+    accuracy_problem,
     is_import_path,
     shorten,
+    weight_problems,
 )
 from rlflow.errors import Diagnostic, RlflowError
 
@@ -45,7 +47,9 @@ class Scorer:
         self.weights = normalized_weights(weights)
         self.accuracy = accuracy
         self.accuracy_reward = accuracy.split("/", 1)[0] if "/" in accuracy else accuracy
-        _check_known(self.accuracy_reward, "scoring.accuracy")
+        problem = accuracy_problem(accuracy)
+        if problem:
+            raise RlflowError(problem)
         self.timeout_s = timeout_s
         uses_pool = any(is_import_path(n) for n in (*self.weights, self.accuracy_reward))
         self.pool = (
@@ -133,49 +137,11 @@ class Scorer:
 
 def normalized_weights(weights: Mapping[str, float]) -> dict[str, float]:
     """Recipe weights -> shares of the rewards that count (weight > 0), summing to 1."""
-    problems = []
-    for name, w in weights.items():
-        problem = _unknown(name, f"rewards.{name}")
-        if problem:
-            problems.append(problem)
-        elif not isinstance(w, int | float) or isinstance(w, bool) or not math.isfinite(w):
-            problems.append(
-                Diagnostic("recipe.range", f"`rewards.{name}` weight {w!r} must be a number")
-            )
-        elif w < 0:
-            problems.append(
-                Diagnostic("recipe.range", f"`rewards.{name}` weight {w} must not be negative")
-            )
-    if not problems and sum(weights.values()) <= 0:
-        problems.append(
-            Diagnostic(
-                "recipe.range",
-                "the reward weights add up to 0",
-                help="give at least one reward a positive weight",
-            )
-        )
+    problems = weight_problems(weights)
     if problems:
-        raise RlflowError(problems)
+        raise RlflowError([problem for _, problem in problems])
     total = sum(weights.values())
     return {name: w / total for name, w in weights.items() if w > 0}
-
-
-def _unknown(name: str, key: str) -> Diagnostic | None:
-    if is_import_path(name) or name in REWARDS:
-        return None
-    return Diagnostic(
-        "recipe.unknown-reward",
-        f"`{key}` is not a known reward",
-        help="known rewards: "
-        + ", ".join(sorted(REWARDS))
-        + "; or a function of your own as package.module:function",
-    )
-
-
-def _check_known(name: str, key: str) -> None:
-    problem = _unknown(name, key)
-    if problem:
-        raise RlflowError(problem)
 
 
 def _run_builtin(name: str, batch: RewardBatch) -> list[float]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rlflow.errors import Diagnostic
 from rlflow.launch.plan import JobPlan
-from rlflow.recipe.checks import check_world_size
+from rlflow.recipe.allocation import allocation_diagnostics
 from rlflow.recipe.load import LoadedRecipe
 
 # sbatch options that rlflow sets from the flags and the recipe: a second copy in
@@ -63,8 +63,9 @@ _SBATCH_UNSAFE = re.compile(r"[\x00-\x1f\x7f\\]")
 def check_all(
     loaded: LoadedRecipe, plan: JobPlan, script: str, *, skip_pins: bool, repo_root: Path
 ) -> list[Diagnostic]:
-    """Every check, in the order a user would fix things."""
-    problems = check_world_size(loaded, plan.world_size)
+    """Every check, in the order a user would fix things. The allocation rules are the ones
+    `rlflow train` runs at setup (rlflow.recipe.allocation), with the flags' nodes x GPUs."""
+    problems = allocation_diagnostics(loaded, plan.num_nodes, plan.gpus_per_node)
     problems += check_sbatch_values(loaded, plan)
     problems += check_container(loaded)
     problems += check_paths(loaded, plan)

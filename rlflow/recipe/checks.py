@@ -2,7 +2,9 @@
 
 Each rule returns diagnostics that point at the key to change. `load_recipe` callers run
 `check_recipe` right after loading, so a bad combination fails on the login node, never as a
-KeyError or a hang on the allocation.
+KeyError or a hang on the allocation. Rules that also need the job's shape (data-parallel
+divisibility, parallel sizes against nodes x GPUs) are in `rlflow.recipe.allocation`; both
+`submit --dry-run` and `rlflow train` run both modules, and nothing else states these rules.
 """
 
 from __future__ import annotations
@@ -10,16 +12,10 @@ from __future__ import annotations
 import re
 import shlex
 
-from rlflow.errors import Diagnostic
+from rlflow.data.dataset import SYNTHETIC_KINDS  # pure Python: rows are made lazily
+from rlflow.errors import Diagnostic, RlflowError
+from rlflow.recipe.allocation import PARALLEL_AXES
 from rlflow.recipe.load import LoadedRecipe
-
-PARALLEL_AXES = (
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "context_parallel_size",
-    "expert_parallel_size",
-)
-SYNTHETIC_KINDS = ("clevr", "video", "text")
 
 _TIME_PATTERNS = [
     (re.compile(r"^(\d+)$"), lambda m: int(m[1]) * 60),
@@ -59,42 +55,14 @@ def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
         _variants,
         _generation,
         _parallel_sizes,
+        _cluster,
         _slurm,
         _checkpointing,
         _watchdog,
+        _wandb,
     ):
         problems += rule(loaded)
     return problems
-
-
-def check_world_size(loaded: LoadedRecipe, world_size: int) -> list[Diagnostic]:
-    """tensor x pipeline x context x expert must divide the number of ranks; say which does not."""
-    par = loaded.recipe.parallelism
-    sizes = {axis: getattr(par, axis) for axis in PARALLEL_AXES}
-    product = 1
-    for size in sizes.values():
-        product *= size
-    if world_size % product == 0:
-        return []
-    offenders = [f"{axis}={size}" for axis, size in sizes.items() if size > 1 and world_size % size]
-    detail = (
-        ", ".join(offenders)
-        if offenders
-        else " x ".join(f"{a}={s}" for a, s in sizes.items() if s > 1)
-    )
-    axis = next((a for a, s in sizes.items() if s > 1 and world_size % s), None) or next(
-        (a for a, s in sizes.items() if s > 1), PARALLEL_AXES[0]
-    )
-    return [
-        loaded.diagnostic(
-            ("parallelism", axis),
-            "recipe.parallelism",
-            f"parallel sizes multiply to {product}, which does not divide the world size {world_size} "
-            f"({detail})",
-            help=f"choose sizes whose product divides {world_size} (nodes x GPUs per node), "
-            f"or change --nodes/--gpus",
-        )
-    ]
 
 
 def _video_keys(loaded: LoadedRecipe) -> list[Diagnostic]:
@@ -226,15 +194,37 @@ def _datasets(loaded: LoadedRecipe) -> list[Diagnostic]:
                 ("data", "max_objects"), "recipe.range", "`data.max_objects` must be at least 1"
             )
         )
+    elif data.image_size >= 28 and _uses_synthetic(loaded):
+        problems += _scene_fits(loaded)
     return problems
 
 
+def _uses_synthetic(loaded: LoadedRecipe) -> bool:
+    data = loaded.recipe.data
+    return any(getattr(data, split).kind != "jsonl" for split in ("train", "validation"))
+
+
+def _scene_fits(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """The scene layout's own rule (rlflow.data.scene, pure Python), pointed at the recipe."""
+    from rlflow.data.scene import grid_for
+
+    data = loaded.recipe.data
+    try:
+        grid_for(data.image_size, data.max_objects)
+    except RlflowError as err:
+        return [
+            loaded.diagnostic(("data", "max_objects"), d.code, d.message, help=d.help)
+            for d in err.diagnostics
+        ]
+    return []
+
+
 def _rewards(loaded: LoadedRecipe) -> list[Diagnostic]:
-    from rlflow.data.rewards import REWARDS, is_import_path  # pure Python, no torch
+    from rlflow.data.rewards import is_import_path, weight_problems  # pure Python, no torch
     from rlflow.data.user_rewards import check_import_path  # reads source, imports nothing
 
     problems = []
-    for name, weight in loaded.recipe.rewards.items():
+    for name in loaded.recipe.rewards:
         problem = check_import_path(name) if is_import_path(name) else None
         if problem:
             problems.append(
@@ -242,39 +232,15 @@ def _rewards(loaded: LoadedRecipe) -> list[Diagnostic]:
                     ("rewards", name), "recipe.reward-import", problem[0], help=problem[1]
                 )
             )
-        elif not is_import_path(name) and name not in REWARDS:
-            close = [n for n in REWARDS if n.startswith(name[:3])]
-            problems.append(
-                loaded.diagnostic(
-                    ("rewards", name),
-                    "recipe.unknown-reward",
-                    f"`rewards.{name}` is not a known reward",
-                    help=(f"did you mean `{close[0]}`? " if close else "")
-                    + "known rewards: "
-                    + ", ".join(sorted(REWARDS)),
-                )
-            )
-        elif weight < 0:
-            problems.append(
-                loaded.diagnostic(
-                    ("rewards", name),
-                    "recipe.range",
-                    f"`rewards.{name}` weight must not be negative",
-                )
-            )
-    if not loaded.recipe.rewards or sum(loaded.recipe.rewards.values()) <= 0:
-        problems.append(
-            loaded.diagnostic(
-                ("rewards",),
-                "recipe.range",
-                "`rewards` needs at least one reward with a positive weight",
-            )
-        )
+    problems += [
+        loaded.diagnostic(path, d.code, d.message, help=d.help)
+        for path, d in weight_problems(loaded.recipe.rewards)
+    ]
     return problems + _scoring(loaded)
 
 
 def _scoring(loaded: LoadedRecipe) -> list[Diagnostic]:
-    from rlflow.data.rewards import REWARDS, is_import_path
+    from rlflow.data.rewards import accuracy_problem, is_import_path
     from rlflow.data.user_rewards import check_import_path
 
     scoring = loaded.recipe.scoring
@@ -284,12 +250,8 @@ def _scoring(loaded: LoadedRecipe) -> list[Diagnostic]:
     if is_import_path(reward):
         if reward not in loaded.recipe.rewards:
             problem = check_import_path(reward)
-    elif reward not in REWARDS:
-        problem = (
-            f"`scoring.accuracy` names `{reward}`, which is not a known reward",
-            "name a reward (known: " + ", ".join(sorted(REWARDS)) + "), an import path "
-            "package.module:function, or reward/component for a reward that returns a dict",
-        )
+    elif known := accuracy_problem(scoring.accuracy):
+        problem = (known.message, known.help)
     if problem:
         problems.append(
             loaded.diagnostic(
@@ -444,16 +406,6 @@ def _grpo(loaded: LoadedRecipe) -> list[Diagnostic]:
                 help="the ratio is clipped to [1 - low, 1 + high]",
             )
         )
-    rollouts = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
-    if grpo.num_minibatches >= 1 and rollouts % grpo.num_minibatches:
-        problems.append(
-            loaded.diagnostic(
-                ("grpo", "num_minibatches"),
-                "recipe.range",
-                f"`grpo.num_minibatches` ({grpo.num_minibatches}) does not divide the step's "
-                f"{rollouts} rollouts (num_prompts_per_step x num_generations_per_prompt)",
-            )
-        )
     if opt.lr <= 0:
         problems.append(
             loaded.diagnostic(
@@ -556,12 +508,36 @@ def _vllm(loaded: LoadedRecipe) -> list[Diagnostic]:
 
 def _parallel_sizes(loaded: LoadedRecipe) -> list[Diagnostic]:
     par = loaded.recipe.parallelism
-    return [
+    problems = [
         loaded.diagnostic(
             ("parallelism", axis), "recipe.range", f"`parallelism.{axis}` must be at least 1"
         )
         for axis in PARALLEL_AXES
         if getattr(par, axis) < 1
+    ]
+    if par.pipeline_parallel_size > 1:
+        problems.append(
+            loaded.diagnostic(
+                ("parallelism", "pipeline_parallel_size"),
+                "recipe.pipeline-parallel",
+                "rlflow's trainer runs with pipeline_parallel_size=1 for now",
+                help="use tensor_parallel_size (and data parallelism) to spread the model",
+            )
+        )
+    return problems
+
+
+def _cluster(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """`cluster` is the job's shape: `submit --nodes/--gpus` fills it; a recipe may assert it."""
+    cluster = loaded.recipe.cluster
+    return [
+        loaded.diagnostic(
+            ("cluster", key),
+            "recipe.range",
+            f"`cluster.{key}` must be at least 1 (or null: `rlflow submit` fills it)",
+        )
+        for key in ("num_nodes", "gpus_per_node")
+        if getattr(cluster, key) is not None and getattr(cluster, key) < 1
     ]
 
 
@@ -649,6 +625,34 @@ def _checkpointing(loaded: LoadedRecipe) -> list[Diagnostic]:
                     f"`checkpointing.{key}` must be at least 1",
                 )
             )
+    return problems
+
+
+def _wandb(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """W&B is optional: a recipe that turns it on needs the package where it runs (the dry run
+    asks on the login node, `rlflow train` on every node). Nothing is imported to ask."""
+    from rlflow.train.wandb_log import INSTALL_HELP, missing_package
+
+    cfg = loaded.recipe.logging.wandb
+    problems = []
+    if missing_package(cfg):
+        problems.append(
+            loaded.diagnostic(
+                ("logging", "wandb", "enabled"),
+                "recipe.wandb-missing",
+                "`logging.wandb.enabled` is true, but the wandb package is not installed",
+                help=INSTALL_HELP,
+            )
+        )
+    if cfg.enabled and not cfg.project.strip():
+        problems.append(
+            loaded.diagnostic(
+                ("logging", "wandb", "project"),
+                "recipe.wandb-project",
+                "`logging.wandb.project` is empty",
+                help="name the W&B project the runs go to, e.g. project: vlm-grpo",
+            )
+        )
     return problems
 
 

@@ -2,18 +2,31 @@
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from rlflow import parallel
-from rlflow.errors import Diagnostic, RlflowError
+from rlflow.recipe.allocation import check_allocation
 from rlflow.recipe.load import LoadedRecipe
 from rlflow.recipe.schema import Recipe
 from rlflow.train import watchdog
+
+if TYPE_CHECKING:  # types only: setup imports these modules when it builds the trainer
+    from rlflow.data.dataset import Dataset
+    from rlflow.data.sampler import PromptSampler
+    from rlflow.generation.base import GenerationBackend
+    from rlflow.model.build import Policy
+    from rlflow.model.processor import PromptEncoder
+    from rlflow.train.checkpoint import Checkpointer
+    from rlflow.train.metrics import MetricsLog
+    from rlflow.train.signals import StopRequest
+    from rlflow.train.update import Optimizer
 
 
 @dataclass
@@ -21,44 +34,19 @@ class Trainer:
     recipe: Recipe
     run_dir: Path
     info: parallel.ParallelInfo
-    policy: object  # rlflow.model.build.Policy
-    reference: object | None
-    encoder: object  # rlflow.model.processor.PromptEncoder
-    train_data: object
-    val_data: object
-    sampler: object  # rlflow.data.PromptSampler
-    backend: object  # rlflow.generation.base.GenerationBackend
-    checkpointer: object
-    log: object  # rlflow.train.metrics.MetricsLog
-    stop: object  # rlflow.train.signals.StopRequest
-    optimizer: object | None = None
+    policy: Policy
+    reference: Policy | None  # the frozen KL anchor; None when loss.kl_penalty is 0
+    encoder: PromptEncoder
+    train_data: Dataset
+    val_data: Dataset
+    sampler: PromptSampler
+    backend: GenerationBackend
+    checkpointer: Checkpointer
+    log: MetricsLog
+    stop: StopRequest
+    optimizer: Optimizer | None = None  # built after the warm start (rlflow.train.loop)
     step: int = 0
-    extra: dict = field(default_factory=dict)
-
-
-def check_layout(recipe: Recipe, info: parallel.ParallelInfo) -> None:
-    """Rules that need the world size: fail before any model is built."""
-    problems = []
-    if recipe.parallelism.pipeline_parallel_size > 1:
-        problems.append(
-            Diagnostic(
-                "train.pipeline-parallel",
-                "rlflow's trainer runs with pipeline_parallel_size=1 for now",
-                help="use tensor_parallel_size (and data parallelism) to spread the model",
-            )
-        )
-    if recipe.grpo.num_prompts_per_step % info.dp_size:
-        problems.append(
-            Diagnostic(
-                "train.data-parallel",
-                f"grpo.num_prompts_per_step ({recipe.grpo.num_prompts_per_step}) is not a multiple of "
-                f"the data-parallel size ({info.dp_size})",
-                help="each data-parallel rank takes an equal share of the prompts: make "
-                "num_prompts_per_step a multiple of world size / (tensor x pipeline x context)",
-            )
-        )
-    if problems:
-        raise RlflowError(problems)
+    extra: dict[str, Any] = field(default_factory=dict)  # per-run helpers made on first use
 
 
 def seed_everything(seed: int) -> None:
@@ -92,11 +80,13 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     from rlflow.train.signals import StopRequest
 
     recipe = loaded.recipe
+    # The dry run's allocation rules, on the ranks this job really has (the launcher's
+    # WORLD_SIZE, which init_parallel joins): refused before any process group or model.
+    check_allocation(loaded, int(os.environ.get("WORLD_SIZE", "1")))
     watchdog.beat("startup")  # the process group's rendezvous still counts as start-up
     info = parallel.init_parallel(
         recipe.parallelism, recipe.run.seed, timeout_s=recipe.watchdog.collective_timeout_s
     )
-    check_layout(recipe, info)
     if recipe.preflight.enabled:
         watchdog.beat("preflight")
         run_preflight(recipe.preflight, run_dir, recipe.model.checkpoint, info)

@@ -17,6 +17,7 @@ when packed).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,13 +28,16 @@ from rlflow.recipe.schema import LossConfig
 from rlflow.train import grpo
 from rlflow.train.rollouts import TrainBatch
 
+if TYPE_CHECKING:  # megatron's optimizer module loads only when an optimizer is created
+    from megatron.core.optimizer import MegatronOptimizer
+
 
 @dataclass
 class Optimizer:
     """megatron-core optimizer over a trainable policy's chunks."""
 
     policy: Policy
-    inner: object  # megatron.core.optimizer.MegatronOptimizer
+    inner: MegatronOptimizer
 
     @staticmethod
     def create(

@@ -171,9 +171,14 @@ def test_many_problems_are_capped_with_a_count(configs, tmp_path):
     assert problems[-1].notes == ("15 more problems in this file not shown",)
 
 
-def test_jsonl_without_path_names_the_split_key(configs):
-    split, data = configs("jsonl", path=None)
+def test_jsonl_without_path_names_the_split_key():
+    """The recipe's rule (rlflow.recipe.checks), run before any dataset is built."""
+    from pathlib import Path
+
+    from rlflow.recipe import load_checked
+
+    tiny = Path(__file__).resolve().parents[2] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
     with pytest.raises(
         RlflowError, match="`data.train.kind` is jsonl, but `data.train.path` is not set"
     ):
-        build_dataset(split, data)
+        load_checked(tiny, ["data.train.kind=jsonl"])

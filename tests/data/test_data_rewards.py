@@ -97,7 +97,7 @@ def test_correct_is_exact_match_even_when_it_is_not_weighted():
     "weights, message",
     [
         ({"exact_mach": 1.0}, "`rewards.exact_mach` is not a known reward"),
-        ({"format": -1.0, "exact_match": 2.0}, "must not be negative"),
+        ({"format": -1.0, "exact_match": 2.0}, "must be a finite number, not negative"),
         ({"format": 0.0}, "add up to 0"),
     ],
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -167,11 +168,18 @@ def test_too_many_objects_for_the_image_is_an_error(configs):
     assert "lower data.max_objects to 16 or less" in str(caught.value)
 
 
-@pytest.mark.parametrize("kind, mix", [("video", None), ("mixed", {"clevr": 1.0, "video": 1.0})])
-def test_video_rows_need_num_frames(configs, kind, mix):
-    overrides = {"mix": mix} if mix else {}
-    with pytest.raises(RlflowError, match="data.video.num_frames is not set"):
-        build_dataset(*configs(kind, num_frames=None, **overrides))
+@pytest.mark.parametrize(
+    "overrides", [["data.train.kind=video"], ["data.train.kind=mixed", "data.mix={video: 1.0}"]]
+)
+def test_video_rows_need_num_frames(overrides):
+    """The rule is the recipe's (rlflow.recipe.checks), run before any dataset is built."""
+    from rlflow.recipe import load_checked
+
+    tiny = Path(__file__).resolve().parents[2] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
+    with pytest.raises(RlflowError) as caught:
+        load_checked(tiny, overrides)
+    assert [d.code for d in caught.value.diagnostics] == ["recipe.video-incomplete"]
+    assert "the data has video rows" in caught.value.diagnostics[0].message
 
 
 def test_mixed_without_video_share_needs_no_frames(configs):

@@ -187,9 +187,9 @@ def test_import_failures_and_unknown_names(user_dir):
             s.score(batch(["x"]))
     with pytest.raises(RlflowError, match="`rewards.exact_mach` is not a known reward"):
         scorer(user_dir, {"exact_mach": 1.0})
-    with pytest.raises(RlflowError, match="`scoring.accuracy` is not a known reward"):
+    with pytest.raises(RlflowError, match="`scoring.accuracy` names `acc`, which is not a known"):
         scorer(user_dir, {"format": 1.0}, accuracy="acc")
-    with pytest.raises(RlflowError, match="weight nan must be a number"):
+    with pytest.raises(RlflowError, match="weight nan must be a finite number"):
         scorer(user_dir, {"format": math.nan})
 
 

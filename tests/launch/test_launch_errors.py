@@ -75,7 +75,7 @@ def test_parallel_size_that_does_not_divide_the_world_names_the_axis(tmp_path):
     result = dry_run(tmp_path, "parallelism.tensor_parallel_size=3", "--nodes", "2", "--gpus", "4")
     assert result.returncode == 2
     assert (
-        "error[recipe.parallelism]: parallel sizes multiply to 3, which does not divide the "
+        "error[allocation.parallel-sizes]: parallel sizes multiply to 3, which does not divide the "
         "world size 8 (tensor_parallel_size=3)\n"
         "  --> command line `parallelism.tensor_parallel_size=3`"
     ) in result.stderr
@@ -177,7 +177,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
         "--gpus",
         "2",
     )
-    assert "error[recipe.parallelism]" in result.stderr
+    assert "error[allocation.parallel-sizes]" in result.stderr
     assert "error[submit.extra-sbatch-arg]" in result.stderr
     assert result.stderr.rstrip().endswith("2 errors, 1 warning")  # + "pin check not run"
 

@@ -47,10 +47,10 @@ def test_frames_must_fill_whole_temporal_patches():
     assert "not a multiple of `temporal_patch_size`" in text
 
 
-def test_unknown_reward_and_bad_minibatches_are_reported_together():
-    text = messages(["rewards.exact_mach=0.5", "grpo.num_minibatches=3"])
+def test_unknown_reward_and_bad_weights_are_reported_together():
+    text = messages(["rewards.exact_mach=0.5", "rewards.format=-1"])
     assert "`rewards.exact_mach` is not a known reward" in text and "exact_match" in text
-    assert "`grpo.num_minibatches` (3) does not divide" in text
+    assert "`rewards.format` weight -1.0 must be a finite number, not negative" in text
 
 
 def test_train_on_a_bad_recipe_exits_2_with_the_key_and_no_traceback(tmp_path):

@@ -1,0 +1,167 @@
+"""Rules that need the job's shape (nodes x GPUs per node), stated once for both sides.
+
+`rlflow submit --dry-run` runs them with --nodes/--gpus before anything reaches Slurm;
+`rlflow train` runs the same function at setup, before torch.distributed or any model, with the
+shape from the recipe's `cluster` section (which submit fills from the flags) checked against
+the ranks it really has (WORLD_SIZE). So a recipe the allocation would refuse is refused on the
+login node, with the same code and message.
+
+Pure: no torch, no Slurm; only the recipe and two numbers.
+"""
+
+from __future__ import annotations
+
+from rlflow.errors import Diagnostic, RlflowError
+from rlflow.recipe.load import LoadedRecipe
+
+PARALLEL_AXES = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "context_parallel_size",
+    "expert_parallel_size",
+)
+
+
+def allocation_diagnostics(loaded: LoadedRecipe, nodes: int, gpus: int) -> list[Diagnostic]:
+    """Every rule between the recipe and a job of `nodes` x `gpus` ranks, in the order a user
+    would fix them. Expects a recipe that passed `check_recipe` (sizes of at least 1)."""
+    shape = f"{nodes} node{'s' * (nodes != 1)} x {gpus} GPU{'s' * (gpus != 1)}"
+    world_size = nodes * gpus
+    problems = _parallel_sizes(loaded, world_size, shape)
+    if problems:
+        return problems  # the data-parallel size is not a whole number
+    return _data_parallel(loaded, world_size, shape)
+
+
+def job_shape(loaded: LoadedRecipe, world_size: int) -> tuple[int, int, list[Diagnostic]]:
+    """(nodes, GPUs per node) of a running job with `world_size` ranks, from `cluster`.
+
+    Under `rlflow submit` the run's recipe.yaml has `cluster` filled from --nodes/--gpus, so
+    train checks exactly the shape the dry run checked. Run directly (`rlflow train --nproc N`)
+    with `cluster` unset, the job is one machine of N ranks. A `cluster` the job does not match
+    is an error: the recipe asserts a shape this job does not have.
+    """
+    cluster = loaded.recipe.cluster
+    nodes, gpus = cluster.num_nodes, cluster.gpus_per_node
+    if nodes is None and gpus is None:
+        return 1, world_size, []
+    if nodes is None:
+        nodes = world_size // gpus if world_size % gpus == 0 else None
+    elif gpus is None:
+        gpus = world_size // nodes if world_size % nodes == 0 else None
+    if nodes is not None and gpus is not None and nodes * gpus == world_size:
+        return nodes, gpus, []
+    said = " x ".join(
+        f"{key} {value}"
+        for key, value in (
+            ("num_nodes", cluster.num_nodes),
+            ("gpus_per_node", cluster.gpus_per_node),
+        )
+        if value is not None
+    )
+    problem = loaded.diagnostic(
+        ("cluster",),
+        "allocation.cluster",
+        f"the recipe's `cluster` says {said}, but this job has {world_size} "
+        f"rank{'s' * (world_size != 1)} (WORLD_SIZE)",
+        help="`rlflow submit --nodes N --gpus G` fills `cluster` for the job it submits; remove "
+        "`cluster` from a recipe you run with `rlflow train`, or start as many ranks as it says",
+    )
+    return nodes or 1, gpus or world_size, [problem]
+
+
+def check_allocation(loaded: LoadedRecipe, world_size: int) -> None:
+    """`rlflow train`'s check at setup (before any process group or model): raise every problem."""
+    nodes, gpus, problems = job_shape(loaded, world_size)
+    problems = problems or allocation_diagnostics(loaded, nodes, gpus)
+    if problems:
+        raise RlflowError(problems)
+
+
+def data_parallel_size(loaded: LoadedRecipe, world_size: int) -> int:
+    """megatron-core's data-parallel size: the ranks left after tensor x pipeline x context."""
+    par = loaded.recipe.parallelism
+    return world_size // (
+        par.tensor_parallel_size * par.pipeline_parallel_size * par.context_parallel_size
+    )
+
+
+def _parallel_sizes(loaded: LoadedRecipe, world_size: int, shape: str) -> list[Diagnostic]:
+    """tensor x pipeline x context x expert must divide the number of ranks; say which does not."""
+    par = loaded.recipe.parallelism
+    sizes = {axis: getattr(par, axis) for axis in PARALLEL_AXES}
+    product = 1
+    for size in sizes.values():
+        product *= size
+    if world_size % product == 0:
+        return []
+    offenders = [f"{axis}={size}" for axis, size in sizes.items() if size > 1 and world_size % size]
+    detail = (
+        ", ".join(offenders)
+        if offenders
+        else " x ".join(f"{a}={s}" for a, s in sizes.items() if s > 1)
+    )
+    axis = next((a for a, s in sizes.items() if s > 1 and world_size % s), None) or next(
+        (a for a, s in sizes.items() if s > 1), PARALLEL_AXES[0]
+    )
+    return [
+        loaded.diagnostic(
+            ("parallelism", axis),
+            "allocation.parallel-sizes",
+            f"parallel sizes multiply to {product}, which does not divide the world size "
+            f"{world_size} ({detail})",
+            help=f"choose sizes whose product divides {world_size} ({shape}), "
+            f"or change --nodes/--gpus",
+        )
+    ]
+
+
+def _data_parallel(loaded: LoadedRecipe, world_size: int, shape: str) -> list[Diagnostic]:
+    """Each data-parallel rank takes an equal share of the prompts, and splits its rollouts
+    into `num_minibatches` equal updates."""
+    recipe = loaded.recipe
+    grpo, warm = recipe.grpo, recipe.warm_start
+    dp = data_parallel_size(loaded, world_size)
+    par = recipe.parallelism
+    where = (
+        f"the data-parallel size {dp} ({shape} = {world_size} ranks over tensor "
+        f"{par.tensor_parallel_size} x pipeline {par.pipeline_parallel_size} x context "
+        f"{par.context_parallel_size})"
+    )
+    problems = []
+    if grpo.num_prompts_per_step % dp:
+        problems.append(
+            loaded.diagnostic(
+                ("grpo", "num_prompts_per_step"),
+                "allocation.data-parallel",
+                f"`grpo.num_prompts_per_step` ({grpo.num_prompts_per_step}) is not a multiple of "
+                f"{where}",
+                help=f"each data-parallel rank takes an equal share of the prompts: use a "
+                f"multiple of {dp}, or change --nodes/--gpus or the parallel sizes",
+            )
+        )
+    else:
+        rollouts = grpo.num_prompts_per_step // dp * grpo.num_generations_per_prompt
+        if rollouts % grpo.num_minibatches:
+            problems.append(
+                loaded.diagnostic(
+                    ("grpo", "num_minibatches"),
+                    "allocation.minibatches",
+                    f"`grpo.num_minibatches` ({grpo.num_minibatches}) does not divide the "
+                    f"{rollouts} rollouts each data-parallel rank trains on per step "
+                    f"(num_prompts_per_step / {dp} x num_generations_per_prompt)",
+                    help="each update takes an equal share of a rank's rollouts: choose "
+                    f"num_minibatches dividing {rollouts}",
+                )
+            )
+    if warm.num_steps > 0 and warm.batch_size % dp:
+        problems.append(
+            loaded.diagnostic(
+                ("warm_start", "batch_size"),
+                "allocation.data-parallel",
+                f"`warm_start.batch_size` ({warm.batch_size}) is not a multiple of {where}",
+                help=f"each data-parallel rank takes an equal share of the warm-start batch: use "
+                f"a multiple of {dp}",
+            )
+        )
+    return problems
