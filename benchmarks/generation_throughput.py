@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rlflow import parallel  # noqa: E402
 from rlflow.generation.base import Prompt, SamplingParams  # noqa: E402
 from rlflow.generation.megatron import MegatronGeneration  # noqa: E402
-from rlflow.model.forward import Media  # noqa: E402
+from rlflow.model.media import Media  # noqa: E402
 from rlflow.recipe.schema import ModelConfig, ParallelismConfig  # noqa: E402
 
 
@@ -257,8 +257,8 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from rlflow.model import library_logs
     from rlflow.model.build import load_policy
+    from rlflow.model.compat import library_logs
 
     library_logs.quiet()
     parallel.init_parallel(ParallelismConfig(1, 1, 1, 1), seed=0)

@@ -654,7 +654,7 @@ def recipe_overrides(args, checkpoint: Path) -> list[str]:
 
 def rank_main(args) -> None:
     from rlflow import parallel
-    from rlflow.model import library_logs
+    from rlflow.model.compat import library_logs
     from rlflow.recipe import load_checked
 
     library_logs.quiet()

@@ -50,7 +50,7 @@ def init_parallel(cfg: ParallelismConfig, seed: int, timeout_s: int = 600) -> Pa
     global _info
     from megatron.core import parallel_state
 
-    from rlflow.model import cpu_compat
+    from rlflow.model.compat import cpu_compat
 
     cpu_compat.enable()
     rank = int(os.environ.get("RANK", "0"))

@@ -9,7 +9,7 @@ import pytest
 def single_rank():
     """torch.distributed (gloo, world 1) + megatron parallel state, once per test process."""
     from rlflow import parallel
-    from rlflow.model import library_logs
+    from rlflow.model.compat import library_logs
     from tests.tiny import SINGLE
 
     library_logs.quiet()

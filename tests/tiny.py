@@ -35,7 +35,7 @@ def make_prompt(
 ):
     """A Prompt of one media kind built with the checkpoint's own processor (expanded form)."""
     from rlflow.generation.base import Prompt
-    from rlflow.model.forward import Media
+    from rlflow.model.media import Media
 
     content = ([{"type": kind}] if kind != "text" else []) + [{"type": "text", "text": question}]
     text = processor.apply_chat_template(

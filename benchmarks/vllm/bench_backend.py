@@ -54,8 +54,8 @@ def main() -> None:
     from rlflow.generation.hf import HFGeneration
     from rlflow.generation.megatron import MegatronGeneration
     from rlflow.generation.vllm import VLLMGeneration
-    from rlflow.model import library_logs
     from rlflow.model.build import load_policy
+    from rlflow.model.compat import library_logs
     from rlflow.recipe import load_checked
     from tests.tiny import FP32, SINGLE, make_prompt, tiny_checkpoint
 

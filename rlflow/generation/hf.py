@@ -11,44 +11,23 @@ import time
 
 import torch
 
-from rlflow.generation.base import Completion, GenerationBackend, Prompt, SamplingParams
+from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
 from rlflow.generation.placeholders import expanded_token_ids
+from rlflow.model import family as families
 from rlflow.model.build import Policy, export_hf_state_dict
-from rlflow.model.forward import Media
-
-
-def hf_module_name(exported: str, multimodal: bool) -> str:
-    """On-disk checkpoint name (what the bridge exports) -> transformers 5 in-memory name.
-
-    Vision-language models nest the language model (`model.language_model.*`) and the vision
-    tower (`model.visual.*`) in memory; text-only models keep their on-disk names."""
-    if not multimodal:
-        return exported
-    if exported.startswith("visual."):
-        return "model." + exported
-    if exported.startswith("model."):
-        return "model.language_model." + exported[len("model.") :]
-    return exported
+from rlflow.model.media import Media, Prompt
 
 
 def load_hf_model(checkpoint, dtype: torch.dtype, device):
-    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2_5_VLForConditionalGeneration
-
-    config = AutoConfig.from_pretrained(str(checkpoint))
-    cls = (
-        Qwen2_5_VLForConditionalGeneration
-        if getattr(config, "vision_config", None) is not None
-        else AutoModelForCausalLM
-    )
+    """The checkpoint as its family's transformers class (SDPA attention), in eval mode."""
+    cls = families.of_checkpoint(checkpoint).hf_class()
     model = cls.from_pretrained(str(checkpoint), dtype=dtype, attn_implementation="sdpa")
     return model.to(device).eval()
 
 
 def copy_policy_into(model, policy: Policy) -> None:
     """Overwrite an HF model's weights with the Megatron policy's current ones (all must match)."""
-    state = {
-        hf_module_name(k, policy.is_multimodal): v for k, v in export_hf_state_dict(policy).items()
-    }
+    state = {policy.family.hf_module_name(k): v for k, v in export_hf_state_dict(policy).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [
         m for m in missing if not (m == "lm_head.weight" and model.config.tie_word_embeddings)
@@ -96,7 +75,7 @@ class HFGeneration(GenerationBackend):
             attention[i, width - len(row) :] = 1
         media = Media.concat([p.media for p in prompts]).to(self.device)
         kwargs = {k: v for k, v in vars(media).items() if v is not None}
-        if self.policy.is_multimodal:  # Qwen2.5-VL's generate needs the token types for mrope
+        if self.policy.family.rope == "mrope":  # HF's generate needs the token types for mrope
             token_types = torch.zeros_like(input_ids)
             token_types[input_ids == media_ids.image] = 1
             token_types[input_ids == media_ids.video] = 2

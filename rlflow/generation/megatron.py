@@ -10,7 +10,7 @@ stopping well before the cap; the engine is built around that shape:
    prompt: its vision tower and its prefill run once, and its keys/values are copied into the
    cache rows of all G samples;
 2. prefill: the unique prompts packed end to end (no padding), vision features scattered at the
-   image/video pad tokens, Qwen2.5-VL's 3-D rotary positions per prompt;
+   image/video pad tokens, 3-D rotary positions per prompt for mrope families (Qwen-VL);
 3. decode: one token per live row per step; on a GPU the step is a CUDA graph replayed for the
    current batch bucket;
 4. retire: every few steps, rows that stopped leave the batch: the live rows move to the front
@@ -29,12 +29,13 @@ import time
 
 import torch
 
-from rlflow.generation.base import Completion, GenerationBackend, Prompt, SamplingParams
+from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
 from rlflow.generation.decoder import DecodeGraph, Decoder, KVCache
 from rlflow.generation.placeholders import expanded_token_ids
 from rlflow.generation.sampling import row_seeds, sample_tokens
-from rlflow.model.forward import embed, is_multimodal, mrope_positions
-from rlflow.model.media import Media
+from rlflow.model.family import of_core
+from rlflow.model.forward import embed, mrope_positions
+from rlflow.model.media import Media, Prompt
 from rlflow.model.packed_attention import Packing
 
 # Check "which rows have stopped?" every few steps: each check is a device->host sync.
@@ -306,7 +307,7 @@ class MegatronGeneration(GenerationBackend):
         """Packed embeddings [T, H], cos/sin [T, 1, D] and each prompt's next text position."""
         device, dtype, decoder = self.device, self.policy.dtype, self._decoder
         flat = torch.tensor([t for row in ids for t in row], device=device)
-        if not is_multimodal(core):
+        if of_core(core).rope == "1d":
             positions = torch.cat([torch.arange(n, device=device) for n in pack.lengths])
             cos, sin = decoder.rotary(positions, dtype)
             next_pos = torch.tensor(pack.lengths, device=device)

@@ -9,8 +9,8 @@ and it checks the counts either way.
 
 from __future__ import annotations
 
-from rlflow.generation.base import Prompt
 from rlflow.model.forward import placeholder_counts
+from rlflow.model.media import Prompt
 
 
 def expanded_token_ids(

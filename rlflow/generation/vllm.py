@@ -26,8 +26,9 @@ from pathlib import Path
 from rlflow.envs.build import clean_env, is_ready
 from rlflow.envs.spec import setup_command_hint, vllm_spec
 from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
-from rlflow.generation.base import Completion, GenerationBackend, Prompt, SamplingParams
+from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
 from rlflow.generation.vllm_process import WorkerError, WorkerProcess
+from rlflow.model.media import Prompt
 
 # rlflow's datasets give each prompt at most one image or one video; vLLM sizes its encoder
 # budget by these limits at start-up.

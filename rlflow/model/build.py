@@ -1,13 +1,13 @@
 """HF checkpoint -> Megatron policy through megatron-bridge, and back (HF-named weights).
 
-The policy is megatron-bridge's `Qwen25VLModel` (HF vision tower + megatron-core GPT language
-model, local layer spec: no Transformer Engine needed), split by the tensor/pipeline sizes that
-`rlflow.parallel` set up. The same path loads the built-in tiny model and a real checkpoint.
+The checkpoint's model family (rlflow/model/family.py) says how: megatron-bridge builds the
+model (e.g. `Qwen25VLModel`: HF vision tower + megatron-core GPT language model) with the local
+layer spec (no Transformer Engine needed), split by the tensor/pipeline sizes that
+`rlflow.parallel` set up. The same path loads the built-in tiny models and a real checkpoint.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,31 +16,11 @@ from typing import Any
 import torch
 
 from rlflow.errors import Diagnostic, RlflowError
+from rlflow.model import family as families
+from rlflow.model.family import MediaTokens, ModelFamily
 from rlflow.recipe.schema import ModelConfig, ParallelismConfig
 
 BUILTIN_PREFIX = "builtin:"
-BUILTINS = ("tiny-qwen25vl", "tiny-qwen3")  # tiny-qwen3: text-only
-VISION_LANGUAGE_ARCHITECTURES = ("Qwen2_5_VLForConditionalGeneration",)
-TEXT_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
-SUPPORTED_ARCHITECTURES = VISION_LANGUAGE_ARCHITECTURES + TEXT_ARCHITECTURES
-
-
-@dataclass(frozen=True)
-class MediaTokens:
-    """The model's media placeholder ids; -1 (never a token) for text-only models."""
-
-    image: int
-    video: int
-    merge_size: int  # visual embeddings per pad token = patches / merge_size**2
-
-    @staticmethod
-    def of(hf_config) -> MediaTokens:
-        vision = getattr(hf_config, "vision_config", None)
-        if vision is None:
-            return MediaTokens(-1, -1, 1)
-        return MediaTokens(
-            hf_config.image_token_id, hf_config.video_token_id, vision.spatial_merge_size
-        )
 
 
 @dataclass
@@ -50,6 +30,7 @@ class Policy:
     chunks: list  # megatron model chunks as built (DDP / Float16Module wrapped when trainable)
     bridge: Any  # megatron.bridge.AutoBridge, for HF <-> Megatron weight conversion
     hf_config: Any  # transformers config of the checkpoint
+    family: ModelFamily
     checkpoint: Path
     dtype: torch.dtype
     trainable: bool
@@ -57,16 +38,16 @@ class Policy:
 
     @property
     def core(self):
-        """The unwrapped Qwen25VLModel (no DDP, no Float16Module)."""
+        """The unwrapped model, e.g. Qwen25VLModel (no DDP, no Float16Module)."""
         return _unwrap(self.chunks[0])
 
     @property
     def is_multimodal(self) -> bool:
-        return getattr(self.hf_config, "vision_config", None) is not None
+        return self.family.multimodal
 
     @property
     def media_tokens(self) -> MediaTokens:
-        return MediaTokens.of(self.hf_config)
+        return self.family.media_tokens(self.hf_config)
 
     @property
     def image_token_id(self) -> int:
@@ -91,12 +72,13 @@ def resolve_checkpoint(model_cfg: ModelConfig, cache_dir: Path) -> Path:
     spec = model_cfg.checkpoint
     if spec.startswith(BUILTIN_PREFIX):
         name = spec[len(BUILTIN_PREFIX) :]
-        if name not in BUILTINS:
+        if families.by_builtin(name) is None:
             raise RlflowError(
                 Diagnostic(
                     "model.unknown-builtin",
                     f"`model.checkpoint` names unknown built-in model `{name}`",
-                    help="built-in models: " + ", ".join(BUILTIN_PREFIX + b for b in BUILTINS),
+                    help="built-in models: "
+                    + ", ".join(BUILTIN_PREFIX + b for b in families.builtin_names()),
                 )
             )
         target = cache_dir / f"{name}-seed{model_cfg.tiny_seed}"
@@ -113,30 +95,17 @@ def resolve_checkpoint(model_cfg: ModelConfig, cache_dir: Path) -> Path:
                 "tokenizer and processor files), or use builtin:tiny-qwen25vl",
             )
         )
-    architectures = json.loads(config.read_text()).get("architectures") or []
-    if not set(architectures) & set(SUPPORTED_ARCHITECTURES):
-        raise RlflowError(
-            Diagnostic(
-                "model.unsupported",
-                f"checkpoint `{spec}` is {architectures}, which rlflow does not train yet",
-                help="supported architectures: " + ", ".join(SUPPORTED_ARCHITECTURES),
-            )
-        )
+    families.of_checkpoint(path)  # raises `model.unsupported`, naming the supported ones
     return path
 
 
 def _write_builtin_once(target: Path, name: str, seed: int) -> None:
     import torch.distributed as dist
 
-    from rlflow.model.tiny import write_tiny_checkpoint, write_tiny_text_checkpoint
-
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0 and not (target / "config.json").exists():
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        if name == "tiny-qwen3":
-            write_tiny_text_checkpoint(tmp, family="qwen3", seed=seed)
-        else:
-            write_tiny_checkpoint(tmp, seed=seed)
+        families.by_builtin(name).write_tiny(tmp, name, seed=seed)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, target)
     if dist.is_initialized():
@@ -147,7 +116,7 @@ def load_policy(
     checkpoint: Path, model_cfg: ModelConfig, parallel_cfg: ParallelismConfig, trainable: bool
 ) -> Policy:
     """Build the Megatron model for this rank and load the HF weights into it."""
-    from rlflow.model import cpu_compat, library_logs, te_guard
+    from rlflow.model.compat import cpu_compat, library_logs, te_guard
 
     library_logs.quiet()
     te_guard.install()
@@ -157,11 +126,14 @@ def load_policy(
     library_logs.restore_root()
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
+    family = families.of_checkpoint(checkpoint)
+    family.register_bridge()
     bridge = AutoBridge.from_hf_pretrained(str(checkpoint))
     hf_config = bridge.hf_pretrained.config
     provider = bridge.to_megatron_provider(load_weights=True)
     dtype = torch.bfloat16 if model_cfg.dtype == "bfloat16" else torch.float32
-    _configure_provider(provider, hf_config, model_cfg, parallel_cfg, dtype)
+    _configure_provider(provider, parallel_cfg, dtype)
+    family.configure_provider(provider, hf_config, model_cfg)
     provider.finalize()
     chunks = provider.provide_distributed_model(
         wrap_with_ddp=False,
@@ -178,14 +150,15 @@ def load_policy(
         chunks = [
             DistributedDataParallel(_unwrap(chunk).config, ddp_config, chunk) for chunk in chunks
         ]
-    from rlflow.model import packed_attention, vision_attention
+    from rlflow.model import packed_attention
     from rlflow.model.forward import language_model
     from rlflow.model.vision_cache import VisionCache
 
     for chunk in chunks:
-        if getattr(_unwrap(chunk), "visual", None) is not None:
-            vision_attention.install(_unwrap(chunk).visual)
-        packed_attention.install(language_model(_unwrap(chunk)))
+        core = _unwrap(chunk)
+        core.rlflow_family = family  # forward, packing and generation ask it (family.of_core)
+        family.install(core)
+        packed_attention.install(language_model(core))
         chunk.train(trainable)
         if not trainable:
             for param in chunk.parameters():
@@ -194,6 +167,7 @@ def load_policy(
         chunks=chunks,
         bridge=bridge,
         hf_config=hf_config,
+        family=family,
         checkpoint=checkpoint,
         dtype=dtype,
         trainable=trainable,
@@ -205,18 +179,13 @@ def load_policy(
     return policy
 
 
-def _configure_provider(
-    provider, hf_config, model_cfg: ModelConfig, parallel_cfg: ParallelismConfig, dtype: torch.dtype
-) -> None:
+def _configure_provider(provider, parallel_cfg: ParallelismConfig, dtype: torch.dtype) -> None:
+    """Settings every family shares (the family adds its own: `ModelFamily.configure_provider`)."""
     from megatron.bridge.models.gpt_provider import local_layer_spec
 
     # Always the local (non-TE) spec: identical numerics on CPU and GPU, and rlflow's generation
     # decoder (rlflow/generation/decoder.py) reads this spec's weights directly.
     provider.transformer_layer_spec = local_layer_spec
-    multimodal = getattr(hf_config, "vision_config", None) is not None
-    if multimodal:
-        # megatron-bridge 0.6.2 keeps its default [16, 24, 24] instead of reading the checkpoint's.
-        provider.mrope_section = list(_mrope_section(hf_config))
     provider.tensor_model_parallel_size = parallel_cfg.tensor_parallel_size
     provider.pipeline_model_parallel_size = parallel_cfg.pipeline_parallel_size
     provider.context_parallel_size = parallel_cfg.context_parallel_size
@@ -238,25 +207,6 @@ def _configure_provider(
     provider.apply_rope_fusion = False
     provider.persist_layer_norm = False
     provider.cross_entropy_loss_fusion = False
-    if multimodal:
-        provider.freeze_vision_model = model_cfg.freeze_vision
-        provider.freeze_vision_projection = model_cfg.freeze_vision
-        provider.freeze_language_model = False
-
-
-def _mrope_section(hf_config) -> list[int]:
-    text = getattr(hf_config, "text_config", hf_config)
-    for attr in ("rope_parameters", "rope_scaling"):
-        params = getattr(text, attr, None) or {}
-        if "mrope_section" in params:
-            return params["mrope_section"]
-    raise RlflowError(
-        Diagnostic(
-            "model.mrope",
-            "the checkpoint's config has no mrope_section",
-            help="Qwen2.5-VL configs set text_config.rope_parameters.mrope_section",
-        )
-    )
 
 
 def export_hf_state_dict(policy: Policy) -> dict[str, torch.Tensor]:

@@ -1,6 +1,8 @@
 """The policy's full-sequence forward: token ids + media -> logits, with padding handled.
 
-megatron-bridge's `Qwen25VLModel.forward` computes multimodal rotary positions without an
+The model's family (rlflow/model/family.py) picks the path: 1-D RoPE families run the GPT
+directly; mrope (Qwen-VL) families go through the pieces below. megatron-bridge's
+`Qwen25VLModel.forward` computes multimodal rotary positions without an
 attention mask (so padded rows get wrong positions) and never passes a KV cache. rlflow calls the
 pieces itself instead: the language model's embedding, the HF vision tower's features scattered
 at the image/video pad tokens, `get_rope_index` *with* the padding mask, then the megatron-core
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from rlflow.model.media import Media  # noqa: F401 - re-exported: callers import it from here
+from rlflow.model.family import of_core
+from rlflow.model.media import Media
 
 
 def placeholder_counts(media: Media, merge_size: int) -> tuple[int, int]:
@@ -112,7 +115,7 @@ def language_model(core):
 
 
 def is_multimodal(core) -> bool:
-    return hasattr(core, "language_model")
+    return of_core(core).multimodal
 
 
 def policy_logits(
@@ -127,7 +130,7 @@ def policy_logits(
     prompt_mask [B, T] marks prompt tokens; media pad tokens outside it are generated text.
     Text-only models take right-padded rows: megatron-core numbers RoPE positions 0..T-1.
     """
-    if not is_multimodal(core):
+    if of_core(core).rope == "1d":
         if media.num_images or media.num_videos:
             raise ValueError("a text-only model was given images or video")
         valid = attention_mask.bool()

@@ -1,4 +1,8 @@
-"""Processed visual inputs of prompts: the one media type every layer passes around."""
+"""A rollout prompt and its processed visual inputs: the family-neutral types every layer passes.
+
+`Media` holds the processor's tensors (pixel patches and grids); `Prompt` one prompt in the forms
+the generation backends consume. Both are defined here only.
+"""
 
 from __future__ import annotations
 
@@ -41,3 +45,17 @@ class Media:
             parts = [getattr(m, f.name) for m in items if getattr(m, f.name) is not None]
             out[f.name] = torch.cat(parts) if parts else None
         return Media(**out)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One rollout prompt, in the forms the different backends consume."""
+
+    sample_id: str
+    text: str  # chat-templated prompt, compact placeholders (one pad token per image/video)
+    token_ids: tuple[int, ...]  # tokenized prompt
+    media_tokens_expanded: bool  # True: one pad token per visual embedding (processor output)
+    media: Media  # processed pixels for the Megatron and HF backends
+    images: tuple = ()  # raw PIL images, for backends that process media themselves (vLLM)
+    video: tuple | None = None  # raw frames (PIL), same
+    video_fps: float | None = None

@@ -1,8 +1,8 @@
 """The trainer's packed forward: a micro-batch as one sequence, logprobs only where needed.
 
 A right-padded micro-batch [n, L] becomes one row [1, T] of its real tokens (T = sum of the row
-lengths): positions restart in every row (Qwen2.5-VL's 3-D positions are computed per row, as
-in the padded path, then concatenated), vision features sit at the prompts' pad tokens, and
+lengths): positions restart in every row (an mrope family's 3-D positions are computed per row, as in
+the padded path, then concatenated), vision features sit at the prompts' pad tokens, and
 attention stays within each row (`packed_attention.packing`). No compute is spent on padding.
 
 The output layer (hidden x vocabulary, the largest matmul of a small model) then runs only at
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlflow.model.forward import is_multimodal, language_model, media_slots, mrope_positions
+from rlflow.model.family import of_core
+from rlflow.model.forward import language_model, media_slots, mrope_positions
 from rlflow.model.media import Media
 from rlflow.model.packed_attention import Packing, packing
 
@@ -52,7 +53,7 @@ def pack_rows(
     if not torch.equal(valid, columns[None] < lengths_t[:, None]):
         raise ValueError("sequence packing needs right-padded rows (padding after the tokens)")
     lengths = lengths_t.tolist()
-    if is_multimodal(core):
+    if of_core(core).rope == "mrope":
         # Positions need the grids only: no pixels are concatenated or moved here.
         grids = Media.concat(
             [
@@ -89,7 +90,7 @@ def target_logprobs(
     pack = Packing.of(rows.lengths, rows.input_ids.device)
     context = (rows.target_index, rows.targets, with_entropy)
     with packing(pack):
-        if not is_multimodal(core):
+        if not of_core(core).multimodal:
             if features[0] is not None or features[1] is not None:
                 raise ValueError("a text-only model was given images or video")
             return core(

@@ -1,7 +1,8 @@
 """Samples -> prompts: chat template, tokenizer and the checkpoint's image/video processor.
 
 Uses the HF processor saved with the checkpoint (tiny or real), so prompt tokens and pixel
-layouts are exactly what the model family expects.
+layouts are exactly what the model family expects; the family (rlflow/model/family.py) says
+whether prompts carry media at all.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from pathlib import Path
 import torch
 
 from rlflow.errors import Diagnostic, RlflowError
-from rlflow.generation.base import Prompt
-from rlflow.model.forward import Media
+from rlflow.model import family as families
+from rlflow.model.media import Media, Prompt
 from rlflow.recipe.schema import DataConfig
 
 
@@ -26,7 +27,7 @@ class PromptEncoder:
         # Vision-language checkpoints have a processor wrapping a tokenizer; text-only ones
         # resolve to the tokenizer itself.
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
-        self.multimodal = self.tokenizer is not self.processor
+        self.multimodal = families.of_checkpoint(checkpoint).multimodal
         self.data_cfg = data_cfg
 
     @property

@@ -125,7 +125,7 @@ def write_tiny_checkpoint(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _build_tokenizer(sizes.tokenizer_vocab, seed)
+    tokenizer = build_tokenizer(sizes.tokenizer_vocab, seed)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     head_dim = sizes.hidden // sizes.heads
     half = head_dim // 2  # mrope sections (temporal, height, width) sum to head_dim / 2
@@ -185,7 +185,7 @@ def write_tiny_checkpoint(
         do_sample=False,
     )
     model.save_pretrained(out, safe_serialization=True)
-    _save_processor(out, tokenizer)
+    save_processor(out, tokenizer)
     (out / "rlflow_tiny.json").write_text(
         json.dumps({"seed": seed, "lm_head_scale": lm_head_scale, **sizes.__dict__}, indent=2)
     )
@@ -213,7 +213,7 @@ def write_tiny_text_checkpoint(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sizes = PRESETS["tiny"]
-    tokenizer = _build_tokenizer(sizes.tokenizer_vocab, seed)
+    tokenizer = build_tokenizer(sizes.tokenizer_vocab, seed)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config_cls, model_cls = classes[family]
     config = config_cls(
@@ -255,7 +255,7 @@ def _corpus(seed: int, lines: int = 3000):
         yield text.capitalize() + rng.choice(["?", ".", ""]) if rng.random() < 0.5 else text
 
 
-def _build_tokenizer(vocab_size: int, seed: int):
+def build_tokenizer(vocab_size: int, seed: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -282,7 +282,9 @@ def _build_tokenizer(vocab_size: int, seed: int):
     return fast
 
 
-def _save_processor(out: Path, tokenizer) -> None:
+def save_processor(out: Path, tokenizer, processor_cls=None) -> None:
+    """The tiny image and video processors (Qwen2-VL's, shared by the Qwen-VL families), saved
+    with the tokenizer and chat template as `processor_cls` (default: Qwen2.5-VL's processor)."""
     from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
 
     # 56x56 (one merged token) .. 224x224 pixels per image; a 112x112 image gives 16 tokens.
@@ -297,7 +299,7 @@ def _save_processor(out: Path, tokenizer) -> None:
         temporal_patch_size=2,
         do_sample_frames=False,
     )
-    processor = Qwen2_5_VLProcessor(
+    processor = (processor_cls or Qwen2_5_VLProcessor)(
         image_processor=image_processor,
         tokenizer=tokenizer,
         video_processor=video_processor,

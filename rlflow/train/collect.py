@@ -19,7 +19,8 @@ import torch
 
 from rlflow import parallel
 from rlflow.errors import Diagnostic, RlflowError
-from rlflow.generation.base import Completion, Prompt, SamplingParams
+from rlflow.generation.base import Completion, SamplingParams
+from rlflow.model.media import Prompt
 from rlflow.train import grpo
 
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rlflow.generation.base import Completion, Prompt
+from rlflow.generation.base import Completion
 from rlflow.generation.placeholders import expanded_token_ids
-from rlflow.model.forward import Media
+from rlflow.model.media import Media, Prompt
 
 
 @dataclass

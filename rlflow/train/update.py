@@ -82,7 +82,7 @@ class Optimizer:
         return float(grad_norm or 0.0)
 
 
-def token_logprobs(
+def policy_token_logprobs(
     policy: Policy, batch: TrainBatch, with_entropy: bool = False, packed: bool = True
 ):
     """Per-target logprobs [N, L-1] (and entropy) of the batch under the policy's weights.
@@ -193,7 +193,7 @@ def rollout_logprobs(
             batch.lengths, micro_batch_size, max_tokens_per_micro_batch, sequence_packing
         ):
             micro = batch.rows(pick)
-            lp, ent = token_logprobs(policy, micro, with_entropy, sequence_packing)
+            lp, ent = policy_token_logprobs(policy, micro, with_entropy, sequence_packing)
             logprobs[pick, : lp.shape[1]] = lp.cpu()
             if entropy is not None:
                 entropy[pick, : ent.shape[1]] = ent.cpu()
@@ -279,7 +279,7 @@ def _grpo_micro_step(
 ) -> dict[str, float]:
     device = parallel.info().device
     width = micro.input_ids.shape[1] - 1
-    logprobs, _ = token_logprobs(policy, micro, packed=packed)
+    logprobs, _ = policy_token_logprobs(policy, micro, packed=packed)
     mask = micro.target_mask.to(device)
     old = old_lp[:, :width].to(device)
     kl = None
@@ -341,7 +341,7 @@ def sft_update(
         batch.lengths, micro_batch_size, max_tokens_per_micro_batch, sequence_packing
     ):
         micro = batch.rows(pick)
-        logprobs, _ = token_logprobs(policy, micro, packed=sequence_packing)
+        logprobs, _ = policy_token_logprobs(policy, micro, packed=sequence_packing)
         mask = micro.target_mask.to(device)
         loss = -(logprobs * mask).sum() / num_tokens
         _backward(loss)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlflow.model.forward import Media, policy_logits
+from rlflow.model.forward import policy_logits
+from rlflow.model.media import Media
 from tests.tiny import make_prompt
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from rlflow.generation.base import Prompt, SamplingParams
-from rlflow.model.forward import Media, policy_logits
+from rlflow.model.forward import policy_logits
+from rlflow.model.media import Media
 from tests.tiny import FP32, SINGLE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import torch
 from rlflow.generation.base import Completion
 from rlflow.model.vision_cache import VisionCache
 from rlflow.train.rollouts import build_train_batch
-from rlflow.train.update import micro_batches, rollout_logprobs, token_logprobs
+from rlflow.train.update import micro_batches, policy_token_logprobs, rollout_logprobs
 from tests.tiny import FP32, SINGLE, mixed_prompts
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
@@ -67,8 +67,8 @@ def assert_close_on_targets(packed, padded, mask, tol=1e-5):
 def test_packed_logprobs_equal_padded(kind, tiny_policy, tiny_processor, prompts):
     batch = rollout_batch(tiny_policy, tiny_processor.tokenizer.pad_token_id, prompts[kind])
     with torch.no_grad():
-        padded, padded_entropy = token_logprobs(tiny_policy, batch, True, packed=False)
-        packed, packed_entropy = token_logprobs(tiny_policy, batch, True, packed=True)
+        padded, padded_entropy = policy_token_logprobs(tiny_policy, batch, True, packed=False)
+        packed, packed_entropy = policy_token_logprobs(tiny_policy, batch, True, packed=True)
     assert_close_on_targets(packed, padded, batch.target_mask)
     assert_close_on_targets(packed_entropy, padded_entropy, batch.target_mask)
 
@@ -79,7 +79,7 @@ def test_packed_logprobs_equal_padded_text_only_qwen3(single_rank, tmp_path_fact
 
     from rlflow.generation.base import Prompt
     from rlflow.model.build import load_policy
-    from rlflow.model.forward import Media
+    from rlflow.model.media import Media
     from rlflow.model.tiny import write_tiny_text_checkpoint
 
     path = write_tiny_text_checkpoint(tmp_path_factory.mktemp("qwen3"), family="qwen3")
@@ -91,8 +91,8 @@ def test_packed_logprobs_equal_padded_text_only_qwen3(single_rank, tmp_path_fact
         prompts.append(Prompt(f"t{i}", question, tuple(ids), True, Media()))
     batch = rollout_batch(policy, tokenizer.pad_token_id, prompts, group=3)
     with torch.no_grad():
-        padded, _ = token_logprobs(policy, batch, packed=False)
-        packed, _ = token_logprobs(policy, batch, packed=True)
+        padded, _ = policy_token_logprobs(policy, batch, packed=False)
+        packed, _ = policy_token_logprobs(policy, batch, packed=True)
     assert_close_on_targets(packed, padded, batch.target_mask)
 
 
@@ -205,8 +205,8 @@ def _tensor_parallel_worker(rank: int, port: int, out: str) -> None:
     from transformers import AutoProcessor
 
     from rlflow import parallel
-    from rlflow.model import library_logs
     from rlflow.model.build import load_policy
+    from rlflow.model.compat import library_logs
     from rlflow.recipe.schema import ParallelismConfig
     from tests.tiny import tiny_checkpoint
 
@@ -220,8 +220,8 @@ def _tensor_parallel_worker(rank: int, port: int, out: str) -> None:
     processor = AutoProcessor.from_pretrained(str(checkpoint))
     batch = rollout_batch(policy, processor.tokenizer.pad_token_id, mixed_prompts(processor))
     with torch.no_grad():
-        padded, padded_entropy = token_logprobs(policy, batch, True, packed=False)
-        packed, packed_entropy = token_logprobs(policy, batch, True, packed=True)
+        padded, padded_entropy = policy_token_logprobs(policy, batch, True, packed=False)
+        packed, packed_entropy = policy_token_logprobs(policy, batch, True, packed=True)
     mask = batch.target_mask
     if rank == 0:
         result = {

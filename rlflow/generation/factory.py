@@ -1,0 +1,45 @@
+"""The backend the recipe names (`generation.backend`): built here, so base.py imports no backend.
+
+Heavy imports happen only for the chosen backend (vLLM's environment is checked, never imported).
+"""
+
+from __future__ import annotations
+
+from rlflow.generation.base import GenerationBackend
+
+
+def check_backend_ready(gen_cfg) -> None:
+    """What the recipe's backend needs on this node, checked before any model is loaded."""
+    if gen_cfg.backend == "vllm":
+        from rlflow.envs.spec import vllm_spec
+        from rlflow.generation.vllm import find_env
+
+        find_env(vllm_spec(gen_cfg.vllm), gen_cfg.vllm.env_root)  # raises, naming the setup command
+
+
+def make_backend(
+    gen_cfg, policy, pad_token_id: int, run_dir, max_prompt_tokens: int
+) -> GenerationBackend:
+    """The backend the recipe names (`generation.backend`); heavy imports only for that one."""
+    if gen_cfg.backend == "megatron":
+        from rlflow.generation.megatron import MegatronGeneration
+
+        return MegatronGeneration(
+            policy,
+            pad_token_id,
+            gen_cfg.max_batch_size,
+            cuda_graphs=gen_cfg.cuda_graphs,
+            compile_decode=gen_cfg.compile_decode,
+            share_prompts=gen_cfg.share_prompts,
+        )
+    if gen_cfg.backend == "hf":
+        from rlflow.generation.hf import HFGeneration
+
+        return HFGeneration(policy, pad_token_id, gen_cfg.max_batch_size)
+    if gen_cfg.backend == "vllm":
+        from rlflow.generation.vllm import VLLMGeneration
+
+        return VLLMGeneration(
+            policy, gen_cfg, run_dir, max_model_len=max_prompt_tokens + gen_cfg.max_new_tokens
+        )
+    raise ValueError(f"unknown generation backend {gen_cfg.backend!r}")

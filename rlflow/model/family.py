@@ -1,0 +1,140 @@
+"""Model families: what rlflow needs to know about one kind of checkpoint, asked in one place.
+
+A family (one module each: qwen25vl.py, qwen2vl.py, qwen_text.py) says whether the model is
+multimodal, how media become tokens (placeholder ids, merge size), its rope kind (3-D mrope or
+1-D), how it loads through megatron-bridge (provider settings, fast paths to install) and how it
+maps to HF (transformers class, in-memory weight names), and it writes its tiny builtin
+checkpoint. Every other module asks the family instead of inspecting the model itself.
+
+The registry is keyed by the checkpoint's HF `model_type` (config.json) and by the builtin name
+(`model.checkpoint: builtin:<name>`). Family modules are imported lazily (they import this one):
+adding a family is a new module plus one line in `_FAMILY_MODULES`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from rlflow.errors import Diagnostic, RlflowError
+
+# Families shipped with rlflow, in the order their builtins are listed.
+_FAMILY_MODULES = (
+    "rlflow.model.qwen25vl",
+    "rlflow.model.qwen_text",
+)
+
+
+@dataclass(frozen=True)
+class MediaTokens:
+    """The model's media placeholder ids; -1 (never a token) for text-only models."""
+
+    image: int
+    video: int
+    merge_size: int  # visual embeddings per pad token = patches / merge_size**2
+
+
+class ModelFamily:
+    """One kind of checkpoint. Subclasses set the class attributes and override what differs."""
+
+    model_types: ClassVar[tuple[str, ...]]  # HF config.json `model_type`s this family loads
+    architectures: ClassVar[tuple[str, ...]]  # HF config.json `architectures`
+    builtins: ClassVar[tuple[str, ...]] = ()  # `builtin:<name>` checkpoints this family writes
+    multimodal: ClassVar[bool]
+    rope: ClassVar[Literal["mrope", "1d"]]  # mrope: 3-D (t, h, w) positions from media grids
+
+    # --- media -> tokens ---------------------------------------------------------------------------
+
+    def media_tokens(self, hf_config) -> MediaTokens:
+        return MediaTokens(-1, -1, 1)
+
+    # --- loading through megatron-bridge -----------------------------------------------------------
+
+    def register_bridge(self) -> None:
+        """Make megatron-bridge's AutoBridge know this architecture (most already do)."""
+
+    def configure_provider(self, provider, hf_config, model_cfg) -> None:
+        """Family-specific settings on megatron-bridge's provider, before `finalize()`."""
+
+    def install(self, core) -> None:
+        """Family-specific fast paths on a built model (e.g. batched vision attention)."""
+
+    # --- HF side ---------------------------------------------------------------------------------
+
+    def hf_class(self):
+        """The transformers class that loads this checkpoint (the HF generation backend)."""
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
+
+    def hf_module_name(self, exported: str) -> str:
+        """On-disk name (what the bridge exports) -> the HF model's in-memory parameter name."""
+        return exported
+
+    # --- tiny builtin checkpoint -------------------------------------------------------------------
+
+    def write_tiny(self, out_dir: Path, name: str, seed: int, lm_head_scale: float = 1.0) -> Path:
+        raise NotImplementedError(f"{type(self).__name__} has no builtin checkpoint")
+
+
+_loaded: list[ModelFamily] | None = None
+
+
+def families() -> list[ModelFamily]:
+    """Every registered family, one instance each."""
+    global _loaded
+    if _loaded is None:
+        _loaded = [importlib.import_module(m).FAMILY for m in _FAMILY_MODULES]
+    return _loaded
+
+
+def builtin_names() -> list[str]:
+    return [name for f in families() for name in f.builtins]
+
+
+def by_builtin(name: str) -> ModelFamily | None:
+    return next((f for f in families() if name in f.builtins), None)
+
+
+def by_config(config: dict[str, Any]) -> ModelFamily | None:
+    """The family of a parsed config.json (its `model_type`, else its `architectures`)."""
+    for f in families():
+        if config.get("model_type") in f.model_types:
+            return f
+    archs = set(config.get("architectures") or [])
+    return next((f for f in families() if archs & set(f.architectures)), None)
+
+
+def supported_architectures() -> list[str]:
+    return [a for f in families() for a in f.architectures]
+
+
+def of_checkpoint(checkpoint: Path | str) -> ModelFamily:
+    """The family of an HF checkpoint directory, or a diagnostic naming the supported ones."""
+    config_path = Path(checkpoint) / "config.json"
+    config = json.loads(config_path.read_text())
+    family = by_config(config)
+    if family is None:
+        raise RlflowError(
+            Diagnostic(
+                "model.unsupported",
+                f"checkpoint `{checkpoint}` is {config.get('architectures') or []} "
+                f"(model_type `{config.get('model_type')}`), which rlflow does not train yet",
+                help="supported architectures: " + ", ".join(supported_architectures()),
+            )
+        )
+    return family
+
+
+def of_core(core) -> ModelFamily:
+    """The family of a model built by `rlflow.model.build.load_policy` (it tags the model)."""
+    family = getattr(core, "rlflow_family", None)
+    if family is None:
+        raise TypeError(
+            f"{type(core).__name__} has no model family: build it with "
+            "rlflow.model.build.load_policy"
+        )
+    return family

@@ -1,0 +1,114 @@
+"""rlflow's import graph: no cycle at module level, and the model layer never imports generation.
+
+Read from the source with `ast` (nothing is imported): an edge A -> B for every `import` statement
+in A (module body only, or anywhere including inside functions). Imports inside functions are
+deliberate lazy imports (heavy libraries, or the backend the recipe names) and make no cycle at
+import time; for the model and generation layers they are held to the same rule, so e.g. the
+backend factory cannot sit in the interface module its backends import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "rlflow"
+
+
+def module_names() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(path: Path, name: str, modules: dict[str, Path], top_level_only: bool) -> set[str]:
+    """The rlflow modules `path` imports (a `from pkg import mod` counts as pkg.mod)."""
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def graph(top_level_only: bool) -> dict[str, set[str]]:
+    modules = module_names()
+    return {name: imports(path, name, modules, top_level_only) for name, path in modules.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_checker_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_rlflow_has_no_import_cycle_at_module_level():
+    assert cycles(graph(top_level_only=True)) == []
+
+
+def test_model_and_generation_have_no_cycle_even_through_lazy_imports():
+    layers = ("rlflow.model", "rlflow.generation")
+    involved = [
+        c for c in cycles(graph(top_level_only=False)) if any(m.startswith(layers) for m in c)
+    ]
+    assert involved == []
+
+
+def test_the_model_layer_never_imports_generation():
+    edges = graph(top_level_only=False)
+    offenders = {
+        name: sorted(t for t in targets if t.startswith("rlflow.generation"))
+        for name, targets in edges.items()
+        if name.startswith("rlflow.model")
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
