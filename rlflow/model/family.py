@@ -25,6 +25,7 @@ from rlflow.errors import Diagnostic, RlflowError
 _FAMILY_MODULES = (
     "rlflow.model.qwen25vl",
     "rlflow.model.qwen_text",
+    "rlflow.model.qwen2vl",
 )
 
 
