@@ -99,6 +99,20 @@ class Prepared:
     is_flag=True,
     help="Print the script and the resolved recipe, run every check, submit nothing.",
 )
+@click.option(
+    "--sweep",
+    "sweeps",
+    multiple=True,
+    metavar="KEY=V1,V2",
+    help="Sweep KEY over these values (repeatable): one job array over the cross product, "
+    "each element in its own run directory under one sweep directory.",
+)
+@click.option(
+    "--max-concurrent",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="With --sweep: at most N elements run at once (the array's %N).",
+)
 @click.option("--skip-pin-check", is_flag=True, help="Submit even if check-pins finds drift.")
 @click.option("--parsable", is_flag=True, help="Print only the job id.")
 @click.pass_context
@@ -113,6 +127,8 @@ def submit(
     dependency_type: str,
     rank_command: str | None,
     dry_run: bool,
+    sweeps: tuple[str, ...],
+    max_concurrent: int | None,
     skip_pin_check: bool,
     parsable: bool,
 ) -> None:
@@ -131,6 +147,11 @@ def submit(
         dependency_type=dependency_type,
         command=rank_command,
     )
+    if sweeps or max_concurrent is not None:
+        _submit_sweep(
+            ctx, Path(recipe), overrides, sweeps, flags, max_concurrent, dry_run, parsable
+        )
+        return
     prepared = prepare(Path(recipe), overrides, flags, skip_pins=skip_pin_check)
     if prepared.warnings:
         print_diagnostics(prepared.warnings)
@@ -139,6 +160,36 @@ def submit(
         ctx.exit(EXIT_OK)
     job_id, run_dir = submit_prepared(prepared)
     show_submitted(prepared, job_id, run_dir, parsable)
+    ctx.exit(EXIT_OK)
+
+
+def _submit_sweep(ctx, recipe, overrides, sweeps, flags, max_concurrent, dry_run, parsable):
+    """`submit --sweep`: every element checked, then one job array (rlflow/launch/sweep.py)."""
+    from rlflow.launch import sweep_submit
+
+    if not sweeps:
+        raise RlflowError(
+            Diagnostic(
+                "sweep.axis",
+                "`--max-concurrent` limits a sweep's job array, but no --sweep was given",
+                file="command line",
+                help="add --sweep KEY=V1,V2, or drop --max-concurrent",
+            )
+        )
+    swept = sweep_submit.prepare_sweep(
+        recipe,
+        overrides,
+        sweeps,
+        flags,
+        max_concurrent=max_concurrent,
+        skip_pins=ctx.params["skip_pin_check"],
+    )
+    if swept.warnings:
+        print_diagnostics(swept.warnings)
+    if dry_run:
+        sweep_submit.show_dry_run(swept)
+        ctx.exit(EXIT_OK)
+    sweep_submit.show_submitted(swept, sweep_submit.submit_sweep(swept), parsable)
     ctx.exit(EXIT_OK)
 
 
@@ -151,8 +202,10 @@ def prepare(
     cwd: str | None = None,
     now: datetime | None = None,
     token: str | None = None,
+    run_dir: str | None = None,
 ) -> Prepared:
     """Everything up to the submission; raises with every problem found (nothing is written)."""
+    from rlflow.launch import cost
     from rlflow.launch.check import check_all, check_cluster
     from rlflow.launch.plan import apply_flags, make_plan
     from rlflow.launch.render import render
@@ -171,11 +224,14 @@ def prepare(
         python=sys.executable,
         now=now or datetime.now(),
         token=token or secrets.token_hex(3),
+        run_dir=run_dir,
     )
     script = render(plan)
     problems += check_all(loaded, plan, script, skip_pins=skip_pins, repo_root=Path(cwd))
     cluster_problems, cluster = check_cluster(plan)
     problems += cluster_problems
+    per_attempt = f"{plan.gpu_hours:.1f} GPU-hours per attempt, up to {cost.attempts_text(plan)}"
+    problems += cost.cap_problems(loaded, cost.worst_case(plan), "this job", (per_attempt,))
     _raise_on_errors(problems)
     source = str(recipe).replace("\n", "\\n")  # one comment line, whatever the path holds
     recipe_text = f"# resolved by `rlflow submit` from {source}\n" + dump_recipe(loaded.data)
@@ -208,7 +264,7 @@ def show_dry_run(prepared: Prepared) -> None:
     out("# ---- recipe.yaml (resolved) ----")
     out(prepared.recipe_text, nl=False)
     out("# ---- summary ----")
-    out(_summary(plan))
+    out(_summary(plan, prepared.loaded))
     warned = len(prepared.warnings)
     out(
         f"checks:     recipe, flags vs cluster, parallelism fits {plan.world_size} ranks, sbatch "
@@ -227,14 +283,24 @@ def _shape(plan) -> str:
     return f"{nodes} node{'s' * (nodes != 1)} x {gpus} {unit}{'s' * (gpus != 1)}"
 
 
-def _summary(plan) -> str:
+def _worst_case(plan) -> str:
+    """`6.0 GPU-hours (6 attempts: the first + slurm.max_requeues 3 + ...)`."""
+    from rlflow.launch import cost
+
+    return f"{cost.hours(cost.worst_case(plan))} GPU-hours ({cost.attempts_text(plan)})"
+
+
+def _summary(plan, loaded) -> str:
+    from rlflow.launch import cost
+
     hours = plan.time_limit_seconds / 3600
     return "\n".join(
         [
             f"run dir:    {plan.run_dir}",
             f"job:        {plan.job_name!r}: {_shape(plan)} = {plan.world_size} "
             f"rank{'s' * (plan.world_size != 1)}, time limit {plan.time_limit}",
-            f"GPU-hours:  {plan.gpu_hours:.1f} ({_shape(plan)} x {hours:.2f} h)",
+            f"GPU-hours:  {plan.gpu_hours:.1f} ({_shape(plan)} x {hours:.2f} h) per attempt",
+            f"worst case: {_worst_case(plan)}; {cost.cap_text(loaded)}",
             f"each rank:  {' '.join(plan.rank_command)}",
         ]
     )
@@ -302,7 +368,7 @@ def show_submitted(prepared: Prepared, job_id: str, run_dir: Path, parsable: boo
     plan = prepared.plan
     click.echo(
         f"submitted job {job_id}: {_shape(plan)}, time limit {plan.time_limit} "
-        f"({plan.gpu_hours:.1f} GPU-hours)"
+        f"({plan.gpu_hours:.1f} GPU-hours; worst case {_worst_case(plan)})"
     )
     click.echo(f"run dir: {run_dir}")
     click.echo(f"logs:    {run_dir / 'logs' / 'rank-0.log'}   (rlflow logs {job_id} --follow)")
@@ -319,12 +385,16 @@ JOB_HELP = "JOB is a job id or a run directory (which holds the job id)."
 @click.argument("job")
 @click.pass_context
 def status(ctx: click.Context, job: str) -> None:
-    """Show the state of a submitted job.
+    """Show the state of a submitted job, or of every element of a sweep.
 
-    JOB is a job id or a run directory (which holds the job id).
+    JOB is a job id, a run directory (which holds the job id), or a sweep directory (one line
+    per element: state, step, last reward, validation accuracy).
     """
-    from rlflow.launch import jobs
+    from rlflow.launch import jobs, sweep_jobs
 
+    if sweep_jobs.is_sweep_dir(job) and not ctx.params.get("watch"):
+        click.echo(sweep_jobs.describe(Path(job)))  # one line per element
+        ctx.exit(EXIT_OK)
     ref = jobs.resolve(job)
     click.echo(jobs.describe(ref))
     ctx.exit(EXIT_OK)
@@ -366,16 +436,22 @@ def logs(ctx: click.Context, job: str, follow: bool, rank: int, batch: bool) -> 
 
 @click.command(
     epilog="\b\nExamples:\n  rlflow cancel 1234\n  rlflow cancel runs/clevr-20260101-120000-a1b2c3"
+    "\n  rlflow cancel 1234_3                      (element 3 of a sweep)"
+    "\n  rlflow cancel runs/clevr-20260101-120000-a1b2c3   (a sweep directory: every element)"
 )
 @click.argument("job")
 @click.pass_context
 def cancel(ctx: click.Context, job: str) -> None:
-    """Cancel a submitted job.
+    """Cancel a submitted job, a sweep element, or a whole sweep.
 
-    JOB is a job id or a run directory (which holds the job id).
+    JOB is a job id (ARRAY_INDEX for one sweep element), a run directory (a job's, or a sweep
+    element's), or a sweep directory (every element).
     """
-    from rlflow.launch import jobs
+    from rlflow.launch import jobs, sweep_jobs
 
+    if sweep_jobs.is_sweep_dir(job):
+        click.echo(sweep_jobs.cancel(Path(job)))  # the whole job array
+        ctx.exit(EXIT_OK)
     ref = jobs.resolve(job)
     click.echo(jobs.cancel(ref))
     ctx.exit(EXIT_OK)

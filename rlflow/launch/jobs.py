@@ -77,7 +77,10 @@ def _run_dir_of(job_id: str) -> Path | None:
     fields = slurm.job_fields(job_id)
     stdout = Path(fields.get("StdOut", "")) if fields else None
     if stdout and stdout.parent.name == "logs" and (stdout.parent.parent / JOB_ID_FILE).is_file():
-        return stdout.parent.parent
+        from rlflow.launch.sweep_jobs import element_dir
+
+        # A sweep element's batch log is SWEEP_DIR/logs/...: its run dir is in the manifest.
+        return element_dir(job_id, stdout) or stdout.parent.parent
     return None
 
 

@@ -103,12 +103,20 @@ def apply_flags(loaded: LoadedRecipe, flags: SubmitFlags) -> tuple[LoadedRecipe,
 
 
 def make_plan(
-    loaded: LoadedRecipe, flags: SubmitFlags, *, cwd: str, python: str, now: datetime, token: str
+    loaded: LoadedRecipe,
+    flags: SubmitFlags,
+    *,
+    cwd: str,
+    python: str,
+    now: datetime,
+    token: str,
+    run_dir: str | None = None,
 ) -> JobPlan:
-    """The job's plan; `loaded` must already carry the flags (see `apply_flags`)."""
+    """The job's plan; `loaded` must already carry the flags (see `apply_flags`). `run_dir`
+    places it (a sweep's element directory); by default it is a new one under run.output_dir."""
     recipe = loaded.recipe
     slurm = recipe.slurm
-    run_dir = _run_dir(recipe.run.output_dir, recipe.run.name, cwd, now, token)
+    run_dir = run_dir or _run_dir(recipe.run.output_dir, recipe.run.name, cwd, now, token)
     log_dir = os.path.join(run_dir, "logs")
     seconds = parse_time_limit(slurm.time_limit)
     assert seconds is not None, "check_recipe validates slurm.time_limit before planning"

@@ -22,6 +22,11 @@ def render(plan: JobPlan) -> str:
     return _environment().get_template(TEMPLATE_NAME).render(plan=plan, exit=JOB_EXIT_CODES)
 
 
+def render_template(name: str, **values: object) -> str:
+    """Another template in templates/ (the sweep's array script), with the same `q` filter."""
+    return _environment().get_template(name).render(**values)
+
+
 def quote(value: object) -> str:
     """The `q` filter: one shell word, whatever the value holds."""
     # None would quote to the word 'None'; the template must test optional values first.

@@ -233,6 +233,7 @@ class SlurmConfig:
     max_failure_retries: (
         int  # requeue after a node failure (hang, preflight, lost node), excluding it
     )
+    max_gpu_hours: float | None  # worst-case GPU-hours one submission may use; None: no cap
     stop_signal: Literal["USR1", "HUP"]  # the time-limit warning (USR2 is the stack-dump signal)
     rlflow_command: (
         str  # how the nodes run rlflow, e.g. "uv run --frozen rlflow" or ".venv/bin/rlflow"

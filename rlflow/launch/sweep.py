@@ -1,0 +1,201 @@
+"""Sweeps: `--sweep KEY=V1,V2` axes -> their cross product -> named elements -> a manifest.
+
+    SWEEP_DIR/sweep.json      axes, elements (name, overrides), the job array's id
+    SWEEP_DIR/script.sbatch   the array's script: task i runs element i's own script
+    SWEEP_DIR/job_id          the array's job id
+    SWEEP_DIR/logs/           slurm-<array>_<i>.out: which element each array task ran
+    SWEEP_DIR/<element>/      a run directory like a single job's (script.sbatch, recipe.yaml,
+                              job_id `<array>_<i>`, logs/, status/, attempts.jsonl, metrics)
+
+Each value becomes an ordinary override (`KEY=VALUE`), so the schema types it and every check a
+single submission runs checks it. Nothing here touches Slurm.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlflow.errors import Diagnostic, RlflowError
+
+MANIFEST = "sweep.json"
+# Keys that name the sweep itself (its directory, its one job array) or come from the flags.
+FIXED_KEYS = ("run.name", "run.output_dir", "cluster.num_nodes", "cluster.gpus_per_node")
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
+NAME_MAX = 80  # characters of an element's directory name after its index
+
+
+@dataclass(frozen=True)
+class Axis:
+    key: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Element:
+    index: int
+    name: str  # its directory under SWEEP_DIR
+    overrides: tuple[str, ...]  # KEY=VALUE, one per axis
+
+
+def parse_axes(texts: tuple[str, ...] | list[str], overrides: tuple[str, ...] = ()) -> list[Axis]:
+    """`--sweep KEY=V1,V2,...` flags -> axes; every problem at once, as diagnostics."""
+    axes: list[Axis] = []
+    problems: list[Diagnostic] = []
+    overridden = {text.partition("=")[0] for text in overrides}
+    for text in texts:
+        key, sep, values_text = text.partition("=")
+        key = key.strip()
+        values = split_values(values_text)
+        if not sep or not key or not values or any(not v.strip() for v in values):
+            problems.append(
+                _error(
+                    f"cannot read `--sweep {text}`",
+                    "write --sweep dotted.key=VALUE1,VALUE2, e.g. --sweep optimizer.lr=1e-6,2e-6",
+                )
+            )
+        elif key in FIXED_KEYS:
+            problems.append(
+                _error(
+                    f"`--sweep {key}=...`: `{key}` is one value for the whole sweep",
+                    "run.name and run.output_dir name the sweep directory and the job array, and "
+                    "--nodes/--gpus set cluster.*; set them once (as an override or in the recipe)",
+                )
+            )
+        elif any(axis.key == key for axis in axes):
+            problems.append(
+                _error(
+                    f"`--sweep {key}=...` is given twice",
+                    f"list every value once: --sweep {key}=A,B,C",
+                )
+            )
+        elif key in overridden:
+            problems.append(
+                _error(
+                    f"`{key}` is both swept and overridden (`{key}=...` on the command line)",
+                    f"drop one of them: the sweep sets `{key}` for every element",
+                )
+            )
+        elif len(set(values)) != len(values):
+            problems.append(
+                _error(
+                    f"`--sweep {text}` repeats a value (two elements would be the same run)",
+                    "list each value once",
+                )
+            )
+        else:
+            axes.append(Axis(key, tuple(v.strip() for v in values)))
+    if problems:
+        raise RlflowError(problems)
+    return axes
+
+
+def split_values(text: str) -> list[str]:
+    """Split at commas outside quotes and brackets: `1,[a, b],'x,y'` -> 3 values."""
+    values, current, depth, quote = [], [], 0, None
+    for char in text:
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            values.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    values.append("".join(current))
+    return [] if values == [""] else values
+
+
+def elements(axes: list[Axis]) -> list[Element]:
+    """The cross product, first axis slowest, each with a readable, file-safe directory name."""
+    width = len(str(max(_count(axes) - 1, 0)))
+    short = _short_keys([a.key for a in axes])
+    found = []
+    for index, values in enumerate(itertools.product(*(a.values for a in axes))):
+        label = ",".join(f"{k}={v}" for k, v in zip(short, values, strict=True))
+        label = _NAME_UNSAFE.sub("_", label).strip("._")[:NAME_MAX]
+        found.append(
+            Element(
+                index=index,
+                name=f"{index:0{width}d}-{label}" if label else f"{index:0{width}d}",
+                overrides=tuple(f"{a.key}={v}" for a, v in zip(axes, values, strict=True)),
+            )
+        )
+    return found
+
+
+def _count(axes: list[Axis]) -> int:
+    count = 1
+    for axis in axes:
+        count *= len(axis.values)
+    return count
+
+
+def _short_keys(keys: list[str]) -> list[str]:
+    """The last part of each key (`optimizer.lr` -> `lr`), or the whole key where two clash."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return [s if last.count(s) == 1 else k for s, k in zip(last, keys, strict=True)]
+
+
+def array_spec(count: int, max_concurrent: int | None) -> str:
+    """sbatch --array: `0-3`, or `0-3%2` with at most 2 elements running at once."""
+    return f"0-{count - 1}" + (f"%{max_concurrent}" if max_concurrent else "")
+
+
+def write_manifest(
+    directory: Path,
+    axes: list[Axis],
+    found: list[Element],
+    array_job_id: str,
+    max_concurrent: int | None,
+) -> None:
+    manifest = {
+        "format": 1,
+        "array_job_id": array_job_id,
+        "max_concurrent": max_concurrent,
+        "axes": [{"key": a.key, "values": list(a.values)} for a in axes],
+        "elements": [
+            {
+                "index": e.index,
+                "name": e.name,
+                "overrides": list(e.overrides),
+                "job_id": f"{array_job_id}_{e.index}",
+            }
+            for e in found
+        ],
+    }
+    (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def read_manifest(directory: Path) -> dict | None:
+    """SWEEP_DIR/sweep.json, or None when `directory` is not a sweep directory."""
+    path = directory / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+        if not re.fullmatch(r"\d+", str(manifest["array_job_id"])) or not manifest["elements"]:
+            raise ValueError("no array job id or no elements")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise RlflowError(
+            Diagnostic(
+                "sweep.manifest",
+                f"{path} is not a sweep manifest rlflow can read: {err}",
+                file=str(path),
+                help="`rlflow submit --sweep` writes it; pass an element's directory or its "
+                "job id (ARRAY_INDEX) instead",
+            )
+        ) from None
+    return manifest
+
+
+def _error(message: str, help: str) -> Diagnostic:
+    return Diagnostic("sweep.axis", message, file="command line", help=help)

@@ -1,0 +1,179 @@
+"""`rlflow status SWEEP_DIR` and `rlflow cancel SWEEP_DIR`: a sweep's elements, one line each.
+
+States come from Slurm (squeue for live tasks, sacct for ended ones); step, reward and
+validation accuracy from each element's RUN_DIR/metrics.jsonl. Standard library only (plus
+the Slurm wrappers): this runs on login nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
+from rlflow.launch import slurm, sweep
+
+_TASK = re.compile(r"^(\d+)_(\d+)$")  # one array task: ARRAY_INDEX
+_TASKS = re.compile(r"^(\d+)_\[([^\]]+)\]$")  # pending tasks not yet split: ARRAY_[2-5%2]
+
+
+def is_sweep_dir(text: str) -> bool:
+    return (Path(text) / sweep.MANIFEST).is_file()
+
+
+def task_states(array_id: str) -> dict[int, str]:
+    """Array index -> Slurm state; squeue (live) wins over sacct (ended)."""
+    states: dict[int, str] = {}
+    record = slurm.run(["sacct", "-n", "-X", "-P", "-j", array_id, "-o", "JobID,State"])
+    if record.returncode == 0:
+        states.update(_parse_states(record.stdout, "|"))
+    live = slurm.run(["squeue", "-h", "-r", "-j", array_id, "-o", "%i|%T"])
+    if live.returncode == 0:
+        states.update(_parse_states(live.stdout, "|"))
+    return states
+
+
+def _parse_states(text: str, sep: str) -> dict[int, str]:
+    states = {}
+    for line in text.splitlines():
+        job, _, state = line.strip().partition(sep)
+        state = state.split()[0] if state.split() else "?"  # "CANCELLED by 1000"
+        if match := _TASK.match(job):
+            states[int(match[2])] = state
+        elif match := _TASKS.match(job):
+            for index in _expand(match[2].split("%")[0]):
+                states[index] = state
+    return states
+
+
+def _expand(ranges: str) -> list[int]:
+    """`0-3,5` -> [0, 1, 2, 3, 5] (Slurm's array index lists, steps `:2` included)."""
+    found = []
+    for part in ranges.split(","):
+        span, _, step = part.partition(":")
+        first, _, last = span.partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            found += range(int(first), int(last or first) + 1, int(step) if step.isdigit() else 1)
+    return found
+
+
+def describe(sweep_dir: Path) -> str:
+    """A header, then one line per element: state, step, last reward, validation accuracy."""
+    manifest = _manifest(sweep_dir)
+    array_id = manifest["array_job_id"]
+    states = task_states(array_id)
+    rows = [["element", "job", "state", "step", "reward", "val acc"]]
+    for element in manifest["elements"]:
+        run_dir = sweep_dir / element["name"]
+        step, reward, accuracy = _progress(run_dir)
+        rows.append(
+            [
+                element["name"],
+                element["job_id"],
+                states.get(element["index"], "UNKNOWN"),
+                step,
+                reward,
+                accuracy,
+            ]
+        )
+    counts: dict[str, int] = {}
+    for row in rows[1:]:
+        counts[row[2]] = counts.get(row[2], 0) + 1
+    limit = manifest.get("max_concurrent")
+    axes = " x ".join(f"{a['key']} ({len(a['values'])})" for a in manifest["axes"])
+    header = (
+        f"sweep {sweep_dir.name}: job array {array_id}, {len(rows) - 1} elements ({axes})"
+        + (f", at most {limit} at once" if limit else "")
+        + ": "
+        + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join([header] + ["  " + line.rstrip() for line in lines])
+
+
+def _progress(run_dir: Path) -> tuple[str, str, str]:
+    """(`step/max`, last train reward, `val accuracy @step`) from the element's metrics."""
+    records = []
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn last line (the run was killed mid-write)
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            records.append(record)
+    total = _max_steps(run_dir)
+    step = str(records[-1]["step"]) if records else "-"
+    rewards = [r["train/reward"] for r in records if isinstance(r.get("train/reward"), float)]
+    validated = [r for r in records if isinstance(r.get("val/accuracy"), float)]
+    return (
+        f"{step}/{total}",
+        f"{rewards[-1]:.3f}" if rewards else "-",
+        f"{validated[-1]['val/accuracy']:.3f} @{validated[-1]['step']}" if validated else "-",
+    )
+
+
+def _max_steps(run_dir: Path) -> str:
+    """grpo.max_num_steps from the element's resolved recipe (read as text: no YAML types)."""
+    try:
+        text = (run_dir / "recipe.yaml").read_text(errors="replace")
+    except OSError:
+        return "?"
+    match = re.search(r"^grpo:\n(?:  .*\n)*?  max_num_steps: (\d+)$", text, re.M)
+    return match[1] if match else "?"
+
+
+def cancel(sweep_dir: Path) -> str:
+    """scancel the whole array; says what each element was doing."""
+    manifest = _manifest(sweep_dir)
+    array_id = manifest["array_job_id"]
+    states = task_states(array_id)
+    live = {i: s for i, s in states.items() if s not in slurm.FINAL_STATES}
+    if not live:
+        return f"sweep {sweep_dir.name} (job array {array_id}) has ended: nothing to cancel"
+    result = slurm.cancel(array_id)
+    if result.returncode != 0:
+        raise slurm.failed(f"scancel could not cancel job array {array_id}", result)
+    counts: dict[str, int] = {}
+    for state in live.values():
+        counts[state] = counts.get(state, 0) + 1
+    ended = len(manifest["elements"]) - len(live)
+    return (
+        f"cancelled sweep {sweep_dir.name} (job array {array_id}): "
+        + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        + f"; {ended} had already ended"
+    )
+
+
+def _manifest(sweep_dir: Path) -> dict:
+    manifest = sweep.read_manifest(sweep_dir)
+    if manifest is None:
+        raise RlflowError(
+            Diagnostic(
+                "sweep.not-a-sweep",
+                f"{sweep_dir} has no {sweep.MANIFEST}",
+                help="pass the directory `rlflow submit --sweep` printed",
+            ),
+            EXIT_FINDINGS,
+        )
+    return manifest
+
+
+def element_dir(job_id: str, stdout: Path) -> Path | None:
+    """The run directory of array task ARRAY_INDEX whose batch log is SWEEP_DIR/logs/..."""
+    match = _TASK.match(job_id)
+    if not match:
+        return None
+    try:
+        manifest = sweep.read_manifest(stdout.parent.parent)
+    except RlflowError:
+        return None
+    for element in (manifest or {}).get("elements", []):
+        if element.get("job_id") == job_id:
+            return stdout.parent.parent / element["name"]
+    return None
