@@ -1,1 +1,1 @@
-"""Rollout generation backends behind one small interface (base.py)."""
+"""Rollout generation backends behind one small interface (base.py), built by factory.py."""

@@ -1,1 +1,2 @@
-"""Policy models: HF checkpoint <-> Megatron through megatron-bridge, and the CPU compatibility layer."""
+"""Policy models: one module per model family behind family.py, HF checkpoint <-> Megatron
+through megatron-bridge (build.py), the forwards, and third-party patches (compat/)."""
