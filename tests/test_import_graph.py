@@ -112,3 +112,22 @@ def test_the_model_layer_never_imports_generation():
         if name.startswith("rlflow.model")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_the_family_registry_is_login_node_safe():
+    """Listing the model families imports no torch, transformers or megatron (the dry run may)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from rlflow.model import family\n"
+        "print(family.builtin_names())\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'megatron')]\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "tiny-qwen2vl" in result.stdout
