@@ -41,7 +41,7 @@ def mrope_positions(
     media: Media,
     prompt_mask: torch.Tensor | None = None,
 ):
-    """Qwen2.5-VL's 3-D positions [3, B, T] (padding ignored) and per-row deltas [B, 1]."""
+    """An mrope family's 3-D positions [3, B, T] (padding ignored) and per-row deltas [B, 1]."""
     image_slots = media_slots(core, input_ids, prompt_mask, core.config.image_token_id)
     video_slots = media_slots(core, input_ids, prompt_mask, core.config.video_token_id)
     want = placeholder_counts(media, core.config.vision_config.spatial_merge_size)

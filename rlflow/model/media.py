@@ -13,7 +13,7 @@ import torch
 
 @dataclass
 class Media:
-    """Processed visual inputs of one or more prompts, rows in prompt order (Qwen2.5-VL layout)."""
+    """Processed visual inputs of one or more prompts, rows in prompt order (Qwen-VL layout)."""
 
     pixel_values: torch.Tensor | None = None  # [num_image_patches, C*T*P*P]
     image_grid_thw: torch.Tensor | None = None  # [num_images, 3]

@@ -32,7 +32,7 @@ class PackedRows:
 
     input_ids: torch.Tensor  # [1, T]
     prompt_mask: torch.Tensor  # [1, T]
-    positions: torch.Tensor  # [1, T] (plain RoPE) or [3, 1, T] (Qwen2.5-VL mrope)
+    positions: torch.Tensor  # [1, T] (plain RoPE) or [3, 1, T] (mrope families)
     lengths: list[int]  # real tokens per row
     target_index: torch.Tensor  # [K] packed positions whose next token is a target
     targets: torch.Tensor  # [K] the target tokens, in row-major order of target_mask
