@@ -2,8 +2,8 @@
 
 Login nodes are slow and have no GPU, so `rlflow --help`, `rlflow check-pins` and
 `rlflow submit --dry-run` must never import torch, megatron or transformers. Each subcommand
-lives in its own module and is imported only when it runs; its one-line help is kept here so
-that listing the commands imports nothing.
+lives in a light module (heavy imports inside its callback), imported when it runs or when
+`rlflow --help` lists its one-line help, which is the first line of its docstring: one source.
 """
 
 from __future__ import annotations
@@ -16,53 +16,43 @@ import click
 from rlflow import __version__
 from rlflow.errors import RlflowError, print_diagnostics
 
-# name -> (module:attribute, short help). Heavy imports live inside the callbacks.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "check-pins": (
-        "rlflow.pins.command:check_pins",
-        "Check that submodule pyproject pins agree with the root pyproject.",
-    ),
-    "bump": (
-        "rlflow.pins.bump:bump",
-        "Move a submodule to a ref, and the root pins that follow it, in one commit.",
-    ),
-    "check-tests": (
-        "rlflow.cicheck.command:check_tests",
-        "List tests that no CI shard collects.",
-    ),
-    "submit": (
-        "rlflow.launch.command:submit",
-        "Render a recipe to an sbatch script and submit it.",
-    ),
-    "status": ("rlflow.launch.command:status", "Show the state of a submitted job."),
-    "logs": ("rlflow.launch.command:logs", "Print (or follow) a job's training log."),
-    "cancel": ("rlflow.launch.command:cancel", "Cancel a submitted job."),
-    "train": ("rlflow.train.command:train", "Run GRPO training (the per-node entry point)."),
-    "init-tiny-model": (
-        "rlflow.model.command:init_tiny_model",
-        "Write a random Qwen2.5-VL checkpoint (tiny, or 3B-shaped).",
-    ),
-    "report": ("rlflow.train.command:report", "Plot a run's metrics to PNG files."),
-    "setup-env": ("rlflow.envs.command:setup_env", "Build a per-node runtime environment (vLLM)."),
+# name -> module:attribute. Heavy imports live inside the callbacks, so listing the commands
+# may import these modules: each command's help (its docstring) is its only source.
+COMMANDS: dict[str, str] = {
+    "check-pins": "rlflow.pins.command:check_pins",
+    "bump": "rlflow.pins.bump:bump",
+    "check-tests": "rlflow.cicheck.command:check_tests",
+    "submit": "rlflow.launch.command:submit",
+    "status": "rlflow.launch.command:status",
+    "logs": "rlflow.launch.command:logs",
+    "cancel": "rlflow.launch.command:cancel",
+    "train": "rlflow.train.command:train",
+    "init-tiny-model": "rlflow.model.command:init_tiny_model",
+    "report": "rlflow.train.command:report",
+    "setup-env": "rlflow.envs.command:setup_env",
 }
 
 
 class LazyGroup(click.Group):
+    """Commands are imported when named, or listed for their one-line help."""
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in COMMANDS:
             return None
-        target, _ = COMMANDS[name]
-        module_name, attr = target.split(":")
+        module_name, attr = COMMANDS[name].split(":")
         return getattr(importlib.import_module(module_name), attr)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
+        """Each command's whole first docstring line, wrapped (click would cut it at 45)."""
+        rows = [
+            (name, self.get_command(ctx, name).get_short_help_str(limit=200))
+            for name in self.list_commands(ctx)
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -15,8 +15,8 @@ ENV_NAMES = ("vllm",)
     epilog="""\b
 Examples:
   rlflow setup-env vllm recipes/tiny-qwen25vl-clevr-1n1g-cpu.yaml
-  rlflow setup-env vllm recipes/my.yaml --check        # is it built? exit 1 if not
-  rlflow setup-env vllm recipes/my.yaml --device cuda  # the CUDA pin set, whatever this node has
+  rlflow setup-env vllm recipes/tiny-qwen25vl-clevr-1n1g-cpu.yaml --check   # built? exit 1 if not
+  rlflow setup-env vllm recipes/base.yaml --device cuda --check   # the CUDA pin set, anywhere
 
 \b
 In a recipe, so every node builds it before training (`rlflow submit` runs it once per node):

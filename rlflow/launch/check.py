@@ -61,11 +61,18 @@ _SBATCH_UNSAFE = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
 def check_all(
-    loaded: LoadedRecipe, plan: JobPlan, script: str, *, skip_pins: bool, repo_root: Path
+    loaded: LoadedRecipe,
+    plan: JobPlan,
+    script: str,
+    *,
+    skip_pins: bool,
+    repo_root: Path,
+    trains: bool = True,
 ) -> list[Diagnostic]:
     """Every check, in the order a user would fix things. The allocation rules are the ones
-    `rlflow train` runs at setup (rlflow.recipe.allocation), with the flags' nodes x GPUs."""
-    problems = allocation_diagnostics(loaded, plan.num_nodes, plan.gpus_per_node)
+    `rlflow train` runs at setup (rlflow.recipe.allocation), with the flags' nodes x GPUs;
+    `trains=False` for a `--command` job, whose ranks run no trainer."""
+    problems = allocation_diagnostics(loaded, plan.num_nodes, plan.gpus_per_node, trains=trains)
     problems += check_sbatch_values(loaded, plan)
     problems += check_container(loaded)
     problems += check_paths(loaded, plan)

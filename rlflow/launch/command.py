@@ -29,7 +29,7 @@ from rlflow.errors import (
 SUBMIT_EPILOG = """\b
 Examples:
   rlflow submit recipes/vlm_grpo-qwen25vl-3b-clevr-4n8g-megatron-tp2.yaml --nodes 4 --gpus 8 --dry-run
-  rlflow submit recipes/base.yaml grpo.max_num_steps=20 --nodes 8 --gpus 4 --time 02:00:00
+  rlflow submit recipes/base.yaml grpo.num_prompts_per_step=32 --nodes 8 --gpus 4 --time 02:00:00
   rlflow submit recipes/base.yaml --nodes 1 --gpus 2 --command "python smoke.py --steps 3"
   rlflow submit recipes/tiny-qwen25vl-clevr-1n1g-cpu.yaml --nodes 1 --gpus 1 --after 1234
 
@@ -227,7 +227,14 @@ def prepare(
         run_dir=run_dir,
     )
     script = render(plan)
-    problems += check_all(loaded, plan, script, skip_pins=skip_pins, repo_root=Path(cwd))
+    problems += check_all(
+        loaded,
+        plan,
+        script,
+        skip_pins=skip_pins,
+        repo_root=Path(cwd),
+        trains=flags.command is None,
+    )
     cluster_problems, cluster = check_cluster(plan)
     problems += cluster_problems
     per_attempt = f"{plan.gpu_hours:.1f} GPU-hours per attempt, up to {cost.attempts_text(plan)}"

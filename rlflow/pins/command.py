@@ -19,7 +19,7 @@ Examples:
   rlflow check-pins                      # the repository you are in
   rlflow check-pins --example            # the bundled emerging-optimizers incident (exits 1)
   rlflow check-pins --example --fix      # ... and its fix, as a diff
-  rlflow check-pins --strict --format json --repo ../trainer
+  rlflow check-pins --strict --format json --repo .
 
 \b
 Finding codes: RF001 conflicting git URL/rev, RF002 submodule URL pin not declared at the

@@ -22,14 +22,18 @@ PARALLEL_AXES = (
 )
 
 
-def allocation_diagnostics(loaded: LoadedRecipe, nodes: int, gpus: int) -> list[Diagnostic]:
+def allocation_diagnostics(
+    loaded: LoadedRecipe, nodes: int, gpus: int, *, trains: bool = True
+) -> list[Diagnostic]:
     """Every rule between the recipe and a job of `nodes` x `gpus` ranks, in the order a user
-    would fix them. Expects a recipe that passed `check_recipe` (sizes of at least 1)."""
+    would fix them. Expects a recipe that passed `check_recipe` (sizes of at least 1).
+    `trains=False` (`submit --command`: the ranks run something else) keeps only the parallel
+    sizes: the trainer's batch rules do not apply to a smoke test."""
     shape = f"{nodes} node{'s' * (nodes != 1)} x {gpus} GPU{'s' * (gpus != 1)}"
     world_size = nodes * gpus
     problems = _parallel_sizes(loaded, world_size, shape)
-    if problems:
-        return problems  # the data-parallel size is not a whole number
+    if problems or not trains:
+        return problems  # (the data-parallel size is not a whole number)
     return _data_parallel(loaded, world_size, shape)
 
 

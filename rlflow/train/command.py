@@ -10,9 +10,9 @@ import click
 @click.command(
     epilog="""\b
 Examples:
-  rlflow train recipes/tiny-clevr-cpu.yaml
-  rlflow train recipes/tiny-clevr-cpu.yaml grpo.max_num_steps=5 --run-dir runs/try
-  rlflow train recipes/tiny-clevr-cpu.yaml --nproc 2     # two local ranks (data parallel)
+  rlflow train recipes/tiny-qwen25vl-clevr-1n1g-cpu.yaml
+  rlflow train recipes/tiny-qwen25vl-clevr-1n1g-cpu.yaml grpo.max_num_steps=5 --run-dir runs/try
+  rlflow train recipes/tiny-qwen25vl-clevr-1n1g-cpu.yaml --nproc 2     # two local ranks (data parallel)
 """
 )
 @click.argument("recipe", type=click.Path(dir_okay=False))
