@@ -37,3 +37,28 @@ def tiny_processor(tiny_ckpt):
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(str(tiny_ckpt))
+
+# --- the fast tier: `uv run pytest -m "not slow"` (README: "Tests") -----------------------------
+# Slow: a test that starts the Slurm cluster, loads a megatron-core model, trains, or runs vLLM.
+# Marked here, by what a test uses, so a new test of that kind is slow without remembering to
+# say so. CI runs everything (`uv run pytest`).
+SLOW_FIXTURES = {"slurm_cluster", "single_rank", "tiny_ckpt", "tiny_policy", "tiny_processor"}
+SLOW_PATHS = (
+    "tests/model/",  # megatron-core models against HF
+    "tests/generation/",  # megatron, HF and vLLM generation
+    "tests/train/test_train_runs.py",  # end-to-end GRPO runs
+    "tests/train/test_user_task.py",
+    "tests/train/test_checkpoint_resume.py",
+    "tests/train/test_grpo_update.py",
+    "tests/train/test_packing.py",
+    "tests/launch/test_launch_slurm.py",  # the Slurm cluster (also through fixtures)
+    "tests/launch/test_launch_recovery.py",
+    "tests/launch/test_launch_watchdog.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.path.relative_to(config.rootpath).as_posix()
+        if SLOW_FIXTURES & set(item.fixturenames) or path.startswith(SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)

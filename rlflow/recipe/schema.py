@@ -176,6 +176,9 @@ class ParallelismConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
+    """The job's shape: the allocation rules (rlflow.recipe.allocation) read it, in the dry run
+    from the flags and in `rlflow train` from the run's recipe.yaml, checked against WORLD_SIZE."""
+
     num_nodes: int | None  # filled from `submit --nodes`; a recipe value must agree with the flag
     gpus_per_node: int | None  # filled from `submit --gpus`; ranks per node on CPU-only nodes
 

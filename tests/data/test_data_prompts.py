@@ -36,3 +36,20 @@ def test_reference_completions_earn_full_reward(configs, base_data):
     assert completions[0] == f"<answer>{samples[0].answer}</answer>"
     totals, _, correct = score(completions, samples, {"format": 0.2, "exact_match": 0.8})
     assert totals == [1.0] * 30 and all(correct)
+
+
+def test_the_default_prompt_names_the_format_the_rewards_parse():
+    """The answer format has one home (rlflow.data.prompts); base.yaml's prompt suffix, the
+    warm start's target and the rewards' parser all agree with it."""
+    from pathlib import Path
+
+    from rlflow.data.prompts import ANSWER_CLOSE, ANSWER_OPEN, ANSWER_RE, format_answer
+    from rlflow.data.rewards import extract_answer
+    from rlflow.recipe.load import load_recipe
+
+    base = Path(__file__).resolve().parents[2] / "recipes" / "base.yaml"
+    suffix = load_recipe(base).recipe.data.prompt_suffix
+    assert f"{ANSWER_OPEN}{ANSWER_CLOSE}" in suffix
+    assert ANSWER_RE.fullmatch(format_answer(7)) and extract_answer(format_answer(" 7 ")) == "7"
+    sample = Sample(id="x", media="text", question="How many?", answer="7")
+    assert reference_completion(sample) == format_answer("7")
