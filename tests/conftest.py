@@ -38,6 +38,7 @@ def tiny_processor(tiny_ckpt):
 
     return AutoProcessor.from_pretrained(str(tiny_ckpt))
 
+
 # --- the fast tier: `uv run pytest -m "not slow"` (README: "Tests") -----------------------------
 # Slow: a test that starts the Slurm cluster, loads a megatron-core model, trains, or runs vLLM.
 # Marked here, by what a test uses, so a new test of that kind is slow without remembering to
