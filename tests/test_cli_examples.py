@@ -3,7 +3,8 @@ console script.
 
 Examples are found by a small parser, so a new one is covered without touching this file:
 help texts' `Examples:` sections, and the README's shell lines (```bash blocks, `$ ` lines of
-```console blocks, inline `uv run rlflow ...`). Each runs the way it can run here, decided by
+```console blocks, inline `uv run rlflow ...`; a console block that shows an `error[...]` line
+must print it and exit 2). Each runs the way it can run here, decided by
 its subcommand (RUN_AS), and never skipped:
   real      as written (check-pins, check-tests, report, init-tiny-model's tiny preset)
   dry-run   train needs minutes on CPU or a GPU: `submit --dry-run` of the same recipe and
@@ -23,7 +24,8 @@ import re
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import takewhile
 from pathlib import Path
 
 import click
@@ -57,6 +59,7 @@ class Example:
     source: str  # where it is shown: "README.md:12" or "rlflow train --help"
     cwd: str  # relative to the repository ("tests/user_task" for `cd tests/user_task && ...`)
     argv: tuple[str, ...]  # after `rlflow`
+    shows_error: str | None = None  # a README console block's first `error[...]` output line
 
     def __str__(self) -> str:
         return f"{self.source}: rlflow {shlex.join(self.argv)}"
@@ -100,12 +103,15 @@ def readme_examples() -> list[Example]:
     found = []
     for block in re.finditer(r"^```(bash|console)\n(.*?)^```", text, re.S | re.M):
         first = text[: block.start(2)].count("\n") + 1
-        for n, line in enumerate(block.group(2).splitlines()):
+        lines = block.group(2).splitlines()
+        for n, line in enumerate(lines):
             if block.group(1) == "console" and not line.startswith("$ "):
                 continue  # output
             example = parse_line(line, f"README.md:{first + n}")
             if example is not None:
-                found.append(example)
+                output = takewhile(lambda x: not x.startswith("$ "), lines[n + 1 :])
+                error = next((x for x in output if x.startswith("error[")), None)
+                found.append(replace(example, shows_error=error))
     for inline in re.finditer(r"`(uv run rlflow [^`]+)`", text):
         found.append(
             parse_line(inline.group(1), f"README.md:{text[: inline.start()].count(chr(10)) + 1}")
@@ -184,5 +190,10 @@ def test_every_example_runs(example, tmp_path):
         shutil.copy(METRICS, run / "metrics.jsonl")
         cwd = tmp_path
     result = rlflow(*argv, cwd=cwd)
+    if example.shows_error:  # the README shows it failing: it must, with that error
+        assert result.returncode == 2 and example.shows_error + "\n" in result.stderr, (
+            f"{example}\n{result.stderr}"
+        )
+        return
     assert result.returncode in expect, f"{example}\n{result.stdout[-2000:]}{result.stderr}"
     assert "Traceback" not in result.stderr
