@@ -17,6 +17,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlflow.data.prompts import ANSWER_CLOSE, ANSWER_OPEN
 from rlflow.model.presets import PRESET_NAMES
 
 SPECIAL_TOKENS = [
@@ -29,7 +30,7 @@ SPECIAL_TOKENS = [
     "<|image_pad|>",
     "<|video_pad|>",
 ]
-ANSWER_TOKENS = ["<answer>", "</answer>"]
+ANSWER_TOKENS = [ANSWER_OPEN, ANSWER_CLOSE]  # one token each (format: rlflow.data.prompts)
 
 # Qwen2-VL-Instruct's chat template (same semantics), so prompts look like the real model's.
 CHAT_TEMPLATE = (
