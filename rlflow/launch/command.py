@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -25,6 +26,10 @@ from rlflow.errors import (
     RlflowError,
     print_diagnostics,
 )
+
+if TYPE_CHECKING:  # types only: plan and load are imported when submit runs
+    from rlflow.launch.plan import JobPlan
+    from rlflow.recipe.load import LoadedRecipe
 
 SUBMIT_EPILOG = """\b
 Examples:
@@ -45,8 +50,8 @@ slurm.max_requeues times).
 
 @dataclass(frozen=True)
 class Prepared:
-    loaded: object  # LoadedRecipe, typed loosely to keep this module's imports light
-    plan: object  # JobPlan
+    loaded: LoadedRecipe
+    plan: JobPlan
     script: str
     recipe_text: str
     warnings: list[Diagnostic]
