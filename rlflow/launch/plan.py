@@ -67,6 +67,7 @@ class JobPlan:
     startup_timeout_seconds: int | None  # watchdog: a rank's first progress report (rlflow train)
     container_image: str | None
     container_mounts: str | None  # pyxis' comma-separated list
+    apptainer: tuple[str, ...] | None  # `apptainer exec ... IMAGE`, the words before each step
     env: tuple[tuple[str, str], ...]
     setup_command: str | None
     workdir: str  # the job runs here (the directory `rlflow submit` ran in)
@@ -120,6 +121,7 @@ def make_plan(
     log_dir = os.path.join(run_dir, "logs")
     seconds = parse_time_limit(slurm.time_limit)
     assert seconds is not None, "check_recipe validates slurm.time_limit before planning"
+    pyxis = slurm.container.runtime == "pyxis"
     return JobPlan(
         job_name=recipe.run.name,
         num_nodes=flags.nodes,
@@ -151,8 +153,15 @@ def make_plan(
             if recipe.watchdog.enabled and flags.command is None
             else None
         ),
-        container_image=slurm.container_image,
-        container_mounts=",".join(slurm.container_mounts) if slurm.container_mounts else None,
+        container_image=slurm.container_image if pyxis else None,
+        container_mounts=(
+            ",".join(slurm.container_mounts) if pyxis and slurm.container_mounts else None
+        ),
+        apptainer=(  # no image: check_container reports it before anything is submitted
+            _apptainer_words(slurm)
+            if slurm.container.runtime == "apptainer" and slurm.container_image
+            else None
+        ),
         env=tuple(slurm.env.items()),
         setup_command=slurm.setup_command,
         workdir=cwd,
@@ -163,6 +172,20 @@ def make_plan(
         rank_command=_rank_command(slurm.rlflow_command, flags.command, run_dir),
         master_port_base=MASTER_PORT_BASE,
         master_port_span=MASTER_PORT_SPAN,
+    )
+
+
+def _apptainer_words(slurm) -> tuple[str, ...]:
+    """`apptainer exec [--nv] --bind=M ... [ARGS] IMAGE`: every srun step runs inside it. --nv
+    maps the node's NVIDIA driver and GPUs in (not on CPU-only clusters)."""
+    assert slurm.container_image, "check_container requires an image for apptainer"
+    return (
+        *shlex.split(slurm.container.apptainer_command),
+        "exec",
+        *(("--nv",) if slurm.request_gpus else ()),
+        *(f"--bind={mount}" for mount in slurm.container_mounts),
+        *slurm.container.apptainer_args,
+        slurm.container_image,
     )
 
 

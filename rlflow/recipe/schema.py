@@ -219,6 +219,13 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class ContainerConfig:
+    runtime: Literal["pyxis", "apptainer", "none"]  # how ranks run in slurm.container_image
+    apptainer_command: str  # apptainer: the executable on the nodes (apptainer or singularity)
+    apptainer_args: list[str]  # apptainer: more `exec` options, e.g. ["--cleanenv"]
+
+
+@dataclass(frozen=True)
 class SlurmConfig:
     partition: str | None
     account: str | None
@@ -228,6 +235,7 @@ class SlurmConfig:
     mem: str | None  # e.g. "64G"; None lets the site default apply
     container_image: str | None  # pyxis/enroot image; None runs on the host
     container_mounts: list[str]  # src:dst[:flags]
+    container: ContainerConfig  # the runtime (pyxis, apptainer) that runs container_image
     extra_sbatch_args: list[str]  # e.g. ["--exclusive", "--constraint=h100"]
     env: dict[str, str]  # exported in the job before every step
     setup_command: str | None  # run once per node before training (e.g. build a venv)

@@ -32,6 +32,7 @@ GOLDEN_CASES = {
         "--gpus",
         "8",
     ],
+    "apptainer-2n4g": [str(RECIPES / "apptainer.yaml"), "--nodes", "2", "--gpus", "4"],
     "full-features": [
         str(RECIPES / "full-features.yaml"),
         "--nodes",
