@@ -178,7 +178,6 @@ def make_plan(
 def _apptainer_words(slurm) -> tuple[str, ...]:
     """`apptainer exec [--nv] --bind=M ... [ARGS] IMAGE`: every srun step runs inside it. --nv
     maps the node's NVIDIA driver and GPUs in (not on CPU-only clusters)."""
-    assert slurm.container_image, "check_container requires an image for apptainer"
     return (
         *shlex.split(slurm.container.apptainer_command),
         "exec",
