@@ -393,10 +393,25 @@ JOB_HELP = "JOB is a job id or a run directory (which holds the job id)."
 
 @click.command(
     epilog="\b\nExamples:\n  rlflow status 1234\n  rlflow status runs/clevr-20260101-120000-a1b2c3"
+    "\n  rlflow status 1234 --watch --interval 5"
 )
 @click.argument("job")
+@click.option(
+    "--watch",
+    "-w",
+    is_flag=True,
+    help="A live screen (queue, phase and step, speed, ETA, attempts, last error), redrawn until "
+    "the job ends (exit 0 if it completed) or Ctrl-C (exit 130).",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.2),
+    default=2.0,
+    show_default=True,
+    help="Seconds between redraws with --watch.",
+)
 @click.pass_context
-def status(ctx: click.Context, job: str) -> None:
+def status(ctx: click.Context, job: str, watch: bool, interval: float) -> None:
     """Show the state of a submitted job, or of every element of a sweep.
 
     JOB is a job id, a run directory (which holds the job id), or a sweep directory (one line
@@ -407,6 +422,13 @@ def status(ctx: click.Context, job: str) -> None:
     if sweep_jobs.is_sweep_dir(job) and not ctx.params.get("watch"):
         click.echo(sweep_jobs.describe(Path(job)))  # one line per element
         ctx.exit(EXIT_OK)
+    if watch:
+        from rlflow.launch import monitor
+
+        if sweep_jobs.is_sweep_dir(job):
+            ctx.exit(monitor.watch_sweep(Path(job), interval))
+        ref = jobs.resolve(job)
+        ctx.exit(monitor.watch(ref.job_id, ref.run_dir, interval))
     ref = jobs.resolve(job)
     click.echo(jobs.describe(ref))
     ctx.exit(EXIT_OK)

@@ -1,0 +1,391 @@
+"""`rlflow status JOB --watch`: one screen about a job, redrawn until the job ends or Ctrl-C.
+
+The screen is a pure function (`render`) of what Slurm says (scontrol's fields, squeue's start
+estimate) and what the run directory holds (heartbeats, metrics.jsonl, attempts.jsonl, failure
+records), so tests check screens without a cluster; `gather` collects those, `watch` loops.
+Standard library and pyyaml only: it runs on login nodes (no torch, no curses).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlflow.errors import EXIT_FINDINGS, EXIT_OK, Diagnostic, RlflowError
+from rlflow.launch import slurm
+
+DEFAULT_INTERVAL_SECONDS = 2.0
+EXIT_INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C
+METRICS_TAIL_BYTES = 256 * 1024  # recent steps only: metrics.jsonl grows by ~1.5 kB a step
+RECENT_STEPS = 10  # step times are medians over this many of the newest steps
+# Per-step timings in metrics.jsonl that are not a phase of the step.
+NOT_PHASES = {"time/step", "time/tokens_per_second"}
+# Terminal control: the alternate screen keeps the user's scrollback; the cursor is hidden while
+# redrawing. Both are undone on every way out (job end, Ctrl-C, an error).
+ENTER_SCREEN, LEAVE_SCREEN = "\x1b[?1049h\x1b[?25l", "\x1b[?25h\x1b[?1049l"
+HOME, CLEAR_LINE, CLEAR_BELOW = "\x1b[H", "\x1b[K", "\x1b[J"
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What Slurm says about the job, in scontrol's field names."""
+
+    job_id: str
+    fields: dict[str, str]  # JobState, JobName, RunTime, TimeLimit, NodeList, Reason, Restarts
+    start_estimate: str | None = None  # squeue --start's START_TIME of a pending job
+
+    @property
+    def state(self) -> str:
+        return self.fields.get("JobState", "UNKNOWN").split()[0]
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """What the run directory holds, read once per refresh."""
+
+    path: Path
+    max_steps: int | None = None  # grpo.max_num_steps of the resolved recipe
+    attempt: int | None = None  # the newest status/attempt-N
+    beats: list[dict] = field(default_factory=list)  # that attempt's heartbeats, with "rank"
+    metrics: list[dict] = field(default_factory=list)  # the newest metrics.jsonl records
+    attempts: list[dict] = field(default_factory=list)  # attempts.jsonl
+    failure: str | None = None  # the newest attempt's first failure
+
+
+# --- the screen ---------------------------------------------------------------------------------
+
+
+def render(job: JobView, run: RunFiles | None, now: float) -> list[str]:
+    """The screen's lines (without terminal codes); `now` is wall-clock time (time.time())."""
+    name = job.fields.get("JobName", "?")
+    lines = [f"job {job.job_id} ({name})", f"queue:      {_queue(job)}"]
+    if run is None:
+        lines.append("run dir:    not found (pass the run directory to see the run's progress)")
+        return lines
+    lines.append(f"run dir:    {run.path}")
+    lines.append(f"phase:      {_phase(run, now)}")
+    recent = [r for r in run.metrics if "time/step" in r][-RECENT_STEPS:]
+    lines.append(f"speed:      {_speed(recent)}")
+    lines.append(f"step time:  {_phases(recent)}")
+    lines.append(f"ETA:        {_eta(run, recent)}")
+    lines.append(f"rewards:    {_rewards(run.metrics)}")
+    lines += _attempt_lines(job, run)
+    lines.append(f"last error: {_last_error(run) or 'none'}")
+    return lines
+
+
+def _queue(job: JobView) -> str:
+    f = job.fields
+    state = job.state
+    if state == "PENDING":
+        reason = f.get("Reason", "None")
+        start = job.start_estimate
+        when = (
+            f"estimated start {start} (squeue --start)"
+            if start and start not in ("N/A", "Unknown")
+            else "no start estimate yet (squeue --start: N/A)"
+        )
+        return f"PENDING ({reason}), {when}"
+    text = f"{state}, {f.get('RunTime', '?')} of {f.get('TimeLimit', '?')}"
+    nodes = f.get("NodeList", "")
+    if nodes and nodes != "(null)":
+        text += f" on {nodes}"
+    if state not in ("RUNNING", "COMPLETED") and f.get("Reason", "None") != "None":
+        text += f" ({f['Reason']})"
+    return text
+
+
+def _phase(run: RunFiles, now: float) -> str:
+    if not run.beats:
+        return "not started (no heartbeat yet)"
+    head = min(run.beats, key=lambda b: b["rank"])  # rank 0 where it reported
+    step = head.get("step", 0)
+    total = f" of {run.max_steps}" if run.max_steps else ""
+    ages = [now - b["wall"] for b in run.beats if isinstance(b.get("wall"), (int, float))]
+    text = f"{head.get('phase', '?')}, step {step}{total} (attempt {run.attempt}"
+    text += f", {len(run.beats)} rank{'s' * (len(run.beats) != 1)} reporting"
+    if ages:
+        text += f", oldest report {max(0.0, max(ages)):.0f} s ago"
+    steps = {b.get("step") for b in run.beats}
+    if len(steps) > 1:
+        text += f", ranks at steps {min(steps)}-{max(steps)}"
+    return text + ")"
+
+
+def _speed(recent: list[dict]) -> str:
+    tokens = [r["time/tokens_per_second"] for r in recent if "time/tokens_per_second" in r]
+    if not recent:
+        return "no step logged yet"
+    last = recent[-1]
+    text = f"{_median(tokens):,.0f} tokens/s" if tokens else "tokens/s not logged"
+    return text + f" (median of the last {len(recent)} steps; newest step {last['step']})"
+
+
+def _phases(recent: list[dict]) -> str:
+    if not recent:
+        return "-"
+    keys = sorted(
+        {k for r in recent for k in r if k.startswith("time/") and k not in NOT_PHASES},
+        key=lambda k: (-_median([r[k] for r in recent if k in r]), k),  # slowest first
+    )
+    parts = [
+        f"{k.removeprefix('time/')} {_median([r[k] for r in recent if k in r]):.2f}" for k in keys
+    ]
+    step = _median([r["time/step"] for r in recent])
+    return f"{step:.2f} s" + (f" = {', '.join(parts)}" if parts else "")
+
+
+def _eta(run: RunFiles, recent: list[dict]) -> str:
+    if not run.max_steps:
+        return "unknown (no grpo.max_num_steps in the run's recipe.yaml)"
+    done = max([r["step"] for r in run.metrics if "time/step" in r], default=0)
+    left = max(0, run.max_steps - done)
+    if left == 0:
+        return f"all {run.max_steps} steps done"
+    if not recent:
+        return f"{left} steps to go (no step time yet)"
+    seconds = left * _median([r["time/step"] for r in recent])
+    return f"{_duration(seconds)} ({left} steps x median step time, to grpo.max_num_steps={run.max_steps})"
+
+
+def _rewards(metrics: list[dict]) -> str:
+    parts = []
+    train = [r for r in metrics if "train/reward" in r]
+    if train:
+        last = train[-1]
+        parts.append(f"train reward {last['train/reward']:.3f}")
+        if "train/accuracy" in last:
+            parts.append(f"accuracy {last['train/accuracy']:.2f} (step {last['step']})")
+    val = [r for r in metrics if "val/accuracy" in r]
+    if val:
+        parts.append(f"validation accuracy {val[-1]['val/accuracy']:.3f} (step {val[-1]['step']})")
+    return ", ".join(parts) or "-"
+
+
+def _attempt_lines(job: JobView, run: RunFiles) -> list[str]:
+    records = run.attempts
+    requeues = sum(1 for r in records if r.get("outcome") == "time-limit")
+    retries = sum(1 for r in records if r.get("outcome") == "node-failure")
+    current = run.attempt if run.attempt is not None else job.fields.get("Restarts", "0")
+    lines = [
+        f"attempts:   now attempt {current}; {requeues} time-limit requeue"
+        f"{'s' * (requeues != 1)}, {retries} node-failure retr{'ies' if retries != 1 else 'y'}"
+    ]
+    for r in records[-3:]:
+        step = "-" if r.get("step") is None else r["step"]
+        lines.append(
+            f"  {r.get('attempt')}: {r.get('outcome')} at step {step} on {r.get('nodes')} "
+            f"-> {r.get('action')}"
+        )
+    return lines
+
+
+def _last_error(run: RunFiles) -> str | None:
+    if run.failure:
+        return run.failure
+    for r in reversed(run.attempts):
+        if r.get("outcome") not in ("completed", "time-limit"):
+            return f"attempt {r.get('attempt')}: {r.get('reason')}"
+    return None
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _duration(seconds: float) -> str:
+    """H:MM:SS, like Slurm's RunTime."""
+    hours, rest = divmod(int(round(seconds)), 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+# --- reading the cluster and the run directory ---------------------------------------------------
+
+
+def gather(job_id: str, run_dir: Path | None) -> JobView | None:
+    """Slurm's view of the job (scontrol, then sacct once it is gone); None if Slurm has none."""
+    fields = slurm.job_fields(job_id)
+    if fields is None:
+        record = slurm.accounting(job_id)
+        if record is None:
+            return None
+        fields = {
+            "JobState": record["State"],
+            "JobName": record["JobName"],
+            "RunTime": record["Elapsed"],
+            "TimeLimit": record["Timelimit"],
+            "NodeList": record["NodeList"],
+        }
+    estimate = _start_estimate(job_id) if fields.get("JobState") == "PENDING" else None
+    return JobView(job_id, fields, estimate)
+
+
+def _start_estimate(job_id: str) -> str | None:
+    """The backfill scheduler's expected start (squeue --start); N/A until it has one."""
+    result = slurm.run(["squeue", "--start", "-h", "-j", job_id, "-o", "%S"])
+    text = result.stdout.strip() if result.returncode == 0 else ""
+    return text.splitlines()[0] if text else None
+
+
+def read_run(run_dir: Path) -> RunFiles:
+    attempts_dirs = sorted(
+        (p for p in (run_dir / "status").glob("attempt-*") if p.name[8:].isdigit()),
+        key=lambda p: int(p.name[8:]),
+    )
+    newest = attempts_dirs[-1] if attempts_dirs else None
+    return RunFiles(
+        path=run_dir,
+        max_steps=_max_steps(run_dir / "recipe.yaml"),
+        attempt=int(newest.name[8:]) if newest else None,
+        beats=_beats(newest / "heartbeat") if newest else [],
+        metrics=_tail_records(run_dir / "metrics.jsonl"),
+        attempts=_tail_records(run_dir / "attempts.jsonl"),
+        failure=_failure(newest) if newest else None,
+    )
+
+
+def _max_steps(recipe: Path) -> int | None:
+    import yaml
+
+    try:
+        value = (yaml.safe_load(recipe.read_text()) or {}).get("grpo", {}).get("max_num_steps")
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def _beats(folder: Path) -> list[dict]:
+    beats = []
+    for path in folder.glob("rank-*.json"):
+        try:
+            beat = json.loads(path.read_text())
+            beat["rank"] = int(path.stem.removeprefix("rank-"))
+        except (OSError, ValueError, TypeError):
+            continue  # replaced while read (a rank writes it atomically, but it may vanish)
+        beats.append(beat)
+    return beats
+
+
+def _tail_records(path: Path) -> list[dict]:
+    """The JSON lines in the file's last METRICS_TAIL_BYTES; torn or partial lines skipped."""
+    try:
+        with open(path, "rb") as handle:
+            size = handle.seek(0, 2)
+            handle.seek(max(0, size - METRICS_TAIL_BYTES))
+            data = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    lines = data.splitlines()
+    if size > METRICS_TAIL_BYTES:
+        lines = lines[1:]  # the first line is cut
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def _failure(attempt: Path) -> str | None:
+    for name in ("first-failure", "peer-failure"):
+        try:
+            lines = (attempt / name).read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        code, message, host = (lines + ["", "", ""])[:3]
+        return f"attempt {attempt.name[8:]}: {message} (exit {code}{f', {host}' if host else ''})"
+    return None
+
+
+# --- the loop -----------------------------------------------------------------------------------
+
+
+def watch(job_id: str, run_dir: Path | None, interval: float, out=None) -> int:
+    """Redraw the job's screen every `interval` seconds until the job ends (exit 0 if it
+    completed, 1 otherwise) or Ctrl-C (exit 130). The terminal is restored on every way out."""
+
+    def screen() -> tuple[list[str], str | None]:
+        job = gather(job_id, run_dir)
+        if job is None:
+            raise RlflowError(
+                Diagnostic(
+                    "jobs.not-found",
+                    f"Slurm knows no job {job_id} (neither scontrol nor sacct)",
+                    help="check the id; SLURM_CONF picks the cluster",
+                ),
+                EXIT_FINDINGS,
+            )
+        run = read_run(run_dir) if run_dir is not None else None
+        ended = job.state if job.state in slurm.FINAL_STATES else None
+        return render(job, run, time.time()), ended
+
+    return loop(screen, interval, f"job {job_id}", out)
+
+
+def watch_sweep(sweep_dir: Path, interval: float, out=None) -> int:
+    """The sweep's screen (one line per element, rlflow/launch/sweep_jobs.py) until every
+    element has ended (exit 0 if all completed) or Ctrl-C (exit 130)."""
+    from rlflow.launch import sweep, sweep_jobs
+
+    def screen() -> tuple[list[str], str | None]:
+        lines = sweep_jobs.describe(sweep_dir).splitlines()
+        manifest = json.loads((sweep_dir / sweep.MANIFEST).read_text())
+        states = sweep_jobs.task_states(manifest["array_job_id"])
+        elements = [states.get(e["index"], "UNKNOWN") for e in manifest["elements"]]
+        if not all(state in slurm.FINAL_STATES for state in elements):
+            return lines, None
+        return lines, "COMPLETED" if set(elements) == {"COMPLETED"} else "not all COMPLETED"
+
+    return loop(screen, interval, f"sweep {sweep_dir.name}", out)
+
+
+def loop(screen, interval: float, what: str, out=None) -> int:
+    """Draw `screen()` -> (lines, final state or None) every `interval` seconds."""
+    out = out or sys.stdout
+    tty = out.isatty()
+    lines: list[str] = []
+    ended: str | None = None
+    interrupted = False
+    if tty:
+        out.write(ENTER_SCREEN)
+    try:
+        while True:
+            lines, ended = screen()
+            stamp = time.strftime("%H:%M:%S")
+            header = f"rlflow monitor, {stamp}, every {interval:g} s (Ctrl-C leaves; {what} keeps running)"
+            _draw(out, [header, *lines], tty)
+            if ended is not None:
+                break
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        interrupted = True
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
+    finally:
+        if tty:
+            out.write(LEAVE_SCREEN)
+            out.write("\n".join(lines) + "\n")  # the last screen stays in the scrollback
+            out.flush()
+    if interrupted:
+        print(f"rlflow: left the monitor; {what} keeps running", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"rlflow: {what} ended: {ended}", file=sys.stderr)
+    return EXIT_OK if ended == "COMPLETED" else EXIT_FINDINGS
+
+
+def _draw(out, lines: list[str], tty: bool) -> None:
+    if not tty:
+        out.write("\n".join(lines) + "\n\n")
+        out.flush()
+        return
+    width = max(20, shutil.get_terminal_size().columns)
+    out.write(HOME + "".join(line[:width] + CLEAR_LINE + "\r\n" for line in lines) + CLEAR_BELOW)
+    out.flush()
