@@ -213,9 +213,20 @@ class PreflightConfig:
 
 
 @dataclass(frozen=True)
+class WandbConfig:
+    enabled: bool  # log to Weights & Biases too (the optional extra rlflow[wandb])
+    project: str
+    entity: str | None  # team or user; None: W&B's default entity
+    group: str | None  # groups runs in the W&B UI (e.g. one sweep)
+    tags: list[str]
+    mode: Literal["online", "offline", "disabled"]  # offline: files only, `wandb sync` later
+
+
+@dataclass(frozen=True)
 class LoggingConfig:
     tensorboard: bool
     progress_bar: bool
+    wandb: WandbConfig
 
 
 @dataclass(frozen=True)

@@ -34,18 +34,30 @@ class StepTimer:
 
 class MetricsLog:
     def __init__(
-        self, run_dir: Path, enabled: bool, tensorboard: bool, progress_bar: bool, total_steps: int
+        self,
+        run_dir: Path,
+        enabled: bool,
+        tensorboard: bool,
+        progress_bar: bool,
+        total_steps: int,
+        wandb=None,  # the recipe's logging.wandb section (rlflow/train/wandb_log.py)
+        config: dict | None = None,  # the resolved recipe, W&B's run config
     ):
         self.enabled = enabled
         self.path = run_dir / METRICS_FILE
         self._tb = None
         self._bar = None
+        self._wandb = None
         if not enabled:
             return
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        if wandb is not None and wandb.enabled and wandb.mode != "disabled":
+            from rlflow.train.wandb_log import WandbLogger
+
+            self._wandb = WandbLogger(wandb, run_dir, config or {})
         if progress_bar:
             from tqdm import tqdm
 
@@ -81,6 +93,8 @@ class MetricsLog:
                 if key != "step" and isinstance(value, (int, float)):
                     self._tb.add_scalar(key, value, step)
             self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(step, record)
         if self._bar is not None and "train/reward" in metrics:
             self._bar.n = step
             self._bar.set_postfix(
@@ -104,6 +118,8 @@ class MetricsLog:
             self._bar.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.close()
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

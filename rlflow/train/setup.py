@@ -113,6 +113,8 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
         tensorboard=recipe.logging.tensorboard,
         progress_bar=recipe.logging.progress_bar,
         total_steps=recipe.grpo.max_num_steps,
+        wandb=recipe.logging.wandb,
+        config=loaded.data,
     )
     watchdog.beat("setup")
     return Trainer(
