@@ -61,6 +61,7 @@ def cap_problems(
         ]
     if worst <= cap:
         return []
+    sweep_help = ", fewer sweep values" if what.startswith("this sweep") else ""
     return [
         replace(
             loaded.diagnostic(
@@ -69,8 +70,8 @@ def cap_problems(
                 f"{what} may use {worst:.4g} GPU-hours in the worst case, over the cap of "
                 f"{cap:g} (slurm.max_gpu_hours); nothing was submitted",
                 help="fewer --nodes or --gpus, a shorter slurm.time_limit, fewer slurm.max_requeues "
-                "or slurm.max_failure_retries (or fewer sweep values); or raise "
-                f"slurm.max_gpu_hours to {worst:.4g} if you mean it",
+                f"or slurm.max_failure_retries{sweep_help}; or raise slurm.max_gpu_hours to "
+                f"{worst:.4g} if you mean it",
             ),
             notes=notes,
         )

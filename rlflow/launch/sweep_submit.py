@@ -170,7 +170,8 @@ def show_dry_run(swept: PreparedSweep) -> None:
     out(_summary(swept))
     out(
         f"checks:     every element: recipe, flags vs cluster, parallelism fits "
-        f"{first.plan.world_size} ranks, sbatch values, paths, bash -n; {first.pins}; "
+        f"{first.plan.world_size} ranks, sbatch values, paths, bash -n; once (one repository): "
+        f"{first.pins}; "
         "the array's #SBATCH lines agree"
         + (f", {len(swept.warnings)} warning(s) (above)" if swept.warnings else "")
     )
@@ -230,6 +231,7 @@ def submit_sweep(swept: PreparedSweep) -> str:
     from rlflow.launch.command import _cancel_quietly
 
     first = swept.prepared[0]
+    staged = None
     try:
         staged = rundir.stage(str(swept.sweep_dir), {"script.sbatch": swept.script})
         git = rundir.git_json(first.plan.workdir)
@@ -240,7 +242,7 @@ def submit_sweep(swept: PreparedSweep) -> str:
             (folder / "recipe.yaml").write_text(_element_recipe(swept, index), encoding="utf-8")
             (folder / "git.json").write_text(git, encoding="utf-8")
     except OSError as err:
-        if "staged" in locals():
+        if staged is not None:
             staged.discard()
         raise RlflowError(
             first.loaded.diagnostic(

@@ -18,7 +18,7 @@ import pytest
 from launch_helpers import PYTHON, RECIPES, REPO, batch_log, job_fields, payload_command
 
 from rlflow.errors import RlflowError
-from rlflow.launch import sweep
+from rlflow.launch import sweep, sweep_jobs
 
 RLFLOW = Path(PYTHON).parent / "rlflow"  # the console script users run
 TINY = RECIPES / "tiny-cpu.yaml"
@@ -103,6 +103,29 @@ def test_axes_cross_product_and_element_names():
     assert [e.name for e in hostile] == ["0-X=_touch_tmp_x", "1-X=_rm_-rf"]
 
 
+def test_every_value_in_the_array_script_is_quoted():
+    """Like sbatch.sh.j2: `|q` places every value. The #SBATCH lines are the exception: they are
+    copied from the elements' own rendered scripts, where each value was quoted already."""
+    template = (REPO / "templates" / "sweep.sh.j2").read_text()
+    expressions = [e.strip() for e in re.findall(r"{{(.*?)}}", template)]
+    assert [e for e in expressions if not re.search(r"\|\s*q$", e)] == ["line"]
+    assert "{% for line in sbatch_lines %}" in template
+
+
+def test_task_states_of_pending_and_running_tasks():
+    """squeue -r and sacct name array tasks ARRAY_INDEX; sacct keeps the tasks not started yet
+    in one record (ARRAY_[2-5%2])."""
+    text = "7_0|RUNNING\n7_1|CANCELLED by 0\n7_[2-4,6%2]|PENDING\n7|COMPLETED\n"
+    assert sweep_jobs._parse_states(text, "|") == {
+        0: "RUNNING",
+        1: "CANCELLED",
+        2: "PENDING",
+        3: "PENDING",
+        4: "PENDING",
+        6: "PENDING",
+    }
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -159,6 +182,22 @@ def test_dry_run_shows_the_matrix_and_one_script_and_submits_nothing(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_sweep_dry_run_imports_no_torch(tmp_path):
+    """Login-node promise, for sweeps too (the single-job case: test_launch_dry_run.py)."""
+    code = (
+        "import sys\nfrom rlflow.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as done:\n    status = done.code\n"
+        "heavy = [m for m in ('torch', 'megatron', 'transformers') if m in sys.modules]\n"
+        "print('heavy modules:', heavy, file=sys.stderr)\nsys.exit(status)\n"
+    )
+    args = [str(TINY), "--sweep", "optimizer.lr=1,2", "--nodes", "1", "--gpus", "1", "--dry-run"]
+    result = subprocess.run(
+        [PYTHON, "-c", code, "submit", *args], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "heavy modules: []" in result.stderr
+
+
 def test_gpu_hours_worst_case_and_the_cap(tmp_path):
     args = [str(TINY), "slurm.max_requeues=3", "--nodes", "2", "--gpus", "4", "--time", "2:00:00"]
     dry = cli("submit", *args, "--dry-run", cwd=tmp_path)
@@ -203,6 +242,8 @@ def test_a_2x2_sweep_of_the_tiny_recipe_trains_every_element(tmp_path):
         str(TINY_TRAIN),
         f"run.output_dir={tmp_path}",
         "grpo.max_num_steps=2",
+        "grpo.num_prompts_per_step=4",  # small steps: the shared 2-core machine is busy
+        "grpo.num_generations_per_prompt=4",
         "warm_start.num_steps=0",
         "grpo.val_at_start=false",
         "grpo.max_val_samples=8",
