@@ -275,3 +275,28 @@ def test_live_monitor_in_a_pty_on_the_real_cluster(tmp_path):
     assert "queue:      COMPLETED" in last and "ETA:        all 4 steps done" in last
     assert monitor.ENTER_SCREEN not in ended.stdout  # no terminal codes into a pipe
     assert wait_done(job, 60, run_dir)["JobState"] == "COMPLETED"
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+def test_live_monitor_of_a_sweep_until_it_ends(tmp_path):
+    """`rlflow status SWEEP_DIR --watch`: the sweep's screen (one line per element), redrawn until
+    every element has ended; exit 0 when all completed. Not a terminal: screens one after the
+    other, no terminal codes."""
+    result = rlflow(
+        "submit", str(RECIPES / "tiny-cpu.yaml"), "--sweep", "slurm.env.WHICH=a,b",
+        "--nodes", "1", "--gpus", "1", "--command", "sleep 3", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    sweep_dir = Path(re.search(r"sweep dir: (.*)", result.stdout)[1].strip())
+    watched = subprocess.run(
+        [str(RLFLOW), "status", str(sweep_dir), "--watch", "--interval", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert watched.returncode == 0, watched.stdout[-2000:] + watched.stderr
+    assert f"rlflow: sweep {sweep_dir.name} ended: COMPLETED" in watched.stderr
+    screens = watched.stdout.strip().split("\n\n")
+    assert all(s.startswith("rlflow monitor, ") for s in screens)
+    last = screens[-1].splitlines()
+    assert last[1].startswith(f"sweep {sweep_dir.name}: job array ") and "2 COMPLETED" in last[1]
+    assert [line.split()[2] for line in last[3:]] == ["COMPLETED", "COMPLETED"]
+    assert monitor.ENTER_SCREEN not in watched.stdout
