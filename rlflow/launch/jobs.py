@@ -178,6 +178,15 @@ def log_path(ref: JobRef, rank: int, batch: bool) -> Path:
             ),
             EXIT_FINDINGS,
         )
+    if (ref.run_dir / "sweep.json").is_file():
+        raise RlflowError(
+            Diagnostic(
+                "jobs.sweep-dir",
+                f"{ref.run_dir} is a sweep: each element has its own logs",
+                help="pass an element's directory (SWEEP_DIR/<element>) or its job id "
+                "(ARRAY_INDEX, listed by `rlflow status SWEEP_DIR`)",
+            )
+        )
     name = f"slurm-{ref.job_id}.out" if batch else f"rank-{rank}.log"
     return ref.run_dir / "logs" / name
 

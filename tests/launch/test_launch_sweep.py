@@ -345,6 +345,12 @@ def test_cancel_one_element_then_the_whole_sweep(tmp_path):
     assert status.splitlines()[0].endswith(": 4 CANCELLED")
     again = cli("cancel", str(sweep_dir), cwd=tmp_path)
     assert again.stdout.strip().endswith("has ended: nothing to cancel")
+    # An element's job id finds its run directory (through the manifest); the sweep directory
+    # itself has no logs of its own.
+    element = cli("status", f"{array}_0", cwd=tmp_path)
+    assert f"run dir: {next(sweep_dir.glob('0-*'))}\n" in element.stdout, element.stderr
+    logs = cli("logs", str(sweep_dir), cwd=tmp_path)
+    assert logs.returncode == 2 and f"error[jobs.sweep-dir]: {sweep_dir} is a sweep" in logs.stderr
 
 
 @pytest.mark.usefixtures("slurm_cluster")
