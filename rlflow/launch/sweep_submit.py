@@ -207,10 +207,17 @@ def _summary(swept: PreparedSweep) -> str:
             f"each {_shape(plan)}, time limit {plan.time_limit}",
             f"GPU-hours:  {cost.hours(once)} for the sweep ({count} x "
             f"{cost.hours(plan.gpu_hours)}, one attempt each)",
-            f"worst case: {cost.hours(swept.worst_total)} for the sweep (each element "
-            f"{cost.attempts_text(plan)}); {cost.cap_text(swept.prepared[0].loaded)}",
+            f"worst case: {cost.hours(swept.worst_total)} for the sweep ({_attempts(swept)}); "
+            f"{cost.cap_text(swept.prepared[0].loaded)}",
         ]
     )
+
+
+def _attempts(swept: PreparedSweep) -> str:
+    texts = {cost.attempts_text(p.plan) for p in swept.prepared}
+    if len(texts) == 1:
+        return f"each element {texts.pop()}"
+    return "the elements' attempts differ: see the matrix"
 
 
 def _element_recipe(swept: PreparedSweep, index: int) -> str:

@@ -227,6 +227,21 @@ def test_gpu_hours_worst_case_and_the_cap(tmp_path):
     assert (
         "this sweep of 4 elements may use 384 GPU-hours in the worst case, over the cap of 200"
     ) in over.stderr
+    # Elements with other requeue limits have other worst cases: 16 x (1 + 0 + 2), 16 x (1 + 2 + 2).
+    mixed = cli(
+        "submit",
+        *args[:1],
+        *args[2:],
+        "--sweep",
+        "slurm.max_requeues=0,2",
+        "--dry-run",
+        cwd=tmp_path,
+    )
+    rows = [line.split() for line in mixed.stdout.split("matrix:\n")[1].splitlines()[1:3]]
+    assert [row[-1] for row in rows] == ["48.0", "80.0"], mixed.stdout
+    assert "worst case: 128.0 for the sweep (the elements' attempts differ: see the matrix)" in (
+        mixed.stdout
+    )
     zero = cli("submit", *args, "slurm.max_gpu_hours=0", "--dry-run", cwd=tmp_path)
     assert zero.returncode == 2 and "a cap must be above 0" in zero.stderr
     assert not (tmp_path / "runs").exists()
