@@ -1,0 +1,53 @@
+"""The family registry: every shipped family declares itself, and checkpoints or builtin names no
+family knows are refused with a diagnostic that lists what is supported."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlflow.errors import RlflowError
+from rlflow.model import family
+from rlflow.recipe.schema import ModelConfig
+
+
+def test_every_family_declares_what_it_is():
+    shipped = family.families()
+    assert [type(f).__name__ for f in shipped] == ["Qwen25VL", "QwenText", "Qwen2VL"]
+    for f in shipped:
+        assert f.model_types and f.architectures and f.builtins
+        assert f.rope in ("mrope", "1d")
+        assert f.multimodal == (f.rope == "mrope")
+    assert family.by_config({"model_type": "qwen3"}) is family.by_builtin("tiny-qwen3")
+    assert family.by_config({"architectures": ["Qwen2VLForConditionalGeneration"]}).builtins == (
+        "tiny-qwen2vl",
+    )
+
+
+def test_an_unknown_architecture_is_refused_naming_the_supported_ones(tmp_path):
+    from rlflow.model.build import resolve_checkpoint
+
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    )
+    cfg = ModelConfig(checkpoint=str(tmp_path), dtype="float32", freeze_vision=True, tiny_seed=0)
+    with pytest.raises(RlflowError) as err:
+        resolve_checkpoint(cfg, tmp_path / "cache")
+    (diagnostic,) = err.value.diagnostics
+    assert diagnostic.code == "model.unsupported"
+    assert "LlamaForCausalLM" in diagnostic.message
+    assert "Qwen2VLForConditionalGeneration" in diagnostic.help
+
+
+def test_an_unknown_builtin_is_refused_naming_the_builtins(tmp_path):
+    from rlflow.model.build import resolve_checkpoint
+
+    cfg = ModelConfig(
+        checkpoint="builtin:tiny-llama", dtype="float32", freeze_vision=True, tiny_seed=0
+    )
+    with pytest.raises(RlflowError) as err:
+        resolve_checkpoint(cfg, tmp_path)
+    (diagnostic,) = err.value.diagnostics
+    assert diagnostic.code == "model.unknown-builtin"
+    assert "builtin:tiny-qwen25vl, builtin:tiny-qwen3, builtin:tiny-qwen2vl" in diagnostic.help
