@@ -1,13 +1,15 @@
 """`slurm.container.runtime`: pyxis (the default, unchanged: the pyxis golden files), apptainer
 (`apptainer exec --nv --bind=... IMAGE` before every srun step; golden file apptainer-2n4g.txt)
-and none; the rules that tie the runtime to the image.
+and none; the rules that tie the runtime to the image. Named to sort after
+test_launch_dry_run.py, whose golden dry runs must run before this session's cluster exports
+SLURM_CONF.
 
 Neither apptainer nor singularity can run here: Debian 12's archive has no package for either
-(`apt-cache policy apptainer singularity-container`: no candidate), and building one needs
-setuid or user namespaces this machine's tests do not get. So the real-cluster test runs the
-rendered script with a stand-in executable in `slurm.container.apptainer_command`: it records
-the arguments the script passed (those are what this module is responsible for) and runs the
-command after the image on the node, as `apptainer exec` would inside it.
+(`apt-cache policy apptainer singularity-container`: no candidate; `apt-cache search`: nothing).
+So the real-cluster test runs the rendered script with a stand-in executable in
+`slurm.container.apptainer_command`: it records the arguments the script passed (those are what
+rlflow is responsible for) and runs the command after the image on the node, as
+`apptainer exec` would inside it.
 """
 
 from __future__ import annotations
