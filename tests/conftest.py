@@ -52,6 +52,7 @@ SLOW_PATHS = (
     "tests/train/test_checkpoint_resume.py",
     "tests/train/test_grpo_update.py",
     "tests/train/test_packing.py",
+    "tests/train/test_wandb_log.py",  # a GRPO run logged to W&B (offline) and resumed
     "tests/launch/test_launch_slurm.py",  # the Slurm cluster (also through fixtures)
     "tests/launch/test_launch_recovery.py",
     "tests/launch/test_launch_watchdog.py",
