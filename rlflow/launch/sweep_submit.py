@@ -57,7 +57,7 @@ def prepare_sweep(
     cwd, now, token = os.getcwd(), datetime.now(), secrets.token_hex(3)
     base = load_recipe(recipe, overrides).recipe.run  # the sweep's name and place
     sweep_dir = Path(cwd, base.output_dir, run_dir_name(base.name, now, token))
-    prepared, problems, warnings, exit_code = [], [], [], EXIT_USAGE
+    prepared, problems, warnings, exit_codes = [], [], [], []
     for element in found:
         try:
             one = prepare(
@@ -71,14 +71,14 @@ def prepare_sweep(
                 run_dir=str(sweep_dir / element.name),
             )
         except RlflowError as err:
-            exit_code = err.exit_code  # 1 when only the pin check found drift, else 2
+            exit_codes.append(err.exit_code)  # 1 when only the pin check found drift, else 2
             problems += [d for d in err.diagnostics if d not in problems]
             problems.append(_element_error(element, "is not valid (above)"))
             continue
         warnings += [d for d in one.warnings if d not in warnings]
         prepared.append(one)
     if problems:
-        raise RlflowError(warnings + problems, exit_code)
+        raise RlflowError(warnings + problems, max(exit_codes))
     problems = _sbatch_lines_differ(found, prepared)
     if problems:
         raise RlflowError(problems, EXIT_USAGE)
@@ -185,12 +185,16 @@ def _matrix(swept: PreparedSweep) -> str:
     keys = [a.key for a in swept.axes]
     rows = [["#", "element", *keys, "worst GPU-h"]]
     for element, one in zip(swept.elements, swept.prepared, strict=True):
-        values = [o.partition("=")[2] for o in element.overrides]
+        values = [repr(v)[1:-1] if not v.isprintable() else v for v in _values(element)]
         worst = cost.hours(cost.worst_case(one.plan))
         rows.append([str(element.index), element.name, *values, worst])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     return "\n".join(["matrix:"] + ["  " + line.rstrip() for line in lines])
+
+
+def _values(element: sweep.Element) -> list[str]:
+    return [override.partition("=")[2] for override in element.overrides]
 
 
 def _summary(swept: PreparedSweep) -> str:
