@@ -61,12 +61,18 @@ RECIPE_MARK = "# ---- recipe.yaml (resolved) ----\n"
 SUMMARY_MARK = "# ---- summary ----\n"
 
 
+# The golden output is that of a machine with no Slurm config: with one (the test cluster exports
+# SLURM_CONF once any test in the session has started it), the dry run also checks the job's
+# shape against `sinfo`, and these files would depend on the test order.
+NO_CLUSTER = {**os.environ, "SLURM_CONF": "/nonexistent"}
+
+
 @pytest.mark.parametrize("case", sorted(GOLDEN_CASES))
 def test_dry_run_golden(case, tmp_path):
     """The script and the summary are golden. The resolved recipe is compared with the loader's
     own result instead, so that a new key in base.yaml does not churn these files."""
     args = GOLDEN_CASES[case]
-    result = rlflow("submit", *args, "--dry-run", cwd=tmp_path)
+    result = rlflow("submit", *args, "--dry-run", cwd=tmp_path, env=NO_CLUSTER)
     assert result.returncode == 0, result.stderr
     script, rest = result.stdout.split(RECIPE_MARK)
     recipe_text, summary = rest.split(SUMMARY_MARK)
