@@ -122,6 +122,17 @@ def readme_examples() -> list[Example]:
 EXAMPLES = help_examples() + readme_examples()
 
 
+def builds_a_model(example: Example) -> bool:
+    """init-tiny-model run for real imports torch and transformers (~10 s): slow, like the
+    model tests (its 3B preset on a GPU and its synopsis are only parsed)."""
+    argv = example.argv
+    return (
+        argv[0] == "init-tiny-model"
+        and "--device" not in argv
+        and not PLACEHOLDER.search(" ".join(argv))
+    )
+
+
 def test_the_parser_finds_the_examples():
     sources = {e.source.split(":")[0] for e in EXAMPLES}
     assert {"README.md", "rlflow train --help", "rlflow submit --help"} <= sources
@@ -157,7 +168,11 @@ def _dry_run_of_train(argv: tuple[str, ...]) -> list[str]:
     return ["submit", *words, "--nodes", "1", "--gpus", nproc, "--dry-run"]
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=str)
+@pytest.mark.parametrize(
+    "example",
+    [pytest.param(e, marks=pytest.mark.slow) if builds_a_model(e) else e for e in EXAMPLES],
+    ids=str,
+)
 def test_every_example_runs(example, tmp_path):
     name, argv = example.argv[0], list(example.argv)
     cwd = ROOT / example.cwd
