@@ -355,6 +355,13 @@ def loop(screen, interval: float, what: str, out=None) -> int:
     lines: list[str] = []
     ended: str | None = None
     interrupted = False
+    stopped_by: list[int] = []
+
+    def leave(signum, _frame):  # SIGTERM, or SIGHUP (terminal closed): leave like Ctrl-C does
+        stopped_by.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, leave) for s in (signal.SIGTERM, signal.SIGHUP)}
     if tty:
         out.write(ENTER_SCREEN)
     try:
@@ -370,13 +377,21 @@ def loop(screen, interval: float, what: str, out=None) -> int:
         interrupted = True
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
     finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         if tty:
-            out.write(LEAVE_SCREEN)
-            out.write("\n".join(lines) + "\n")  # the last screen stays in the scrollback
-            out.flush()
+            try:
+                out.write(LEAVE_SCREEN)
+                out.write("\n".join(lines) + "\n")  # the last screen stays in the scrollback
+                out.flush()
+            except OSError:  # the terminal is gone (SIGHUP): nothing left to restore
+                pass
     if interrupted:
-        print(f"rlflow: left the monitor; {what} keeps running", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        try:
+            print(f"rlflow: left the monitor; {what} keeps running", file=sys.stderr)
+        except OSError:
+            pass
+        return 128 + stopped_by[0] if stopped_by else EXIT_INTERRUPTED
     print(f"rlflow: {what} ended: {ended}", file=sys.stderr)
     return EXIT_OK if ended == "COMPLETED" else EXIT_FINDINGS
 

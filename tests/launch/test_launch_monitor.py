@@ -192,8 +192,9 @@ def _step_of(screen: str) -> int:
 @pytest.mark.usefixtures("slurm_cluster")
 def test_live_monitor_in_a_pty_on_the_real_cluster(tmp_path):
     """A pending job shows squeue's start estimate; a running trainer's screen refreshes with its
-    step; Ctrl-C leaves with exit 130, the terminal restored and no traceback; and a monitor
-    left running exits by itself, 0, when the job completes, without importing torch."""
+    step; Ctrl-C leaves with exit 130 (SIGTERM with 143), the terminal restored and no
+    traceback; and a monitor left running exits by itself, 0, when the job completes, without
+    importing torch."""
     # A job that needs every node waits behind one that holds a node; backfill estimates its
     # start from the holder's time limit.
     holder, _ = submit(RECIPES / "tiny-cpu.yaml", "--nodes", "1", "--gpus", "4", cwd=tmp_path,
@@ -210,6 +211,17 @@ def test_live_monitor_in_a_pty_on_the_real_cluster(tmp_path):
         assert pending.process.wait(30) == 130
     finally:
         pending.close()
+    # SIGTERM (a closing tmux pane, `kill`) leaves the same way: terminal restored, exit 143.
+    killed = Pty("status", big, "--watch", "--interval", "1", cwd=tmp_path)
+    try:
+        killed.read_until(lambda t: f"job {big} (tiny-cpu)" in t, 60)
+        killed.process.terminate()
+        text = killed.read_until(lambda t: "left the monitor" in t, 30)
+        assert killed.process.wait(30) == 143
+        assert monitor.LEAVE_SCREEN in text[text.rindex(monitor.HOME) :]
+        assert "Traceback" not in text
+    finally:
+        killed.close()
     for done in (big, holder):
         assert rlflow("cancel", done, cwd=tmp_path).returncode == 0
 
