@@ -119,7 +119,15 @@ def readme_examples() -> list[Example]:
     return found
 
 
-EXAMPLES = help_examples() + readme_examples()
+def unique(examples: list[Example]) -> list[Example]:
+    """Each command line once (the README repeats some), named by where it is first shown."""
+    seen: dict[tuple, Example] = {}
+    for example in examples:
+        seen.setdefault((example.cwd, example.argv, example.shows_error), example)
+    return list(seen.values())
+
+
+EXAMPLES = unique(help_examples() + readme_examples())
 
 
 def builds_a_model(example: Example) -> bool:
@@ -136,7 +144,7 @@ def builds_a_model(example: Example) -> bool:
 def test_the_parser_finds_the_examples():
     sources = {e.source.split(":")[0] for e in EXAMPLES}
     assert {"README.md", "rlflow train --help", "rlflow submit --help"} <= sources
-    assert len(EXAMPLES) >= 30
+    assert len(EXAMPLES) >= 40
     assert {e.argv[0] for e in EXAMPLES} >= {"train", "submit", "check-pins", "status", "report"}
 
 
