@@ -98,7 +98,7 @@ def jobs(draw):
 
 
 @settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(job=jobs())
 def test_generated_recipes_are_judged_alike(job, tmp_path):
