@@ -162,8 +162,8 @@ def test_mount_with_a_comma(tmp_path):
         "1",
     )
     assert (
-        "`slurm.container_mounts[0]` is '/a,b:/c': pyxis separates mounts with commas"
-        in result.stderr
+        "`slurm.container_mounts[0]` is '/a,b:/c': pyxis and apptainer separate mounts with "
+        "commas" in result.stderr
     )
 
 
