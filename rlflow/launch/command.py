@@ -1,35 +1,19 @@
 """`rlflow submit`, `status`, `logs` and `cancel`.
 
-submit: load the recipe -> fill it from the flags -> plan -> render -> check everything ->
-(--dry-run: print and stop) -> write the run directory aside -> sbatch --hold -> rename the
-run directory into place -> release the job. Any failure on the way submits nothing and leaves
-nothing behind.
+submit: load the recipe -> fill it from the flags -> plan -> render -> check everything
+(rlflow/launch/prepare.py) -> (--dry-run: print and stop) -> write the run directory aside ->
+sbatch --hold -> rename the run directory into place -> release the job. Any failure on the way
+submits nothing and leaves nothing behind.
 """
 
 from __future__ import annotations
 
-import os
-import secrets
-import sys
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
-from rlflow.errors import (
-    EXIT_FINDINGS,
-    EXIT_OK,
-    EXIT_USAGE,
-    Diagnostic,
-    RlflowError,
-    print_diagnostics,
-)
-
-if TYPE_CHECKING:  # types only: plan and load are imported when submit runs
-    from rlflow.launch.plan import JobPlan
-    from rlflow.recipe.load import LoadedRecipe
+from rlflow.errors import EXIT_FINDINGS, EXIT_OK, Diagnostic, RlflowError, print_diagnostics
+from rlflow.launch.prepare import Prepared, prepare, shape
 
 SUBMIT_EPILOG = """\b
 Examples:
@@ -46,17 +30,6 @@ LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT. Before the time limit 
 SIGUSR1; a rank that saved and stopped exits 75 and the job requeues itself (at most
 slurm.max_requeues times).
 """
-
-
-@dataclass(frozen=True)
-class Prepared:
-    loaded: LoadedRecipe
-    plan: JobPlan
-    script: str
-    recipe_text: str
-    warnings: list[Diagnostic]
-    pins: str  # how the pin check went, for the dry-run summary
-    cluster: str | None = None  # what sinfo said about the partition; None: Slurm not asked
 
 
 @click.command(epilog=SUBMIT_EPILOG)
@@ -198,76 +171,6 @@ def _submit_sweep(ctx, recipe, overrides, sweeps, flags, max_concurrent, dry_run
     ctx.exit(EXIT_OK)
 
 
-def prepare(
-    recipe: Path,
-    overrides: tuple[str, ...],
-    flags,
-    *,
-    skip_pins: bool,
-    cwd: str | None = None,
-    now: datetime | None = None,
-    token: str | None = None,
-    run_dir: str | None = None,
-) -> Prepared:
-    """Everything up to the submission; raises with every problem found (nothing is written)."""
-    from rlflow.launch import cost
-    from rlflow.launch.check import check_all, check_cluster
-    from rlflow.launch.plan import apply_flags, make_plan
-    from rlflow.launch.render import render
-    from rlflow.recipe.checks import check_recipe
-    from rlflow.recipe.load import dump_recipe, load_recipe
-
-    cwd = cwd or os.getcwd()
-    loaded = load_recipe(recipe, overrides)
-    loaded, problems = apply_flags(loaded, flags)
-    problems += check_recipe(loaded)
-    _raise_on_errors(problems)
-    plan = make_plan(
-        loaded,
-        flags,
-        cwd=cwd,
-        python=sys.executable,
-        now=now or datetime.now(),
-        token=token or secrets.token_hex(3),
-        run_dir=run_dir,
-    )
-    script = render(plan)
-    problems += check_all(
-        loaded,
-        plan,
-        script,
-        skip_pins=skip_pins,
-        repo_root=Path(cwd),
-        trains=flags.command is None,
-    )
-    cluster_problems, cluster = check_cluster(plan)
-    problems += cluster_problems
-    per_attempt = f"{plan.gpu_hours:.1f} GPU-hours per attempt, up to {cost.attempts_text(plan)}"
-    problems += cost.cap_problems(loaded, cost.worst_case(plan), "this job", (per_attempt,))
-    _raise_on_errors(problems)
-    source = str(recipe).replace("\n", "\\n")  # one comment line, whatever the path holds
-    recipe_text = f"# resolved by `rlflow submit` from {source}\n" + dump_recipe(loaded.data)
-    return Prepared(
-        loaded, plan, script, recipe_text, problems, _pins_summary(problems, skip_pins), cluster
-    )
-
-
-def _pins_summary(problems: list[Diagnostic], skipped: bool) -> str:
-    if skipped:
-        return "pins skipped (--skip-pin-check)"
-    if any(p.category == "pins-unchecked" for p in problems):
-        return "pins not checked (see the warning)"
-    return "pins"
-
-
-def _raise_on_errors(problems: list[Diagnostic]) -> None:
-    """Exit 2 for unusable input (recipe, flags); exit 1 when only the pin check found drift."""
-    errors = [p for p in problems if p.severity == "error"]
-    if errors:
-        only_pins = all(p.category == "pins" for p in errors)
-        raise RlflowError(problems, EXIT_FINDINGS if only_pins else EXIT_USAGE)
-
-
 def show_dry_run(prepared: Prepared) -> None:
     plan = prepared.plan
     out = click.echo
@@ -289,12 +192,6 @@ def show_dry_run(prepared: Prepared) -> None:
         out(f"dry run: nothing submitted; checked against {prepared.cluster}")
 
 
-def _shape(plan) -> str:
-    nodes, gpus = plan.num_nodes, plan.gpus_per_node
-    unit = "GPU" if plan.gpu_request is not None else "CPU rank"
-    return f"{nodes} node{'s' * (nodes != 1)} x {gpus} {unit}{'s' * (gpus != 1)}"
-
-
 def _worst_case(plan) -> str:
     """`6.0 GPU-hours (6 attempts: the first + slurm.max_requeues 3 + ...)`."""
     from rlflow.launch import cost
@@ -309,9 +206,9 @@ def _summary(plan, loaded) -> str:
     return "\n".join(
         [
             f"run dir:    {plan.run_dir}",
-            f"job:        {plan.job_name!r}: {_shape(plan)} = {plan.world_size} "
+            f"job:        {plan.job_name!r}: {shape(plan)} = {plan.world_size} "
             f"rank{'s' * (plan.world_size != 1)}, time limit {plan.time_limit}",
-            f"GPU-hours:  {plan.gpu_hours:.1f} ({_shape(plan)} x {hours:.2f} h) per attempt",
+            f"GPU-hours:  {plan.gpu_hours:.1f} ({shape(plan)} x {hours:.2f} h) per attempt",
             f"worst case: {_worst_case(plan)}; {cost.cap_text(loaded)}",
             f"each rank:  {' '.join(plan.rank_command)}",
         ]
@@ -348,7 +245,7 @@ def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
         final = staged.publish(job_id)
         slurm.release(job_id)
     except BaseException as err:
-        _cancel_quietly(job_id)  # the held job never ran; take it back with its directory
+        slurm.cancel_quietly(job_id)  # the held job never ran; take it back with its directory
         staged.discard()
         rundir.remove_published(staged.final)
         if isinstance(err, OSError):
@@ -364,22 +261,13 @@ def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
     return job_id, final
 
 
-def _cancel_quietly(job_id: str) -> None:
-    from rlflow.launch import slurm
-
-    try:
-        slurm.cancel(job_id)
-    except RlflowError as err:
-        print_diagnostics(err.diagnostics)
-
-
 def show_submitted(prepared: Prepared, job_id: str, run_dir: Path, parsable: bool) -> None:
     if parsable:
         click.echo(job_id)
         return
     plan = prepared.plan
     click.echo(
-        f"submitted job {job_id}: {_shape(plan)}, time limit {plan.time_limit} "
+        f"submitted job {job_id}: {shape(plan)}, time limit {plan.time_limit} "
         f"({plan.gpu_hours:.1f} GPU-hours; worst case {_worst_case(plan)})"
     )
     click.echo(f"run dir: {run_dir}")

@@ -11,7 +11,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
+from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError, print_diagnostics
 
 TIMEOUT_SECONDS = 60
 # States after which a job does not run again by itself.
@@ -88,6 +88,14 @@ def release(job_id: str) -> None:
 
 def cancel(job_id: str) -> subprocess.CompletedProcess:
     return run(["scancel", job_id])
+
+
+def cancel_quietly(job_id: str) -> None:
+    """Take back a held job after a failed submission; a failure to cancel is printed, not raised."""
+    try:
+        cancel(job_id)
+    except RlflowError as err:
+        print_diagnostics(err.diagnostics)
 
 
 def job_fields(job_id: str) -> dict[str, str] | None:

@@ -1,6 +1,6 @@
 """`rlflow submit --sweep`: check every element, then submit them all as one job array.
 
-Each element is prepared exactly like a single submission (`command.prepare`: recipe rules,
+Each element is prepared exactly like a single submission (`prepare.prepare`: recipe rules,
 flags, parallelism, sbatch values, paths, bash -n), in its own directory under SWEEP_DIR. One
 bad element stops the sweep before anything is written. The array's script takes its #SBATCH
 lines from the elements' own scripts, which must agree (a job array has one set of options).
@@ -18,7 +18,7 @@ import click
 
 from rlflow.errors import EXIT_USAGE, Diagnostic, RlflowError
 from rlflow.launch import cost, sweep
-from rlflow.launch.command import Prepared, prepare
+from rlflow.launch.prepare import Prepared, prepare, shape
 
 # Per element: its own run directory and batch log; everything else must be equal.
 _OWN_SBATCH_LINES = ("#SBATCH --output=",)
@@ -198,8 +198,6 @@ def _values(element: sweep.Element) -> list[str]:
 
 
 def _summary(swept: PreparedSweep) -> str:
-    from rlflow.launch.command import _shape
-
     plan = swept.prepared[0].plan
     count = len(swept.elements)
     once = sum(p.plan.gpu_hours for p in swept.prepared)
@@ -208,7 +206,7 @@ def _summary(swept: PreparedSweep) -> str:
         [
             f"sweep dir:  {swept.sweep_dir}",
             f"job array:  {plan.job_name!r}: {count} elements, --array={swept.array}{at_once}; "
-            f"each {_shape(plan)}, time limit {plan.time_limit}",
+            f"each {shape(plan)}, time limit {plan.time_limit}",
             f"GPU-hours:  {cost.hours(once)} for the sweep ({count} x "
             f"{cost.hours(plan.gpu_hours)}, one attempt each)",
             f"worst case: {cost.hours(swept.worst_total)} for the sweep ({_attempts(swept)}); "
@@ -239,7 +237,6 @@ def _element_recipe(swept: PreparedSweep, index: int) -> str:
 def submit_sweep(swept: PreparedSweep) -> str:
     """Write SWEEP_DIR aside, sbatch the array on hold, move SWEEP_DIR into place, release."""
     from rlflow.launch import rundir, slurm
-    from rlflow.launch.command import _cancel_quietly
 
     first = swept.prepared[0]
     staged = None
@@ -279,7 +276,7 @@ def submit_sweep(swept: PreparedSweep) -> str:
         staged.publish(array_id)
         slurm.release(array_id)
     except BaseException as err:
-        _cancel_quietly(array_id)  # the held array never ran; take it back with its directory
+        slurm.cancel_quietly(array_id)  # the held array never ran; take it back with its directory
         staged.discard()
         rundir.remove_published(staged.final)
         if isinstance(err, OSError):
@@ -300,13 +297,11 @@ def show_submitted(swept: PreparedSweep, array_id: str, parsable: bool) -> None:
     if parsable:
         click.echo(array_id)
         return
-    from rlflow.launch.command import _shape
-
     plan = swept.prepared[0].plan
     once = sum(p.plan.gpu_hours for p in swept.prepared)
     click.echo(
         f"submitted sweep as job array {array_id} (--array={swept.array}): "
-        f"{len(swept.elements)} elements, each {_shape(plan)}, time limit {plan.time_limit} "
+        f"{len(swept.elements)} elements, each {shape(plan)}, time limit {plan.time_limit} "
         f"({cost.hours(once)} GPU-hours; worst case {cost.hours(swept.worst_total)})"
     )
     click.echo(f"sweep dir: {swept.sweep_dir}")

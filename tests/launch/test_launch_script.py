@@ -12,8 +12,8 @@ from pathlib import Path
 
 from launch_helpers import PYTHON, RECIPES, write_recipe
 
-from rlflow.launch.command import prepare
 from rlflow.launch.plan import SubmitFlags
+from rlflow.launch.prepare import prepare
 
 HOSTILE = 'x"; touch /tmp/pwned; "'
 

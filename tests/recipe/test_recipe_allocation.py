@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlflow.errors import RlflowError
-from rlflow.launch.command import prepare
 from rlflow.launch.plan import SubmitFlags
+from rlflow.launch.prepare import prepare
 from rlflow.recipe import load_checked
 from rlflow.recipe.allocation import check_allocation
 
