@@ -16,7 +16,7 @@ _EXPORTS = {
     "reference_completion": "rlflow.data.prompts",
     "REWARDS": "rlflow.data.rewards",
     "register_reward": "rlflow.data.rewards",
-    "score": "rlflow.data.rewards",
+    "score": "rlflow.data.scoring",
     "RewardError": "rlflow.data.rewards",
 }
 __all__ = sorted(_EXPORTS)

@@ -255,26 +255,3 @@ def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
         return repr(text)
     half = limit // 2
     return f"{text[:half]!r} ... ({len(text) - 2 * half} characters) ... {text[-half:]!r}"
-
-
-def score(
-    completions: Sequence[str], samples: Sequence[Sample], weights: Mapping[str, float]
-) -> tuple[list[float], dict[str, list[float]], list[bool]]:
-    """Score rollouts in this process: (weighted totals, each reward's scores, exact_match).
-
-    A convenience over `rlflow.data.scoring.Scorer` for built-in rewards (no prompt or finish
-    reason: rewards that need them get empty text and "stop").
-    """
-    from rlflow.data.scoring import Scorer
-
-    batch = RewardBatch.build(
-        [""] * len(completions),
-        completions,
-        [0] * len(completions),
-        ["stop"] * len(completions),
-        samples,
-    )
-    with Scorer(weights, accuracy="exact_match", num_workers=0, timeout_s=0) as scorer:
-        scores = scorer.score(batch)
-    per_reward = {name: scores.components[name] for name in scorer.weights}
-    return scores.totals, per_reward, [value == 1.0 for value in scores.accuracy]

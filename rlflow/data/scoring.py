@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rlflow.data.reward_pool import RewardPool, call_reward
 from rlflow.data.rewards import (
@@ -24,6 +25,9 @@ from rlflow.data.rewards import (
     weight_problems,
 )
 from rlflow.errors import Diagnostic, RlflowError
+
+if TYPE_CHECKING:
+    from rlflow.data.sample import Sample
 
 MAX_ROWS_RETRIED = 64  # rows retried one by one to find the one a failing batch call broke on
 
@@ -205,3 +209,24 @@ def _sample_notes(batch: RewardBatch, i: int) -> list[str]:
 
 def _clipped(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 5] + " ...}"
+
+
+def score(
+    completions: Sequence[str], samples: Sequence[Sample], weights: Mapping[str, float]
+) -> tuple[list[float], dict[str, list[float]], list[bool]]:
+    """Score rollouts in this process: (weighted totals, each reward's scores, exact_match).
+
+    A convenience over `Scorer` for built-in rewards (no prompt or finish reason: rewards that
+    need them get empty text and "stop").
+    """
+    batch = RewardBatch.build(
+        [""] * len(completions),
+        completions,
+        [0] * len(completions),
+        ["stop"] * len(completions),
+        samples,
+    )
+    with Scorer(weights, accuracy="exact_match", num_workers=0, timeout_s=0) as scorer:
+        scores = scorer.score(batch)
+    per_reward = {name: scores.components[name] for name in scorer.weights}
+    return scores.totals, per_reward, [value == 1.0 for value in scores.accuracy]

@@ -14,9 +14,9 @@ from rlflow.data.rewards import (
     exact_match_reward,
     format_reward,
     register_reward,
-    score,
 )
 from rlflow.data.sample import Sample
+from rlflow.data.scoring import score
 from rlflow.errors import RlflowError
 
 BASE_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "base.yaml"
