@@ -20,7 +20,7 @@ from rlflow.model import family as families
 from rlflow.model.family import MediaTokens, ModelFamily
 from rlflow.recipe.schema import ModelConfig, ParallelismConfig
 
-BUILTIN_PREFIX = "builtin:"
+BUILTIN_PREFIX = families.BUILTIN_PREFIX
 
 
 @dataclass
@@ -72,15 +72,9 @@ def resolve_checkpoint(model_cfg: ModelConfig, cache_dir: Path) -> Path:
     spec = model_cfg.checkpoint
     if spec.startswith(BUILTIN_PREFIX):
         name = spec[len(BUILTIN_PREFIX) :]
-        if families.by_builtin(name) is None:
-            raise RlflowError(
-                Diagnostic(
-                    "model.unknown-builtin",
-                    f"`model.checkpoint` names unknown built-in model `{name}`",
-                    help="built-in models: "
-                    + ", ".join(BUILTIN_PREFIX + b for b in families.builtin_names()),
-                )
-            )
+        unknown = families.unknown_builtin(spec)  # the recipe checks ran it already
+        if unknown is not None:
+            raise RlflowError(unknown)
         target = cache_dir / f"{name}-seed{model_cfg.tiny_seed}"
         _write_builtin_once(target, name, model_cfg.tiny_seed)
         return target

@@ -100,6 +100,27 @@ def by_builtin(name: str) -> ModelFamily | None:
     return next((f for f in families() if name in f.builtins), None)
 
 
+BUILTIN_PREFIX = "builtin:"
+
+
+def unknown_builtin(checkpoint: str) -> Diagnostic | None:
+    """The one rule for `model.checkpoint: builtin:<name>`: the name must be a family's builtin.
+
+    Run by the recipe checks (`submit --dry-run` and `train`) and by `build.resolve_checkpoint`.
+    Imports only the family modules, which import no torch (login nodes run it)."""
+    if not checkpoint.startswith(BUILTIN_PREFIX):
+        return None
+    name = checkpoint[len(BUILTIN_PREFIX) :]
+    if by_builtin(name) is not None:
+        return None
+    known = ", ".join(BUILTIN_PREFIX + b for b in builtin_names())
+    return Diagnostic(
+        "model.unknown-builtin",
+        f"`model.checkpoint` is `{checkpoint}`, which names no built-in model",
+        help=f"built-in models: {known}; or set model.checkpoint to an HF checkpoint directory",
+    )
+
+
 def by_config(config: dict[str, Any]) -> ModelFamily | None:
     """The family of a parsed config.json (its `model_type`, else its `architectures`)."""
     for f in families():

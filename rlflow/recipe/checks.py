@@ -48,6 +48,7 @@ def parse_time_limit(text: str) -> int | None:
 def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
     problems: list[Diagnostic] = []
     for rule in (
+        _checkpoint,
         _video_keys,
         _datasets,
         _rewards,
@@ -63,6 +64,15 @@ def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
     ):
         problems += rule(loaded)
     return problems
+
+
+def _checkpoint(loaded: LoadedRecipe) -> list[Diagnostic]:
+    from rlflow.model.family import unknown_builtin  # imports no torch (the family registry)
+
+    problem = unknown_builtin(loaded.recipe.model.checkpoint)
+    if problem is None:
+        return []
+    return [loaded.diagnostic(("model", "checkpoint"), problem.code, problem.message, problem.help)]
 
 
 def _video_keys(loaded: LoadedRecipe) -> list[Diagnostic]:

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 from conftest import GPUS_PER_NODE, NUM_NODES
-from launch_helpers import RECIPES, rlflow, write_recipe
+from launch_helpers import RECIPES, REPO, rlflow, write_recipe
 
 TINY = str(RECIPES / "tiny-cpu.yaml")
 
@@ -327,6 +327,28 @@ def test_real_submit_and_train_refuse_a_broken_recipe_the_same_way(tmp_path):
         )
         _no_traceback(result)
     assert list(tmp_path.iterdir()) == [path]
+
+
+def test_an_unknown_builtin_checkpoint_is_refused_by_the_dry_run_as_by_train(tmp_path):
+    """One rule (rlflow.model.family.unknown_builtin), run by the recipe checks both use."""
+    recipe = str(REPO / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml")
+    override = "model.checkpoint=builtin:nope"
+    dry = rlflow(
+        "submit", recipe, override, "--nodes", "1", "--gpus", "1", "--dry-run", cwd=tmp_path
+    )
+    trained = rlflow("train", recipe, override, cwd=tmp_path)
+    for result in (dry, trained):
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith(
+            "error[model.unknown-builtin]: `model.checkpoint` is `builtin:nope`, which names no "
+            "built-in model\n"
+            "  --> command line `model.checkpoint=builtin:nope`\n"
+            "help: built-in models: builtin:tiny-qwen25vl, builtin:tiny-qwen3, "
+            "builtin:tiny-qwen2vl; or set model.checkpoint to an HF checkpoint directory\n"
+        )
+        _no_traceback(result)
+    assert "---- script.sbatch" not in dry.stdout
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("command", ["status", "logs", "cancel"])
