@@ -20,6 +20,7 @@ runs as `rlflow <command> --help`.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -148,8 +149,16 @@ def test_the_parser_finds_the_examples():
     assert {e.argv[0] for e in EXAMPLES} >= {"train", "submit", "check-pins", "status", "report"}
 
 
+# The examples run as on a login node with no Slurm config: once a test has started the session's
+# cluster (SLURM_CONF exported), a dry run would also check the job's shape against its 4-GPU
+# nodes, and the README's 8-GPU example would depend on the test order.
+NO_CLUSTER = {**os.environ, "SLURM_CONF": "/nonexistent"}
+
+
 def rlflow(*argv: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([RLFLOW, *argv], capture_output=True, text=True, cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [RLFLOW, *argv], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=NO_CLUSTER
+    )
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
