@@ -123,34 +123,22 @@ def write_tiny_qwen2vl(
         Qwen2VLProcessor,
     )
 
-    from rlflow.model.tiny import PRESETS, SPECIAL_TOKENS, build_tokenizer, save_processor
+    from rlflow.model.tiny import (
+        PRESETS,
+        SPECIAL_TOKENS,
+        build_tokenizer,
+        media_token_config,
+        mrope_text_config,
+        save_processor,
+    )
 
     sizes = PRESETS["tiny"]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(sizes.tokenizer_vocab, seed)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    half = sizes.hidden // sizes.heads // 2  # mrope sections sum to head_dim / 2
     config = Qwen2VLConfig(
-        text_config=dict(
-            vocab_size=max(sizes.vocab_size, len(tokenizer)),
-            hidden_size=sizes.hidden,
-            intermediate_size=sizes.intermediate,
-            num_hidden_layers=sizes.layers,
-            num_attention_heads=sizes.heads,
-            num_key_value_heads=sizes.kv_heads,
-            max_position_embeddings=4096,
-            rms_norm_eps=1e-6,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": sizes.rope_theta,
-                "mrope_section": [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8],
-            },
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
-            tie_word_embeddings=False,
-        ),
+        text_config=mrope_text_config(sizes, ids, len(tokenizer), tie=False),
         vision_config=dict(
             depth=sizes.vision_depth,
             embed_dim=sizes.vision_hidden,
@@ -162,10 +150,7 @@ def write_tiny_qwen2vl(
             spatial_merge_size=2,
             temporal_patch_size=2,
         ),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **media_token_config(ids),
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)

@@ -108,6 +108,40 @@ PRESETS = {
 assert tuple(PRESETS) == PRESET_NAMES, "rlflow/model/presets.py lists the CLI's preset names"
 
 
+def mrope_text_config(sizes: ModelSizes, ids: dict[str, int], tokens: int, tie: bool) -> dict:
+    """The language model's part of a Qwen-VL config (Qwen2-VL and Qwen2.5-VL share it)."""
+    half = sizes.hidden // sizes.heads // 2  # mrope sections (temporal, height, width) sum to this
+    return dict(
+        vocab_size=max(sizes.vocab_size, tokens),
+        hidden_size=sizes.hidden,
+        intermediate_size=sizes.intermediate,
+        num_hidden_layers=sizes.layers,
+        num_attention_heads=sizes.heads,
+        num_key_value_heads=sizes.kv_heads,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-6,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": sizes.rope_theta,
+            "mrope_section": [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8],
+        },
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        tie_word_embeddings=tie,
+    )
+
+
+def media_token_config(ids: dict[str, int]) -> dict:
+    """A Qwen-VL config's media placeholder token ids."""
+    return dict(
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+
+
 def write_tiny_checkpoint(
     out_dir: str | Path,
     seed: int = 0,
@@ -128,29 +162,8 @@ def write_tiny_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(sizes.tokenizer_vocab, seed)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    head_dim = sizes.hidden // sizes.heads
-    half = head_dim // 2  # mrope sections (temporal, height, width) sum to head_dim / 2
-    mrope_section = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
     config = Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=max(sizes.vocab_size, len(tokenizer)),
-            hidden_size=sizes.hidden,
-            intermediate_size=sizes.intermediate,
-            num_hidden_layers=sizes.layers,
-            num_attention_heads=sizes.heads,
-            num_key_value_heads=sizes.kv_heads,
-            max_position_embeddings=4096,
-            rms_norm_eps=1e-6,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": sizes.rope_theta,
-                "mrope_section": mrope_section,
-            },
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
-            tie_word_embeddings=sizes.tie_embeddings,
-        ),
+        text_config=mrope_text_config(sizes, ids, len(tokenizer), sizes.tie_embeddings),
         vision_config=dict(
             depth=sizes.vision_depth,
             hidden_size=sizes.vision_hidden,
@@ -165,10 +178,7 @@ def write_tiny_checkpoint(
             fullatt_block_indexes=list(sizes.vision_full_attention),
             tokens_per_second=2,
         ),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **media_token_config(ids),
         tie_word_embeddings=sizes.tie_embeddings,
     )
     torch.manual_seed(seed)
