@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from rlflow.errors import EXIT_FINDINGS, EXIT_OK, Diagnostic, RlflowError, print_diagnostics
-from rlflow.launch.prepare import Prepared, prepare, shape
+from rlflow.launch.prepare import Prepared, prepare, shape, unwritable_output
 
 SUBMIT_EPILOG = """\b
 Examples:
@@ -228,14 +228,7 @@ def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
     try:
         staged = rundir.stage(plan.run_dir, files)
     except OSError as err:
-        raise RlflowError(
-            prepared.loaded.diagnostic(
-                ("run", "output_dir"),
-                "submit.output-dir",
-                f"cannot write the run directory {plan.run_dir}: {err.strerror or err}",
-                help="set run.output_dir to a directory you can write to; nothing was submitted",
-            )
-        ) from None
+        raise unwritable_output(prepared.loaded, "run directory", plan.run_dir, err) from None
     try:
         job_id = slurm.sbatch_held(staged.script)
     except BaseException:

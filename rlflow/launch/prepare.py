@@ -108,3 +108,15 @@ def shape(plan) -> str:
     nodes, gpus = plan.num_nodes, plan.gpus_per_node
     unit = "GPU" if plan.gpu_request is not None else "CPU rank"
     return f"{nodes} node{'s' * (nodes != 1)} x {gpus} {unit}{'s' * (gpus != 1)}"
+
+
+def unwritable_output(loaded, what: str, path: Path, err: OSError) -> RlflowError:
+    """The error for a run (or sweep) directory that cannot be written: nothing was submitted."""
+    return RlflowError(
+        loaded.diagnostic(
+            ("run", "output_dir"),
+            "submit.output-dir",
+            f"cannot write the {what} {path}: {err.strerror or err}",
+            help="set run.output_dir to a directory you can write to; nothing was submitted",
+        )
+    )

@@ -18,7 +18,7 @@ import click
 
 from rlflow.errors import EXIT_USAGE, Diagnostic, RlflowError
 from rlflow.launch import cost, sweep
-from rlflow.launch.prepare import Prepared, prepare, shape
+from rlflow.launch.prepare import Prepared, prepare, shape, unwritable_output
 
 # Per element: its own run directory and batch log; everything else must be equal.
 _OWN_SBATCH_LINES = ("#SBATCH --output=",)
@@ -252,14 +252,7 @@ def submit_sweep(swept: PreparedSweep) -> str:
     except OSError as err:
         if staged is not None:
             staged.discard()
-        raise RlflowError(
-            first.loaded.diagnostic(
-                ("run", "output_dir"),
-                "submit.output-dir",
-                f"cannot write the sweep directory {swept.sweep_dir}: {err.strerror or err}",
-                help="set run.output_dir to a directory you can write to; nothing was submitted",
-            )
-        ) from None
+        raise unwritable_output(first.loaded, "sweep directory", swept.sweep_dir, err) from None
     try:
         array_id = slurm.sbatch_held(staged.script)
     except BaseException:
