@@ -337,9 +337,11 @@ def watch_sweep(sweep_dir: Path, interval: float, out=None) -> int:
     from rlflow.launch import sweep, sweep_jobs
 
     def screen() -> tuple[list[str], str | None]:
-        lines = sweep_jobs.describe(sweep_dir).splitlines()
+        # One query of the states for both the screen and the decision: a task that ends
+        # between two queries would otherwise end the monitor on a screen that says RUNNING.
         manifest = json.loads((sweep_dir / sweep.MANIFEST).read_text())
         states = sweep_jobs.task_states(manifest["array_job_id"])
+        lines = sweep_jobs.describe(sweep_dir, states).splitlines()
         elements = [states.get(e["index"], "UNKNOWN") for e in manifest["elements"]]
         if not all(state in slurm.FINAL_STATES for state in elements):
             return lines, None

@@ -58,11 +58,14 @@ def _expand(ranges: str) -> list[int]:
     return found
 
 
-def describe(sweep_dir: Path) -> str:
-    """A header, then one line per element: state, step, last reward, validation accuracy."""
+def describe(sweep_dir: Path, states: dict[int, str] | None = None) -> str:
+    """A header, then one line per element: state, step, last reward, validation accuracy.
+
+    states: the tasks' states when the caller has just read them (task_states), else read here."""
     manifest = _manifest(sweep_dir)
     array_id = manifest["array_job_id"]
-    states = task_states(array_id)
+    if states is None:
+        states = task_states(array_id)
     rows = [["element", "job", "state", "step", "reward", "val acc"]]
     for element in manifest["elements"]:
         run_dir = sweep_dir / element["name"]
