@@ -225,22 +225,26 @@ def test_live_monitor_in_a_pty_on_the_real_cluster(tmp_path):
     for done in (big, holder):
         assert rlflow("cancel", done, cwd=tmp_path).returncode == 0
 
-    job, run_dir = submit(
-        REPO / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml",
-        f"run.output_dir={tmp_path}",
-        "grpo.max_num_steps=4",
-        "grpo.num_prompts_per_step=4",
-        "grpo.num_generations_per_prompt=4",
-        "warm_start.num_steps=0",
-        "grpo.val_at_start=false",
-        "grpo.val_period=0",
-        "checkpointing.save_period=100",
-        "--nodes",
-        "1",
-        "--gpus",
-        "1",
-        cwd=REPO,
-    )
+    def tiny_job(steps: int) -> tuple[str, Path]:
+        return submit(
+            REPO / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml",
+            f"run.output_dir={tmp_path}",
+            f"grpo.max_num_steps={steps}",
+            "grpo.num_prompts_per_step=4",
+            "grpo.num_generations_per_prompt=4",
+            "warm_start.num_steps=0",
+            "grpo.val_at_start=false",
+            "grpo.val_period=0",
+            "checkpointing.save_period=1000",
+            "--nodes",
+            "1",
+            "--gpus",
+            "1",
+            cwd=REPO,
+        )
+
+    # Long enough never to end while watched (an idle machine runs a tiny step in ~5 s).
+    job, run_dir = tiny_job(200)
     watching = Pty("status", str(run_dir), "--watch", "--interval", "1", cwd=tmp_path)
     try:
         watching.read_until(lambda t: "tokens/s (median" in t, 600)
@@ -249,7 +253,7 @@ def test_live_monitor_in_a_pty_on_the_real_cluster(tmp_path):
         screen = watching.screens()[-1]
         assert f"job {job} (tiny-clevr-cpu)" in screen
         assert "queue:      RUNNING, " in screen and " of 01:00:00 on node" in screen
-        assert re.search(r"phase:\s+\w+, step \d+ of 4 \(attempt 0, 1 rank reporting", screen)
+        assert re.search(r"phase:\s+\w+, step \d+ of 200 \(attempt 0, 1 rank reporting", screen)
         times = re.search(r"step time:  [\d.]+ s = (.*)\x1b", screen)[1]
         assert {"generation", "logprobs", "training"} <= {p.split()[0] for p in times.split(", ")}
         assert re.search(r"ETA:        \d:\d\d:\d\d \(\d+ steps x median step time", screen)
@@ -265,8 +269,10 @@ def test_live_monitor_in_a_pty_on_the_real_cluster(tmp_path):
     assert text.index(monitor.ENTER_SCREEN) < text.index(monitor.HOME)
     assert f"job {job} keeps running" in after
     assert "Traceback" not in text and "Aborted" not in text
+    assert rlflow("cancel", job, cwd=tmp_path).returncode == 0
 
-    # Not a terminal: screens one after the other, until the job ends by itself.
+    # Not a terminal: screens one after the other, until a short job ends by itself.
+    job, run_dir = tiny_job(4)
     probe = (
         "import sys\nfrom rlflow.cli import main\n"
         "try:\n    main(sys.argv[1:])\nexcept SystemExit as done:\n    status = done.code\n"
