@@ -1,6 +1,9 @@
-"""Session-wide fixtures: one single-rank megatron-core parallel state and a tiny checkpoint."""
+"""Session-wide fixtures: one single-rank megatron-core parallel state, a tiny checkpoint and the
+vLLM CPU environment (built once per machine, shared by tests/generation and tests/envs)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
@@ -39,6 +42,25 @@ def tiny_processor(tiny_ckpt):
     return AutoProcessor.from_pretrained(str(tiny_ckpt))
 
 
+@pytest.fixture(scope="session")
+def vllm_gen_cfg():
+    """The tiny CPU recipe's generation section with backend=vllm, on the CPU pin set."""
+    from rlflow.recipe import load_checked
+    from tests.tiny import TINY_CPU_RECIPE
+
+    gen = load_checked(TINY_CPU_RECIPE, ["generation.backend=vllm"]).recipe.generation
+    return replace(gen, vllm=replace(gen.vllm, device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def vllm_env(vllm_gen_cfg):
+    from rlflow.envs.build import ensure_env
+    from rlflow.envs.spec import vllm_spec
+
+    cfg = vllm_gen_cfg.vllm
+    return ensure_env(vllm_spec(cfg), cfg.env_root)
+
+
 # --- the fast tier: `uv run pytest -m "not slow"` (README: "Tests") -----------------------------
 # Slow: a test that starts the Slurm cluster, loads a megatron-core model, trains, or runs vLLM.
 # Marked here, by what a test uses, so a new test of that kind is slow without remembering to
@@ -47,12 +69,13 @@ SLOW_FIXTURES = {"slurm_cluster", "single_rank", "tiny_ckpt", "tiny_policy", "ti
 SLOW_PATHS = (
     "tests/model/",  # megatron-core models against HF
     "tests/generation/",  # megatron, HF and vLLM generation
+    "tests/envs/",  # real venvs built with pip and uv, and the vLLM environment
     "tests/train/test_train_runs.py",  # end-to-end GRPO runs
-    "tests/train/test_user_task.py",
-    "tests/train/test_checkpoint_resume.py",
-    "tests/train/test_grpo_update.py",
-    "tests/train/test_packing.py",
-    "tests/train/test_wandb_log.py",  # a GRPO run logged to W&B (offline) and resumed
+    "tests/train/test_train_user_task.py",
+    "tests/train/test_train_checkpoint_resume.py",
+    "tests/train/test_train_grpo_update.py",
+    "tests/train/test_train_packing.py",
+    "tests/train/test_train_wandb_log.py",  # a GRPO run logged to W&B (offline) and resumed
     "tests/launch/test_launch_slurm.py",  # the Slurm cluster (also through fixtures)
     "tests/launch/test_launch_recovery.py",
     "tests/launch/test_launch_watchdog.py",

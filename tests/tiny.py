@@ -9,6 +9,9 @@ import numpy as np
 
 from rlflow.recipe.schema import ModelConfig, ParallelismConfig
 
+TINY_CPU_RECIPE = (
+    Path(__file__).resolve().parents[1] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
+)
 SINGLE = ParallelismConfig(1, 1, 1, 1)
 FP32 = ModelConfig(checkpoint="unused", dtype="float32", freeze_vision=True, tiny_seed=0)
 
@@ -87,3 +90,18 @@ def mixed_prompts(processor) -> list:
         make_prompt(processor, "video", "How many objects appear in the video?", seed=3),
         make_prompt(processor, "image", "Count the circles.", seed=4),
     ]
+
+
+def greedy(n: int, eos: int, ignore_eos: bool = True):
+    """Greedy sampling of `n` tokens with `eos` as the stop token (ignored by default)."""
+    from rlflow.generation.base import SamplingParams
+
+    return SamplingParams(
+        max_new_tokens=n,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        seed=0,
+        stop_token_ids=(eos,),
+        ignore_eos=ignore_eos,
+    )

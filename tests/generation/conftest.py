@@ -14,31 +14,11 @@ from pathlib import Path
 
 import pytest
 
-TINY_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
-
 
 def leftover_weight_files(backend) -> list[Path]:
     """Weight files this test process's backends left on node-local storage (should be none)."""
     root = Path(backend._weights_root or tempfile.gettempdir())
     return list(root.glob(f"rlflow-vllm-weights-{os.getpid()}-*"))
-
-
-@pytest.fixture(scope="session")
-def vllm_gen_cfg():
-    """The tiny CPU recipe's generation section with backend=vllm, on the CPU pin set."""
-    from rlflow.recipe import load_checked
-
-    gen = load_checked(TINY_RECIPE, ["generation.backend=vllm"]).recipe.generation
-    return replace(gen, vllm=replace(gen.vllm, device="cpu"))
-
-
-@pytest.fixture(scope="session")
-def vllm_env(vllm_gen_cfg):
-    from rlflow.envs.build import ensure_env
-    from rlflow.envs.spec import vllm_spec
-
-    cfg = vllm_gen_cfg.vllm
-    return ensure_env(vllm_spec(cfg), cfg.env_root)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import torch
 from rlflow.generation.base import Prompt, SamplingParams
 from rlflow.generation.megatron import MegatronGeneration
 from rlflow.generation.placeholders import expanded_token_ids
-from tests.tiny import mixed_prompts
+from tests.tiny import greedy, mixed_prompts
 
 
 @pytest.fixture(scope="module", name="mixed_prompts")
@@ -25,18 +25,6 @@ def backends(tiny_policy, tiny_processor):
 
     pad = tiny_processor.tokenizer.pad_token_id
     return MegatronGeneration(tiny_policy, pad, max_batch_size=8), HFGeneration(tiny_policy, pad, 8)
-
-
-def greedy(n: int, eos: int, ignore_eos: bool = True) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=n,
-        temperature=0.0,
-        top_p=1.0,
-        top_k=0,
-        seed=0,
-        stop_token_ids=(eos,),
-        ignore_eos=ignore_eos,
-    )
 
 
 def test_greedy_tokens_and_logprobs_match_reference(backends, mixed_prompts, tiny_processor):

@@ -15,21 +15,8 @@ from pathlib import Path
 import pytest
 
 from rlflow.errors import RlflowError
-from rlflow.generation.base import SamplingParams
 from tests.generation.conftest import leftover_weight_files
-from tests.tiny import make_prompt
-
-
-def greedy(n: int, eos: int) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=n,
-        temperature=0.0,
-        top_p=1.0,
-        top_k=0,
-        seed=0,
-        stop_token_ids=(eos,),
-        ignore_eos=True,
-    )
+from tests.tiny import greedy, make_prompt
 
 
 def process_gone(pid: int) -> bool:

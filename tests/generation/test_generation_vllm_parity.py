@@ -12,7 +12,7 @@ import torch
 
 from rlflow.generation.base import Prompt, SamplingParams
 from tests.generation.conftest import leftover_weight_files
-from tests.tiny import FP32, SINGLE, mixed_prompts
+from tests.tiny import FP32, SINGLE, greedy, mixed_prompts
 
 TOLERANCE = 1e-4
 
@@ -43,18 +43,6 @@ def backends(policy, tiny_processor, vllm_env, vllm_gen_cfg, tmp_path_factory):
     yield vllm, MegatronGeneration(policy, pad, 8), HFGeneration(policy, pad, 8)
     vllm.close()
     assert not vllm.worker.alive()  # stopped by PID, nothing left running
-
-
-def greedy(n: int, eos: int, ignore_eos: bool = True) -> SamplingParams:
-    return SamplingParams(
-        max_new_tokens=n,
-        temperature=0.0,
-        top_p=1.0,
-        top_k=0,
-        seed=0,
-        stop_token_ids=(eos,),
-        ignore_eos=ignore_eos,
-    )
 
 
 def assert_same(prompts, ours, reference, name: str) -> None:

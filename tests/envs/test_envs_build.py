@@ -17,9 +17,9 @@ import pytest
 
 from rlflow.envs.build import EnvBuildError, ensure_env, is_ready
 from rlflow.envs.spec import MARKER, EnvSpec, expand_root, vllm_spec
-from tests.generation.conftest import TINY_RECIPE
+from tests.tiny import TINY_CPU_RECIPE
 
-ROOT = TINY_RECIPE.parents[1]
+ROOT = TINY_CPU_RECIPE.parents[1]
 EMPTY = EnvSpec(
     name="probe",
     device="cpu",
@@ -127,17 +127,17 @@ def setup_env(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_setup_env_reuses_the_built_environment_without_importing_torch(vllm_env):
-    ready = setup_env(str(TINY_RECIPE), "generation.vllm.device=cpu")
+    ready = setup_env(str(TINY_CPU_RECIPE), "generation.vllm.device=cpu")
     assert ready.returncode == 0, ready.stderr
     assert ready.stdout.strip() == str(vllm_env)
     assert "building" not in ready.stderr and "heavy modules: []" in ready.stderr
-    check = setup_env(str(TINY_RECIPE), "--check", "--device", "cpu")
+    check = setup_env(str(TINY_CPU_RECIPE), "--check", "--device", "cpu")
     assert check.returncode == 0 and check.stdout.startswith(f"ready: {vllm_env}")
 
 
 def test_setup_env_check_reports_a_missing_environment(tmp_path):
     missing = setup_env(
-        str(TINY_RECIPE), f"generation.vllm.env_root={tmp_path}", "--check", "--device", "cpu"
+        str(TINY_CPU_RECIPE), f"generation.vllm.env_root={tmp_path}", "--check", "--device", "cpu"
     )
     assert missing.returncode == 1
     assert missing.stdout.startswith(f"missing: {tmp_path}/vllm-cpu-")

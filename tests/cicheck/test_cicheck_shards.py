@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from pins_helpers import GIT_ENV, git, make_repo
+
+from tests.pins.pins_helpers import GIT_ENV, git, make_repo
 
 RLFLOW = Path(sys.executable).parent / "rlflow"
 PYPROJECT = """\
@@ -140,7 +141,8 @@ def test_the_shipped_hook_blocks_a_commit_adding_an_uncovered_test(tmp_path):
     """The second hook of .pre-commit-hooks.yaml, as a local hook with the same entry, through
     the real `pre-commit install` and `git commit`."""
     import yaml
-    from pins_helpers import REPO_ROOT
+
+    from tests.pins.pins_helpers import REPO_ROOT
 
     hooks = yaml.safe_load((REPO_ROOT / ".pre-commit-hooks.yaml").read_text())
     hook = next(h for h in hooks if h["id"] == "rlflow-check-tests")

@@ -119,7 +119,7 @@ def test_generation_matches_the_hf_backend(qwen2vl, shared):
 
 def test_packed_logprobs_equal_padded(qwen2vl):
     from rlflow.train.update import policy_token_logprobs
-    from tests.train.test_packing import assert_close_on_targets, rollout_batch
+    from tests.train.test_train_packing import assert_close_on_targets, rollout_batch
 
     _, policy, processor, _ = qwen2vl
     batch = rollout_batch(policy, processor.tokenizer.pad_token_id, mixed_prompts(processor))

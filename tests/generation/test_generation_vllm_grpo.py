@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.generation.conftest import TINY_RECIPE
+from tests.tiny import TINY_CPU_RECIPE
 
 SHORT_RUN = [
     "generation.backend=vllm",
@@ -46,7 +46,7 @@ def train(run_dir: Path, *overrides: str, env: dict | None = None) -> subprocess
             "-m",
             "rlflow.cli",
             "train",
-            str(TINY_RECIPE),
+            str(TINY_CPU_RECIPE),
             *SHORT_RUN,
             *overrides,
             "--run-dir",
@@ -55,7 +55,7 @@ def train(run_dir: Path, *overrides: str, env: dict | None = None) -> subprocess
         capture_output=True,
         text=True,
         env={**base, **(env or {})},
-        cwd=TINY_RECIPE.parents[1],
+        cwd=TINY_CPU_RECIPE.parents[1],
         timeout=900,
     )
 
@@ -71,7 +71,7 @@ def worker_pid(run_dir: Path) -> int:
 
 
 def assert_gone(pid: int) -> None:
-    from tests.generation.test_vllm_failures import wait_gone
+    from tests.generation.test_generation_vllm_failures import wait_gone
 
     assert wait_gone(pid), f"vLLM worker {pid} outlived the run"
 
