@@ -16,33 +16,7 @@ from rlflow.data.dataset import SYNTHETIC_KINDS  # pure Python: rows are made la
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe.allocation import PARALLEL_AXES
 from rlflow.recipe.load import LoadedRecipe
-
-_TIME_PATTERNS = [
-    (re.compile(r"^(\d+)$"), lambda m: int(m[1]) * 60),
-    (re.compile(r"^(\d+):(\d{1,2})$"), lambda m: int(m[1]) * 60 + int(m[2])),
-    (
-        re.compile(r"^(\d+):(\d{1,2}):(\d{1,2})$"),
-        lambda m: int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3]),
-    ),
-    (re.compile(r"^(\d+)-(\d{1,2})$"), lambda m: int(m[1]) * 86400 + int(m[2]) * 3600),
-    (
-        re.compile(r"^(\d+)-(\d{1,2}):(\d{1,2})$"),
-        lambda m: int(m[1]) * 86400 + int(m[2]) * 3600 + int(m[3]) * 60,
-    ),
-    (
-        re.compile(r"^(\d+)-(\d{1,2}):(\d{1,2}):(\d{1,2})$"),
-        lambda m: int(m[1]) * 86400 + int(m[2]) * 3600 + int(m[3]) * 60 + int(m[4]),
-    ),
-]
-
-
-def parse_time_limit(text: str) -> int | None:
-    """Slurm's --time formats -> seconds; None if the text is not one of them."""
-    for pattern, to_seconds in _TIME_PATTERNS:
-        match = pattern.match(text.strip())
-        if match:
-            return to_seconds(match)
-    return None
+from rlflow.recipe.scalars import parse_time_limit
 
 
 def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
