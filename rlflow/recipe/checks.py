@@ -15,6 +15,8 @@ modules, and nothing else states these rules.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe.bounds import bounded_values
 from rlflow.recipe.load import LoadedRecipe
@@ -369,6 +371,37 @@ def _accuracy_reward(loaded: LoadedRecipe) -> list[Diagnostic]:
     ]
 
 
+def _video_patch_matches_checkpoint(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """`data.video.temporal_patch_size` must be the checkpoint's own: the processor folds that
+    many frames into a patch whatever the recipe says (read from its JSON, no torch). Run by the
+    dry run and by `rlflow train`, wherever the checkpoint directory is there to read."""
+    import json
+
+    wanted = loaded.recipe.data.video.temporal_patch_size
+    folder = Path(loaded.recipe.model.checkpoint).expanduser()
+    if wanted is None or not folder.is_dir():
+        return []  # (builtin: checkpoints fold 2 frames, the value their recipes set)
+    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+        try:
+            own = json.loads((folder / name).read_text()).get("temporal_patch_size")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(own, int) and own != wanted:
+            return [
+                loaded.diagnostic(
+                    ("data", "video", "temporal_patch_size"),
+                    "recipe.video-patch",
+                    f"`data.video.temporal_patch_size` is {wanted}, but the checkpoint's video "
+                    f"processor folds {own} frames into a patch ({folder / name})",
+                    help=f"set data.video.temporal_patch_size: {own} (and num_frames a multiple "
+                    f"of it)",
+                )
+            ]
+        if isinstance(own, int):
+            return []
+    return []
+
+
 def _prompt_template(loaded: LoadedRecipe) -> list[Diagnostic]:
     from rlflow.data.prompts import template_fields
 
@@ -410,6 +443,7 @@ RULES = (
     _builtin_checkpoint,
     _video_keys_together,
     _video_frames_fill_patches,
+    _video_patch_matches_checkpoint,
     _jsonl_needs_path,
     _mix_kinds,
     _mix_adds_up,
