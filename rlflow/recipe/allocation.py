@@ -55,7 +55,47 @@ def _pipeline_parallel_unimplemented(loaded: LoadedRecipe) -> list[Diagnostic]:
     ]
 
 
-UNIMPLEMENTED = (_pipeline_parallel_unimplemented,)
+def _context_parallel_unimplemented(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """megatron-core would build context-parallel groups, but rlflow's packed attention, decoder
+    and logprob path run each sequence whole on every rank: CP > 1 would split nothing."""
+    size = loaded.recipe.parallelism.context_parallel_size
+    if size == 1:
+        return []
+    return [
+        loaded.diagnostic(
+            ("parallelism", "context_parallel_size"),
+            "recipe.context-parallel",
+            f"rlflow does not implement context parallelism: `parallelism.context_parallel_size` "
+            f"must be 1 (it is {size})",
+            help="each rank runs whole sequences; for long sequences lower "
+            "optimizer.max_tokens_per_micro_batch or generation.max_batch_size, or spread the "
+            "model with tensor_parallel_size",
+        )
+    ]
+
+
+def _expert_parallel_unimplemented(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """Until the MoE engine lands (issue 18), EP > 1 would be passed to megatron-core and then
+    ignored by rlflow's own forward and decode paths. Its rules replace this one."""
+    size = loaded.recipe.parallelism.expert_parallel_size
+    if size == 1:
+        return []
+    return [
+        loaded.diagnostic(
+            ("parallelism", "expert_parallel_size"),
+            "recipe.expert-parallel",
+            f"rlflow does not implement expert parallelism yet: "
+            f"`parallelism.expert_parallel_size` must be 1 (it is {size})",
+            help="every rank holds all experts; spread the model with tensor_parallel_size",
+        )
+    ]
+
+
+UNIMPLEMENTED = (
+    _pipeline_parallel_unimplemented,
+    _context_parallel_unimplemented,
+    _expert_parallel_unimplemented,
+)
 
 
 def job_shape(loaded: LoadedRecipe, world_size: int) -> tuple[int, int, list[Diagnostic]]:
