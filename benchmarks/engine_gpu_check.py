@@ -71,13 +71,12 @@ def prefill_attention_check() -> dict:
 
 
 def tiny_engine_check(work: Path) -> dict:
-    from rlflow import parallel
     from rlflow.generation.base import SamplingParams
     from rlflow.generation.megatron import MegatronGeneration
     from rlflow.model.build import load_policy
-    from tests.tiny import FP32, SINGLE, mixed_prompts, tiny_checkpoint
+    from tests.tiny import FP32, SINGLE, init_single_rank, mixed_prompts, tiny_checkpoint
 
-    parallel.init_parallel(SINGLE, seed=1)
+    init_single_rank()
     ckpt = tiny_checkpoint(str(work))
     policy = load_policy(ckpt, FP32, SINGLE, trainable=False)
     from transformers import AutoProcessor

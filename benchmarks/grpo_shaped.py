@@ -660,7 +660,9 @@ def rank_main(args) -> None:
     library_logs.quiet()
     began = time.perf_counter()
     loaded = load_checked(args.recipe, recipe_overrides(args, args.checkpoint))
-    info = parallel.init_parallel(loaded.recipe.parallelism, args.seed)
+    info = parallel.init_parallel(
+        loaded.recipe.parallelism, args.seed, timeout_s=loaded.recipe.watchdog.collective_timeout_s
+    )
     device = info.device
 
     def log(message: str) -> None:
