@@ -296,6 +296,7 @@ def main() -> None:
             max_batch_size=args.batch,
             cuda_graphs="graph" in variant,
             compile_decode="compile" in variant,
+            share_prompts=True,
         )
         try:
             start = time.perf_counter()

@@ -344,6 +344,7 @@ def run_rollout(
         max_batch_size=args.max_batch_size,
         cuda_graphs=True,
         compile_decode=args.compile_decode,
+        share_prompts=True,
         split_kv=split_kv,
     )
     warm_s, _ = timed_generate(backend, prompts, params, device)

@@ -34,6 +34,20 @@ def init_single_rank(seed: int = 1):
     return parallel.init_parallel(SINGLE, seed=seed, timeout_s=timeout_s)
 
 
+def megatron_generation(policy, pad_token_id: int, **changes):
+    """MegatronGeneration with base.yaml's generation knobs; `changes` for the ones a test is about."""
+    from rlflow.generation.megatron import MegatronGeneration
+
+    gen = base_recipe().generation
+    knobs = {
+        "max_batch_size": gen.max_batch_size,
+        "cuda_graphs": gen.cuda_graphs,
+        "compile_decode": gen.compile_decode,
+        "share_prompts": gen.share_prompts,
+    }
+    return MegatronGeneration(policy, pad_token_id, **{**knobs, **changes})
+
+
 @functools.cache
 def tiny_checkpoint(root: str, lm_head_scale: float = 8.0) -> Path:
     """A tiny Qwen2.5-VL checkpoint; lm_head scaled so greedy decoding has no near-ties."""

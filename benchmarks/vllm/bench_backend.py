@@ -81,7 +81,10 @@ def main() -> None:
     start = time.perf_counter()
     vllm = VLLMGeneration(policy, recipe.generation, work / "run", max_model_len=1024)
     startup = time.perf_counter() - start
-    megatron, hf = MegatronGeneration(policy, pad, 64), HFGeneration(policy, pad, 64)
+    megatron = MegatronGeneration(
+        policy, pad, max_batch_size=64, cuda_graphs=True, compile_decode=False, share_prompts=True
+    )
+    hf = HFGeneration(policy, pad, 64)
     greedy = SamplingParams(24, 0.0, 1.0, 0, 0, (eos,), True)
     ours = vllm.generate(mixed, greedy)
     result = {
