@@ -32,7 +32,7 @@ def text_model(request, single_rank, tmp_path_factory):
     from rlflow.model.tiny import write_tiny_text_checkpoint
 
     path = write_tiny_text_checkpoint(
-        tmp_path_factory.mktemp(request.param), family=request.param, lm_head_scale=8.0
+        tmp_path_factory.mktemp(request.param), family=request.param, seed=0, lm_head_scale=8.0
     )
     policy = load_policy(path, FP32, SINGLE, trainable=False)
     tokenizer = AutoTokenizer.from_pretrained(str(path))

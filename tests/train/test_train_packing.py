@@ -81,7 +81,7 @@ def test_packed_logprobs_equal_padded_text_only_qwen3(single_rank, tmp_path_fact
     from rlflow.model.media import Media
     from rlflow.model.tiny import write_tiny_text_checkpoint
 
-    path = write_tiny_text_checkpoint(tmp_path_factory.mktemp("qwen3"), family="qwen3")
+    path = write_tiny_text_checkpoint(tmp_path_factory.mktemp("qwen3"), family="qwen3", seed=0)
     policy = load_policy(path, FP32, SINGLE, trainable=False)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     prompts = []
