@@ -317,7 +317,7 @@ class SlurmConfig:
             help='use D-HH:MM:SS, HH:MM:SS, MM:SS or minutes, e.g. "04:00:00"',
         )
     )
-    cpus_per_task: int | None
+    cpus_per_task: int | None = field(metadata=bound(ge=1, help="or null for the site default"))
     mem: str | None  # e.g. "64G"; None lets the site default apply
     # pyxis/enroot image; None runs on the host
     container_image: str | None = field(

@@ -1,0 +1,53 @@
+"""Hostile recipe values (issue 23, items 7 and 8): each is refused with the key, the value and
+the fix, exit 2 and no traceback, by `rlflow submit --dry-run` (the console script, nothing
+written) and by `rlflow train`'s own checks (load_checked, then the allocation rules at setup),
+which the dry run runs too. Each case was accepted, or crashed, before its fix."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlflow.errors import RlflowError
+from rlflow.recipe import load_checked
+from rlflow.recipe.allocation import check_allocation
+
+ROOT = Path(__file__).resolve().parents[2]
+RLFLOW = str(ROOT / ".venv" / "bin" / "rlflow")
+TINY = ROOT / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
+HUGE = str(10**100)
+
+# override -> (code, the start of the message); the help is checked to be there
+CASES = {
+    "slurm.cpus_per_task=0": ("recipe.range", "`slurm.cpus_per_task` must be at least 1 (it is 0)"),
+}
+
+
+def train_refusal(override: str):
+    """The checks `rlflow train` runs before any model: load_checked, then check_allocation."""
+    with pytest.raises(RlflowError) as caught:
+        check_allocation(load_checked(TINY, [override]), 1)
+    return caught.value
+
+
+@pytest.mark.parametrize("override", sorted(CASES))
+def test_a_hostile_value_is_refused_by_the_dry_run_and_by_train(override, tmp_path):
+    code, message = CASES[override]
+    result = subprocess.run(
+        [RLFLOW, "submit", str(TINY), override, "--nodes", "1", "--gpus", "1", "--dry-run"]
+        + ["--skip-pin-check"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"error[{code}]: {message}" in result.stderr
+    assert "\nhelp: " in result.stderr.split(f"error[{code}]: {message}", 1)[1].split("error[")[0]
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.iterdir()), "nothing is written for a refused recipe"
+    refused = train_refusal(override)
+    assert refused.exit_code == 2
+    assert any(d.code == code and d.message.startswith(message) for d in refused.diagnostics)
