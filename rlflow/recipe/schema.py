@@ -19,6 +19,16 @@ from rlflow.recipe import scalars
 from rlflow.recipe.bounds import ENV_NAMES, Bound, bound, command_line
 
 
+def slurm_name(help: str) -> dict[str, Bound]:
+    """A partition, account or QOS: no blanks (sbatch reads an empty one as a missing value)."""
+    return bound(
+        pattern=r"\S+",
+        code="recipe.slurm-value",
+        says="is {value}: a Slurm name cannot be empty or hold spaces",
+        help=help,
+    )
+
+
 @dataclass(frozen=True)
 class RunConfig:
     name: str  # job name and run-directory prefix
@@ -305,9 +315,13 @@ class ContainerConfig:
 
 @dataclass(frozen=True)
 class SlurmConfig:
-    partition: str | None
-    account: str | None
-    qos: str | None
+    partition: str | None = field(
+        metadata=slurm_name(
+            "name a partition (sinfo lists them), or null for the cluster's default"
+        )
+    )
+    account: str | None = field(metadata=slurm_name("name the account, or null for your default"))
+    qos: str | None = field(metadata=slurm_name("name the QOS, or null for the default"))
     # D-HH:MM:SS, HH:MM:SS or MM
     time_limit: str = field(
         metadata=bound(
@@ -318,7 +332,15 @@ class SlurmConfig:
         )
     )
     cpus_per_task: int | None = field(metadata=bound(ge=1, help="or null for the site default"))
-    mem: str | None  # e.g. "64G"; None lets the site default apply
+    # e.g. "64G"; None lets the site default apply
+    mem: str | None = field(
+        metadata=bound(
+            pattern=r"[0-9]+[KMGTkmgt]?",
+            code="recipe.slurm-value",
+            says="is {value}, which Slurm does not read as a memory size",
+            help='megabytes, or a number with K, M, G or T, e.g. "64G"; null keeps the site default',
+        )
+    )
     # pyxis/enroot image; None runs on the host
     container_image: str | None = field(
         metadata=bound(

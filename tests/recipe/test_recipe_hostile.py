@@ -22,6 +22,14 @@ HUGE = str(10**100)
 # override -> (code, the start of the message); the help is checked to be there
 CASES = {
     "slurm.cpus_per_task=0": ("recipe.range", "`slurm.cpus_per_task` must be at least 1 (it is 0)"),
+    "slurm.mem=lots": (
+        "recipe.slurm-value",
+        "`slurm.mem` is 'lots', which Slurm does not read as a memory size",
+    ),
+    "slurm.partition=''": (
+        "recipe.slurm-value",
+        "`slurm.partition` is '': a Slurm name cannot be empty or hold spaces",
+    ),
 }
 
 
