@@ -327,7 +327,7 @@ class SlurmConfig:
         metadata=bound(
             parse=scalars.slurm_seconds,
             code="recipe.time-limit",
-            says="is {value}, which Slurm does not read as a time",
+            says="is {value}, which Slurm does not read as a time: {reason}",
             help='use D-HH:MM:SS, HH:MM:SS, MM:SS or minutes, e.g. "04:00:00"',
         )
     )

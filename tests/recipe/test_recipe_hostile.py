@@ -30,6 +30,11 @@ CASES = {
         "recipe.slurm-value",
         "`slurm.partition` is '': a Slurm name cannot be empty or hold spaces",
     ),
+    "slurm.time_limit=1:99": (
+        "recipe.time-limit",
+        "`slurm.time_limit` is '1:99', which Slurm does not read as a time: seconds go up to "
+        "59, not 99",
+    ),
 }
 
 
@@ -59,3 +64,18 @@ def test_a_hostile_value_is_refused_by_the_dry_run_and_by_train(override, tmp_pa
     refused = train_refusal(override)
     assert refused.exit_code == 2
     assert any(d.code == code and d.message.startswith(message) for d in refused.diagnostics)
+
+
+def test_a_time_flag_out_of_range_is_refused(tmp_path):
+    """`--time 1:99` (99 seconds) was read as 159 s; the flag and the key share one parser."""
+    result = subprocess.run(
+        [RLFLOW, "submit", str(TINY), "--time", "1:99", "--nodes", "1", "--gpus", "1"]
+        + ["--dry-run", "--skip-pin-check"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "error[submit.time]: `--time 1:99` is not a Slurm time limit" in result.stderr
+    assert "Traceback" not in result.stderr and not list(tmp_path.iterdir())
