@@ -96,7 +96,13 @@ class GRPOConfig:
             help="GRPO compares generations of the same prompt; one generation has no baseline",
         )
     )
-    max_num_steps: int = field(metadata=bound(ge=1))
+    max_num_steps: int = field(
+        metadata=bound(
+            ge=1,
+            le=10_000_000,
+            help="more steps than a run reaches: 10,000,000 take 116 days at one step a second",
+        )
+    )
     # optimizer updates per step; the step's rollouts are split evenly
     num_minibatches: int = field(metadata=bound(ge=1))
     normalize_rewards: bool  # divide advantages by the group's std (where std > 0)

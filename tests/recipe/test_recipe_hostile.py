@@ -35,6 +35,14 @@ CASES = {
         "`slurm.time_limit` is '1:99', which Slurm does not read as a time: seconds go up to "
         "59, not 99",
     ),
+    f"grpo.max_num_steps={HUGE}": (
+        "recipe.range",
+        "`grpo.max_num_steps` must be in [1, 10000000] (it is a 101-digit number)",
+    ),
+    f"run.seed={HUGE}": (
+        "recipe.range",
+        "`run.seed` must fit in 64 bits (at most 9223372036854775807), not a 101-digit number",
+    ),
 }
 
 
