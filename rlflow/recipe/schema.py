@@ -18,6 +18,14 @@ from typing import Literal
 from rlflow.recipe import scalars
 from rlflow.recipe.bounds import ENV_NAMES, Bound, bound, command_line
 
+MAX_TIMEOUT_S = 30 * 86400  # past any job's time limit (torch's timedelta overflows far beyond)
+TIMEOUT = bound(
+    ge=1,
+    le=MAX_TIMEOUT_S,
+    help="30 days is longer than any job runs; to turn the watchdog off, set watchdog.enabled: false",
+)
+VLLM_TIMEOUT = bound(ge=1, le=MAX_TIMEOUT_S, help="30 days is longer than any job runs")
+
 
 def slurm_name(help: str) -> dict[str, Bound]:
     """A partition, account or QOS: no blanks (sbatch reads an empty one as a missing value)."""
@@ -214,9 +222,9 @@ class VllmConfig:
     )
     enforce_eager: bool  # no CUDA graphs / compilation: fast start-up
     # the worker must be ready within this
-    startup_timeout_s: int = field(metadata=bound(ge=1))
+    startup_timeout_s: int = field(metadata=VLLM_TIMEOUT)
     # one generate or weight refresh must finish within this
-    request_timeout_s: int = field(metadata=bound(ge=1))
+    request_timeout_s: int = field(metadata=VLLM_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -269,30 +277,43 @@ class CheckpointConfig:
 class WatchdogConfig:
     enabled: bool  # the node launcher ends a job whose rank stops making progress
     # rank start -> recipe read, torch imported, process group up
-    startup_timeout_s: int = field(metadata=bound(ge=1))
+    startup_timeout_s: int = field(metadata=TIMEOUT)
     # the in-job node checks and their all-reduce
-    preflight_timeout_s: int = field(metadata=bound(ge=1))
+    preflight_timeout_s: int = field(metadata=TIMEOUT)
     # building or loading the policy and reference
-    model_load_timeout_s: int = field(metadata=bound(ge=1))
+    model_load_timeout_s: int = field(metadata=TIMEOUT)
     # one checkpoint save
-    checkpoint_timeout_s: int = field(metadata=bound(ge=1))
+    checkpoint_timeout_s: int = field(metadata=TIMEOUT)
     # any other phase of a step (generation, logprobs, training, ...)
-    phase_timeout_s: int = field(metadata=bound(ge=1))
+    phase_timeout_s: int = field(metadata=TIMEOUT)
     # torch.distributed's own timeout for one collective
-    collective_timeout_s: int = field(metadata=bound(ge=1))
+    collective_timeout_s: int = field(metadata=TIMEOUT)
 
 
 @dataclass(frozen=True)
 class PreflightConfig:
     enabled: bool  # check every node before any model is loaded
     # n of the n x n matrix product compared with the CPU (GPU nodes)
-    gemm_size: int = field(metadata=bound(ge=1))
+    gemm_size: int = field(
+        metadata=bound(ge=1, le=16384, help="an n x n float32 matrix per GPU: 16384 is 1 GiB")
+    )
     gemm_tolerance: float = field(metadata=bound(gt=0))  # largest relative difference accepted
     # size of the all-reduce whose bandwidth is logged
-    allreduce_mb: int = field(metadata=bound(ge=0))
+    allreduce_mb: int = field(
+        metadata=bound(
+            ge=0,
+            le=4096,
+            help="the buffer is allocated on every rank; 64 MB measures the bandwidth",
+        )
+    )
     # free space the run directory needs besides a checkpoint's size
     min_free_disk_gb: float = field(metadata=bound(ge=0))
-    required_env: list[str]  # variables every node must have set (e.g. ["HF_HOME"])
+    # variables every node must have set (e.g. ["HF_HOME"])
+    required_env: list[str] = field(
+        metadata=bound(
+            **ENV_NAMES, says="is {value}, which is not a valid environment variable name"
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -394,7 +415,9 @@ class ScoringConfig:
     # processes that run rewards from user code; 0 runs them in the trainer
     num_workers: int = field(metadata=bound(ge=0))
     # one call of a user reward on one batch must return within this
-    timeout_s: float = field(metadata=bound(gt=0))
+    timeout_s: float = field(
+        metadata=bound(gt=0, le=86400, help="a call longer than a day is a hung reward")
+    )
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,22 @@ CASES = {
         "recipe.range",
         "`run.seed` must fit in 64 bits (at most 9223372036854775807), not a 101-digit number",
     ),
+    "preflight.required_env=[HF_HOME, A-B]": (
+        "recipe.env-name",
+        "`preflight.required_env[1]` is 'A-B', which is not a valid environment variable name",
+    ),
+    "watchdog.collective_timeout_s=100000000000000": (
+        "recipe.range",
+        "`watchdog.collective_timeout_s` must be in [1, 2592000] (it is 100000000000000)",
+    ),
+    "preflight.allreduce_mb=1000000000": (
+        "recipe.range",
+        "`preflight.allreduce_mb` must be in [0, 4096] (it is 1000000000)",
+    ),
+    "scoring.timeout_s=1e10": (
+        "recipe.range",
+        "`scoring.timeout_s` must be in (0, 86400] (it is 1e+10)",
+    ),
 }
 
 
