@@ -336,7 +336,13 @@ class LoggingConfig:
 @dataclass(frozen=True)
 class ContainerConfig:
     runtime: Literal["pyxis", "apptainer", "none"]  # how ranks run in slurm.container_image
-    apptainer_command: str  # apptainer: the executable on the nodes (apptainer or singularity)
+    # apptainer: the executable on the nodes (apptainer or singularity)
+    apptainer_command: str = field(
+        metadata=command_line(
+            "recipe.apptainer-command",
+            'balance the quotes, e.g. apptainer or "/opt/my apptainer/bin/apptainer"',
+        )
+    )
     apptainer_args: list[str]  # apptainer: more `exec` options, e.g. ["--cleanenv"]
 
 

@@ -59,6 +59,11 @@ CASES = {
         "recipe.range",
         "`scoring.timeout_s` must be in (0, 86400] (it is 1e+10)",
     ),
+    "slurm.container.apptainer_command=apptainer 'x": (
+        "recipe.apptainer-command",
+        '`slurm.container.apptainer_command` is "apptainer \'x", which cannot be split into '
+        "words: No closing quotation",
+    ),
 }
 
 
