@@ -402,7 +402,10 @@ class SlurmConfig:
     max_requeues: int = field(metadata=bound(ge=0))
     # requeue after a node failure (hang, preflight, lost node), excluding it
     max_failure_retries: int = field(metadata=bound(ge=0))
-    max_gpu_hours: float | None  # worst-case GPU-hours one submission may use; None: no cap
+    # worst-case GPU-hours one submission may use; None: no cap
+    max_gpu_hours: float | None = field(
+        metadata=bound(ge=0, help="the most GPU-hours one submission may use, or null for no cap")
+    )
     stop_signal: Literal["USR1", "HUP"]  # the time-limit warning (USR2 is the stack-dump signal)
     # how the nodes run rlflow, e.g. "uv run --frozen rlflow" or ".venv/bin/rlflow"
     rlflow_command: str = field(

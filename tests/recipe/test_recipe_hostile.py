@@ -108,3 +108,31 @@ def test_a_time_flag_out_of_range_is_refused(tmp_path):
     assert result.returncode == 2
     assert "error[submit.time]: `--time 1:99` is not a Slurm time limit" in result.stderr
     assert "Traceback" not in result.stderr and not list(tmp_path.iterdir())
+
+
+def test_a_gpu_hour_cap_of_0_is_fine_for_a_job_without_gpus(tmp_path):
+    """`request_gpus: false` uses 0 GPU-hours: a cap of 0 holds (it refused before)."""
+    cpu = ["slurm.max_gpu_hours=0", "slurm.request_gpus=false"]
+    result = subprocess.run(
+        [RLFLOW, "submit", str(TINY), *cpu, "--nodes", "1", "--gpus", "2", "--dry-run"]
+        + ["--skip-pin-check"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    gpus = subprocess.run(
+        [RLFLOW, "submit", str(TINY), "slurm.max_gpu_hours=0", "--nodes", "1", "--gpus", "2"]
+        + ["--dry-run", "--skip-pin-check"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert gpus.returncode == 2
+    assert "over the cap of 0 (slurm.max_gpu_hours); nothing was submitted" in gpus.stderr
+    negative = train_refusal("slurm.max_gpu_hours=-1")
+    assert "`slurm.max_gpu_hours` must not be negative (it is -1)" in str(
+        [d.message for d in negative.diagnostics]
+    )
