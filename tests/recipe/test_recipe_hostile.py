@@ -64,6 +64,11 @@ CASES = {
         '`slurm.container.apptainer_command` is "apptainer \'x", which cannot be split into '
         "words: No closing quotation",
     ),
+    "rewards={format: 1e308, exact_match: 1e308}": (
+        "recipe.range",
+        "the `rewards` weights (1e+308 + 1e+308) add up to inf: each reward's share is its "
+        "weight over the total",
+    ),
 }
 
 
