@@ -12,6 +12,9 @@ holds for every item and on a mapping for every value (`keys` bounds the mapping
 value outside its bound, naming the key and the value. Every integer must also fit in 64 bits
 (torch, Slurm and C code take them), bound or not. A rule that relates two keys is not a
 bound: it is a rule of rlflow.recipe.checks.
+
+`quote_numbers` is the loader's part (rlflow.recipe.load): a key that holds a name refuses an
+unquoted number (`entity: 123`), which YAML tools read as a number, not a name.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Bound:
     parse: Callable[[str], Any] | None = None  # strings must parse: ValueError(reason) if not
     says: str | None = None  # "`key` " + this, with {value} and {reason}, for pattern/parse
     keys: Bound | None = None  # a mapping's keys (the value bound covers its values)
+    quote_numbers: bool = False  # a name: an unquoted number is refused (read by the loader)
     code: str = "recipe.range"
     help: str | None = None
 

@@ -386,6 +386,7 @@ def _build(tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Dia
                     "which sets them all, or set " + ("this one" if len(missing) == 1 else "these"),
                 )
             )
+        problems += _unquoted_names(tp, value, path, origins)
         kwargs = {
             f: _build(hints[f], value[f], path + (f,), origins, problems)
             for f in fields
@@ -393,6 +394,33 @@ def _build(tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Dia
         }
         return None if missing else tp(**kwargs)
     return _check_value(tp, value, path, origins, problems)
+
+
+def _unquoted_names(tp: Any, value: dict, path: KeyPath, origins: dict) -> list[Diagnostic]:
+    """Keys whose bound says `quote_numbers` (names: `logging.wandb.entity`) refuse an unquoted
+    number: `entity: 123` is the number 123 to YAML tools, so rlflow will not guess the name."""
+    problems = []
+    for field in dataclasses.fields(tp):
+        rule = field.metadata.get("bound")
+        scalar = value.get(field.name)
+        if not getattr(rule, "quote_numbers", False) or not isinstance(scalar, Scalar):
+            continue
+        number = scalars.core_number(scalar.text) if scalar.plain else None
+        if number is None:
+            continue
+        name = ".".join((*path, field.name))
+        origin = scalar.origin or origins.get((*path, field.name))
+        problems.append(
+            _diag(
+                "recipe.ambiguous",
+                f"`{name}` is {scalar.text} without quotes, which YAML reads as the number "
+                f"{scalars.shown(number)}",
+                origin,
+                f"this key holds a name: did you mean '{scalar.text}'? "
+                + _quote_help(name, scalar.text, origin),
+            )
+        )
+    return problems
 
 
 def _origin_of(value: Any) -> Origin | None:
@@ -420,6 +448,8 @@ def _check_value(
     kind = get_origin(tp)
 
     def bad(extra: str = "") -> None:
+        if not extra and isinstance(value, list | dict) and _takes_text(tp):
+            extra = "this key holds one text value: to set text that starts with [ or {, quote it"
         problems.append(
             _diag(
                 "recipe.type",
@@ -488,6 +518,11 @@ def _check_value(
             bad()
         return value
     raise AssertionError(f"schema type {tp!r} is not handled by the recipe loader")
+
+
+def _takes_text(tp: Any) -> bool:
+    options = get_args(tp) if get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return str in options
 
 
 def _is_null(value: Any) -> bool:

@@ -319,9 +319,13 @@ class PreflightConfig:
 @dataclass(frozen=True)
 class WandbConfig:
     enabled: bool  # log to Weights & Biases too (the optional extra rlflow[wandb])
-    project: str
-    entity: str | None  # team or user; None: W&B's default entity
-    group: str | None  # groups runs in the W&B UI (e.g. one sweep)
+    project: str = field(metadata=bound(quote_numbers=True))
+    entity: str | None = field(  # team or user; None: W&B's default entity
+        metadata=bound(nonempty=True, quote_numbers=True, help="a team or user name, or null")
+    )
+    group: str | None = field(  # groups runs in the W&B UI (e.g. one sweep)
+        metadata=bound(nonempty=True, quote_numbers=True, help="a group name, or null")
+    )
     tags: list[str]
     mode: Literal["online", "offline", "disabled"]  # offline: files only, `wandb sync` later
 

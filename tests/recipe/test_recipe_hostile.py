@@ -69,6 +69,14 @@ CASES = {
         "the `rewards` weights (1e+308 + 1e+308) add up to inf: each reward's share is its "
         "weight over the total",
     ),
+    "logging.wandb.entity=123": (
+        "recipe.ambiguous",
+        "`logging.wandb.entity` is 123 without quotes, which YAML reads as the number 123",
+    ),
+    "logging.wandb.group=[a]": (
+        "recipe.type",
+        "`logging.wandb.group` is a list, but must be a string or null",
+    ),
 }
 
 
