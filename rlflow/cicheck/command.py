@@ -87,7 +87,7 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
                 "RF201",
                 "no CI shard runs pytest: looked in .github/workflows/, shell scripts, .ci/, ci/ "
                 f"and {SHARDS_FILE}",
-                help=f"describe your CI's test shards in {SHARDS_FILE} (README: check-tests)",
+                help=f"describe your CI's test shards in {SHARDS_FILE} (docs/lockstep.md: check-tests)",
             )
         )
     universe = collect(root, pytest, (), "the whole test suite")

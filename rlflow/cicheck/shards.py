@@ -95,7 +95,7 @@ def _unreadable(file: str, line: int | None, command: str, why: str) -> RlflowEr
             f"cannot tell which tests `{command.strip()[:120]}` runs: {why}",
             file=file,
             line=line,
-            help=f"spell the test paths out, or describe the shard in {SHARDS_FILE} (README: "
+            help=f"spell the test paths out, or describe the shard in {SHARDS_FILE} (docs/lockstep.md: "
             "check-tests)",
         )
     )

@@ -27,7 +27,8 @@ root, RF003 index URL mismatch, RF004 disjoint versions, RF005 lockstep drift, R
 != checkout, RF007 uninitialized submodule, RF008 uncommitted submodule pyproject, RF009
 stale policy entry, RF010 a deployed submodule's uv.lock disagrees with the root's, RF011 stale
 uv.lock, RF012 submodule commit not on its approved ref, RF013 lock freshness undecidable
-offline. Policy: [tool.rlflow.pins] in the root pyproject.toml (docs: lock-level policy).
+offline, RF014 nested gitlink not committed in its parent. Policy: [tool.rlflow.pins] in the
+root pyproject.toml (see docs/lockstep.md).
 """
 
 
