@@ -46,7 +46,8 @@ class Bound:
     help: str | None = None
 
     def problem(self, value: Any) -> str | None:
-        """What is wrong with `value` (a message after "`key` "), or None when it holds."""
+        """What is wrong with `value` (a message after "`key` "), or None when it holds;
+        `help_for` says how to fix it."""
         if isinstance(value, bool):
             return None
         if isinstance(value, int | float):
@@ -63,6 +64,15 @@ class Bound:
             except ValueError as err:
                 return self._said(value, str(err))
         return None
+
+    def help_for(self, value: Any) -> str | None:
+        if (
+            self.help is None
+            and isinstance(value, int)
+            and not -INT64_MAX - 1 <= value <= INT64_MAX
+        ):
+            return "integers go to torch, Slurm and C code, which take 64 bits"
+        return self.help
 
     def _range_problem(self, value: int | float) -> str | None:
         low_ok = (self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)

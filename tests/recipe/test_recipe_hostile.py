@@ -123,6 +123,23 @@ def test_a_time_flag_out_of_range_is_refused(tmp_path):
     assert "Traceback" not in result.stderr and not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(
+    "override",
+    [
+        "logging.wandb.entity='123'",  # quoted: the name 123, as written
+        "logging.wandb.group='[a]'",
+        "slurm.mem=64",  # megabytes
+        "slurm.mem=64G",
+        "slurm.time_limit='59:59'",
+        "slurm.time_limit='48:00:00'",  # hours may pass 23 without days
+        "slurm.time_limit='1-23:59:59'",
+        "slurm.partition=gpu,debug",  # Slurm takes a list of partitions
+    ],
+)
+def test_the_values_beside_them_still_load(override):
+    load_checked(TINY, [override])
+
+
 def test_a_gpu_hour_cap_of_0_is_fine_for_a_job_without_gpus(tmp_path):
     """`request_gpus: false` uses 0 GPU-hours: a cap of 0 holds (it refused before)."""
     cpu = ["slurm.max_gpu_hours=0", "slurm.request_gpus=false"]
