@@ -297,6 +297,37 @@ def _apply_override(text: str, data: dict, origins: dict, problems: list[Diagnos
     origins[path] = origin
 
 
+def override_value(key: str, text: str) -> Any:
+    """The value `key=text` gives its key, typed by the schema as `load_recipe` types it; None
+    when it does not type (the full load reports why). Sweeps compare values with it."""
+    path = tuple(key.split("."))
+    tp = _type_at(path)
+    if tp is None:
+        return None
+    problems: list[Diagnostic] = []
+    try:
+        value = read_value(text, Origin("command line"), text_key=_holds_text(path))
+    except RlflowError:
+        return None
+    typed = _check_value(tp, value, path, {}, problems)
+    return None if problems else typed
+
+
+def _type_at(path: KeyPath) -> Any:
+    """The schema type of `path` (a mapping's value type under rewards, env, mix), or None."""
+    tp: Any = Recipe
+    for key in path:
+        if dataclasses.is_dataclass(tp):
+            tp = typing.get_type_hints(tp).get(key)
+        elif get_origin(tp) is dict:
+            tp = get_args(tp)[1]
+        else:
+            return None
+        if tp is None:
+            return None
+    return None if dataclasses.is_dataclass(tp) else tp
+
+
 def _holds_text(path: KeyPath) -> bool:
     """True when the schema types `path` as a string (or a string or null)."""
     tp: Any = Recipe
