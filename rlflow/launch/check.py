@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+from rlflow import slurm
 from rlflow.errors import Diagnostic
 from rlflow.launch.plan import JobPlan
 from rlflow.recipe.allocation import allocation_diagnostics
@@ -328,41 +328,15 @@ def _limit(directory: Path, name: str, default: int) -> int:
         return default
 
 
-# GRES strings as sinfo prints them: gpu:4, gpu:h100:8(S:0-1), gpu:a100:4,gpu:v100:2
-_GPU_GRES = re.compile(r"gpu(?::[^:,()\s]+)?:(\d+)")
-SINFO_TIMEOUT_SECONDS = 5  # a healthy controller answers in well under a second
-
-
 def check_cluster(plan: JobPlan) -> tuple[list[Diagnostic], str | None]:
     """The job's shape against the partition's nodes, from `sinfo`: a job asking for more GPUs
     per node (or more nodes) than the partition has is accepted by sbatch and then pends
     forever. Returns the problems and what was checked, or no note when Slurm was not asked
     (no Slurm config on this machine, no sinfo, or no answer)."""
-    config = os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    if not os.path.isfile(config) or shutil.which("sinfo") is None:
+    answer = slurm.partition_gpus()
+    if answer is None:
         return [], None
-    try:
-        result = subprocess.run(
-            ["sinfo", "--noheader", "--Node", "--format=%N|%P|%G"],
-            capture_output=True,
-            text=True,
-            timeout=SINFO_TIMEOUT_SECONDS,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return [], None
-    if result.returncode != 0:
-        return [], None
-    gpus: dict[str, dict[str, int]] = {}  # partition -> node -> GPUs
-    default = None
-    for line in result.stdout.splitlines():
-        node, _, rest = line.strip().partition("|")
-        partition, _, gres = rest.partition("|")
-        if partition.endswith("*"):
-            partition = default = partition[:-1]
-        if node and partition:
-            count = sum(int(n) for n in _GPU_GRES.findall(gres))
-            gpus.setdefault(partition, {})[node] = count
+    gpus, default = answer
     partition = plan.partition or default
     if partition is None:
         return [], None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from rlflow.errors import Diagnostic
+from rlflow.job import files
 from rlflow.recipe.checks import parse_time_limit
 from rlflow.recipe.load import LoadedRecipe, Origin, with_values
 
@@ -118,7 +119,7 @@ def make_plan(
     recipe = loaded.recipe
     slurm = recipe.slurm
     run_dir = run_dir or _run_dir(recipe.run.output_dir, recipe.run.name, cwd, now, token)
-    log_dir = os.path.join(run_dir, "logs")
+    log_dir = os.path.join(run_dir, files.LOGS)
     seconds = parse_time_limit(slurm.time_limit)
     assert seconds is not None, "check_recipe validates slurm.time_limit before planning"
     pyxis = slurm.container.runtime == "pyxis"
@@ -202,7 +203,7 @@ def _rank_command(rlflow_command: str, custom: str | None, run_dir: str) -> tupl
     """What every rank runs: `rlflow train RUN_DIR/recipe.yaml --run-dir RUN_DIR` by default."""
     if custom is not None:
         return tuple(shlex.split(custom))
-    recipe = os.path.join(run_dir, "recipe.yaml")
+    recipe = os.path.join(run_dir, files.RECIPE)
     return (*shlex.split(rlflow_command), "train", recipe, "--run-dir", run_dir)
 
 

@@ -667,7 +667,7 @@ def _wandb(loaded: LoadedRecipe) -> list[Diagnostic]:
 
 
 def _watchdog(loaded: LoadedRecipe) -> list[Diagnostic]:
-    """Watchdog, preflight and retry keys (rlflow/launch/node.py, preflight.py, attempts.py)."""
+    """Watchdog, preflight and retry keys (rlflow/job/node.py, preflight.py, attempts.py)."""
     recipe = loaded.recipe
     watch, pre = recipe.watchdog, recipe.preflight
     problems = []

@@ -72,7 +72,7 @@ def share_vision_cache(policy, reference, enabled: bool) -> None:
 def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     from rlflow.data import PromptSampler, build_dataset
     from rlflow.generation.factory import check_backend_ready, make_backend
-    from rlflow.launch.preflight import run_preflight
+    from rlflow.job.preflight import run_preflight
     from rlflow.model.build import load_policy, resolve_checkpoint
     from rlflow.model.processor import PromptEncoder
     from rlflow.train.checkpoint import Checkpointer

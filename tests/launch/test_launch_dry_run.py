@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launch_helpers import PYTHON, RECIPES, REPO, rlflow
 
 from rlflow.recipe.load import load_recipe
+from tests.slurm.jobs import PYTHON, RECIPES, REPO, rlflow
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TEMPLATE = REPO / "templates" / "sbatch.sh.j2"
