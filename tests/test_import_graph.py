@@ -11,7 +11,7 @@ commands share lives in its own module, not in one of them.
 The layers, bottom first (LAYERS below); a module imports only its own layer and those below:
 
     errors                  exit codes, diagnostics
-    recipe.schema, job.files, slurm, optional, model.compat
+    recipe.schema (.bounds, .scalars), job.files, slurm, optional, model.compat
                             leaves: the recipe's types, the run directory's names, every Slurm
                             call, optional packages, third-party patches
     pins, cicheck           check-pins, check-tests
@@ -156,10 +156,12 @@ def test_the_family_registry_is_login_node_safe():
 LAYERS = [
     # the ground: exit codes and diagnostics
     ("rlflow.errors",),
-    # leaves: the recipe's types, the run directory's file names, every Slurm call, optional
-    # packages, third-party patches
+    # leaves: the recipe's types (with their bounds and scalar parsers), the run directory's file
+    # names, every Slurm call, optional packages, third-party patches
     (
         "rlflow.recipe.schema",
+        "rlflow.recipe.bounds",
+        "rlflow.recipe.scalars",
         "rlflow.job.files",
         "rlflow.slurm",
         "rlflow.optional",

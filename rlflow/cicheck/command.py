@@ -26,8 +26,9 @@ from rlflow.errors import (
 EPILOG = """\b
 Shards are read from .github/workflows/*.yml (each `run:` that calls pytest, the job's matrix
 expanded), shell scripts (*.sh, .ci/*, ci/*: `pytest`, `python -m pytest`, `uv run pytest`
-lines) and ci-shards.yaml (see README). Codes: RF200 malformed CI file, RF201 shard command
-that cannot be resolved, RF202 pytest collection failed, RF210 tests no shard collects.
+lines) and ci-shards.yaml (see docs/lockstep.md). Codes: RF200 malformed CI file, RF201
+shard command that cannot be resolved, RF202 pytest collection failed, RF210 tests no shard
+collects.
 """
 
 
@@ -85,7 +86,7 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
                 "RF201",
                 "no CI shard runs pytest: looked in .github/workflows/, shell scripts, .ci/, ci/ "
                 f"and {SHARDS_FILE}",
-                help=f"describe your CI's test shards in {SHARDS_FILE} (README: check-tests)",
+                help=f"describe your CI's test shards in {SHARDS_FILE} (docs/lockstep.md: check-tests)",
             )
         )
     everything = next((s for s in shards if s.selects_everything), None)

@@ -8,7 +8,7 @@ Read, in a repository:
     shell scripts                 tracked `*.sh`/`*.bash` files and everything under `.ci/` or
                                   `ci/`: lines that call `pytest`, `python -m pytest` or
                                   `uv run [opts] pytest`
-    ci-shards.yaml                for other CI systems (documented in the README):
+    ci-shards.yaml                for other CI systems (documented in docs/lockstep.md):
                                       shards:
                                         - name: unit
                                           args: ["tests/unit", "-m", "not gpu"]
@@ -130,7 +130,7 @@ def _unreadable(file: str, line: int | None, command: str, why: str) -> RlflowEr
             f"cannot tell which tests `{command.strip()[:120]}` runs: {why}",
             file=file,
             line=line,
-            help=f"spell the test paths out, or describe the shard in {SHARDS_FILE} (README: "
+            help=f"spell the test paths out, or describe the shard in {SHARDS_FILE} (docs/lockstep.md: "
             "check-tests)",
         )
     )

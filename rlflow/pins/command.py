@@ -27,7 +27,7 @@ root, RF003 index URL mismatch, RF004 disjoint versions, RF005 lockstep drift, R
 != checkout, RF007 uninitialized submodule, RF008 uncommitted submodule pyproject, RF009
 stale policy entry, RF010 root and submodule uv.lock disagree on a source, RF011 stale uv.lock,
 RF012 submodule commit not on its approved ref. Policy: [tool.rlflow.pins] in the root
-pyproject.toml (see README).
+pyproject.toml (see docs/lockstep.md).
 """
 
 

@@ -239,15 +239,12 @@ def _batching(recipe) -> tuple[int, dict]:
 
 
 def _train_batch(t: Trainer, prompts, completions, advantages):
-    media = t.policy.media_tokens
     return build_train_batch(
         prompts,
         completions,
         advantages,
-        media.image,
-        media.video,
-        media.merge_size,
-        t.encoder.pad_token_id,
+        prompt_ids=t.policy.prompt_ids,
+        pad_token_id=t.encoder.pad_token_id,
     )
 
 

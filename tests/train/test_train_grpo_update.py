@@ -23,7 +23,6 @@ def trainable(single_rank, tiny_ckpt):
 
 def test_update_raises_logprob_of_rewarded_answers(trainable, tiny_processor):
     policy = trainable
-    config = policy.core.config
     prompt = make_prompt(tiny_processor, "image", "How many red squares are there?")
     prompts = [prompt] * 16
     gen = MegatronGeneration(policy, tiny_processor.tokenizer.pad_token_id, max_batch_size=16)
@@ -43,10 +42,8 @@ def test_update_raises_logprob_of_rewarded_answers(trainable, tiny_processor):
         prompts,
         completions,
         advantages,
-        config.image_token_id,
-        config.video_token_id,
-        config.vision_config.spatial_merge_size,
-        tiny_processor.tokenizer.pad_token_id,
+        prompt_ids=policy.prompt_ids,
+        pad_token_id=tiny_processor.tokenizer.pad_token_id,
     )
     before, _ = rollout_logprobs(policy, batch, micro_batch_size=8, with_entropy=False)
     weights_before = [p.detach().clone() for p in policy.core.language_model.parameters()]
