@@ -183,11 +183,8 @@ READ_BY = {
         f"slurm.{key}": ("rlflow/launch/plan.py", f"slurm.{key}")
         for key in (
             "partition",
-            "account",
-            "qos",
             "time_limit",
             "cpus_per_task",
-            "mem",
             "container_image",
             "container_mounts",
             "container.runtime",
@@ -203,6 +200,12 @@ READ_BY = {
             "rlflow_command",
             "request_gpus",
         )
+    },
+    # #SBATCH options the recipe passes through: their row in plan.SBATCH_OPTIONS names the key,
+    # and plan.sbatch_options() reads every row's key into the #SBATCH lines
+    **{
+        f"slurm.{key}": ("rlflow/launch/plan.py", f"'slurm.{key}'")
+        for key in ("account", "qos", "mem")
     },
     "slurm.max_gpu_hours": ("rlflow/launch/cost.py", "loaded.recipe.slurm.max_gpu_hours"),
 }
