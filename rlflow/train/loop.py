@@ -14,7 +14,7 @@ import torch
 
 from rlflow import parallel
 from rlflow.generation.base import Completion
-from rlflow.train import grpo, watchdog
+from rlflow.train import grpo, hf_export, watchdog
 from rlflow.train.collect import (
     collect_rollouts,
     effective_loss,
@@ -54,6 +54,7 @@ def train(t: Trainer) -> int:
             step % recipe.checkpointing.save_period == 0 or last or stop
         ):
             save(t)
+        hf_export.after_step(t, step, last)
         if stop and not last:
             t.log.write(
                 f"stopping at step {step} on {t.stop.signal_name or 'a peer signal'}: "
