@@ -324,8 +324,7 @@ class MegatronGeneration(GenerationBackend):
         media_rows = [p.media for p in prompts]
         media = Media.concat(media_rows).to(device)
         positions, _ = mrope_positions(core, padded, valid, media)  # [3, P, W]
-        cache = self.policy.extra.get("vision_cache")
-        features = cache.features(core, media_rows) if cache is not None else None
+        features = self.policy.vision_cache.features(core, media_rows)
         embeddings = embed(core, padded, media, features=features).transpose(0, 1)  # [P, W, H]
         packed_positions = positions.permute(1, 2, 0)[valid].T  # [3, T]
         cos, sin = decoder.rotary(packed_positions, dtype)

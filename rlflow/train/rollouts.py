@@ -14,6 +14,7 @@ import torch
 
 from rlflow.generation.base import Completion
 from rlflow.generation.placeholders import expanded_token_ids
+from rlflow.model.family import MediaTokens
 from rlflow.model.media import Media, Prompt
 
 
@@ -88,15 +89,15 @@ def build_train_batch(
     prompts: list[Prompt],
     completions: list[Completion],
     advantages: list[float],
-    image_token_id: int,
-    video_token_id: int,
-    merge_size: int,
+    *,
+    media: MediaTokens,
     pad_token_id: int,
 ) -> TrainBatch:
-    """Right-padded prompt+completion rows (prompts[i] produced completions[i])."""
+    """Right-padded prompt+completion rows (prompts[i] produced completions[i]); `media` is the
+    policy's placeholder ids (Policy.media_tokens)."""
     rows, starts, logprobs = [], [], []
     for prompt, completion in zip(prompts, completions, strict=True):
-        ids = expanded_token_ids(prompt, image_token_id, video_token_id, merge_size)
+        ids = expanded_token_ids(prompt, media.image, media.video, media.merge_size)
         starts.append(len(ids))
         rows.append(ids + list(completion.token_ids))
         logprobs.append(completion.logprobs)
