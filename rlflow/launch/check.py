@@ -74,7 +74,6 @@ def check_all(
     `trains=False` for a `--command` job, whose ranks run no trainer."""
     problems = allocation_diagnostics(loaded, plan.num_nodes, plan.gpus_per_node, trains=trains)
     problems += check_sbatch_values(loaded, plan)
-    problems += check_container(loaded)
     problems += check_paths(loaded, plan)
     if not skip_pins:
         problems += pin_diagnostics(repo_root)
@@ -155,81 +154,6 @@ def _extra_arg_problems(loaded: LoadedRecipe, args: tuple[str, ...]) -> list[Dia
                 )
             )
     return problems
-
-
-def check_container(loaded: LoadedRecipe) -> list[Diagnostic]:
-    slurm = loaded.recipe.slurm
-    problems = []
-    if slurm.container_image is not None and not slurm.container_image.strip():
-        problems.append(
-            loaded.diagnostic(
-                ("slurm", "container_image"),
-                "submit.container",
-                "`slurm.container_image` is empty",
-                help="set an image, or null to run on the host",
-            )
-        )
-    problems += _runtime_problems(loaded)
-    if slurm.container_mounts and slurm.container_image is None:
-        problems.append(
-            loaded.diagnostic(
-                ("slurm", "container_mounts"),
-                "submit.container",
-                "`slurm.container_mounts` is set, but `slurm.container_image` is null",
-                help="mounts only apply inside a container: set slurm.container_image, or remove them",
-            )
-        )
-    for i, mount in enumerate(slurm.container_mounts):
-        if "," in mount or not mount.strip():
-            problems.append(
-                loaded.diagnostic(
-                    ("slurm", "container_mounts"),
-                    "submit.container",
-                    f"`slurm.container_mounts[{i}]` is {mount!r}: pyxis and apptainer separate mounts "
-                    f"with commas, so one mount cannot contain a comma or be empty",
-                    help="write one src:dst[:flags] mount per list item",
-                )
-            )
-    return problems
-
-
-def _runtime_problems(loaded: LoadedRecipe) -> list[Diagnostic]:
-    """The image and slurm.container.runtime must agree: an image nothing would run, or a runtime
-    without an image, is a recipe mistake (the unknown-runtime error comes from the loader)."""
-    slurm = loaded.recipe.slurm
-    runtime = slurm.container.runtime
-    key = ("slurm", "container", "runtime")
-    if runtime == "apptainer" and slurm.container_image is None:
-        return [
-            loaded.diagnostic(
-                key,
-                "submit.container",
-                "`slurm.container.runtime` is apptainer, but `slurm.container_image` is null",
-                help="set slurm.container_image to a .sif file or a docker:// image, or set "
-                "slurm.container.runtime: none to run on the host",
-            )
-        ]
-    if runtime == "none" and slurm.container_image is not None:
-        return [
-            loaded.diagnostic(
-                key,
-                "submit.container",
-                f"`slurm.container.runtime` is none, but `slurm.container_image` is "
-                f"{slurm.container_image!r}",
-                help="set slurm.container.runtime to pyxis or apptainer to run in the image, or "
-                "slurm.container_image: null to run on the host",
-            )
-        ]
-    if runtime == "apptainer" and not slurm.container.apptainer_command.strip():
-        return [
-            loaded.diagnostic(
-                ("slurm", "container", "apptainer_command"),
-                "submit.container",
-                "`slurm.container.apptainer_command` is empty",
-                help="set it to the executable on the nodes: apptainer or singularity",
-            )
-        ]
-    return []
 
 
 def check_paths(loaded: LoadedRecipe, plan: JobPlan) -> list[Diagnostic]:

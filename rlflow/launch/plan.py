@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from rlflow.errors import Diagnostic
-from rlflow.recipe.checks import parse_time_limit
 from rlflow.recipe.load import LoadedRecipe, Origin, with_values
+from rlflow.recipe.scalars import parse_time_limit
 
 # Rendezvous ports stay below 9000: on some clusters the ephemeral range starts there, and a
 # port derived from the job id keeps two jobs sharing a node from colliding (NeMo-RL's plan).
@@ -157,7 +157,7 @@ def make_plan(
         container_mounts=(
             ",".join(slurm.container_mounts) if pyxis and slurm.container_mounts else None
         ),
-        apptainer=(  # no image: check_container reports it before anything is submitted
+        apptainer=(  # no image: check_recipe reports it before anything is planned
             _apptainer_words(slurm)
             if slurm.container.runtime == "apptainer" and slurm.container_image
             else None

@@ -18,6 +18,7 @@ import torch
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.model import family as families
 from rlflow.model.family import MediaTokens, ModelFamily
+from rlflow.model.media import Prompt
 from rlflow.model.vision_cache import VisionCache
 from rlflow.recipe.schema import ModelConfig, ParallelismConfig
 
@@ -51,6 +52,17 @@ class Policy:
     @property
     def media_tokens(self) -> MediaTokens:
         return self.family.media_tokens(self.hf_config)
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's device (rlflow.parallel placed the model there)."""
+        from rlflow import parallel
+
+        return parallel.info().device
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids as the model consumes them, checked against its media."""
+        return self.family.prompt_ids(prompt, self.media_tokens)
 
     @property
     def image_token_id(self) -> int:

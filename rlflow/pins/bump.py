@@ -268,7 +268,8 @@ def _apply(root: Path, path: str, plan: Plan) -> None:
 
 
 def _uv_lock(root: Path) -> None:
-    uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    beside = Path(sys.executable).parent / "uv"  # the uv installed with rlflow, then PATH's
+    uv = str(beside) if beside.is_file() else (shutil.which("uv") or "uv")
     try:
         done = subprocess.run(
             [uv, "lock"], cwd=root, capture_output=True, text=True, env=gitcmd.clean_env()

@@ -9,14 +9,14 @@ Shape suffixes: `_PG` prompts x generations, `_BT` batch x tokens, `_BTV` batch 
 hold garbage (padding), which is kept out of every sum with `torch.where`, never multiplied by 0
 (0 * inf is NaN, in the forward and in the backward pass).
 
-Formulas (README "GRPO math" has the same with examples):
+Formulas (docs/grpo-math.md has the same with examples):
     advantage      A_i = r_i - b_i, divided by (s_i + eps) where s_i > 0 and normalisation is on
     ratio          rho_t = exp(logp_t - logp_old_t)
     per-token loss l_t = max(-A rho_t, -A clip(rho_t, 1 - clip_low, 1 + clip_high)) + beta kl_t
     token level    L = sum_{valid t} l_t / N_tokens(global)
     sequence level L = sum_b (mean_{valid t in b} l_t) / N_seqs(global)
 
-Variants (each a recipe key; README "GRPO variants"):
+Variants (each a recipe key; docs/grpo-math.md "GRPO variants"):
     GSPO           rho_b = exp(mean_{valid t in b} (logp_t - logp_old_t)), one ratio per sequence,
                    clipped like rho_t (loss.ratio_level: sequence)
     TIS            l_t *= min(w_t, C),  w_t = exp(logp_old_t - logp_gen_t)      (token, truncated)

@@ -222,7 +222,7 @@ def _train_batch(t: Trainer, prompts, completions, advantages):
         prompts,
         completions,
         advantages,
-        media=t.policy.media_tokens,
+        prompt_ids=t.policy.prompt_ids,
         pad_token_id=t.encoder.pad_token_id,
     )
 

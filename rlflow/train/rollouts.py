@@ -8,13 +8,12 @@ generated token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from rlflow.generation.base import Completion
-from rlflow.generation.placeholders import expanded_token_ids
-from rlflow.model.family import MediaTokens
 from rlflow.model.media import Media, Prompt
 
 
@@ -90,14 +89,15 @@ def build_train_batch(
     completions: list[Completion],
     advantages: list[float],
     *,
-    media: MediaTokens,
+    prompt_ids: Callable[[Prompt], list[int]],
     pad_token_id: int,
 ) -> TrainBatch:
-    """Right-padded prompt+completion rows (prompts[i] produced completions[i]); `media` is the
-    policy's placeholder ids (Policy.media_tokens)."""
+    """Right-padded prompt+completion rows (prompts[i] produced completions[i]).
+
+    prompt_ids: a prompt's ids as the model consumes them (`Policy.prompt_ids`)."""
     rows, starts, logprobs = [], [], []
     for prompt, completion in zip(prompts, completions, strict=True):
-        ids = expanded_token_ids(prompt, media.image, media.video, media.merge_size)
+        ids = prompt_ids(prompt)
         starts.append(len(ids))
         rows.append(ids + list(completion.token_ids))
         logprobs.append(completion.logprobs)

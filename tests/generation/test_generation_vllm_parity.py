@@ -103,7 +103,7 @@ def test_logprobs_are_the_unmodified_distribution_the_trainer_recomputes(
         prompts,
         completions,
         [0.0] * len(prompts),
-        media=policy.media_tokens,
+        prompt_ids=policy.prompt_ids,
         pad_token_id=tokenizer.pad_token_id,
     )
     trainer_logprobs, _ = rollout_logprobs(
@@ -155,7 +155,6 @@ def test_a_prompt_whose_tokens_vllm_does_not_reproduce_is_refused(
         text.sample_id,
         text.text.replace("How many?", "How few?"),
         text.token_ids,
-        text.media_tokens_expanded,
         text.media,
     )
     params = greedy(2, tiny_processor.tokenizer.eos_token_id)

@@ -292,5 +292,5 @@ def test_a_collective_timeout_shorter_than_the_watchdog_is_refused_by_the_dry_ru
         "`watchdog.collective_timeout_s` (60) is shorter than `watchdog.phase_timeout_s` (600)"
         in result.stderr
     )
-    assert "`slurm.max_failure_retries` must be at least 0" in result.stderr
+    assert "`slurm.max_failure_retries` must not be negative (it is -1)" in result.stderr
     assert "Traceback" not in result.stderr

@@ -47,7 +47,7 @@ def test_update_raises_logprob_of_rewarded_answers(trainable, tiny_processor):
         prompts,
         completions,
         advantages,
-        media=policy.media_tokens,
+        prompt_ids=policy.prompt_ids,
         pad_token_id=tiny_processor.tokenizer.pad_token_id,
     )
     batching = Batching(8, max_tokens=0, packed=True)

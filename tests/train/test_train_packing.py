@@ -55,7 +55,7 @@ def rollout_batch(policy, pad_token_id, prompts, group=2, seed=0):
         completions.append(Completion(ids, [0.0] * n, "length"))
     advantages = torch.randn(len(rows), generator=generator).tolist()
     return build_train_batch(
-        rows, completions, advantages, media=policy.media_tokens, pad_token_id=pad_token_id
+        rows, completions, advantages, prompt_ids=policy.prompt_ids, pad_token_id=pad_token_id
     )
 
 
@@ -92,7 +92,7 @@ def test_packed_logprobs_equal_padded_text_only_qwen3(single_rank, tmp_path_fact
     prompts = []
     for i, question in enumerate(["How many?", "Count the red squares and the blue circles."]):
         ids = tokenizer(question)["input_ids"]
-        prompts.append(Prompt(f"t{i}", question, tuple(ids), True, Media()))
+        prompts.append(Prompt(f"t{i}", question, tuple(ids), Media()))
     batch = rollout_batch(policy, tokenizer.pad_token_id, prompts, group=3)
     with torch.no_grad():
         padded, _ = policy_token_logprobs(policy, batch, packed=False)
