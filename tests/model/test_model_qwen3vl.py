@@ -182,7 +182,7 @@ def test_megatron_generation_matches_the_hf_backend(single_rank, family_ckpt, sh
     unique = mixed_prompts(processor)
     prompts = [p for p in unique for _ in range(2)] if shared else unique
     pad, eos = processor.tokenizer.pad_token_id, processor.tokenizer.eos_token_id
-    policy.extra["vision_cache"] = VisionCache(enabled=shared)
+    policy.vision_cache = VisionCache(enabled=shared)
     ours = MegatronGeneration(policy, pad, 8, share_prompts=shared).generate(
         prompts, greedy(16, eos)
     )
