@@ -30,6 +30,25 @@ def tiny_ckpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def family_ckpt(tmp_path_factory):
+    """builtin name -> that family's tiny checkpoint, written once per session (lm_head scaled
+    x8 so greedy decoding has no near-ties), e.g. family_ckpt("tiny-qwen3vl")."""
+    from rlflow.model import family
+
+    written = {}
+
+    def get(name: str):
+        if name not in written:
+            folder = tmp_path_factory.mktemp(name)
+            written[name] = family.by_builtin(name).write_tiny(
+                folder, name, seed=0, lm_head_scale=8.0
+            )
+        return written[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def tiny_policy(single_rank, tiny_ckpt):
     """The tiny checkpoint as a frozen Megatron policy (fp32)."""
     from rlflow.model.build import load_policy
@@ -68,7 +87,14 @@ def vllm_env(vllm_gen_cfg):
 # Slow: a test that starts the Slurm cluster, loads a megatron-core model, trains, or runs vLLM.
 # Marked here, by what a test uses, so a new test of that kind is slow without remembering to
 # say so. CI runs everything (`uv run pytest`).
-SLOW_FIXTURES = {"slurm_cluster", "single_rank", "tiny_ckpt", "tiny_policy", "tiny_processor"}
+SLOW_FIXTURES = {
+    "slurm_cluster",
+    "single_rank",
+    "tiny_ckpt",
+    "tiny_policy",
+    "tiny_processor",
+    "family_ckpt",
+}
 SLOW_PATHS = (
     "tests/model/",  # megatron-core models against HF
     "tests/generation/",  # megatron, HF and vLLM generation

@@ -59,8 +59,7 @@ def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
 
         trainer = setup(loaded, directory)
         code = train(trainer)
-        trainer.log.close()
-        trainer.backend.close()
+        trainer.close()
         _shutdown()
         return code
     except PreflightFailed as err:

@@ -150,6 +150,8 @@ READ_BY = {
     "checkpointing.enabled": ("rlflow/train/loop.py", "recipe.checkpointing.enabled"),
     "checkpointing.save_period": ("rlflow/train/loop.py", "recipe.checkpointing.save_period"),
     "checkpointing.keep_last": ("rlflow/train/setup.py", "recipe.checkpointing.keep_last"),
+    "checkpointing.hf_export_period": ("rlflow/train/hf_export.py", "cfg.hf_export_period"),
+    "checkpointing.hf_export_keep_last": ("rlflow/train/hf_export.py", "cfg.hf_export_keep_last"),
     "checkpointing.save_on_signal": (
         "rlflow/train/setup.py",
         "recipe.checkpointing.save_on_signal",
