@@ -1,5 +1,5 @@
 """`rlflow train --nproc N`: several ranks on this machine, watched by the same node launcher
-that runs them under Slurm (rlflow.launch.node), so a failing rank ends the others here too."""
+that runs them under Slurm (rlflow.job.node), so a failing rank ends the others here too."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 
 from rlflow.errors import EX_TEMPFAIL
-from rlflow.launch.node import Launcher, NodeInfo
+from rlflow.job.node import Launcher, NodeInfo
 
 
 def run_local(
@@ -42,6 +42,6 @@ def run_local(
     )
     code = launcher.run()
     print(f"rank logs: {logs}/rank-*.log", flush=True)
-    if code == 0 and any(r.exit_code == EX_TEMPFAIL for r in launcher.ranks):
+    if code == 0 and any(r.exit_code == EX_TEMPFAIL for r in launcher.ranks.all):
         return EX_TEMPFAIL
     return code

@@ -19,7 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_helpers import (
+
+from rlflow.job.attempts import Attempt, append
+from rlflow.launch import monitor
+from tests.slurm.jobs import (
     PYTHON,
     RECIPES,
     REPO,
@@ -29,9 +32,6 @@ from launch_helpers import (
     wait_done,
     wait_for_state,
 )
-
-from rlflow.launch import monitor
-from rlflow.launch.attempts import Attempt, append
 
 RLFLOW = Path(PYTHON).parent / "rlflow"  # the console script users run
 

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_helpers import (
+
+from tests.slurm.jobs import (
     PYTHON,
     RECIPES,
     REPO,

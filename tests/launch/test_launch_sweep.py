@@ -15,10 +15,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from launch_helpers import PYTHON, RECIPES, REPO, batch_log, job_fields, payload_command
 
 from rlflow.errors import RlflowError
 from rlflow.launch import sweep, sweep_jobs
+from tests.slurm.jobs import PYTHON, RECIPES, REPO, batch_log, job_fields, payload_command
 
 RLFLOW = Path(PYTHON).parent / "rlflow"  # the console script users run
 TINY = RECIPES / "tiny-cpu.yaml"

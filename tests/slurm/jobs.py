@@ -1,4 +1,5 @@
-"""Shared pieces of the launch tests: run the real `rlflow` CLI, wait for real Slurm jobs."""
+"""Shared pieces of the launch and job tests: run the real `rlflow` CLI, wait for real Slurm
+jobs. The recipes and payloads (stand-ins for the trainer) live in tests/launch/."""
 
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-RECIPES = HERE / "recipes"
-PAYLOADS = HERE / "payloads"
+RECIPES = REPO / "tests" / "launch" / "recipes"
+PAYLOADS = REPO / "tests" / "launch" / "payloads"
 BASE_RECIPE = REPO / "recipes" / "base.yaml"
 PYTHON = sys.executable
 FINAL_STATES = {
@@ -69,7 +69,7 @@ def payload_command(name: str, *args: str) -> str:
 
 
 def job_fields(job_id: str) -> dict[str, str]:
-    from rlflow.launch.slurm import job_fields as fields
+    from rlflow.slurm import job_fields as fields
 
     found = fields(job_id)
     assert found is not None, f"scontrol does not know job {job_id}"

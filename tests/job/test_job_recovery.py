@@ -1,4 +1,4 @@
-"""Hangs, bad nodes and lost nodes on the real local Slurm cluster (conftest.py: 9 nodes, node9
+"""Hangs, bad nodes and lost nodes on the real local Slurm cluster (tests/slurm/cluster.py: 9 nodes, node9
 a spare): each ends in a named root cause, and where a retry can help, in a requeue without the
 offending node that resumes the run.
 
@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_helpers import (
+
+from tests.slurm.jobs import (
     PYTHON,
     RECIPES,
     REPO,
@@ -150,7 +151,7 @@ def test_a_stopped_rank_is_named_with_its_stack_and_the_job_resumes_without_its_
 
 def test_preflight_names_a_node_with_too_few_gpus_and_the_job_finishes_without_it(tmp_path):
     """node2's driver shows no GPU where the job asked for one (faked: the test cluster's GPUs
-    are device files and torch is a CPU build, see rlflow/launch/preflight.py). The payload is
+    are device files and torch is a CPU build, see rlflow/job/preflight.py). The payload is
     the trainer's start-up up to its preflight (the lost-node test runs the whole trainer)."""
     job, run_dir = submit(
         TINY,
