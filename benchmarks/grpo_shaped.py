@@ -854,7 +854,11 @@ def launch_ranks(args) -> int:
     thread.start()
     try:
         return run_local(
-            [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]], args.tp, args.out
+            [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]],
+            args.tp,
+            args.out,
+            startup_timeout=None,  # the benchmark's ranks report no progress
+            stop_signal="USR1",
         )
     finally:
         done.set()

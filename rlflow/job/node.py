@@ -57,8 +57,9 @@ class Launcher:
         log_dir: Path,
         status_dir: Path,
         stop_grace: float,
-        startup_timeout: float | None = None,
-        stop_signal: str = "USR1",
+        *,
+        startup_timeout: float | None,  # watchdog.startup_timeout_s; None: no progress needed
+        stop_signal: str,  # slurm.stop_signal
     ):
         self.info, self.log_dir, self.stop_grace = info, log_dir, stop_grace
         warning = signal.Signals[f"SIG{stop_signal}"]
