@@ -102,12 +102,12 @@ def test_packed_logprobs_equal_padded_text_only_qwen3(single_rank, tmp_path_fact
 
 def test_micro_batches_by_rows_or_token_budget():
     lengths = [10, 30, 5, 50, 20, 20]
-    assert micro_batches(lengths, 4) == [[0, 1, 2, 3], [4, 5]]
+    assert micro_batches(lengths, 4, max_tokens=0, packed=True) == [[0, 1, 2, 3], [4, 5]]
     # packed: real tokens; the 50-token row is longer than the budget and goes alone
-    assert micro_batches(lengths, 4, max_tokens=40) == [[0, 1], [2], [3], [4, 5]]
+    assert micro_batches(lengths, 4, max_tokens=40, packed=True) == [[0, 1], [2], [3], [4, 5]]
     # padded: rows x longest row
     assert micro_batches(lengths, 4, max_tokens=60, packed=False) == [[0, 1], [2], [3], [4, 5]]
-    assert micro_batches(lengths, 1, max_tokens=1000) == [[0, 1, 2, 3, 4, 5]]
+    assert micro_batches(lengths, 1, max_tokens=1000, packed=True) == [[0, 1, 2, 3, 4, 5]]
 
 
 def test_budgeted_packed_rollout_logprobs_equal_padded(tiny_policy, tiny_processor, prompts):
@@ -116,7 +116,7 @@ def test_budgeted_packed_rollout_logprobs_equal_padded(tiny_policy, tiny_process
         tiny_policy, batch, Batching(3, max_tokens=0, packed=False), with_entropy=True
     )
     budget = max(batch.lengths) + 10  # several micro-batches of different row counts
-    assert 1 < len(micro_batches(batch.lengths, 3, budget)) < len(batch)
+    assert 1 < len(micro_batches(batch.lengths, 3, max_tokens=budget, packed=True)) < len(batch)
     packed, packed_entropy = rollout_logprobs(
         tiny_policy, batch, Batching(3, max_tokens=budget, packed=True), with_entropy=True
     )
