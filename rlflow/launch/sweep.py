@@ -103,7 +103,7 @@ def parse_axes(texts: tuple[str, ...] | list[str], overrides: tuple[str, ...] = 
 
 def _repeated(key: str, values: list[str]) -> tuple[str, str] | None:
     """Two values that give `key` the same value once typed (`1e-4` and `0.0001`), if any."""
-    from rlflow.recipe.load import override_value
+    from rlflow.recipe.values import override_value
 
     seen: dict[object, str] = {}
     for text in values:
