@@ -81,7 +81,7 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     from rlflow.data.scoring import Scorer
     from rlflow.data.user_rewards import search_path
     from rlflow.generation.factory import check_backend_ready, make_backend
-    from rlflow.launch.preflight import run_preflight
+    from rlflow.job.preflight import run_preflight
     from rlflow.model.build import load_policy, resolve_checkpoint
     from rlflow.model.processor import PromptEncoder
     from rlflow.train.checkpoint import Checkpointer
