@@ -104,6 +104,7 @@ SLOW_PATHS = (
     "tests/train/test_train_grpo_update.py",
     "tests/train/test_train_packing.py",
     "tests/train/test_train_wandb_log.py",  # a GRPO run logged to W&B (offline) and resumed
+    "tests/train/test_train_local_resume.py",  # 2 real ranks stopped by signals, resumed
     "tests/launch/test_launch_slurm.py",  # the Slurm cluster (also through fixtures)
     "tests/job/test_job_recovery.py",
     "tests/job/test_job_watchdog.py",  # real stuck, stopped and killed rank processes

@@ -11,7 +11,9 @@ starts one rank per GPU (per requested rank on CPU-only nodes) and watches them 
   to --stop-grace for its other ranks, leaves a `stopped-node-K` marker and exits 0, so srun
   waits for slower nodes instead of killing them mid-save; the batch script then requeues.
 - the time-limit warning arrives: it is passed on to every rank (forwarding.py). SIGTERM
-  (scancel, the hard limit) is passed on, then SIGKILL follows after --stop-grace.
+  (scancel, the hard limit) is passed on, then SIGKILL follows after --stop-grace. On this
+  machine (`rlflow train --nproc`), SIGHUP, SIGTERM and SIGINT are a warning too: a closed
+  terminal or Ctrl-C saves and stops the run (exit 75); a second SIGINT or SIGTERM stops it now.
 - a rank is silent past its phase's timeout (hangs.py): every local rank's stacks are dumped
   (dumps.py), the hang is recorded with the rank named, and the job ends with exit 77, so the
   batch script can requeue without this node.
@@ -60,13 +62,17 @@ class Launcher:
         *,
         startup_timeout: float | None,  # watchdog.startup_timeout_s; None: no progress needed
         stop_signal: str,  # slurm.stop_signal
+        save_on: frozenset[int] = frozenset(),
     ):
+        """`save_on`: signals that ask the ranks to save and stop, like the time-limit warning
+        (`rlflow train --nproc`: SIGHUP, SIGTERM, SIGINT); under srun, SIGTERM stops them."""
         self.info, self.log_dir, self.stop_grace = info, log_dir, stop_grace
         warning = signal.Signals[f"SIG{stop_signal}"]
         self.ranks = Ranks(info, command, log_dir, status_dir, warning)
         self.books = Books(info, status_dir)
-        self.inbox = Inbox({signal.SIGUSR1, warning, signal.SIGTERM, signal.SIGINT})
+        self.inbox = Inbox({signal.SIGUSR1, warning, signal.SIGTERM, signal.SIGINT, *save_on})
         self.warning = WarningRelay(warning)
+        self.save_on, self.saving = save_on, False
         self.hangs = HangWatch(info, status_dir, self.ranks.all, startup_timeout)
 
     def run(self) -> int:
@@ -121,6 +127,13 @@ class Launcher:
                 self.info.say(
                     f"time-limit warning ({name}): passing it on to the ranks"
                     + (f" as {self.warning.signal.name}" if signum != self.warning.signal else "")
+                )
+                self.warning.send(self.ranks.running())
+            elif signum in self.save_on and (signum == signal.SIGHUP or not self.saving):
+                self.saving = True  # a second SIGINT or SIGTERM (not a HUP) is "stop now"
+                self.info.say(
+                    f"{signal.Signals(signum).name}: asking the ranks to save and stop "
+                    "(SIGINT or SIGTERM again: stop now, without saving)"
                 )
                 self.warning.send(self.ranks.running())
             else:

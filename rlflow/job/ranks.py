@@ -45,11 +45,23 @@ class NodeInfo:
 
     def say(self, message: str, stream=None) -> None:
         """One line of the launcher's own output, naming the node."""
-        print(
-            f"rlflow node {self.node_rank} ({self.hostname}): {message}",
-            file=stream or sys.stdout,
-            flush=True,
-        )
+        try:
+            print(
+                f"rlflow node {self.node_rank} ({self.hostname}): {message}",
+                file=stream or sys.stdout,
+                flush=True,
+            )
+        except OSError:  # the terminal is gone (closed, or the ssh session dropped): go on
+            detach_output()
+
+
+def detach_output() -> None:
+    """Point stdout and stderr at /dev/null: later lines, and the interpreter's last flush, must
+    not fail (nor kill the launcher) once the terminal they went to has gone away."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 @dataclass

@@ -105,11 +105,18 @@ def test_a_stopped_rank_is_named_and_every_local_stack_shows_where_it_was_blocke
 
 
 def test_a_rank_that_never_reports_is_ended_after_the_startup_timeout(tmp_path):
-    command = [PYTHON, "-c", "import time; time.sleep(600)"]
-    process = start_launcher(tmp_path, command, "--startup-timeout=2", ranks=1)
+    """It answers the dump signal as a trainer does (faulthandler, rlflow/train/watchdog.py), so
+    the launcher has its stack at once instead of waiting out DUMP_WAIT_SECONDS for it."""
+    code = (
+        "import faulthandler, signal, sys, time\n"
+        "faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)\n"
+        "time.sleep(600)\n"
+    )
+    process = start_launcher(tmp_path, [PYTHON, "-c", code], "--startup-timeout=2", ranks=1)
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 77, output
     assert "rank 0 (node1) made no progress for 2 s in phase `startup` at step 0" in output
+    assert " in <module>\n" in (tmp_path / "logs" / "hang-attempt0-node0.txt").read_text()
 
 
 def test_a_rank_that_heard_the_warning_is_not_signalled_again_nor_killed_while_it_exits(tmp_path):

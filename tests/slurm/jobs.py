@@ -103,3 +103,18 @@ def wait_done(job_id: str, timeout: float = 300, run_dir: Path | None = None) ->
 
 def batch_log(run_dir: Path, job_id: str) -> str:
     return (run_dir / "logs" / f"slurm-{job_id}.out").read_text()
+
+
+def wait_for_files(paths: list[Path], job: str, run_dir: Path, timeout: float = 120) -> None:
+    """Until every path exists (the marks a payload leaves); the timeout is a hang guard, and a
+    job that ends first fails the test with its batch log."""
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        state = job_fields(job)["JobState"]
+        if time.monotonic() > deadline or state not in ("PENDING", "CONFIGURING", "RUNNING"):
+            log = run_dir / "logs" / f"slurm-{job}.out"
+            missing = [str(p) for p in paths if not p.exists()]
+            pytest.fail(
+                f"never appeared: {missing} ({state})\n{log.read_text() if log.exists() else ''}"
+            )
+        time.sleep(0.2)
