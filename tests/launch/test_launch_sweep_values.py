@@ -8,9 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from launch_helpers import PYTHON, RECIPES
 
 from rlflow.launch import sweep
+from tests.slurm.jobs import PYTHON, RECIPES
 
 RLFLOW = Path(PYTHON).parent / "rlflow"
 TINY = RECIPES / "tiny-cpu.yaml"
