@@ -215,14 +215,26 @@ def _node_states() -> dict[str, str]:
 
 
 def _gres_in_use() -> str:
-    """Nodes whose GPUs Slurm counts as in use ("node2 gpu:1"), empty when none is."""
+    """Nodes where Slurm counts GPUs allocated ("node2 GresUsed=gpu:1(IDX:0)"), empty when
+    none is. Called with no job left, so any count is a leak."""
     used = []
     for line in _slurm("scontrol", "show", "node", "-o").splitlines():
-        name = re.search(r"NodeName=(\S+)", line)
-        gres = re.search(r"GresUsed=(\S+)", line)
-        if name and gres and any(int(n) for n in re.findall(r"gpu:(?:[^:(]*:)?(\d+)", gres[1])):
-            used.append(f"{name[1]} {gres[1]}")
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        gres, tres = fields.get("GresUsed", ""), fields.get("AllocTRES", "")
+        if _gpus_counted(gres) or "gres/gpu" in tres:
+            used.append(f"{fields.get('NodeName')} GresUsed={gres} AllocTRES={tres}")
     return ", ".join(used)
+
+
+def _gpus_counted(gres_used: str) -> int:
+    """The GPUs in a GresUsed value: gpu:1(IDX:0), gpu:(null):1(IDX:0), gpu:a100:2(IDX:0-1)."""
+    total = 0
+    for item in re.sub(r"\([^)]*IDX[^)]*\)", "", gres_used).split(","):
+        name, _, rest = item.partition(":")
+        count = rest.rsplit(":", 1)[-1]
+        if name == "gpu" and count.isdigit():
+            total += int(count)
+    return total
 
 
 def _wait_idle(when: str) -> None:
