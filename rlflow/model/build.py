@@ -159,7 +159,7 @@ def load_policy(
         chunks = [
             DistributedDataParallel(_unwrap(chunk).config, ddp_config, chunk) for chunk in chunks
         ]
-    from rlflow.model import packed_attention
+    from rlflow.model import packed_attention, sequence_parallel
     from rlflow.model.forward import language_model
 
     for chunk in chunks:
@@ -167,6 +167,7 @@ def load_policy(
         core.rlflow_family = family  # forward, packing and generation ask it (family.of_core)
         family.install(core)
         packed_attention.install(language_model(core))
+        sequence_parallel.install(language_model(core))
         chunk.train(trainable)
         if not trainable:
             for param in chunk.parameters():
@@ -188,6 +189,9 @@ def _configure_provider(provider, parallel_cfg: ParallelismConfig, dtype: torch.
     """Settings every family shares (the family adds its own: `ModelFamily.configure_provider`)."""
     from megatron.bridge.models.gpt_provider import local_layer_spec
 
+    from rlflow import parallel
+    from rlflow.model import sequence_parallel
+
     # Always the local (non-TE) spec: identical numerics on CPU and GPU, and rlflow's generation
     # decoder (rlflow/generation/decoder.py) reads this spec's weights directly.
     provider.transformer_layer_spec = local_layer_spec
@@ -195,7 +199,9 @@ def _configure_provider(provider, parallel_cfg: ParallelismConfig, dtype: torch.
     provider.pipeline_model_parallel_size = parallel_cfg.pipeline_parallel_size
     provider.context_parallel_size = parallel_cfg.context_parallel_size
     provider.expert_model_parallel_size = parallel_cfg.expert_parallel_size
-    provider.sequence_parallel = False
+    provider.sequence_parallel = parallel.sequence_parallel(parallel_cfg)
+    if provider.sequence_parallel:
+        sequence_parallel.allow_torch_norms()
     provider.params_dtype = dtype
     provider.bf16 = dtype == torch.bfloat16
     provider.fp16 = False

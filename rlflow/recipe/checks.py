@@ -204,6 +204,23 @@ def _collective_outlasts_phase(loaded: LoadedRecipe) -> list[Diagnostic]:
     ]
 
 
+def _sequence_parallel_needs_tensor_parallel(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """Sequence parallelism splits activations over the tensor-parallel ranks: at TP=1 there
+    is nothing to split, and megatron-core would quietly run without it."""
+    par = loaded.recipe.parallelism
+    if par.sequence_parallel != "on" or par.tensor_parallel_size > 1:
+        return []
+    return [
+        loaded.diagnostic(
+            ("parallelism", "sequence_parallel"),
+            "recipe.sequence-parallel",
+            "`parallelism.sequence_parallel` is on, but `parallelism.tensor_parallel_size` is 1: "
+            "sequence parallelism splits activations over tensor-parallel ranks",
+            help="set tensor_parallel_size > 1, or sequence_parallel: auto (on only when TP > 1)",
+        )
+    ]
+
+
 def _mounts_need_an_image(loaded: LoadedRecipe) -> list[Diagnostic]:
     slurm = loaded.recipe.slurm
     if not slurm.container_mounts or slurm.container_image is not None:
@@ -462,6 +479,7 @@ RULES = (
     _runtime_matches_image,
     _apptainer_needs_a_command,
     _collective_outlasts_phase,
+    _sequence_parallel_needs_tensor_parallel,
     _wandb_installed,
     _wandb_needs_a_project,
 )
