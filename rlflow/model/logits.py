@@ -75,7 +75,8 @@ class _VocabParallel(torch.autograd.Function):
         sums = [e.sum(-1), torch.where(mine, picked, 0.0)]
         if with_entropy:
             # sum e * z with 0 where e = 0 (z = -inf there: 0 * -inf would be NaN)
-            sums.append(torch.where(e > 0, e.mul_(z), 0.0).sum(-1))
+            zero = e == 0
+            sums.append(e.mul_(z).masked_fill_(zero, 0.0).sum(-1))
         del e
         sums = torch.stack(sums)
         if _group_size(group) > 1:
@@ -90,17 +91,20 @@ class _VocabParallel(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logprobs: Tensor, grad_entropy: Tensor):
         logits, targets, lse, entropy = ctx.saved_tensors
-        z = logits.float()
-        p = (z - lse[:, None]).exp()  # this slice of softmax(logits)
-        if grad_logprobs is None:
-            grad_logprobs = torch.zeros_like(lse)
-        # d logp(y) / dz = onehot(y) - p
-        out = p * -grad_logprobs[:, None]
+        # this slice of softmax(logits), in place in one fp32 copy of the logits
+        out = logits.to(torch.float32, copy=True).sub_(lse[:, None]).exp_()
+        entropy_term = None
         if grad_entropy is not None and entropy.numel():
             # dH / dz_v = -p_v (log p_v + H) = -p_v (z_v - log Z + H); 0 where p_v = 0
-            shift = (entropy - lse)[:, None]
-            out -= torch.where(p > 0, p * (z + shift), 0.0) * grad_entropy[:, None]
-        width = z.shape[-1]
+            term = logits.float() + (entropy - lse)[:, None]
+            entropy_term = term.mul_(out).masked_fill_(out == 0, 0.0).mul_(grad_entropy[:, None])
+        # d logp(y) / dz = onehot(y) - p
+        if grad_logprobs is None:
+            grad_logprobs = torch.zeros_like(lse)
+        out.mul_(-grad_logprobs[:, None])
+        if entropy_term is not None:
+            out.sub_(entropy_term)
+        width = out.shape[-1]
         local = targets.long() - ctx.start
         rows = ((local >= 0) & (local < width)).nonzero()[:, 0]
         out.index_put_((rows, local[rows]), grad_logprobs[rows], accumulate=True)

@@ -48,7 +48,7 @@ def _ours(logits, targets, weights, group=None):
 def test_logprobs_entropy_and_gradients_equal_log_softmax():
     logits, targets, weights = _inputs()
     for want, got in zip(_reference(logits, targets, weights), _ours(logits, targets, weights)):
-        assert torch.allclose(got.double(), want.double(), atol=1e-6), (got, want)
+        assert torch.allclose(got.double(), want.double(), atol=1e-5), (got, want)
 
 
 def test_entropy_is_optional_and_shapes_follow_the_targets():
