@@ -72,7 +72,7 @@ def summarise(out: Path) -> dict:
         path = out / name / "grpo_shaped_results.json"
         if not path.is_file():
             continue
-        results = json.loads(path.read_text())
+        results = json.loads(path.read_text())["train"]
         found[name] = {
             part: {k: results[part]["median_of_steps_2_on"].get(k) for k in KEYS}
             for part in ("step", "fixed256")
