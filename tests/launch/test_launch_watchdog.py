@@ -124,7 +124,7 @@ def test_a_rank_that_heard_the_warning_is_not_signalled_again_nor_killed_while_i
         "from rlflow.train import watchdog\n"
         "from rlflow.train.signals import StopRequest\n"
         "watchdog.start()\n"
-        "stop = StopRequest(enabled=True)\n"
+        "stop = StopRequest(True, 'USR1')\n"
         "count = []\n"
         "signal.signal(signal.SIGUSR1, lambda s, f: (count.append(1), stop._handle(s, f)))\n"
         "open(os.environ['READY'] + os.environ['RANK'], 'w').close()\n"

@@ -124,8 +124,9 @@ def test_killed_run_resumes_with_identical_metrics(reference_run, tmp_path):
 
 
 def test_time_limit_signal_saves_and_asks_for_requeue(reference_run, tmp_path):
-    """SIGUSR1 (Slurm's warning) -> checkpoint at the step boundary, exit 75; rerun finishes."""
-    stopped = train(tmp_path, env={"RLFLOW_TEST_SIGNAL": "0:step1"})
+    """The warning (slurm.stop_signal, HUP) -> checkpoint at the step boundary, exit 75; rerun
+    finishes."""
+    stopped = train(tmp_path, env={"RLFLOW_TEST_SIGNAL": "0:step1:HUP"})
     assert stopped.returncode == 75, stopped.stderr[-3000:]
     assert (tmp_path / "checkpoints" / "step_000001").is_dir()
     resumed = train(tmp_path)
