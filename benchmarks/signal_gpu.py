@@ -3,8 +3,8 @@
 Two parts, one JSON summary (exit 0 only if every check passed):
 
 --probe   One process on one GPU: rlflow's handlers for SIGUSR1, SIGHUP and SIGTERM, then CUDA
-          init, an NCCL process group, torch.compile, a CUDA graph capture and a fresh Triton
-          kernel. After each, which library handles each signal at the C level (sigaction +
+          init, an NCCL process group, torch.compile, a CUDA graph capture, a fresh Triton
+          kernel and a Triton compile for sm_90 (the last also runs without a GPU). After each, which library handles each signal at the C level (sigaction +
           dladdr, rlflow/train/sigstate.py) and how many threads block it. Then each signal is
           sent to the process: was Python's handler run?
 
@@ -90,6 +90,7 @@ def probe() -> dict:
     after("torch.compile (inductor, Triton)", lambda: _compiled(x["t"]))
     after("cuda graph capture + replay", lambda: _graph(x["t"]))
     after("a fresh Triton kernel", lambda: _triton_kernel(x["t"]))
+    after("triton.compile for sm_90 (no GPU needed)", _triton_compile_only)
     deliveries = []
     for sig in (signal.SIGUSR1, signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM):
         before = sigstate.owner(sig)
@@ -119,6 +120,7 @@ def _nccl_group() -> None:
     t = torch.ones(4, device="cuda")
     dist.all_reduce(t)
     torch.cuda.synchronize()
+    dist.destroy_process_group()
 
 
 def _compiled(t) -> None:
@@ -156,6 +158,23 @@ def _triton_kernel(t) -> None:
 
     out = t.clone()
     twice[(triton.cdiv(t.numel(), 1024),)](t, out, t.numel(), BLOCK=1024)
+
+
+def _triton_compile_only() -> None:
+    """The same compile without a GPU (so the probe shows the takeover on a CPU machine too)."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    @triton.jit
+    def thrice(src, dst, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(dst + i, tl.load(src + i) * 3)
+
+    signature = {"src": "*fp32", "dst": "*fp32"}
+    source = ASTSource(fn=thrice, signature=signature, constexprs={"BLOCK": 64})
+    triton.compile(source, target=GPUTarget("cuda", 90, 32))
 
 
 # --- the real trainer ---------------------------------------------------------------------------
@@ -286,13 +305,18 @@ def main() -> int:
     parser.add_argument("--case-timeout", type=float, default=240.0)
     parser.add_argument("--probe-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.probe_child:
-        print(json.dumps(probe()))
-        return 0
+    if args.probe_child:  # os._exit: an NCCL or compile-pool teardown must not hold the run
+        print(json.dumps(probe()), flush=True)
+        os._exit(0)
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict = {}
+
+    def record(name: str, result: dict) -> None:  # written as each part ends: a run cut short
+        results[name] = result  # by its time limit still leaves what finished
+        (args.out / "summary.json").write_text(json.dumps(results, indent=2))
+
     threads = [
-        threading.Thread(target=lambda s=s: results.update({s: train_case(s, args, args.out)}))
+        threading.Thread(target=lambda s=s: record(s, train_case(s, args, args.out)))
         for s in args.train
     ]
     for thread in threads:
@@ -301,17 +325,18 @@ def main() -> int:
         cache = Path(tempfile.mkdtemp(prefix="signal-gpu-probe-"))
         env = {**os.environ, "TRITON_CACHE_DIR": str(cache / "triton")}
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "inductor")
-        child = subprocess.run(
-            [sys.executable, __file__, "--out", str(args.out), "--probe-child"],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )
         try:
-            results["probe"] = json.loads(child.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            results["probe"] = {"error": child.stderr[-3000:]}
+            child = subprocess.run(
+                [sys.executable, __file__, "--out", str(args.out), "--probe-child"],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=ROOT,
+                timeout=args.case_timeout,
+            )
+            record("probe", json.loads(child.stdout.strip().splitlines()[-1]))
+        except (ValueError, IndexError, subprocess.TimeoutExpired) as exc:
+            record("probe", {"error": f"{type(exc).__name__}: {exc}"})
     for thread in threads:
         thread.join()
     import torch
