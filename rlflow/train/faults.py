@@ -14,7 +14,7 @@ def inject_failure(rank: int, phase: str) -> None:
     if os.environ.get("RLFLOW_TEST_FAIL") == f"{rank}:{phase}":
         raise RuntimeError(f"injected failure on rank {rank} during {phase}")
     target, _, name = os.environ.get("RLFLOW_TEST_SIGNAL", "").rpartition(":")
-    if not (name.isalpha() and name.isupper()):  # "RANK:PHASE": no signal name
+    if f"SIG{name}" not in signal.Signals.__members__:  # "RANK:PHASE": no signal name
         target, name = os.environ.get("RLFLOW_TEST_SIGNAL", ""), "USR1"
     if target == f"{rank}:{phase}":
         os.kill(os.getpid(), signal.Signals[f"SIG{name}"])
