@@ -171,7 +171,7 @@ def test_nan_and_wrong_shapes_stop_the_run(user_dir, workers):
 
 def test_a_reward_past_its_timeout_stops_and_leaves_no_worker(user_dir):
     s = scorer(user_dir, {"my_rewards:sleepy": 1.0}, workers=1, timeout=1.0)
-    workers = list(s.pool._pool._pool)
+    workers = [w.process for w in s.pool._workers]
     start = time.monotonic()
     with pytest.raises(RewardError) as caught:
         s.score(batch(["x", "y"]))
