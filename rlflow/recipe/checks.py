@@ -189,6 +189,9 @@ def _datasets(loaded: LoadedRecipe) -> list[Diagnostic]:
                 ("data", "mix"), "recipe.range", "`data.mix` shares must add up to more than 0"
             )
         )
+    from rlflow.data.jsonl import first_rows_problems  # reads the files; imports no torch
+
+    problems += first_rows_problems(data)  # the JSONL rows, read as the trainer will
     if data.image_size < 28:
         problems.append(
             loaded.diagnostic(

@@ -1,9 +1,11 @@
 """A reward worker that dies in a 2-rank run ends the job as that rank's failure, named.
 
-Before, rank 1's multiprocessing.Pool lost the dead worker's task, waited scoring.timeout_s,
-and then hung in Pool.terminate() (on its task queue's lock): the launcher's watchdog saw no
-progress and ended the job with exit 77, "node hung", which the Slurm retry decision answers by
-excluding a healthy node. The real trainer through the console script, 2 CPU ranks.
+Before, rank 1's multiprocessing.Pool lost the dead worker's task and the run waited
+scoring.timeout_s, then ended with "did not return within 60 s", or, when the worker the pool
+spawned to replace the dead one started after terminate() had sent its stop sentinels, hung in
+terminate() (that worker held the task queue's read lock): the launcher's watchdog then ended
+the job with exit 77, "node hung", which the Slurm retry decision answers by excluding a healthy
+node. The real trainer through the console script, 2 CPU ranks.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def reward(batch):
 RECIPE = f"""
 defaults: {TINY}
 rewards: {{format: 0.5, exact_match: 0.5, "crash:reward": 0.1}}
-scoring: {{num_workers: 1, timeout_s: 60}}
+scoring: {{num_workers: 2, timeout_s: 60}}   # the defaults
 watchdog: {{phase_timeout_s: 120}}   # a hang would end the job as 77 after this
 """
 
