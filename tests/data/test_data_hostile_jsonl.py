@@ -119,4 +119,4 @@ def test_a_100_mb_row_is_refused_by_the_dry_run_without_reading_it_whole(tmp_pat
     assert "line 1 is 100.0 MiB, more than the 4 MiB a row may hold" in result.stderr
     assert "Traceback" not in result.stderr
     peak_mib = int(result.stdout.split("peak KiB")[1]) / 1024
-    assert peak_mib < 300, f"the dry run peaked at {peak_mib:.0f} MiB for a 100 MiB row"
+    assert peak_mib < 150, f"the dry run peaked at {peak_mib:.0f} MiB for a 100 MiB row"
