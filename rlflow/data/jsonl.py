@@ -263,8 +263,12 @@ def first_rows_problems(data_cfg) -> list[Diagnostic]:
 def _split_problems(split_cfg, data_cfg, split: str) -> list[Diagnostic]:
     """The rows as the dataset reads them, and each image's header (its size: PIL refuses a
     decompression bomb when it opens one)."""
-    if split_cfg.kind != "jsonl" or not split_cfg.path:
-        return []  # a jsonl split without a path: the recipe check says so
+    if split_cfg.kind != "jsonl" or not split_cfg.path or split_cfg.num_samples < 1:
+        return []  # no path, no rows asked for: the recipe's own rules say so
+    try:
+        template_fields(data_cfg.prompt_template)
+    except ValueError:
+        return []  # a broken template: the recipe's template rule says so
     try:
         rows = read_rows(
             Path(split_cfg.path),
