@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 from rlflow import parallel
 from rlflow.train import sigstate, watchdog
@@ -62,6 +63,8 @@ class StopRequest:
         """Put rlflow's handlers back where a library replaced them (called on phase changes)."""
         if self._handler is None or self.signal_name is not None:
             return
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python installs handlers from the main thread only; it checks again soon
         for sig in self.signals:
             now = sigstate.handler_address(sig)
             if now is None or now == self._handler:
