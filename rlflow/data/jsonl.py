@@ -275,8 +275,8 @@ def _split_problems(split_cfg, data_cfg, split: str) -> list[Diagnostic]:
             split_cfg.image_root,
             min(split_cfg.num_samples, DRY_RUN_ROWS),
             split,
-            data_cfg.prompt_template,
-            data_cfg.video.num_frames,
+            template=data_cfg.prompt_template,
+            num_frames=data_cfg.video.num_frames,
         )
     except RlflowError as err:
         return list(err.diagnostics)

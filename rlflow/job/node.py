@@ -278,8 +278,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--stop-signal",
         choices=["USR1", "HUP"],
-        default="USR1",
-        help="the time-limit warning as the ranks hear it",
+        required=True,
+        help="the time-limit warning as the ranks hear it (slurm.stop_signal)",
     )
     args = parser.parse_args(argv[:split])
     command = argv[split + 1 :]

@@ -44,6 +44,7 @@ def start_launcher(tmp_path: Path, command: list[str], *extra: str, ranks: int =
         f"--log-dir={tmp_path / 'logs'}",
         f"--status-dir={tmp_path / 'status'}",
         "--stop-grace=5",
+        "--stop-signal=USR1",  # these tests send the warning as Slurm does
         *extra,
         "--",
         *command,
