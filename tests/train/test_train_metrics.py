@@ -23,7 +23,7 @@ from rlflow.train.metrics import MetricsLog
 limit = int(sys.argv[2])
 signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # the kernel's default: end the process
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-log = MetricsLog(Path(sys.argv[1]), True, tensorboard=False, progress_bar=False, total_steps=200)
+log = MetricsLog(Path(sys.argv[1]), enabled=True, tensorboard=False, progress_bar=False, total_steps=200)
 log.truncate_after(150)  # the resume: from the checkpoint of step 150
 """
 
