@@ -116,6 +116,12 @@ def _jsonl_needs_path(loaded: LoadedRecipe) -> list[Diagnostic]:
     ]
 
 
+def _jsonl_first_rows(loaded: LoadedRecipe) -> list[Diagnostic]:
+    from rlflow.data.jsonl import first_rows_problems  # reads the files; imports no torch
+
+    return first_rows_problems(loaded.recipe.data)  # the first rows, read as the trainer will
+
+
 def _mix_adds_up(loaded: LoadedRecipe) -> list[Diagnostic]:
     data = loaded.recipe.data
     if "mixed" not in (data.train.kind, data.validation.kind):
@@ -464,6 +470,7 @@ RULES = (
     _video_frames_fill_patches,
     _video_patch_matches_checkpoint,
     _jsonl_needs_path,
+    _jsonl_first_rows,
     _mix_kinds,
     _mix_adds_up,
     _scene_fits,
