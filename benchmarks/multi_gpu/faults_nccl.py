@@ -3,8 +3,8 @@
 `rlflow train --nproc 2` on the tiny recipe (bf16 on GPUs, NCCL; fp32 and gloo with --cpu),
 watched by rlflow's node launcher, as under Slurm. Cases (--cases, any subset):
 
-- warning-USR1, warning-HUP: slurm.stop_signal set to that signal (USR1 is base.yaml's default,
-  HUP the GPU recipes'); the time-limit warning (SIGUSR1, as Slurm's --signal=B:USR1 sends it) goes
+- warning-HUP, warning-USR1: slurm.stop_signal set to that signal (HUP is base.yaml's default,
+  USR1 the other choice); the time-limit warning (SIGUSR1, as Slurm's --signal=B:USR1 sends it) goes
   to the launcher once both ranks are past step 2, and again every 2 s. Expected: both ranks save
   a checkpoint and exit 75, the launcher exits 75; the same command then resumes from that step
   (rank 0's log says "resumed from ... (step N)") and runs to grpo.max_num_steps, exit 0.
@@ -38,7 +38,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
-CASES = ("warning-USR1", "warning-HUP", "sigstop", "sigkill")
+CASES = ("warning-HUP", "warning-USR1", "sigstop", "sigkill")
 # Small steps, no periodic checkpoint: every checkpoint here is one a signal asked for.
 OVERRIDES = [
     "grpo.num_prompts_per_step=2",
