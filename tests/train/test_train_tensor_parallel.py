@@ -2,7 +2,8 @@
 
 The same tiny Qwen2.5-VL policy, on the same mixed batch (image, video and text rollouts),
 runs three ways on two ranks: TP=1 (each rank the whole model), TP=2 without and TP=2 with
-sequence parallelism. Logprobs, entropies and the gradients of a logprob loss must agree, on
+sequence parallelism. Qwen3-VL (whose DeepStack adds vision features inside the first layers,
+split like the hidden states under sequence parallelism) runs TP=2 without and with it. Logprobs, entropies and the gradients of a logprob loss must agree, on
 the packed and on the padded path. Under TP the vocabulary is split: logprobs and entropies come
 from vocab-parallel reductions (rlflow/model/logits.py), never from gathered logits.
 """
@@ -12,12 +13,15 @@ from __future__ import annotations
 import json
 import os
 import socket
+from pathlib import Path
 
+import pytest
 import torch
 
 from tests.tiny import FP32
 
 LAYOUTS = {"tp1": (1, "off"), "tp2": (2, "off"), "tp2_sp": (2, "on")}
+FAMILIES = {"tiny-qwen25vl": ("tp1", "tp2", "tp2_sp"), "tiny-qwen3vl": ("tp2", "tp2_sp")}
 
 
 def _results(policy, batch, packed: bool) -> dict[str, torch.Tensor]:
@@ -53,7 +57,7 @@ def _whole(name: str, grad: torch.Tensor) -> torch.Tensor:
     return gather_from_tensor_model_parallel_region(grad.t().contiguous()).t()
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, port: int, out: str, name: str, checkpoint: str) -> None:
     from megatron.core import parallel_state
     from transformers import AutoProcessor
 
@@ -61,7 +65,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     from rlflow.model.build import load_policy
     from rlflow.model.compat import library_logs
     from rlflow.recipe.schema import ParallelismConfig
-    from tests.tiny import base_recipe, mixed_prompts, tiny_checkpoint
+    from tests.tiny import base_recipe, mixed_prompts
     from tests.train.test_train_packing import rollout_batch
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
@@ -69,18 +73,19 @@ def _worker(rank: int, port: int, out: str) -> None:
     library_logs.quiet()
     timeout_s = base_recipe().watchdog.collective_timeout_s
     results, shards = {}, {}
-    for name, (tp, sp) in LAYOUTS.items():
+    for layout_name in FAMILIES[name]:
+        tp, sp = LAYOUTS[layout_name]
         layout = ParallelismConfig(tp, 1, 1, 1, sp)
         parallel.init_parallel(layout, seed=1, timeout_s=timeout_s)
-        checkpoint = tiny_checkpoint(os.path.join(out, "model"))
-        policy = load_policy(checkpoint, FP32, layout, trainable=True)
-        processor = AutoProcessor.from_pretrained(str(checkpoint))
+        policy = load_policy(Path(checkpoint), FP32, layout, trainable=True)
+        processor = AutoProcessor.from_pretrained(checkpoint)
         batch = rollout_batch(policy, processor.tokenizer.pad_token_id, mixed_prompts(processor))
         for packed in (True, False):
-            results[f"{name}/{'packed' if packed else 'padded'}"] = _results(policy, batch, packed)
+            path = "packed" if packed else "padded"
+            results[f"{layout_name}/{path}"] = _results(policy, batch, packed)
         lm = policy.core.language_model
-        shards[name] = lm.output_layer.output_size_per_partition
-        shards[f"{name}/sequence_parallel"] = bool(lm.config.sequence_parallel)
+        shards[layout_name] = lm.output_layer.output_size_per_partition
+        shards[f"{layout_name}/sequence_parallel"] = bool(lm.config.sequence_parallel)
         del policy
         parallel_state.destroy_model_parallel()
     if rank == 0:
@@ -89,24 +94,30 @@ def _worker(rank: int, port: int, out: str) -> None:
             json.dump(shards, f)
 
 
-def test_tensor_and_sequence_parallel_logprobs_and_grads_equal_one_rank(tmp_path):
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_tensor_and_sequence_parallel_logprobs_and_grads_equal_one_rank(
+    tmp_path, family_ckpt, name
+):
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(tmp_path)), nprocs=2)
+    checkpoint = str(family_ckpt(name))
+    mp.spawn(_worker, args=(port, str(tmp_path), name, checkpoint), nprocs=2)
     layouts = json.loads((tmp_path / "layouts.json").read_text())
-    assert layouts["tp2"] * 2 == layouts["tp1"]  # the vocabulary really is split
     assert layouts["tp2_sp/sequence_parallel"] and not layouts["tp2/sequence_parallel"]
+    if "tp1" in layouts:
+        assert layouts["tp2"] * 2 == layouts["tp1"]  # the vocabulary really is split
+    reference, *others = FAMILIES[name]
     results = torch.load(tmp_path / "results.pt")
     for path in ("packed", "padded"):
-        want = results[f"tp1/{path}"]
+        want = results[f"{reference}/{path}"]
         assert any(k.startswith("grad/") for k in want)
-        for name in ("tp2", "tp2_sp"):
-            got = results[f"{name}/{path}"]
+        for other in others:
+            got = results[f"{other}/{path}"]
             assert got.keys() == want.keys()
             for key, value in want.items():
                 gap = float((got[key] - value).abs().max())
                 scale = float(value.abs().max()) or 1.0
-                assert gap <= 1e-5 * max(1.0, scale), (name, path, key, gap)
+                assert gap <= 1e-5 * max(1.0, scale), (name, other, path, key, gap)
