@@ -104,12 +104,44 @@ def _tensor_parallel_worker(rank: int, port: int, root: str, name: str) -> None:
     policy = load_policy(Path(root) / "model", FP32, layout, trainable=False)
     hf_export.export_step(policy, Path(root) / "run", step=1, keep_last=1)
     shard = policy.core.language_model.decoder.layers[0].self_attention.linear_qkv.weight
-    (Path(root) / f"rank{rank}.json").write_text(json.dumps({"qkv_rows": shard.shape[0]}))
+    result = {"qkv_rows": shard.shape[0], "logits_gap": _tp_logits_gap(policy, Path(root), rank)}
+    (Path(root) / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _tp_logits_gap(policy, root, rank: int) -> float:
+    """The TP policy's forward (vocab shards gathered) against HF on a mixed batch (rank 0
+    runs HF; the other rank reports 0)."""
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+    from transformers import AutoProcessor
+
+    from rlflow.model.forward import policy_logits
+    from rlflow.model.media import Media
+    from tests.tiny import left_padded, mixed_prompts
+
+    processor = AutoProcessor.from_pretrained(str(root / "model"))
+    prompts = mixed_prompts(processor)
+    ids, mask = left_padded(prompts, processor.tokenizer.pad_token_id)
+    media = Media.concat([p.media for p in prompts])
+    with torch.no_grad():
+        ours = gather_from_tensor_model_parallel_region(
+            policy_logits(policy.core, ids, mask.bool(), media)
+        )
+        if rank != 0:
+            return 0.0
+        hf = policy.family.hf_class().from_pretrained(str(root / "model"), dtype=torch.float32)
+        ref = hf.eval()(
+            input_ids=ids,
+            attention_mask=mask,
+            **policy.family.hf_generate_inputs(ids, policy.media_tokens),
+            **{k: v for k, v in vars(media).items() if v is not None},
+        ).logits
+    return float((ours - ref).abs()[mask.bool()].max())
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3vl-moe"])
 def test_under_tensor_parallelism_rank_0_writes_the_gathered_weights(family_ckpt, tmp_path, name):
-    """Two gloo ranks, TP 2 (experts split too): the export equals the checkpoint bit for bit."""
+    """Two gloo ranks, TP 2 (experts split too): the export equals the checkpoint bit for bit,
+    and the TP model's logits (vocab shards gathered) are HF's on a mixed media batch."""
     import shutil
 
     import torch.multiprocessing as mp
@@ -120,7 +152,9 @@ def test_under_tensor_parallelism_rank_0_writes_the_gathered_weights(family_ckpt
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_tensor_parallel_worker, args=(port, str(tmp_path), name), nprocs=2)
-    shards = [json.loads((tmp_path / f"rank{r}.json").read_text())["qkv_rows"] for r in (0, 1)]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert results[0]["logits_gap"] < 1e-4, results  # the TP model is HF's too
+    shards = [r["qkv_rows"] for r in results]
     source = load_file(str(tmp_path / "model" / "model.safetensors"))
     exported = load_file(str(tmp_path / "run" / "hf" / "step_000001" / "model.safetensors"))
     rows = sum(
