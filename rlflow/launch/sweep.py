@@ -28,6 +28,7 @@ MANIFEST = "sweep.json"
 FIXED_KEYS = ("run.name", "run.output_dir", "cluster.num_nodes", "cluster.gpus_per_node")
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 NAME_MAX = 80  # characters of an element's directory name after its index
+MAX_ELEMENTS = 1000  # array indexes 0..999: under Slurm's default MaxArraySize (1001)
 
 
 @dataclass(frozen=True)
@@ -81,18 +82,47 @@ def parse_axes(texts: tuple[str, ...] | list[str], overrides: tuple[str, ...] = 
                     f"drop one of them: the sweep sets `{key}` for every element",
                 )
             )
-        elif len(set(values)) != len(values):
+        elif _repeated(values):
+            first, second = _repeated(values)
             problems.append(
                 _error(
-                    f"`--sweep {text}` repeats a value (two elements would be the same run)",
+                    f"`--sweep {text}` repeats a value: `{first}` and `{second}` are the same "
+                    "(two elements would be the same run)",
                     "list each value once",
                 )
             )
         else:
             axes.append(Axis(key, tuple(v.strip() for v in values)))
+    if not problems and _count(axes) > MAX_ELEMENTS:
+        sizes = " x ".join(str(len(a.values)) for a in axes)
+        problems.append(
+            _error(
+                f"the sweep has {_count(axes)} elements ({sizes}), over the most rlflow submits "
+                f"as one job array ({MAX_ELEMENTS}, Slurm's default MaxArraySize less one)",
+                "sweep fewer values, or split the sweep into several submissions",
+            )
+        )
     if problems:
         raise RlflowError(problems)
     return axes
+
+
+def _repeated(values: list[str]) -> tuple[str, str] | None:
+    """Two values that would be the same setting: the same text, or the same number
+    (`1e-4` and `0.0001`); None if every value is distinct."""
+    seen: dict[object, str] = {}
+    for raw in values:
+        value = raw.strip()
+        try:
+            same = float(value)
+        except ValueError:
+            same = value
+        if same != same:  # NaN: never equal, so compared as text
+            same = value
+        if same in seen:
+            return seen[same], value
+        seen[same] = value
+    return None
 
 
 def split_values(text: str) -> list[str]:
