@@ -41,6 +41,7 @@ while True:
 LOCAL = (
     "import sys\nfrom pathlib import Path\nfrom rlflow.train.local import run_local\n"
     "sys.exit(run_local([sys.executable, '-c', sys.argv[2], sys.argv[1]], 2, Path(sys.argv[1]),"
+    " startup_timeout=None, stop_signal='USR1',"
     " resume_command=['rlflow', 'train', 'tiny.yaml', '--run-dir', sys.argv[1], '--nproc', '2']))"
 )
 

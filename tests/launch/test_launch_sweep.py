@@ -142,36 +142,12 @@ def test_task_states_of_pending_and_running_tasks():
         (["run.name=a,b"], "`run.name` is one value for the whole sweep"),
         (["optimizer.lr=1,2", "optimizer.lr=3"], "`--sweep optimizer.lr=...` is given twice"),
         (["optimizer.lr=1,1"], "repeats a value"),
-        (["optimizer.lr=1e-4, 1e-4"], "repeats a value: `1e-4` and `1e-4` are the same"),
-        (["optimizer.lr=1e-4,0.0001"], "repeats a value: `1e-4` and `0.0001` are the same"),
-        (
-            ["run.seed=" + ",".join(map(str, range(20)))]
-            + ["optimizer.lr=" + ",".join(f"{i}e-6" for i in range(1, 401))],
-            "the sweep has 8000 elements (20 x 400), over",
-        ),
     ],
 )
 def test_bad_axes_are_refused(flags, message):
     with pytest.raises(RlflowError) as raised:
         sweep.parse_axes(flags)
     assert message in raised.value.diagnostics[0].message
-
-
-def test_a_repeated_value_and_an_oversized_sweep_are_refused_by_the_dry_run(tmp_path):
-    seeds = ",".join(map(str, range(1001)))
-    for axis, message in [
-        ("optimizer.lr=1e-4,0.0001", "repeats a value: `1e-4` and `0.0001` are the same"),
-        (f"run.seed={seeds}", "the sweep has 1001 elements (1001), over the most rlflow"),
-    ]:
-        result = subprocess.run(
-            [str(RLFLOW), "submit", str(TINY), "--sweep", axis, "--nodes", "1", "--gpus", "1",
-             "--dry-run"],
-            cwd=tmp_path, capture_output=True, text=True,
-        )  # fmt: skip
-        assert result.returncode == 2, result.stderr
-        assert result.stderr.startswith("error[sweep.axis]: ") and message in result.stderr
-        assert "Traceback" not in result.stderr and "---- script.sbatch" not in result.stdout
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_dry_run_shows_the_matrix_and_one_script_and_submits_nothing(tmp_path):
@@ -275,7 +251,7 @@ def test_gpu_hours_worst_case_and_the_cap(tmp_path):
         mixed.stdout
     )
     zero = cli("submit", *args, "slurm.max_gpu_hours=0", "--dry-run", cwd=tmp_path)
-    assert zero.returncode == 2 and "a cap must be above 0" in zero.stderr
+    assert zero.returncode == 2 and "over the cap of 0 (slurm.max_gpu_hours)" in zero.stderr
     assert not (tmp_path / "runs").exists()
 
 
