@@ -66,7 +66,7 @@ def rank_main(args: argparse.Namespace) -> int:
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
     rank = dist.get_rank()
-    stop = StopRequest(enabled=True)  # the handler rlflow train installs
+    stop = StopRequest(True, os.environ["RLFLOW_STOP_SIGNAL"])  # as rlflow train installs it
     heard_at: list[int] = []
     step = 0
     handler = signal.getsignal(stop_signal())
@@ -112,7 +112,7 @@ def rank_main(args: argparse.Namespace) -> int:
 def stop_signal() -> signal.Signals:
     from rlflow.train.signals import warning_signal
 
-    return warning_signal()
+    return warning_signal(os.environ["RLFLOW_STOP_SIGNAL"])
 
 
 # --- the launcher (2 local ranks) --------------------------------------------------------------

@@ -88,6 +88,7 @@ class Launcher:
 
     def launch_and_watch(self) -> int:
         failed = self.ranks.start()
+        self.books.keep_alive()
         if failed is not None:
             return self.fail(failed)
         first, last = self.ranks.all[0].rank, self.ranks.all[-1].rank
@@ -282,8 +283,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--stop-signal",
         choices=["USR1", "HUP"],
-        default="USR1",
-        help="the time-limit warning as the ranks hear it",
+        required=True,
+        help="the time-limit warning as the ranks hear it (slurm.stop_signal)",
     )
     args = parser.parse_args(argv[:split])
     command = argv[split + 1 :]

@@ -30,8 +30,8 @@ Each rank runs `<slurm.rlflow_command> train RUN_DIR/recipe.yaml --run-dir RUN_D
 --command given (split into words like a shell would, but not run through a shell: use
 --command "bash -c '...'" for pipes or variables). Ranks get RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT. Before the time limit they get
-SIGUSR1; a rank that saved and stopped exits 75 and the job requeues itself (at most
-slurm.max_requeues times).
+slurm.stop_signal (SIGHUP by default; its name in RLFLOW_STOP_SIGNAL); a rank that saved and
+stopped exits 75 and the job requeues itself (at most slurm.max_requeues times).
 """
 
 

@@ -99,7 +99,7 @@ def _tensor_parallel_worker(rank: int, port: int, root: str, name: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     library_logs.quiet()
-    layout = ParallelismConfig(2, 1, 1, 1)
+    layout = ParallelismConfig(2, 1, 1, 1, "off")
     parallel.init_parallel(layout, seed=1)
     policy = load_policy(Path(root) / "model", FP32, layout, trainable=False)
     hf_export.export_step(policy, Path(root) / "run", step=1, keep_last=1)
