@@ -180,12 +180,16 @@ def _triton_compile_only() -> None:
 # --- the real trainer ---------------------------------------------------------------------------
 
 
+def newest_beats(run_dir: Path) -> list[Path]:
+    """The heartbeats of `rlflow train --nproc`'s newest attempt (status/attempt-<A>/)."""
+    from rlflow.job import files
+
+    attempts = files.attempt_dirs(run_dir)
+    return sorted((attempts[-1] / files.HEARTBEAT).glob("rank-*.json")) if attempts else []
+
+
 def heartbeat_steps(run_dir: Path, nproc: int) -> list[int]:
-    paths = (
-        [run_dir / "heartbeat.json"]
-        if nproc == 1
-        else sorted((run_dir / "logs" / "heartbeat").glob("rank-*.json"))
-    )
+    paths = [run_dir / "heartbeat.json"] if nproc == 1 else newest_beats(run_dir)
     steps = []
     for path in paths:
         try:

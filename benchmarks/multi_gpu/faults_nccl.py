@@ -87,7 +87,11 @@ def environment(cpu: bool) -> dict[str, str]:
 def beats(run_dir: Path) -> dict[int, dict]:
     """Each rank's heartbeat (rlflow/train/watchdog.py): pid, phase, step."""
     found = {}
-    for path in (run_dir / "logs" / "heartbeat").glob("rank-*.json"):
+    from rlflow.job import files
+
+    attempts = files.attempt_dirs(run_dir)  # `rlflow train --nproc`'s newest attempt's folder
+    folder = attempts[-1] / files.HEARTBEAT if attempts else run_dir / "none"
+    for path in folder.glob("rank-*.json"):
         try:
             found[int(path.stem.split("-")[1])] = json.loads(path.read_text())
         except (OSError, ValueError):

@@ -68,7 +68,7 @@ def test_a_dead_reward_worker_is_a_named_rank_failure_not_a_hang(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-4000:]  # the reward error's code, not 77 (a hang)
     assert "rank 1 exited with code 1" in output
-    first = (run_dir / "logs" / "first-failure").read_text().splitlines()
+    first = (run_dir / "status" / "attempt-0" / "first-failure").read_text().splitlines()
     assert first[0] == "1" and first[1].startswith("rank 1 on "), first
     rank1 = (run_dir / "logs" / "rank-1.log").read_text()
     assert "reward `crash:reward` killed its worker process (SIGSEGV" in rank1
