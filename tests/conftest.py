@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from tests.slurm.cluster import slurm_cluster  # noqa: F401 (a fixture: every test folder sees it)
+# Fixtures every test folder sees: the session's cluster, and the per-test checked view of it.
+from tests.slurm.cluster import slurm_cluster, slurm_session  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -100,6 +101,8 @@ SLOW_PATHS = (
     "tests/envs/",  # real venvs built with pip and uv, and the vLLM environment
     "tests/train/test_train_runs.py",  # end-to-end GRPO runs
     "tests/train/test_train_user_task.py",
+    "tests/train/test_train_signals.py",  # the real trainer stopped by a signal
+    "tests/train/test_train_reward_failures.py",  # 2 ranks, a reward worker dies
     "tests/train/test_train_checkpoint_resume.py",
     "tests/train/test_train_grpo_update.py",
     "tests/train/test_train_packing.py",

@@ -50,6 +50,7 @@ def launch(
         f"--log-dir={tmp_path / 'logs'}",
         f"--status-dir={tmp_path / 'status'}",
         f"--stop-grace={stop_grace}",
+        "--stop-signal=USR1",  # these tests send the warning as Slurm does
         "--",
         PYTHON,
         "-c",
@@ -107,7 +108,8 @@ def test_each_rank_gets_its_place_in_the_job_and_its_own_log(tmp_path):
     assert [seen[r]["LOCAL_RANK"] for r in (3, 4, 5)] == ["0", "1", "2"]
     assert "started ranks 3-5 of 6" in output
     records = {p.name for p in (tmp_path / "status").iterdir()}
-    assert records == {"node-1.started", "node-1.ended", "heartbeat"}  # no failure
+    assert records == {"node-1.started", "node-1.alive", "node-1.ended", "heartbeat"}  # no failure
+    assert (tmp_path / "status" / "node-1.alive").read_text().strip().isdigit()
 
 
 def test_a_failing_rank_stops_its_siblings_and_its_code_is_the_exit_code(tmp_path):
@@ -212,6 +214,7 @@ def test_a_command_that_cannot_start_fails_with_127(tmp_path):
         f"--log-dir={tmp_path / 'logs'}",
         f"--status-dir={tmp_path / 'status'}",
         "--stop-grace=5",
+        "--stop-signal=USR1",  # these tests send the warning as Slurm does
         "--",
         "no-such-program-xyz",
         "--flag",
