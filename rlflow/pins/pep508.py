@@ -21,12 +21,13 @@ __all__ = ["InvalidRequirement", "Parsed", "Plain", "parse"]
 
 _NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _SPEC = r"(?:===|==|!=|<=|>=|~=|<|>)[A-Za-z0-9.*+!_-]+"
+_B = "[ \t]*"  # packaging's blanks; a newline or other whitespace goes to its parser (an error)
 _PLAIN = re.compile(
-    rf"\s*(?P<name>{_NAME})\s*"
-    rf"(?:\[\s*(?P<extras>{_NAME}(?:\s*,\s*{_NAME})*)\s*\]\s*)?"
-    rf"(?P<spec>{_SPEC}(?:\s*,\s*{_SPEC})*)?\s*"
+    rf"{_B}(?P<name>{_NAME}){_B}"
+    rf"(?:\[{_B}(?P<extras>{_NAME}(?:{_B},{_B}{_NAME})*){_B}\]{_B})?"
+    rf"(?P<spec>{_SPEC}(?:{_B},{_B}{_SPEC})*)?{_B}"
 )
-_COMMA = re.compile(r"\s*,\s*")
+_COMMA = re.compile(rf"{_B},{_B}")
 
 
 class Plain:

@@ -16,7 +16,7 @@ from rlflow.pins import pep508
 NAMES = ["a", "A1", "foo-bar", "Foo_Bar", "x.y", "a-", "_a", "a..b", "torch", "1"]
 OPERATORS = ["==", ">=", "<=", "~=", "!=", "<", ">", "===", "=", "=>", ""]
 VERSIONS = ["1", "1.0", "1.0.*", "2.6.0rc1", "1.0+local", "1!2.0", "v1", "1.0.post1", "abc", "1.*"]
-BLANKS = ["", " ", "  ", "\t"]
+BLANKS = ["", " ", "  ", "\t", "\n", "\r", "\x0c", "\xa0"]
 
 
 def corpus() -> set[str]:
