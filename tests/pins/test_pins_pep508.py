@@ -61,4 +61,4 @@ def test_pep508_parse_agrees_with_packaging():
         assert (got.name, got.extras, got.url) == (want.name, want.extras, want.url), text
         assert str(got.specifier) == str(want.specifier), text
         assert str(got.marker) == str(want.marker), text
-    assert plain > 2000  # the fast path was exercised, not only the fallback
+    assert plain > 500, plain  # the fast path was exercised, not only the fallback
