@@ -26,6 +26,7 @@ _FAMILY_MODULES = (
     "rlflow.model.qwen25vl",
     "rlflow.model.qwen_text",
     "rlflow.model.qwen2vl",
+    "rlflow.model.qwen3_moe",
 )
 
 
@@ -74,6 +75,10 @@ class ModelFamily:
     def hf_module_name(self, exported: str) -> str:
         """On-disk name (what the bridge exports) -> the HF model's in-memory parameter name."""
         return exported
+
+    def hf_state_dict(self, exported: dict) -> dict:
+        """The bridge's export (on-disk names) as the HF model's in-memory state dict."""
+        return {self.hf_module_name(name): tensor for name, tensor in exported.items()}
 
     # --- tiny builtin checkpoint -------------------------------------------------------------------
 
