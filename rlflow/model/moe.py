@@ -2,7 +2,8 @@
 provider settings from the recipe's `model.moe` keys, and what the dry run reads (no torch).
 
 A family with routed experts calls `configure_provider` from its own `configure_provider`
-(rlflow/model/qwen3_moe.py). That builds each layer from megatron-core's local spec with two
+(rlflow/model/qwen3_moe.py) and names its builtins' expert counts in `builtin_experts` (the dry
+run's allocation rules read them). That builds each layer from megatron-core's local spec with two
 rlflow classes swapped in:
 
 * `GroupedExperts`: megatron-core's `SequentialMLP` (same parameters, names, checkpoints and
@@ -45,9 +46,23 @@ def num_experts(config: dict[str, Any]) -> int:
     return 0
 
 
-def checkpoint_experts(checkpoint: Path | str) -> int:
-    """Routed experts of an HF checkpoint directory (its config.json)."""
-    return num_experts(json.loads((Path(checkpoint) / "config.json").read_text()))
+def recipe_experts(checkpoint: str) -> int | None:
+    """Routed experts of `model.checkpoint`: a built-in's (its family's `builtin_experts`) or
+    an HF directory's config.json; None when there is no config to read (the model rules say
+    so). Imports no torch: the dry run calls it on the login node."""
+    from rlflow.model import family as families
+
+    if checkpoint.startswith(families.BUILTIN_PREFIX):
+        name = checkpoint[len(families.BUILTIN_PREFIX) :]
+        found = families.by_builtin(name)
+        return None if found is None else getattr(found, "builtin_experts", {}).get(name, 0)
+    config = Path(checkpoint).expanduser() / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        return num_experts(json.loads(config.read_text()))
+    except (OSError, ValueError):
+        return None
 
 
 # --- provider settings ---------------------------------------------------------------------------
@@ -301,10 +316,3 @@ def _moe_layer_class():
             return output[: output.shape[0] - pad].reshape(shape), mlp_bias
 
     return MoELayer
-
-
-def is_moe(core) -> bool:
-    """Whether a built megatron model has routed experts."""
-    from rlflow.model.forward import language_model
-
-    return bool(getattr(language_model(core).config, "num_moe_experts", None))

@@ -102,6 +102,13 @@ def _compare(current: Plan, chosen, target, known) -> None:
         current.counts = sums if current.counts is None else current.counts + sums
 
 
+def is_moe(core) -> bool:
+    """Whether a built megatron model has routed experts."""
+    from rlflow.model.forward import language_model
+
+    return bool(getattr(language_model(core).config, "num_moe_experts", None))
+
+
 def packed_order(routing: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """[rows, L, layers, k] -> [real tokens, layers, k] in packed order (rows end to end)."""
     return routing[attention_mask.bool().to(routing.device)]
@@ -121,3 +128,99 @@ def load_spread(load: dict[int, torch.Tensor]) -> dict[str, float]:
     if out:
         out["moe/load_spread"] = sum(out.values()) / len(out)
     return out
+
+
+@dataclass
+class Stats:
+    """A step's routing statistics of one policy: agreement and load (logprob passes), and the
+    number of training forwards (for the load-balancing loss megatron-core accumulates)."""
+
+    counts: torch.Tensor | None = None
+    load: dict[int, torch.Tensor] = field(default_factory=dict)
+    train_forwards: int = 0
+
+    def add(self, done: Plan) -> None:
+        if torch.is_grad_enabled():
+            self.train_forwards += 1
+            return
+        if done.counts is not None:
+            self.counts = done.counts if self.counts is None else self.counts + done.counts
+        for layer, counts in done.load.items():
+            self.load[layer] = self.load.get(layer, 0) + counts
+
+
+@contextlib.contextmanager
+def replayed(policy, batch, packed: bool):
+    """One forward of `batch` under router replay (MoE models; a no-op for dense ones): the
+    targets are the batch's recorded experts in the forward's token order; logprob passes
+    (no grad) compare and count, and add to the policy's step statistics."""
+    if not is_moe(policy.core):
+        yield None
+        return
+    targets = None
+    if batch.routing is not None:
+        recorded = batch.routing.to(batch.attention_mask.device)
+        targets = packed_order(recorded, batch.attention_mask) if packed else padded_order(recorded)
+    grad = torch.is_grad_enabled()
+    current = Plan(targets, replay=batch.router_replay and targets is not None, count_load=not grad)
+    with plan(current):
+        yield current
+    policy.extra.setdefault("routing_stats", Stats()).add(current)
+
+
+def set_aux_loss_scale(policy, micro_batches: int) -> None:
+    """The load-balancing loss's gradient share per micro-batch of one optimizer step: 1/n, so
+    the step trains on its mean (megatron-core's own schedule sets the same scale)."""
+    if is_moe(policy.core):
+        from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+        MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(1.0 / max(micro_batches, 1)))
+
+
+def step_metrics(policy, group=None) -> dict[str, float]:
+    """The step's routing metrics (summed over data-parallel ranks), then reset:
+
+    * moe/routing_agreement: share of token x layer pairs whose experts in the trainer's first
+      logprob pass (the router's own choice, before any replay) equal generation's;
+    * moe/expert_agreement: share of single expert choices that agree;
+    * moe/load_spread (and per layer): busiest expert's tokens over the mean;
+    * moe/aux_loss: megatron-core's load-balancing loss (before its coefficient), mean over
+      layers and training forwards (when the loss is on)."""
+    from rlflow import parallel
+
+    stats = policy.extra.pop("routing_stats", None)
+    if not is_moe(policy.core):
+        return {}
+    stats = stats or Stats()
+    layers = sorted(stats.load)
+    agreement = Plan(None, False, False, counts=stats.counts).agreement()
+    aux = _pop_aux_loss()
+    sums = [*agreement.values(), aux, float(stats.train_forwards)]
+    loads = [stats.load[layer].cpu() for layer in layers]
+    flat = sums + [float(x) for counts in loads for x in counts]
+    flat = parallel.all_reduce_sum(flat, group)
+    same_set, same_choice, compared, aux, forwards = flat[:5]
+    out = {}
+    if compared:
+        out["moe/routing_agreement"] = same_set / compared
+        out["moe/expert_agreement"] = same_choice / compared
+    if forwards:
+        out["moe/aux_loss"] = aux / forwards
+    if loads:
+        experts = loads[0].numel()
+        reduced = torch.tensor(flat[5:]).view(len(layers), experts)
+        out.update(load_spread(dict(zip(layers, reduced))))
+    return out
+
+
+def _pop_aux_loss() -> float:
+    """Sum over layers of megatron-core's recorded load-balancing loss / number of layers."""
+    from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+
+    tracker = get_moe_metrics_tracker()
+    entry = tracker.metrics.get("load_balancing_loss")
+    if entry is None:
+        return 0.0
+    value = float(entry.values.sum()) / max(entry.values.numel(), 1)
+    tracker.clear()
+    return value
