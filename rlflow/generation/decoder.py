@@ -19,7 +19,10 @@ ops, which is what makes the decode step fast and CUDA-graph capturable:
 Tensor parallelism: the policy's column/row-parallel weights are this rank's shards; the two
 row-parallel outputs (attention projection, MLP down-projection) are all-reduced here.
 The math mirrors megatron-core's local layer spec (RMSNorm, QKV with bias, SwiGLU MLP);
-tests/generation compares it token for token with HF transformers.
+tests/generation compares it token for token with HF transformers. Mixture-of-experts layers
+run rlflow/generation/moe_decode.py's routed experts instead of the MLP and report each token's
+chosen experts into a `routing` buffer [tokens, layers, k] (router replay); dense layers take
+exactly the code path they always took.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from rlflow.generation import split_kv
+from rlflow.generation.moe_decode import MoEWeights, moe_mlp, moe_weights
 from rlflow.model.packed_attention import Packing, flash_available, varlen_causal
 
 
@@ -45,10 +49,11 @@ class LayerWeights:
     proj_weight: torch.Tensor
     proj_bias: torch.Tensor | None
     mlp_norm: torch.Tensor
-    fc1_weight: torch.Tensor
+    fc1_weight: torch.Tensor | None  # None in an MoE layer (its experts are in `moe`)
     fc1_bias: torch.Tensor | None
-    fc2_weight: torch.Tensor
+    fc2_weight: torch.Tensor | None
     fc2_bias: torch.Tensor | None
+    moe: MoEWeights | None = None  # routed experts (rlflow/generation/moe_decode.py)
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,8 @@ class Decoder:
             tp_group = parallel_state.get_tensor_model_parallel_group()
         self.tp_group = tp_group
         self.layers = [_weights(layer) for layer in lm.decoder.layers]
+        moe = next((w.moe for w in self.layers if w.moe is not None), None)
+        self.topk = moe.topk if moe is not None else 0  # experts per token; 0: a dense model
         scale = config.softmax_scale or head_dim**-0.5
         self.dims = Dims(heads, kv_heads, head_dim, config.layernorm_epsilon, scale, tp_group)
         # Decode on GPUs: each layer's work before and after attention is fused by torch.compile
@@ -173,24 +180,43 @@ class Decoder:
 
     def prefill(
         self, hidden: torch.Tensor, cos, sin, pack: Packing, cache: KVCache, dest: torch.Tensor,
-        src: torch.Tensor,
+        src: torch.Tensor, routing: torch.Tensor | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """Packed prompts hidden [T, H] -> hidden [T, H] (before the final norm).
 
         Each layer's keys/values of token src[i] are written to flat cache slot dest[i]
         (row * cache.length + position): one prompt fills the rows of all of its samples.
+        routing [T, layers, k]: receives each token's experts (MoE models).
         """
         for index, w in enumerate(self.layers):
             keys = cache.keys[index].view(-1, self.dims.kv_heads, self.dims.head_dim)
             values = cache.values[index].view(-1, self.dims.kv_heads, self.dims.head_dim)
-            hidden = prefill_layer(hidden, w, cos, sin, pack, keys, values, dest, src, self.dims)
+            if w.moe is None:
+                hidden = prefill_layer(
+                    hidden, w, cos, sin, pack, keys, values, dest, src, self.dims
+                )
+                continue
+            hidden = _prefill_attention(
+                hidden, w, cos, sin, pack, keys, values, dest, src, self.dims
+            )
+            hidden = self._routed(hidden, w, routing, index)
         return hidden
 
-    def decode(self, tokens, positions, lengths, cache: KVCache, rows: int) -> torch.Tensor:
+    def _routed(self, hidden, w: LayerWeights, routing, index: int) -> torch.Tensor:
+        """The MoE block + residual; the chosen experts go to routing[:, index]."""
+        out, chosen = moe_mlp(hidden, w.moe, self.dims.eps)
+        if routing is not None:
+            routing[:, index] = chosen
+        return hidden + _reduce(out, None, self.dims)
+
+    def decode(
+        self, tokens, positions, lengths, cache: KVCache, rows: int, routing=None
+    ) -> torch.Tensor:
         """One new token for each of the first `rows` cache rows -> fp32 logits [rows, V].
 
         tokens/positions/lengths [rows]: the token, its text position, and the row's key count
-        including this token (it is written at slot lengths - 1).
+        including this token (it is written at slot lengths - 1). routing [rows, layers, k]:
+        receives each row's experts (MoE models).
         """
         cos, sin = self.rotary(positions, cache.keys[0].dtype)
         hidden = self.embed(tokens[:, None])[:, 0]
@@ -200,7 +226,11 @@ class Decoder:
             keys, values = cache.keys[index][:rows], cache.values[index][:rows]
             q, k, v = self._before(hidden, w, cos, sin, self.dims)
             out = _cache_attention(q, k, v, keys, values, slots, lengths, self.dims, split)
-            hidden = self._after(hidden, out, w, self.dims)
+            if w.moe is None:
+                hidden = self._after(hidden, out, w, self.dims)
+                continue
+            hidden = hidden + _reduce(F.linear(out, w.proj_weight), w.proj_bias, self.dims)
+            hidden = self._routed(hidden, w, routing, index)
         return self.logits(hidden)
 
     def split_plan(self, lengths: torch.Tensor, cache: KVCache) -> split_kv.SplitPlan | None:
@@ -217,13 +247,18 @@ class Decoder:
 
 
 def prefill_layer(hidden, w: LayerWeights, cos, sin, pack, keys, values, dest, src, dims: Dims):
+    hidden = _prefill_attention(hidden, w, cos, sin, pack, keys, values, dest, src, dims)
+    return hidden + _mlp(hidden, w, dims)
+
+
+def _prefill_attention(hidden, w: LayerWeights, cos, sin, pack, keys, values, dest, src, dims):
+    """The attention block + residual of a packed prefill (writing the cache)."""
     normed = F.rms_norm(hidden, hidden.shape[-1:], w.input_norm, dims.eps)
     q, k, v = _qkv(normed, w, cos, sin, dims)  # [T, heads or kv, D]
     keys.index_copy_(0, dest, k.index_select(0, src))
     values.index_copy_(0, dest, v.index_select(0, src))
     out = varlen_causal(q, k, v, pack, dims.scale).reshape(q.shape[0], -1)
-    hidden = hidden + _reduce(F.linear(out, w.proj_weight), w.proj_bias, dims)
-    return hidden + _mlp(hidden, w, dims)
+    return hidden + _reduce(F.linear(out, w.proj_weight), w.proj_bias, dims)
 
 
 def _before_attention(hidden, w: LayerWeights, cos, sin, dims: Dims):
@@ -325,7 +360,7 @@ def _reduce(x: torch.Tensor, bias: torch.Tensor | None, dims: Dims) -> torch.Ten
 class DecodeGraph:
     """The decode step for the first `rows` cache rows, captured once as a CUDA graph."""
 
-    def __init__(self, decoder: Decoder, cache: KVCache, rows: int, pool):
+    def __init__(self, decoder: Decoder, cache: KVCache, rows: int, pool, routing=None):
         device = cache.keys[0].device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
@@ -333,8 +368,8 @@ class DecodeGraph:
         # slot no row ever reaches (the engine sizes the cache one past the longest row).
         self.lengths = torch.full((rows,), cache.length, dtype=torch.long, device=device)
 
-        def step():
-            return decoder.decode(self.tokens, self.positions, self.lengths, cache, rows)
+        def step():  # routing: the engine's static buffer, written by every replay
+            return decoder.decode(self.tokens, self.positions, self.lengths, cache, rows, routing)
 
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
@@ -362,6 +397,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def _weights(layer) -> LayerWeights:
     attention, mlp = layer.self_attention, layer.mlp
+    moe = moe_weights(layer)
+    dense = moe is None
     return LayerWeights(
         input_norm=layer.input_layernorm.weight,
         qkv_weight=attention.linear_qkv.weight,
@@ -371,10 +408,11 @@ def _weights(layer) -> LayerWeights:
         proj_weight=attention.linear_proj.weight,
         proj_bias=attention.linear_proj.bias,
         mlp_norm=layer.pre_mlp_layernorm.weight,
-        fc1_weight=mlp.linear_fc1.weight,
-        fc1_bias=mlp.linear_fc1.bias,
-        fc2_weight=mlp.linear_fc2.weight,
-        fc2_bias=mlp.linear_fc2.bias,
+        fc1_weight=mlp.linear_fc1.weight if dense else None,
+        fc1_bias=mlp.linear_fc1.bias if dense else None,
+        fc2_weight=mlp.linear_fc2.weight if dense else None,
+        fc2_bias=mlp.linear_fc2.bias if dense else None,
+        moe=moe,
     )
 
 
