@@ -68,6 +68,8 @@ def collect_rollouts(t, step: int, timer) -> Rollouts:
                 if not (dynamic.enabled and no_signal):
                     kept.append(group)
             extra_rounds = round_
+        else:  # full: an expert-parallel engine's peers still need this rank in their passes
+            t.backend.generate([], sampling(t, step, recipe.generation.temperature, round_))
         if not dynamic.enabled:
             break
         if not parallel.all_reduce_max(float(len(kept) < want), parallel.data_parallel_group()):

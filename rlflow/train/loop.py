@@ -14,6 +14,7 @@ import torch
 
 from rlflow import parallel
 from rlflow.generation.base import Completion
+from rlflow.model import routing
 from rlflow.train import grpo, watchdog
 from rlflow.train.collect import (
     collect_rollouts,
@@ -240,7 +241,7 @@ def _batching(recipe) -> tuple[int, dict]:
 
 def _train_batch(t: Trainer, prompts, completions, advantages):
     media = t.policy.media_tokens
-    return build_train_batch(
+    batch = build_train_batch(
         prompts,
         completions,
         advantages,
@@ -249,6 +250,8 @@ def _train_batch(t: Trainer, prompts, completions, advantages):
         media.merge_size,
         t.encoder.pad_token_id,
     )
+    batch.router_replay = t.recipe.loss.router_replay  # MoE: route as generation did
+    return batch
 
 
 def _step_metrics(
@@ -297,6 +300,7 @@ def _step_metrics(
     out["train/real_tokens"] = totals["train/real_tokens"]
     out.update(sampled)
     out.update({f"train/{k}": v for k, v in update.items()})
+    out.update(routing.step_metrics(t.policy, parallel.data_parallel_group()))
     out.update({f"time/{k}": v for k, v in timer.seconds.items()})
     out["time/step"] = step_seconds
     out["time/tokens_per_second"] = tokens / max(timer.seconds.get("training", 0.0), 1e-9)

@@ -62,6 +62,7 @@ def test_update_raises_logprob_of_rewarded_answers(trainable, tiny_processor):
         ratio_level="token",
         overlong_penalty=OverlongPenaltyConfig(enabled=False, buffer_tokens=0, penalty=0.0),
         importance_sampling=ImportanceSamplingConfig(mode="off", cap=2.0, mask_below=0.0),
+        router_replay=True,
     )
     metrics = grpo_update(
         policy, optimizer, batch, before, None, loss_cfg, micro_batch_size=8, num_minibatches=1
