@@ -63,7 +63,7 @@ def make_prompts(config, n: int, image: int, device) -> list[Prompt]:
         )
         pixels = torch.randn(patches * patches, 3 * 2 * 14 * 14, generator=generator)
         media = Media(pixel_values=pixels, image_grid_thw=torch.tensor([[1, patches, patches]]))
-        prompts.append(Prompt(f"p{i}", "", tuple(ids), True, media))
+        prompts.append(Prompt(f"p{i}", "", tuple(ids), media))
     return prompts
 
 

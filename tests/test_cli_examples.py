@@ -1,10 +1,10 @@
-"""Every subcommand's --help, and every example in a help text or the README, run through the
-console script.
+"""Every subcommand's --help, and every example in a help text, the README or the manual
+(docs/*.md), run through the console script.
 
 Examples are found by a small parser, so a new one is covered without touching this file:
-help texts' `Examples:` sections, and the README's shell lines (```bash blocks, `$ ` lines of
-```console blocks, inline `uv run rlflow ...`; a console block that shows an `error[...]` line
-must print it and exit 2). Each runs the way it can run here, decided by
+help texts' `Examples:` sections, and the shell lines of README.md and docs/*.md (```bash
+blocks, `$ ` lines of ```console blocks, inline `uv run rlflow ...`; a console block that shows
+an `error[...]` line must print it and exit 2). Each runs the way it can run here, decided by
 its subcommand (RUN_AS), and never skipped:
   real      as written (check-pins, check-tests, report, init-tiny-model's tiny preset)
   dry-run   train needs minutes on CPU or a GPU: `submit --dry-run` of the same recipe and
@@ -36,7 +36,8 @@ from rlflow.cli import COMMANDS, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 RLFLOW = str(ROOT / ".venv" / "bin" / "rlflow")
-README = ROOT / "README.md"
+# The documents whose examples run: the README and every page of the manual.
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # The README's reference run (benchmarks/results): what `rlflow report runs/tiny-clevr-cpu` plots.
 METRICS = ROOT / "benchmarks" / "results" / "tiny_recipe_cpu.jsonl"
 RUN_AS = {
@@ -57,10 +58,10 @@ PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_]{2,}\b|\[")
 
 @dataclass(frozen=True)
 class Example:
-    source: str  # where it is shown: "README.md:12" or "rlflow train --help"
+    source: str  # where it is shown: "README.md:12", "docs/train.md:5" or "rlflow train --help"
     cwd: str  # relative to the repository ("tests/user_task" for `cd tests/user_task && ...`)
     argv: tuple[str, ...]  # after `rlflow`
-    shows_error: str | None = None  # a README console block's first `error[...]` output line
+    shows_error: str | None = None  # a document's console block's first `error[...]` output line
 
     def __str__(self) -> str:
         return f"{self.source}: rlflow {shlex.join(self.argv)}"
@@ -99,8 +100,10 @@ def help_examples() -> list[Example]:
     return found
 
 
-def readme_examples() -> list[Example]:
-    text = README.read_text()
+def document_examples(path: Path) -> list[Example]:
+    """The shell examples of one Markdown document (the README or a docs/ page)."""
+    text = path.read_text()
+    name = path.relative_to(ROOT).as_posix()
     found = []
     for block in re.finditer(r"^```(bash|console)\n(.*?)^```", text, re.S | re.M):
         first = text[: block.start(2)].count("\n") + 1
@@ -108,27 +111,27 @@ def readme_examples() -> list[Example]:
         for n, line in enumerate(lines):
             if block.group(1) == "console" and not line.startswith("$ "):
                 continue  # output
-            example = parse_line(line, f"README.md:{first + n}")
+            example = parse_line(line, f"{name}:{first + n}")
             if example is not None:
                 output = takewhile(lambda x: not x.startswith("$ "), lines[n + 1 :])
                 error = next((x for x in output if x.startswith("error[")), None)
                 found.append(replace(example, shows_error=error))
     for inline in re.finditer(r"`(uv run rlflow [^`]+)`", text):
         found.append(
-            parse_line(inline.group(1), f"README.md:{text[: inline.start()].count(chr(10)) + 1}")
+            parse_line(inline.group(1), f"{name}:{text[: inline.start()].count(chr(10)) + 1}")
         )
     return found
 
 
 def unique(examples: list[Example]) -> list[Example]:
-    """Each command line once (the README repeats some), named by where it is first shown."""
+    """Each command line once (the documents repeat some), named by where it is first shown."""
     seen: dict[tuple, Example] = {}
     for example in examples:
         seen.setdefault((example.cwd, example.argv, example.shows_error), example)
     return list(seen.values())
 
 
-EXAMPLES = unique(help_examples() + readme_examples())
+EXAMPLES = unique(help_examples() + [e for doc in DOCUMENTS for e in document_examples(doc)])
 
 
 def builds_a_model(example: Example) -> bool:
@@ -145,13 +148,14 @@ def builds_a_model(example: Example) -> bool:
 def test_the_parser_finds_the_examples():
     sources = {e.source.split(":")[0] for e in EXAMPLES}
     assert {"README.md", "rlflow train --help", "rlflow submit --help"} <= sources
+    assert {"docs/train.md", "docs/launch.md", "docs/lockstep.md"} <= sources
     assert len(EXAMPLES) >= 40
     assert {e.argv[0] for e in EXAMPLES} >= {"train", "submit", "check-pins", "status", "report"}
 
 
 # The examples run as on a login node with no Slurm config: once a test has started the session's
 # cluster (SLURM_CONF exported), a dry run would also check the job's shape against its 4-GPU
-# nodes, and the README's 8-GPU example would depend on the test order.
+# nodes, and the 3B recipe's 8-GPU example would depend on the test order.
 NO_CLUSTER = {**os.environ, "SLURM_CONF": "/nonexistent"}
 
 
@@ -222,7 +226,7 @@ def test_every_example_runs(example, tmp_path):
         shutil.copy(METRICS, run / "metrics.jsonl")
         cwd = tmp_path
     result = rlflow(*argv, cwd=cwd)
-    if example.shows_error:  # the README shows it failing: it must, with that error
+    if example.shows_error:  # the document shows it failing: it must, with that error
         assert result.returncode == 2 and example.shows_error + "\n" in result.stderr, (
             f"{example}\n{result.stderr}"
         )

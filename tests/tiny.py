@@ -87,7 +87,6 @@ def make_prompt(
         sample_id=f"{kind}-{seed}",
         text=text,
         token_ids=tuple(enc["input_ids"][0].tolist()),
-        media_tokens_expanded=True,
         media=media,
         images=images,
         video=video,
@@ -118,3 +117,40 @@ def greedy(n: int, eos: int, ignore_eos: bool = True):
         stop_token_ids=(eos,),
         ignore_eos=ignore_eos,
     )
+
+
+def left_padded(prompts, pad_token_id: int):
+    """Prompt ids [B, T] and attention mask [B, T] (long), left-padded as HF's generate pads."""
+    import torch
+
+    width = max(len(p.token_ids) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_token_id)
+    mask = torch.zeros(ids.shape, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p.token_ids) :] = torch.tensor(p.token_ids)
+        mask[i, width - len(p.token_ids) :] = 1
+    return ids, mask
+
+
+def hf_logits_gap(hf, policy, prompts, pad_token_id: int) -> float:
+    """Max |logits| difference, at real tokens, between the HF model and the Megatron policy on
+    a left-padded batch of prompts (the family supplies HF's extra inputs)."""
+    import torch
+
+    from rlflow.model.forward import policy_logits
+    from rlflow.model.media import Media
+
+    ids, mask = left_padded(prompts, pad_token_id)
+    media = Media.concat([p.media for p in prompts])
+    extra = policy.family.hf_generate_inputs(ids, policy.media_tokens)
+    with torch.no_grad():
+        ref = hf(
+            input_ids=ids,
+            attention_mask=mask,
+            **extra,
+            **{k: v for k, v in vars(media).items() if v is not None},
+        ).logits
+        ours = policy_logits(policy.core, ids, mask.bool(), media)
+    valid = mask.bool()
+    assert ours.shape == ref.shape
+    return float((ours[valid] - ref[valid]).abs().max())

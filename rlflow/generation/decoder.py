@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from rlflow.generation import split_kv
 from rlflow.generation.moe_decode import MoEWeights, moe_mlp, moe_weights
+from rlflow.model.deepstack import DeepStack
 from rlflow.model.packed_attention import Packing, flash_available, varlen_causal
 
 
@@ -154,10 +155,11 @@ class Decoder:
         return self.embedding(input_ids=tokens, position_ids=None).transpose(0, 1)
 
     def rotary(self, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [T, 1, D] per token from positions [T], or Qwen2.5-VL's 3-D [3, T] (mrope).
+        """cos/sin [T, 1, D] per token from positions [T], or an mrope family's 3-D [3, T]
+        (through the model's own rotary module: sectioned or interleaved axes).
 
-        Generated text tokens have equal positions on all three mrope axes, where mrope equals
-        plain RoPE: decode always passes [T]."""
+        Generated text tokens have equal positions on all three mrope axes, where mrope (either
+        layout) equals plain RoPE: decode always passes [T]."""
         if positions.dim() == 2:
             freqs = self.rotary_emb(positions[:, None], self.mrope_section)  # [T, 1, 1, D]
             freqs = freqs[:, 0]
@@ -180,13 +182,15 @@ class Decoder:
 
     def prefill(
         self, hidden: torch.Tensor, cos, sin, pack: Packing, cache: KVCache, dest: torch.Tensor,
-        src: torch.Tensor, routing: torch.Tensor | None = None,
+        src: torch.Tensor, routing: torch.Tensor | None = None, *,
+        deepstack: DeepStack | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """Packed prompts hidden [T, H] -> hidden [T, H] (before the final norm).
 
         Each layer's keys/values of token src[i] are written to flat cache slot dest[i]
         (row * cache.length + position): one prompt fills the rows of all of its samples.
         routing [T, layers, k]: receives each token's experts (MoE models).
+        deepstack: vision features added to the first layers' outputs (Qwen3-VL), packed.
         """
         for index, w in enumerate(self.layers):
             keys = cache.keys[index].view(-1, self.dims.kv_heads, self.dims.head_dim)
@@ -195,11 +199,13 @@ class Decoder:
                 hidden = prefill_layer(
                     hidden, w, cos, sin, pack, keys, values, dest, src, self.dims
                 )
-                continue
-            hidden = _prefill_attention(
-                hidden, w, cos, sin, pack, keys, values, dest, src, self.dims
-            )
-            hidden = self._routed(hidden, w, routing, index)
+            else:
+                hidden = _prefill_attention(
+                    hidden, w, cos, sin, pack, keys, values, dest, src, self.dims
+                )
+                hidden = self._routed(hidden, w, routing, index)
+            if deepstack is not None:
+                hidden = deepstack.add(hidden, index)
         return hidden
 
     def _routed(self, hidden, w: LayerWeights, routing, index: int) -> torch.Tensor:

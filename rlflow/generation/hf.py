@@ -12,7 +12,6 @@ import time
 import torch
 
 from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
-from rlflow.generation.placeholders import expanded_token_ids
 from rlflow.model import family as families
 from rlflow.model.build import Policy, export_hf_state_dict
 from rlflow.model.media import Media, Prompt
@@ -45,7 +44,7 @@ class HFGeneration(GenerationBackend):
         self.policy = policy
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size
-        self.device = next(policy.core.parameters()).device
+        self.device = policy.device
         self.model = load_hf_model(policy.checkpoint, policy.dtype, self.device)
         self.refresh_weights()
 
@@ -62,11 +61,7 @@ class HFGeneration(GenerationBackend):
 
     @torch.no_grad()
     def _batch(self, prompts: list[Prompt], params: SamplingParams, seed: int) -> list[Completion]:
-        media_ids = self.policy.media_tokens
-        rows = [
-            expanded_token_ids(p, media_ids.image, media_ids.video, media_ids.merge_size)
-            for p in prompts
-        ]
+        rows = [self.policy.prompt_ids(p) for p in prompts]
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
@@ -75,11 +70,8 @@ class HFGeneration(GenerationBackend):
             attention[i, width - len(row) :] = 1
         media = Media.concat([p.media for p in prompts]).to(self.device)
         kwargs = {k: v for k, v in vars(media).items() if v is not None}
-        if self.policy.family.rope == "mrope":  # HF's generate needs the token types for mrope
-            token_types = torch.zeros_like(input_ids)
-            token_types[input_ids == media_ids.image] = 1
-            token_types[input_ids == media_ids.video] = 2
-            kwargs["mm_token_type_ids"] = token_types.to(self.device)
+        family_inputs = self.policy.family.hf_generate_inputs(input_ids, self.policy.media_tokens)
+        kwargs |= {k: v.to(self.device) for k, v in family_inputs.items()}
         greedy = params.temperature == 0
         torch.manual_seed(seed)
         result = self.model.generate(

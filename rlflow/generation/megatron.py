@@ -10,7 +10,8 @@ stopping well before the cap; the engine is built around that shape:
    prompt: its vision tower and its prefill run once, and its keys/values are copied into the
    cache rows of all G samples;
 2. prefill: the unique prompts packed end to end (no padding), vision features scattered at the
-   image/video pad tokens, 3-D rotary positions per prompt for mrope families (Qwen-VL);
+   image/video pad tokens (DeepStack's part added after the first layers), the family's rotary
+   positions per prompt (3-D for the mrope families);
 3. decode: one token per live row per step; on a GPU the step is a CUDA graph replayed for the
    current batch bucket;
 4. retire: every few steps, rows that stopped leave the batch: the live rows move to the front
@@ -33,10 +34,10 @@ from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
 from rlflow.generation.decoder import DecodeGraph, Decoder, KVCache
 from rlflow.generation.lockstep import Lockstep
 from rlflow.generation.moe_decode import RoutingRecord
-from rlflow.generation.placeholders import expanded_token_ids
 from rlflow.generation.sampling import row_seeds, sample_tokens
+from rlflow.model.deepstack import Embedded
 from rlflow.model.family import of_core
-from rlflow.model.forward import embed, mrope_positions
+from rlflow.model.forward import embed
 from rlflow.model.media import Media, Prompt
 from rlflow.model.packed_attention import Packing
 
@@ -73,7 +74,7 @@ class MegatronGeneration(GenerationBackend):
         self.policy = policy
         self.pad_token_id = pad_token_id
         self.max_batch_size = max_batch_size  # 0: as many rows as free memory holds
-        device = next(policy.core.parameters()).device
+        device = policy.device
         self.device = device
         self.cuda_graphs = cuda_graphs and device.type == "cuda"  # graphs exist on GPUs only
         self.compile_decode = compile_decode and self.cuda_graphs  # compiled for GPU graphs only
@@ -113,12 +114,8 @@ class MegatronGeneration(GenerationBackend):
         if self._decoder is None:  # views of the weights: built once, current after every update
             self._decoder = Decoder(core, compile_decode=self.compile_decode)
             self._decoder.split_kv = self.split_kv
-        tokens_of = self.policy.media_tokens
         unique, row_prompt = _share(prompts) if self.share_prompts else _unshared(prompts)
-        ids = [
-            expanded_token_ids(p, tokens_of.image, tokens_of.video, tokens_of.merge_size)
-            for p in unique
-        ]
+        ids = [self.policy.prompt_ids(p) for p in unique]
         length = max((len(i) for i in ids), default=1) + params.max_new_tokens
         if self.cuda_graphs:
             # +1: the last slot is the graphs' warm-up scratch; round up so one cache (and its
@@ -233,18 +230,9 @@ class MegatronGeneration(GenerationBackend):
         t0 = time.perf_counter()
 
         # 1. prefill the unique prompts once, packed; copy their keys/values to their rows
-        if order:
-            pack = Packing.of(lengths_p, device)
-            hidden, cos, sin, next_pos = self._prefill_inputs(
-                core, [unique[p] for p in order], [ids[p] for p in order], pack
-            )
-        else:  # an expert-parallel rank with nothing left to generate joins its peers
-            pack, next_pos = Packing.of([0], device), torch.zeros(0, dtype=torch.long)
-            hidden, cos, sin = self._no_tokens()
-        attend = pack  # + a padding sequence where another EP rank prefills more tokens
-        if tokens > pack.total:
-            hidden, cos, sin = _pad_tokens(hidden, cos, sin, tokens - pack.total)
-            attend = Packing.of([*lengths_p, tokens - pack.total], device)  # (no empty rows)
+        pack, attend, inputs, cos, sin, next_pos = self._packed_prompts(
+            core, [unique[p] for p in order], [ids[p] for p in order], tokens
+        )
         row_slot = torch.tensor(
             [slot_of[row_prompt[r]] for r in rows], dtype=torch.long, device=device
         )
@@ -252,13 +240,14 @@ class MegatronGeneration(GenerationBackend):
         record = None
         if decoder.topk:  # MoE: every token's experts, for router replay
             record = RoutingRecord(decoder, n, params.max_new_tokens, device)
-            record.prompts = record.buffer((hidden.shape[0],), device)
+            record.prompts = record.buffer((inputs.hidden.shape[0],), device)
             if self._step_routing is None or self._step_routing.shape[0] < capacity:
                 self._step_routing = record.buffer((capacity,), device)
                 self._graphs.clear()  # graphs point into the old buffer
         hidden = decoder.prefill(
-            hidden, cos, sin, attend, cache, dest, src, None if record is None else record.prompts
-        )
+            inputs.hidden, cos, sin, attend, cache, dest, src,
+            None if record is None else record.prompts, deepstack=inputs.deepstack,
+        )  # fmt: skip
         last = pack.cu_seqlens[1:].long()[: len(order)] - 1
         prompt_logits = decoder.logits(hidden.index_select(0, last))  # [unique, V]
         logits = prompt_logits.index_select(0, row_slot)
@@ -347,6 +336,27 @@ class MegatronGeneration(GenerationBackend):
         self.last_timings["trace"] = trace  # (step, batch, live rows, seconds since prefill)
         return _completions(out_tokens[:, :n].T, out_logprobs[:, :n].T, steps_done[:n], params)
 
+    def _packed_prompts(self, core, prompts, ids, tokens: int):
+        """(pack, attend, inputs, cos, sin, next positions) of this rank's prompts, packed.
+
+        Expert parallelism: every EP rank of a pass runs `tokens` prefill tokens (the group's
+        most), so their all-to-alls line up: `attend` adds one padding sequence where this rank
+        has fewer (or none at all)."""
+        device = self.device
+        if prompts:
+            pack = Packing.of([len(i) for i in ids], device)
+            inputs, cos, sin, next_pos = self._prefill_inputs(core, prompts, ids, pack)
+        else:  # an expert-parallel rank with nothing left to generate joins its peers
+            pack, next_pos = Packing.of([0], device), torch.zeros(0, dtype=torch.long)
+            hidden, cos, sin = self._no_tokens()
+            inputs = Embedded(hidden)
+        attend = pack
+        if tokens > pack.total:
+            hidden, cos, sin = _pad_tokens(inputs.hidden, cos, sin, tokens - pack.total)
+            inputs = Embedded(hidden, inputs.deepstack)  # (features address real positions)
+            attend = Packing.of([*[len(i) for i in ids], tokens - pack.total], device)
+        return pack, attend, inputs, cos, sin, next_pos
+
     def _no_tokens(self):
         """Empty packed inputs: hidden [0, H], cos/sin [0, 1, D]."""
         dtype, d = self.policy.dtype, self._decoder.dims
@@ -355,16 +365,12 @@ class MegatronGeneration(GenerationBackend):
         return hidden, cos, cos
 
     def _prefill_inputs(self, core, prompts, ids, pack: Packing):
-        """Packed embeddings [T, H], cos/sin [T, 1, D] and each prompt's next text position."""
+        """Packed inputs (embeddings [T, H], DeepStack features), cos/sin [T, 1, D] and each
+        prompt's next text position.
+
+        A right-padded batch of the unique prompts gives the family's positions and the vision
+        features per prompt; then only the real tokens are kept (the LM never sees padding)."""
         device, dtype, decoder = self.device, self.policy.dtype, self._decoder
-        flat = torch.tensor([t for row in ids for t in row], device=device)
-        if of_core(core).rope == "1d":
-            positions = torch.cat([torch.arange(n, device=device) for n in pack.lengths])
-            cos, sin = decoder.rotary(positions, dtype)
-            next_pos = torch.tensor(pack.lengths, device=device)
-            return decoder.embed(flat[None])[0], cos, sin, next_pos
-        # Right-padded batch of the unique prompts: positions and vision features per prompt,
-        # then only the real tokens are kept (the LM itself never sees padding).
         width = pack.max_len
         padded = torch.full((len(ids), width), self.pad_token_id, dtype=torch.long)
         valid = torch.zeros((len(ids), width), dtype=torch.bool)
@@ -374,14 +380,17 @@ class MegatronGeneration(GenerationBackend):
         padded, valid = padded.to(device), valid.to(device)
         media_rows = [p.media for p in prompts]
         media = Media.concat(media_rows).to(device)
-        positions, _ = mrope_positions(core, padded, valid, media)  # [3, P, W]
-        cache = self.policy.extra.get("vision_cache")
-        features = cache.features(core, media_rows) if cache is not None else None
-        embeddings = embed(core, padded, media, features=features).transpose(0, 1)  # [P, W, H]
-        packed_positions = positions.permute(1, 2, 0)[valid].T  # [3, T]
-        cos, sin = decoder.rotary(packed_positions, dtype)
-        next_pos = positions.amax(dim=(0, 2)) + 1
-        return embeddings[valid], cos, sin, next_pos
+        positions = of_core(core).positions(core, padded, valid, media)  # [(3,) P, W]
+        features = None
+        if media.num_images or media.num_videos:
+            features = self.policy.vision_cache.features(core, media_rows)
+        inputs = embed(core, padded, media, features=features)  # [W, P, H]
+        inputs.hidden = inputs.hidden.transpose(0, 1)[valid]  # [T, H]
+        if inputs.deepstack is not None:
+            inputs.deepstack = inputs.deepstack.packed(valid)
+        cos, sin = decoder.rotary(positions[..., valid], dtype)
+        last = positions.masked_fill(~valid, 0).reshape(-1, *valid.shape).amax(dim=(0, 2))
+        return inputs, cos, sin, last + 1
 
 
 def _expert_parallel(core) -> bool:

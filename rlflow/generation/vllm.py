@@ -106,9 +106,8 @@ class VLLMGeneration(GenerationBackend):
             },
             "generate",
         )
-        media = self.policy.media_tokens
         return [
-            to_completion(prompt, row, media.image, media.video, media.merge_size)
+            to_completion(prompt, row, self.policy.prompt_ids(prompt))
             for prompt, row in zip(prompts, reply["outputs"], strict=True)
         ]
 
@@ -189,7 +188,7 @@ class VLLMGeneration(GenerationBackend):
         )
         for name in _DIST_VARS:
             env.pop(name, None)
-        device = _policy_device(self.policy)
+        device = self.policy.device
         if device.type == "cuda":  # the worker shares this rank's GPU
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             index = device.index or 0
@@ -233,13 +232,9 @@ def to_request(prompt: Prompt) -> dict:
     }
 
 
-def to_completion(
-    prompt: Prompt, row: dict, image_token_id: int, video_token_id: int, merge_size: int
-) -> Completion:
-    """The worker's reply row -> Completion, after checking vLLM saw the prompt the trainer sees."""
-    from rlflow.generation.placeholders import expanded_token_ids
-
-    ours = expanded_token_ids(prompt, image_token_id, video_token_id, merge_size)
+def to_completion(prompt: Prompt, row: dict, ours: list[int]) -> Completion:
+    """The worker's reply row -> Completion, after checking vLLM saw the prompt the trainer sees
+    (`ours`: the prompt's ids as the trainer takes them, `Policy.prompt_ids`)."""
     theirs = row["prompt_token_ids"]
     if theirs != ours:
         # Training on a prompt vLLM never saw would make every logprob ratio meaningless.
@@ -301,10 +296,6 @@ def _dtype_name(policy) -> str:
     import torch
 
     return "bfloat16" if policy.dtype == torch.bfloat16 else "float32"
-
-
-def _policy_device(policy):
-    return next(policy.core.parameters()).device
 
 
 def _node_local_dir(policy) -> str | None:

@@ -9,7 +9,7 @@ layer spec (no Transformer Engine needed), split by the tensor/pipeline sizes th
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,8 @@ import torch
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.model import family as families
 from rlflow.model.family import MediaTokens, ModelFamily
+from rlflow.model.media import Prompt
+from rlflow.model.vision_cache import VisionCache
 from rlflow.recipe.schema import ModelConfig, ParallelismConfig
 
 BUILTIN_PREFIX = families.BUILTIN_PREFIX
@@ -34,7 +36,9 @@ class Policy:
     checkpoint: Path
     dtype: torch.dtype
     trainable: bool
-    extra: dict = field(default_factory=dict)
+    # Vision features, recomputed on every use unless the trainer shares one per-step cache
+    # between the policy and the reference (frozen tower: rlflow.train.setup.share_vision_cache).
+    vision_cache: VisionCache
 
     @property
     def core(self):
@@ -48,6 +52,17 @@ class Policy:
     @property
     def media_tokens(self) -> MediaTokens:
         return self.family.media_tokens(self.hf_config)
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's device (rlflow.parallel placed the model there)."""
+        from rlflow import parallel
+
+        return parallel.info().device
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids as the model consumes them, checked against its media."""
+        return self.family.prompt_ids(prompt, self.media_tokens)
 
     @property
     def image_token_id(self) -> int:
@@ -146,7 +161,6 @@ def load_policy(
         ]
     from rlflow.model import packed_attention
     from rlflow.model.forward import language_model
-    from rlflow.model.vision_cache import VisionCache
 
     for chunk in chunks:
         core = _unwrap(chunk)
@@ -165,11 +179,8 @@ def load_policy(
         checkpoint=checkpoint,
         dtype=dtype,
         trainable=trainable,
+        vision_cache=VisionCache(enabled=False),
     )
-    policy.extra["provider"] = provider
-    # Vision features recomputed on every use; the trainer swaps in one shared, per-step cache
-    # when the tower is frozen (rlflow.train.setup).
-    policy.extra["vision_cache"] = VisionCache(enabled=False)
     return policy
 
 

@@ -1,10 +1,15 @@
 """Model families: what rlflow needs to know about one kind of checkpoint, asked in one place.
 
-A family (one module each: qwen25vl.py, qwen2vl.py, qwen_text.py) says whether the model is
-multimodal, how media become tokens (placeholder ids, merge size), its rope kind (3-D mrope or
-1-D), how it loads through megatron-bridge (provider settings, fast paths to install) and how it
-maps to HF (transformers class, in-memory weight names), and it writes its tiny builtin
-checkpoint. Every other module asks the family instead of inspecting the model itself.
+A family (one module each: qwen25vl.py, qwen2vl.py, qwen_text.py, qwen3vl.py, qwen3vl_moe.py, qwen3_moe.py)
+says whether the model is multimodal, how media become tokens (placeholder ids, merge size, the
+checked prompt ids), the rotary positions of a batch, what the vision tower gives the language
+model, how it loads through megatron-bridge (provider settings, fast paths to install) and how
+it maps to HF (transformers class, in-memory weight names, extra `generate` inputs), and it
+writes its tiny builtin checkpoint. Every other module asks the family instead of inspecting
+the model itself: no caller tests a tag (`rope` only describes the family).
+
+The methods that compute on tensors import torch lazily, inside the method: the login node's
+dry run imports every family module (the registry) and never torch.
 
 The registry is keyed by the checkpoint's HF `model_type` (config.json) and by the builtin name
 (`model.checkpoint: builtin:<name>`). Family modules are imported lazily (they import this one):
@@ -17,15 +22,20 @@ import importlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from rlflow.errors import Diagnostic, RlflowError
+
+if TYPE_CHECKING:
+    from rlflow.model.media import Media, Prompt
 
 # Families shipped with rlflow, in the order their builtins are listed.
 _FAMILY_MODULES = (
     "rlflow.model.qwen25vl",
     "rlflow.model.qwen_text",
     "rlflow.model.qwen2vl",
+    "rlflow.model.qwen3vl",
+    "rlflow.model.qwen3vl_moe",
     "rlflow.model.qwen3_moe",
 )
 
@@ -40,18 +50,51 @@ class MediaTokens:
 
 
 class ModelFamily:
-    """One kind of checkpoint. Subclasses set the class attributes and override what differs."""
+    """One kind of checkpoint. Subclasses set the class attributes and override what differs.
+
+    The defaults are a text-only model with plain (1-D) RoPE."""
 
     model_types: ClassVar[tuple[str, ...]]  # HF config.json `model_type`s this family loads
     architectures: ClassVar[tuple[str, ...]]  # HF config.json `architectures`
     builtins: ClassVar[tuple[str, ...]] = ()  # `builtin:<name>` checkpoints this family writes
     multimodal: ClassVar[bool]
-    rope: ClassVar[Literal["mrope", "1d"]]  # mrope: 3-D (t, h, w) positions from media grids
+    # Descriptive only (nothing branches on it): "1d" plain RoPE, "mrope" 3-D (t, h, w) positions
+    # from media grids, "mrope-interleaved" the same with the axes interleaved over frequencies.
+    rope: ClassVar[Literal["1d", "mrope", "mrope-interleaved"]]
 
     # --- media -> tokens ---------------------------------------------------------------------------
 
     def media_tokens(self, hf_config) -> MediaTokens:
         return MediaTokens(-1, -1, 1)
+
+    def prompt_ids(self, prompt: Prompt, tokens: MediaTokens) -> list[int]:
+        """The prompt's token ids as every backend and the trainer consume them, checked against
+        its media (a vision-language family: one pad token per visual embedding)."""
+        if prompt.media.num_images or prompt.media.num_videos:
+            raise ValueError(f"prompt {prompt.sample_id}: a text-only model was given media")
+        return list(prompt.token_ids)
+
+    # --- the language model's inputs (torch, imported lazily) ------------------------------------
+
+    def positions(self, core, input_ids, attention_mask, media: Media, prompt_mask=None):
+        """Rotary positions of a padded batch [B, T]: [B, T] (1-D) or [3, B, T] (mrope).
+
+        prompt_mask [B, T] marks prompt tokens (media pad tokens outside it are generated text).
+        1-D: megatron-core numbers RoPE positions 0..T-1 itself, so rows must be right-padded."""
+        import torch
+
+        if media.num_images or media.num_videos:
+            raise ValueError("a text-only model was given images or video")
+        valid = attention_mask.bool()
+        if bool((valid[:, 1:] & ~valid[:, :-1]).any()):
+            raise ValueError("text-only models need right-padded rows (padding after the tokens)")
+        return torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+
+    def vision_features(self, core, media: Media):
+        """One batched run of the vision tower: (image, video) rows, one per pad token, in item
+        order; each row is [H * (1 + deepstack layers)]: the embedding written at the pad token,
+        then the features added to the first layers' hidden states (rlflow/model/deepstack.py)."""
+        raise ValueError("a text-only model was given images or video")
 
     # --- loading through megatron-bridge -----------------------------------------------------------
 
@@ -79,6 +122,10 @@ class ModelFamily:
     def hf_state_dict(self, exported: dict) -> dict:
         """The bridge's export (on-disk names) as the HF model's in-memory state dict."""
         return {self.hf_module_name(name): tensor for name, tensor in exported.items()}
+
+    def hf_generate_inputs(self, input_ids, tokens: MediaTokens) -> dict[str, Any]:
+        """Extra inputs HF's `generate` needs for a padded batch of prompt ids [B, T]."""
+        return {}
 
     # --- tiny builtin checkpoint -------------------------------------------------------------------
 

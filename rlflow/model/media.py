@@ -53,8 +53,7 @@ class Prompt:
 
     sample_id: str
     text: str  # chat-templated prompt, compact placeholders (one pad token per image/video)
-    token_ids: tuple[int, ...]  # tokenized prompt
-    media_tokens_expanded: bool  # True: one pad token per visual embedding (processor output)
+    token_ids: tuple[int, ...]  # the processor's ids: one pad token per visual embedding
     media: Media  # processed pixels for the Megatron and HF backends
     images: tuple = ()  # raw PIL images, for backends that process media themselves (vLLM)
     video: tuple | None = None  # raw frames (PIL), same

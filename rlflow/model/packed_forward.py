@@ -1,9 +1,10 @@
 """The trainer's packed forward: a micro-batch as one sequence, logprobs only where needed.
 
 A right-padded micro-batch [n, L] becomes one row [1, T] of its real tokens (T = sum of the row
-lengths): positions restart in every row (an mrope family's 3-D positions are computed per row, as in
-the padded path, then concatenated), vision features sit at the prompts' pad tokens, and
-attention stays within each row (`packed_attention.packing`). No compute is spent on padding.
+lengths): positions restart in every row (the family's positions of the padded rows, then only
+the real tokens kept), vision features sit at the prompts' pad tokens (DeepStack's part added
+after the first layers), and attention stays within each row (`packed_attention.packing`). No
+compute is spent on padding.
 
 The output layer (hidden x vocabulary, the largest matmul of a small model) then runs only at
 the positions whose next token is a generated token, in chunks, through megatron-core's
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
+from rlflow.model import deepstack
 from rlflow.model.family import of_core
-from rlflow.model.forward import language_model, media_slots, mrope_positions
+from rlflow.model.forward import language_model, media_slots, run_language_model
 from rlflow.model.media import Media
 from rlflow.model.packed_attention import Packing, packing
 
@@ -32,7 +34,7 @@ class PackedRows:
 
     input_ids: torch.Tensor  # [1, T]
     prompt_mask: torch.Tensor  # [1, T]
-    positions: torch.Tensor  # [1, T] (plain RoPE) or [3, 1, T] (mrope families)
+    positions: torch.Tensor  # [1, T] (1-D RoPE) or [3, 1, T] (mrope families)
     lengths: list[int]  # real tokens per row
     target_index: torch.Tensor  # [K] packed positions whose next token is a target
     targets: torch.Tensor  # [K] the target tokens, in row-major order of target_mask
@@ -53,18 +55,12 @@ def pack_rows(
     if not torch.equal(valid, columns[None] < lengths_t[:, None]):
         raise ValueError("sequence packing needs right-padded rows (padding after the tokens)")
     lengths = lengths_t.tolist()
-    if of_core(core).rope == "mrope":
-        # Positions need the grids only: no pixels are concatenated or moved here.
-        grids = Media.concat(
-            [
-                Media(None, m.image_grid_thw, None, m.video_grid_thw, m.second_per_grid_ts)
-                for m in media
-            ]
-        ).to(input_ids.device)
-        positions, _ = mrope_positions(core, input_ids, attention_mask, grids, prompt_mask)
-        positions = positions[:, valid][:, None]  # [3, 1, T]: each row's own positions
-    else:
-        positions = columns.expand_as(valid)[valid][None]  # [1, T]: 0..len-1 per row
+    # Positions need the grids only: no pixels are concatenated or moved here.
+    grids = Media.concat(
+        [Media(None, m.image_grid_thw, None, m.video_grid_thw, m.second_per_grid_ts) for m in media]
+    ).to(input_ids.device)
+    positions = of_core(core).positions(core, input_ids, attention_mask, grids, prompt_mask)
+    positions = positions[..., valid].unsqueeze(-2)  # [(3,) 1, T]: each row's own positions
     starts = torch.cumsum(lengths_t, 0) - lengths_t
     target_index = (starts[:, None] + columns[None, :-1])[target_mask]
     return PackedRows(
@@ -89,47 +85,26 @@ def target_logprobs(
     """
     pack = Packing.of(rows.lengths, rows.input_ids.device)
     context = (rows.target_index, rows.targets, with_entropy)
+    inputs = None
+    if core.pre_process:
+        embeddings = language_model(core).embedding(input_ids=rows.input_ids, position_ids=None)
+        inputs = place_features(core, embeddings, rows.input_ids, rows.prompt_mask, features)
     with packing(pack):
-        if not of_core(core).multimodal:
-            if features[0] is not None or features[1] is not None:
-                raise ValueError("a text-only model was given images or video")
-            return core(
-                input_ids=rows.input_ids,
-                position_ids=rows.positions,
-                attention_mask=None,
-                output_processor=_target_logprobs,
-                output_processor_context=context,
-            )
-        lm = language_model(core)
-        decoder_input = None
-        if core.pre_process:
-            embeddings = lm.embedding(input_ids=rows.input_ids, position_ids=None)  # [T, 1, H]
-            decoder_input = place_features(
-                core, embeddings, rows.input_ids, rows.prompt_mask, features
-            )
-        return lm(
-            input_ids=None,
-            position_ids=rows.positions,
-            attention_mask=None,
-            decoder_input=decoder_input,
+        return run_language_model(
+            core,
+            rows.positions,
+            None,
+            inputs,
             output_processor=_target_logprobs,
             output_processor_context=context,
         )
 
 
-def place_features(core, embeddings, input_ids, prompt_mask, features) -> torch.Tensor:
+def place_features(core, embeddings, input_ids, prompt_mask, features) -> deepstack.Embedded:
     """Packed embeddings [T, 1, H] with the vision features written at their pad tokens."""
-    for feats, token_id in zip(features, (core.config.image_token_id, core.config.video_token_id)):
-        if feats is None:
-            continue
-        slots = media_slots(core, input_ids, prompt_mask, token_id)[0]  # [T]
-        if int(slots.sum()) != feats.shape[0]:
-            raise ValueError(
-                f"prompt holds {int(slots.sum())} pad tokens for token id {token_id} "
-                f"but the media give {feats.shape[0]} embeddings"
-            )
-        embeddings = embeddings.masked_scatter(slots[:, None, None], feats.to(embeddings.dtype))
-    return embeddings
+    tokens = of_core(core).media_tokens(core.config)
+    slots = [media_slots(input_ids, prompt_mask, t) for t in (tokens.image, tokens.video)]
+    return deepstack.place(embeddings, slots, features)
 
 
 def _target_logprobs(
@@ -167,7 +142,7 @@ def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 @torch.no_grad()
 def _chunk_entropy(logits: torch.Tensor) -> torch.Tensor:
     from rlflow import parallel
-    from rlflow.train.grpo import entropy_from_logits
+    from rlflow.model.logits import entropy_from_logits
 
     if parallel.info().tp_size > 1:
         from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region

@@ -77,7 +77,6 @@ class PromptEncoder:
             sample_id=sample.id,
             text=text,
             token_ids=token_ids,
-            media_tokens_expanded=True,
             media=media,
             images=tuple(sample.images),
             video=sample.video,
@@ -103,7 +102,6 @@ class PromptEncoder:
             sample_id=sample.id,
             text=text,
             token_ids=token_ids,
-            media_tokens_expanded=True,
             media=Media(),
         )
 

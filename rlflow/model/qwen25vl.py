@@ -8,9 +8,13 @@ Qwen2.5-VL processor: one `<|image_pad|>`/`<|video_pad|>` per merged 2x2 patch g
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.model.family import MediaTokens, ModelFamily
+
+if TYPE_CHECKING:
+    from rlflow.model.media import Media, Prompt
 
 
 class QwenVLFamily(ModelFamily):
@@ -25,6 +29,64 @@ class QwenVLFamily(ModelFamily):
             hf_config.video_token_id,
             hf_config.vision_config.spatial_merge_size,
         )
+
+    def prompt_ids(self, prompt: Prompt, tokens: MediaTokens) -> list[int]:
+        """The processor's (expanded) prompt: one pad token per visual embedding. Expanding an
+        already expanded prompt is the classic multimodal-RL bug (NeMo-RL #4192); the counts are
+        checked here, where every backend and the trainer take a prompt's ids."""
+        want = placeholder_counts(prompt.media, tokens.merge_size)
+        ids = list(prompt.token_ids)
+        got = (ids.count(tokens.image), ids.count(tokens.video))
+        if got != want:
+            raise ValueError(
+                f"prompt {prompt.sample_id}: holds {got[0]} image and {got[1]} video pad tokens; "
+                f"its media need {want[0]} and {want[1]}"
+            )
+        return ids
+
+    def positions(self, core, input_ids, attention_mask, media: Media, prompt_mask=None):
+        """3-D positions [3, B, T] from HF's `get_rope_index` (bound to the model), padding
+        ignored. It loops in Python over rows and media, with a host sync per small op when its
+        inputs are on a GPU (~0.25 s per GRPO-shaped prefill on an H200): it runs on the host,
+        and the positions go to the device once."""
+        from rlflow.model.forward import media_slots
+
+        tokens = self.media_tokens(core.config)
+        image_slots = media_slots(input_ids, prompt_mask, tokens.image)
+        video_slots = media_slots(input_ids, prompt_mask, tokens.video)
+        want = placeholder_counts(media, tokens.merge_size)
+        got = (int(image_slots.sum()), int(video_slots.sum()))
+        if got != want:
+            raise ValueError(
+                f"the batch holds {got[0]} image and {got[1]} video pad tokens, but its "
+                f"media give {want[0]} and {want[1]} embeddings"
+            )
+        token_types = image_slots.int() + 2 * video_slots.int()  # 0 text, 1 image, 2 video
+        cpu = [None if t is None else t.cpu() for t in (
+            input_ids, token_types, media.image_grid_thw, media.video_grid_thw,
+            media.second_per_grid_ts, attention_mask,
+        )]  # fmt: skip
+        positions, _ = core.get_rope_index(
+            cpu[0], cpu[1], cpu[2], cpu[3], second_per_grid_ts=cpu[4], attention_mask=cpu[5]
+        )
+        return positions.to(input_ids.device)
+
+    def vision_features(self, core, media: Media):
+        out = []
+        for pixels, grid, features_fn in (
+            (media.pixel_values, media.image_grid_thw, core.get_image_features),
+            (media.pixel_values_videos, media.video_grid_thw, core.get_video_features),
+        ):
+            if pixels is None:
+                out.append(None)
+                continue
+            out.append(features_fn(pixels, grid, return_dict=True).pooler_output)
+        return tuple(None if o is None else _cat(o) for o in out)
+
+    def hf_generate_inputs(self, input_ids, tokens: MediaTokens) -> dict:
+        # HF's generate computes mrope positions from the token types (0 text, 1 image, 2 video).
+        types = (input_ids == tokens.image).long() + 2 * (input_ids == tokens.video).long()
+        return {"mm_token_type_ids": types}
 
     def configure_provider(self, provider, hf_config, model_cfg) -> None:
         # megatron-bridge 0.6.2 keeps its default [16, 24, 24] instead of reading the checkpoint's.
@@ -62,6 +124,21 @@ class Qwen25VL(QwenVLFamily):
         from rlflow.model.tiny import write_tiny_checkpoint
 
         return write_tiny_checkpoint(out_dir, seed=seed, lm_head_scale=lm_head_scale)
+
+
+def placeholder_counts(media: Media, merge_size: int) -> tuple[int, int]:
+    """How many image and video pad tokens a prompt with this media must hold."""
+
+    def per_item(grid):
+        return 0 if grid is None else int((grid.prod(-1) // merge_size**2).sum())
+
+    return per_item(media.image_grid_thw), per_item(media.video_grid_thw)
+
+
+def _cat(parts):
+    import torch
+
+    return torch.cat(list(parts))
 
 
 def mrope_section(hf_config) -> list[int]:

@@ -41,19 +41,14 @@ class VisionCache:
 
 
 def tower_features(core, media: Media) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """One batched run of the vision tower: (image, video) embeddings in item order."""
-    device = next(core.parameters()).device
-    media = media.to(device)
-    out = []
-    for pixels, grid, features_fn in (
-        (media.pixel_values, media.image_grid_thw, core.get_image_features),
-        (media.pixel_values_videos, media.video_grid_thw, core.get_video_features),
-    ):
-        if pixels is None:
-            out.append(None)
-            continue
-        out.append(torch.cat(features_fn(pixels, grid, return_dict=True).pooler_output))
-    return out[0], out[1]
+    """One batched run of the vision tower: (image, video) feature rows in item order (the
+    family says what a row holds: `ModelFamily.vision_features`)."""
+    from rlflow import parallel
+    from rlflow.model.family import of_core
+
+    if not (media.num_images or media.num_videos):
+        return None, None
+    return of_core(core).vision_features(core, media.to(parallel.info().device))
 
 
 def _tokens(core, grid: torch.Tensor | None) -> int:

@@ -27,15 +27,58 @@ def allocation_diagnostics(
     loaded: LoadedRecipe, nodes: int, gpus: int, *, trains: bool = True
 ) -> list[Diagnostic]:
     """Every rule between the recipe and a job of `nodes` x `gpus` ranks, in the order a user
-    would fix them. Expects a recipe that passed `check_recipe` (sizes of at least 1).
+    would fix them. Expects a recipe that passed `check_recipe` (sizes of at least 1). Sizes
+    rlflow does not implement (`UNIMPLEMENTED`) are refused whatever the shape.
     `trains=False` (`submit --command`: the ranks run something else) keeps only the parallel
     sizes: the trainer's batch rules do not apply to a smoke test."""
     shape = f"{nodes} node{'s' * (nodes != 1)} x {gpus} GPU{'s' * (gpus != 1)}"
     world_size = nodes * gpus
-    problems = _parallel_sizes(loaded, world_size, shape) + _experts(loaded, trains)
+    problems = [p for rule in UNIMPLEMENTED for p in rule(loaded)]
+    problems += _parallel_sizes(loaded, world_size, shape) + _experts(loaded, trains)
     if problems or not trains:
         return problems  # (the data-parallel size is not a whole number)
     return _data_parallel(loaded, world_size, shape)
+
+
+# --- parallelism rlflow does not implement: refused, never passed to megatron-core -------------
+
+
+def _pipeline_parallel_unimplemented(loaded: LoadedRecipe) -> list[Diagnostic]:
+    if loaded.recipe.parallelism.pipeline_parallel_size == 1:
+        return []
+    return [
+        loaded.diagnostic(
+            ("parallelism", "pipeline_parallel_size"),
+            "recipe.pipeline-parallel",
+            "rlflow's trainer runs with pipeline_parallel_size=1 for now",
+            help="use tensor_parallel_size (and data parallelism) to spread the model",
+        )
+    ]
+
+
+def _context_parallel_unimplemented(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """megatron-core would build context-parallel groups, but rlflow's packed attention, decoder
+    and logprob path run each sequence whole on every rank: CP > 1 would split nothing."""
+    size = loaded.recipe.parallelism.context_parallel_size
+    if size == 1:
+        return []
+    return [
+        loaded.diagnostic(
+            ("parallelism", "context_parallel_size"),
+            "recipe.context-parallel",
+            f"rlflow does not implement context parallelism: `parallelism.context_parallel_size` "
+            f"must be 1 (it is {size})",
+            help="each rank runs whole sequences; for long sequences lower "
+            "optimizer.max_tokens_per_micro_batch or generation.max_batch_size, or spread the "
+            "model with tensor_parallel_size",
+        )
+    ]
+
+
+UNIMPLEMENTED = (
+    _pipeline_parallel_unimplemented,
+    _context_parallel_unimplemented,
+)
 
 
 def job_shape(loaded: LoadedRecipe, world_size: int) -> tuple[int, int, list[Diagnostic]]:

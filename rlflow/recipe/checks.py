@@ -1,81 +1,50 @@
-"""Cross-field recipe rules: things no single key's type can say.
+"""Recipe rules that no single key's bound can say, all listed in `RULES`.
 
-Each rule returns diagnostics that point at the key to change. `load_recipe` callers run
-`check_recipe` right after loading, so a bad combination fails on the login node, never as a
-KeyError or a hang on the allocation. Rules that also need the job's shape (data-parallel
-divisibility, parallel sizes against nodes x GPUs) are in `rlflow.recipe.allocation`; both
-`submit --dry-run` and `rlflow train` run both modules, and nothing else states these rules.
+What one key may hold is declared beside it in rlflow.recipe.schema (`bound(...)`), and `_bounds`
+below reports all of those at once. The other rules here either relate two or more keys, or ask
+another part of rlflow about a value (the model-family registry, the reward registry, the scene
+layout, the prompt-template reader, an optional package). Each rule is one small function that
+returns diagnostics pointing at the key to change.
+
+`load_recipe` callers run `check_recipe` right after loading, so a bad combination fails on the
+login node, never as a KeyError or a hang on the allocation. Rules that also need the job's shape
+(data-parallel divisibility, parallel sizes against nodes x GPUs, parallelism rlflow does not
+implement) are in `rlflow.recipe.allocation`; both `submit --dry-run` and `rlflow train` run both
+modules, and nothing else states these rules.
 """
 
 from __future__ import annotations
 
-import re
-import shlex
+from pathlib import Path
 
-from rlflow.data.dataset import SYNTHETIC_KINDS  # pure Python: rows are made lazily
 from rlflow.errors import Diagnostic, RlflowError
-from rlflow.recipe.allocation import PARALLEL_AXES
+from rlflow.recipe.bounds import bounded_values
 from rlflow.recipe.load import LoadedRecipe
-
-_TIME_PATTERNS = [
-    (re.compile(r"^(\d+)$"), lambda m: int(m[1]) * 60),
-    (re.compile(r"^(\d+):(\d{1,2})$"), lambda m: int(m[1]) * 60 + int(m[2])),
-    (
-        re.compile(r"^(\d+):(\d{1,2}):(\d{1,2})$"),
-        lambda m: int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3]),
-    ),
-    (re.compile(r"^(\d+)-(\d{1,2})$"), lambda m: int(m[1]) * 86400 + int(m[2]) * 3600),
-    (
-        re.compile(r"^(\d+)-(\d{1,2}):(\d{1,2})$"),
-        lambda m: int(m[1]) * 86400 + int(m[2]) * 3600 + int(m[3]) * 60,
-    ),
-    (
-        re.compile(r"^(\d+)-(\d{1,2}):(\d{1,2}):(\d{1,2})$"),
-        lambda m: int(m[1]) * 86400 + int(m[2]) * 3600 + int(m[3]) * 60 + int(m[4]),
-    ),
-]
-
-
-def parse_time_limit(text: str) -> int | None:
-    """Slurm's --time formats -> seconds; None if the text is not one of them."""
-    for pattern, to_seconds in _TIME_PATTERNS:
-        match = pattern.match(text.strip())
-        if match:
-            return to_seconds(match)
-    return None
+from rlflow.recipe.scalars import parse_time_limit
 
 
 def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
     problems: list[Diagnostic] = []
-    for rule in (
-        _checkpoint,
-        _video_keys,
-        _datasets,
-        _rewards,
-        _grpo,
-        _variants,
-        _generation,
-        _parallel_sizes,
-        _cluster,
-        _slurm,
-        _checkpointing,
-        _watchdog,
-        _wandb,
-    ):
+    for rule in RULES:
         problems += rule(loaded)
     return problems
 
 
-def _checkpoint(loaded: LoadedRecipe) -> list[Diagnostic]:
-    from rlflow.model.family import unknown_builtin  # imports no torch (the family registry)
+def _bounds(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """The one range rule: every value outside the bound its schema field declares."""
+    problems = []
+    for path, name, value, rule in bounded_values(loaded.recipe):
+        message = rule.problem(value)
+        if message is not None:
+            problems.append(loaded.diagnostic(path, rule.code, f"`{name}` {message}", rule.help))
+    return problems
 
-    problem = unknown_builtin(loaded.recipe.model.checkpoint)
-    if problem is None:
-        return []
-    return [loaded.diagnostic(("model", "checkpoint"), problem.code, problem.message, problem.help)]
+
+# --- keys that go together ----------------------------------------------------------------------
 
 
-def _video_keys(loaded: LoadedRecipe) -> list[Diagnostic]:
+def _video_keys_together(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """data.video: all three keys or none; and all three when the data has video rows."""
     video = loaded.recipe.data.video
     values = {
         "num_frames": video.num_frames,
@@ -83,142 +52,266 @@ def _video_keys(loaded: LoadedRecipe) -> list[Diagnostic]:
         "fps": video.fps,
     }
     set_keys = [k for k, v in values.items() if v is not None]
-    uses_video = any(_dataset_uses(loaded, split, "video") for split in ("train", "validation"))
-    problems = []
     if set_keys and len(set_keys) < len(values):
-        for key in values:
-            if values[key] is None:
-                problems.append(
-                    loaded.diagnostic(
-                        ("data", "video", set_keys[0]),
-                        "recipe.video-incomplete",
-                        f"`data.video.{key}` is not set, but `data.video.{set_keys[0]}` is",
-                        help=f"set `data.video.{key}` too (the video settings go together), "
-                        f"or set all of data.video to null",
-                    )
-                )
-    elif uses_video and not set_keys:
-        problems.append(
+        return [
             loaded.diagnostic(
-                ("data", "video"),
+                ("data", "video", set_keys[0]),
                 "recipe.video-incomplete",
-                "the data has video rows, but `data.video.num_frames`, `temporal_patch_size` and `fps` "
-                "are not set",
-                help="set data.video.num_frames (e.g. 4), data.video.temporal_patch_size (2 for "
-                "Qwen2.5-VL) and data.video.fps (e.g. 2.0)",
+                f"`data.video.{key}` is not set, but `data.video.{set_keys[0]}` is",
+                help=f"set `data.video.{key}` too (the video settings go together), "
+                f"or set all of data.video to null",
             )
+            for key, value in values.items()
+            if value is None
+        ]
+    if set_keys or not any(_uses(loaded, split, "video") for split in ("train", "validation")):
+        return []
+    return [
+        loaded.diagnostic(
+            ("data", "video"),
+            "recipe.video-incomplete",
+            "the data has video rows, but `data.video.num_frames`, `temporal_patch_size` and `fps` "
+            "are not set",
+            help="set data.video.num_frames (e.g. 4), data.video.temporal_patch_size (2 for "
+            "Qwen2.5-VL) and data.video.fps (e.g. 2.0)",
         )
-    if video.num_frames is not None and video.temporal_patch_size:
-        if video.num_frames % video.temporal_patch_size:
-            problems.append(
-                loaded.diagnostic(
-                    ("data", "video", "num_frames"),
-                    "recipe.video-frames",
-                    f"`data.video.num_frames` ({video.num_frames}) is not a multiple of "
-                    f"`temporal_patch_size` ({video.temporal_patch_size})",
-                    help="Qwen2.5-VL folds temporal_patch_size frames into one patch: use a multiple",
-                )
-            )
-    for key in ("num_frames", "temporal_patch_size"):
-        if values[key] is not None and values[key] < 1:
-            problems.append(
-                loaded.diagnostic(
-                    ("data", "video", key), "recipe.range", f"`data.video.{key}` must be at least 1"
-                )
-            )
-    if video.fps is not None and video.fps <= 0:
-        problems.append(
-            loaded.diagnostic(
-                ("data", "video", "fps"), "recipe.range", "`data.video.fps` must be positive"
-            )
-        )
-    return problems
+    ]
 
 
-def _dataset_uses(loaded: LoadedRecipe, split: str, kind: str) -> bool:
+def _video_frames_fill_patches(loaded: LoadedRecipe) -> list[Diagnostic]:
+    video = loaded.recipe.data.video
+    frames, patch = video.num_frames, video.temporal_patch_size
+    if frames is None or patch is None or patch < 1 or frames % patch == 0:
+        return []
+    return [
+        loaded.diagnostic(
+            ("data", "video", "num_frames"),
+            "recipe.video-frames",
+            f"`data.video.num_frames` ({frames}) is not a multiple of "
+            f"`temporal_patch_size` ({patch})",
+            help="Qwen2.5-VL folds temporal_patch_size frames into one patch: use a multiple",
+        )
+    ]
+
+
+def _uses(loaded: LoadedRecipe, split: str, kind: str) -> bool:
     dataset = getattr(loaded.recipe.data, split)
     if dataset.kind == kind:
         return True
     return dataset.kind == "mixed" and loaded.recipe.data.mix.get(kind, 0) > 0
 
 
-def _datasets(loaded: LoadedRecipe) -> list[Diagnostic]:
-    data = loaded.recipe.data
-    problems = []
-    for split in ("train", "validation"):
-        dataset = getattr(data, split)
-        if dataset.kind == "jsonl" and not dataset.path:
-            problems.append(
-                loaded.diagnostic(
-                    ("data", split, "kind"),
-                    "recipe.jsonl-path",
-                    f"`data.{split}.kind` is jsonl, but `data.{split}.path` is not set",
-                    help=f"set data.{split}.path to a JSONL file with image, problem and solution fields",
-                )
-            )
-        if dataset.num_samples < 1:
-            problems.append(
-                loaded.diagnostic(
-                    ("data", split, "num_samples"),
-                    "recipe.range",
-                    f"`data.{split}.num_samples` must be at least 1",
-                )
-            )
-    for kind, share in data.mix.items():
-        if kind not in SYNTHETIC_KINDS:
-            problems.append(
-                loaded.diagnostic(
-                    ("data", "mix", kind),
-                    "recipe.unknown-key",
-                    f"`data.mix.{kind}` is not a row type",
-                    help="row types are " + ", ".join(SYNTHETIC_KINDS),
-                )
-            )
-        elif share < 0:
-            problems.append(
-                loaded.diagnostic(
-                    ("data", "mix", kind), "recipe.range", f"`data.mix.{kind}` must not be negative"
-                )
-            )
-    if sum(max(v, 0) for v in data.mix.values()) <= 0 and "mixed" in (
-        data.train.kind,
-        data.validation.kind,
-    ):
-        problems.append(
-            loaded.diagnostic(
-                ("data", "mix"), "recipe.range", "`data.mix` shares must add up to more than 0"
-            )
+def _jsonl_needs_path(loaded: LoadedRecipe) -> list[Diagnostic]:
+    return [
+        loaded.diagnostic(
+            ("data", split, "kind"),
+            "recipe.jsonl-path",
+            f"`data.{split}.kind` is jsonl, but `data.{split}.path` is not set",
+            help=f"set data.{split}.path to a JSONL file with image, problem and solution fields",
         )
-    if data.image_size < 28:
-        problems.append(
-            loaded.diagnostic(
-                ("data", "image_size"),
-                "recipe.range",
-                "`data.image_size` must be at least 28 pixels",
-                help="Qwen2.5-VL needs at least one 2x2 block of 14-pixel patches",
-            )
-        )
-    if data.max_objects < 1:
-        problems.append(
-            loaded.diagnostic(
-                ("data", "max_objects"), "recipe.range", "`data.max_objects` must be at least 1"
-            )
-        )
-    elif data.image_size >= 28 and _uses_synthetic(loaded):
-        problems += _scene_fits(loaded)
-    return problems
+        for split in ("train", "validation")
+        if getattr(loaded.recipe.data, split).kind == "jsonl"
+        and not getattr(loaded.recipe.data, split).path
+    ]
 
 
-def _uses_synthetic(loaded: LoadedRecipe) -> bool:
+def _mix_adds_up(loaded: LoadedRecipe) -> list[Diagnostic]:
     data = loaded.recipe.data
-    return any(getattr(data, split).kind != "jsonl" for split in ("train", "validation"))
+    if "mixed" not in (data.train.kind, data.validation.kind):
+        return []
+    if sum(max(v, 0) for v in data.mix.values()) > 0:
+        return []
+    return [
+        loaded.diagnostic(
+            ("data", "mix"), "recipe.range", "`data.mix` shares must add up to more than 0"
+        )
+    ]
+
+
+def _gspo_needs_sequence_loss(loaded: LoadedRecipe) -> list[Diagnostic]:
+    loss = loaded.recipe.loss
+    if not (loss.ratio_level == "sequence" and loss.token_level_loss):
+        return []
+    return [
+        loaded.diagnostic(
+            ("loss", "ratio_level"),
+            "recipe.gspo",
+            "`loss.ratio_level: sequence` (GSPO) needs `loss.token_level_loss: false`",
+            help="GSPO averages per sequence; set loss.token_level_loss: false (as NeMo-RL "
+            "requires with sequence_level_importance_ratios)",
+        )
+    ]
+
+
+def _overlong_buffer_fits(loaded: LoadedRecipe) -> list[Diagnostic]:
+    overlong = loaded.recipe.loss.overlong_penalty
+    max_new = loaded.recipe.generation.max_new_tokens
+    if not overlong.enabled or 1 <= overlong.buffer_tokens <= max_new:
+        return []
+    return [
+        loaded.diagnostic(
+            ("loss", "overlong_penalty", "buffer_tokens"),
+            "recipe.range",
+            f"`loss.overlong_penalty.buffer_tokens` ({overlong.buffer_tokens}) must be "
+            f"between 1 and generation.max_new_tokens ({max_new})",
+            help="the penalty ramps up over the last buffer_tokens of the generation budget",
+        )
+    ]
+
+
+def _mask_below_cap(loaded: LoadedRecipe) -> list[Diagnostic]:
+    sampling = loaded.recipe.loss.importance_sampling
+    if not sampling.cap > 0 or 0 <= sampling.mask_below <= sampling.cap:
+        return []  # (a cap of 0 or less is the cap's own bound)
+    return [
+        loaded.diagnostic(
+            ("loss", "importance_sampling", "mask_below"),
+            "recipe.range",
+            f"`loss.importance_sampling.mask_below` must be between 0 and cap ({sampling.cap})",
+        )
+    ]
+
+
+def _grace_before_time_limit(loaded: LoadedRecipe) -> list[Diagnostic]:
+    slurm = loaded.recipe.slurm
+    seconds = parse_time_limit(slurm.time_limit)  # None: the time limit's own bound says so
+    if seconds is None or slurm.signal_grace_seconds < seconds:
+        return []
+    return [
+        loaded.diagnostic(
+            ("slurm", "signal_grace_seconds"),
+            "recipe.range",
+            f"`slurm.signal_grace_seconds` ({slurm.signal_grace_seconds}) must be shorter than the "
+            f"time limit ({seconds} s)",
+        )
+    ]
+
+
+def _collective_outlasts_phase(loaded: LoadedRecipe) -> list[Diagnostic]:
+    watch = loaded.recipe.watchdog
+    if not watch.enabled or watch.collective_timeout_s >= watch.phase_timeout_s:
+        return []
+    return [
+        loaded.diagnostic(
+            ("watchdog", "collective_timeout_s"),
+            "recipe.range",
+            f"`watchdog.collective_timeout_s` ({watch.collective_timeout_s}) is shorter than "
+            f"`watchdog.phase_timeout_s` ({watch.phase_timeout_s})",
+            help="a collective that times out first ends the job without naming the rank "
+            "that stopped: make collective_timeout_s the longer of the two",
+        )
+    ]
+
+
+def _mounts_need_an_image(loaded: LoadedRecipe) -> list[Diagnostic]:
+    slurm = loaded.recipe.slurm
+    if not slurm.container_mounts or slurm.container_image is not None:
+        return []
+    return [
+        loaded.diagnostic(
+            ("slurm", "container_mounts"),
+            "submit.container",
+            "`slurm.container_mounts` is set, but `slurm.container_image` is null",
+            help="mounts only apply inside a container: set slurm.container_image, or remove them",
+        )
+    ]
+
+
+def _runtime_matches_image(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """An image nothing would run, or a runtime without an image, is a recipe mistake."""
+    slurm = loaded.recipe.slurm
+    runtime, key = slurm.container.runtime, ("slurm", "container", "runtime")
+    if runtime == "apptainer" and slurm.container_image is None:
+        return [
+            loaded.diagnostic(
+                key,
+                "submit.container",
+                "`slurm.container.runtime` is apptainer, but `slurm.container_image` is null",
+                help="set slurm.container_image to a .sif file or a docker:// image, or set "
+                "slurm.container.runtime: none to run on the host",
+            )
+        ]
+    if runtime == "none" and slurm.container_image is not None:
+        return [
+            loaded.diagnostic(
+                key,
+                "submit.container",
+                f"`slurm.container.runtime` is none, but `slurm.container_image` is "
+                f"{slurm.container_image!r}",
+                help="set slurm.container.runtime to pyxis or apptainer to run in the image, or "
+                "slurm.container_image: null to run on the host",
+            )
+        ]
+    return []
+
+
+def _apptainer_needs_a_command(loaded: LoadedRecipe) -> list[Diagnostic]:
+    slurm = loaded.recipe.slurm
+    if slurm.container.runtime != "apptainer" or slurm.container_image is None:
+        return []  # (no image: _runtime_matches_image says so)
+    if slurm.container.apptainer_command.strip():
+        return []
+    return [
+        loaded.diagnostic(
+            ("slurm", "container", "apptainer_command"),
+            "submit.container",
+            "`slurm.container.apptainer_command` is empty",
+            help="set it to the executable on the nodes: apptainer or singularity",
+        )
+    ]
+
+
+def _wandb_needs_a_project(loaded: LoadedRecipe) -> list[Diagnostic]:
+    cfg = loaded.recipe.logging.wandb
+    if not cfg.enabled or cfg.project.strip():
+        return []
+    return [
+        loaded.diagnostic(
+            ("logging", "wandb", "project"),
+            "recipe.wandb-project",
+            "`logging.wandb.project` is empty",
+            help="name the W&B project the runs go to, e.g. project: vlm-grpo",
+        )
+    ]
+
+
+# --- values another part of rlflow judges (each imports no torch) -------------------------------
+
+
+def _builtin_checkpoint(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """`builtin:NAME` must name a family's tiny checkpoint (rlflow.model.family)."""
+    from rlflow.model.family import unknown_builtin
+
+    problem = unknown_builtin(loaded.recipe.model.checkpoint)
+    if problem is None:
+        return []
+    return [loaded.diagnostic(("model", "checkpoint"), problem.code, problem.message, problem.help)]
+
+
+def _mix_kinds(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """`data.mix` keys must be synthetic row types (rlflow.data.dataset)."""
+    from rlflow.data.dataset import SYNTHETIC_KINDS
+
+    return [
+        loaded.diagnostic(
+            ("data", "mix", kind),
+            "recipe.unknown-key",
+            f"`data.mix.{kind}` is not a row type",
+            help="row types are " + ", ".join(SYNTHETIC_KINDS),
+        )
+        for kind in loaded.recipe.data.mix
+        if kind not in SYNTHETIC_KINDS
+    ]
 
 
 def _scene_fits(loaded: LoadedRecipe) -> list[Diagnostic]:
-    """The scene layout's own rule (rlflow.data.scene, pure Python), pointed at the recipe."""
+    """The scene layout's own rule (rlflow.data.scene), for synthetic data."""
     from rlflow.data.scene import grid_for
 
     data = loaded.recipe.data
+    synthetic = any(getattr(data, split).kind != "jsonl" for split in ("train", "validation"))
+    if not synthetic or data.image_size < 28 or data.max_objects < 1:
+        return []  # (sizes out of range: their own bounds say so)
     try:
         grid_for(data.image_size, data.max_objects)
     except RlflowError as err:
@@ -229,9 +322,10 @@ def _scene_fits(loaded: LoadedRecipe) -> list[Diagnostic]:
     return []
 
 
-def _rewards(loaded: LoadedRecipe) -> list[Diagnostic]:
-    from rlflow.data.rewards import is_import_path, weight_problems  # pure Python, no torch
-    from rlflow.data.user_rewards import check_import_path  # reads source, imports nothing
+def _reward_functions(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """`package.module:function` rewards must exist (read from source: nothing is imported)."""
+    from rlflow.data.rewards import is_import_path
+    from rlflow.data.user_rewards import check_import_path
 
     problems = []
     for name in loaded.recipe.rewards:
@@ -242,19 +336,25 @@ def _rewards(loaded: LoadedRecipe) -> list[Diagnostic]:
                     ("rewards", name), "recipe.reward-import", problem[0], help=problem[1]
                 )
             )
-    problems += [
+    return problems
+
+
+def _reward_weights(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """Known names, finite weights that add up to more than 0 (stated in rlflow.data.rewards)."""
+    from rlflow.data.rewards import weight_problems
+
+    return [
         loaded.diagnostic(path, d.code, d.message, help=d.help)
         for path, d in weight_problems(loaded.recipe.rewards)
     ]
-    return problems + _scoring(loaded)
 
 
-def _scoring(loaded: LoadedRecipe) -> list[Diagnostic]:
+def _accuracy_reward(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """`scoring.accuracy` names a reward of the recipe, a registered one, or an import path."""
     from rlflow.data.rewards import accuracy_problem, is_import_path
     from rlflow.data.user_rewards import check_import_path
 
     scoring = loaded.recipe.scoring
-    problems = []
     reward = scoring.accuracy.split("/", 1)[0]
     problem = None
     if is_import_path(reward):
@@ -262,88 +362,44 @@ def _scoring(loaded: LoadedRecipe) -> list[Diagnostic]:
             problem = check_import_path(reward)
     elif known := accuracy_problem(scoring.accuracy):
         problem = (known.message, known.help)
-    if problem:
-        problems.append(
-            loaded.diagnostic(
-                ("scoring", "accuracy"), "recipe.unknown-reward", problem[0], help=problem[1]
-            )
+    if not problem:
+        return []
+    return [
+        loaded.diagnostic(
+            ("scoring", "accuracy"), "recipe.unknown-reward", problem[0], help=problem[1]
         )
-    if scoring.num_workers < 0:
-        problems.append(
-            loaded.diagnostic(
-                ("scoring", "num_workers"), "recipe.range", "`scoring.num_workers` must be >= 0"
-            )
-        )
-    if not scoring.timeout_s > 0:
-        problems.append(
-            loaded.diagnostic(
-                ("scoring", "timeout_s"), "recipe.range", "`scoring.timeout_s` must be positive"
-            )
-        )
-    return problems
+    ]
 
 
-def _variants(loaded: LoadedRecipe) -> list[Diagnostic]:
-    """GSPO, overlong shaping, importance sampling, dynamic sampling: keys that go together."""
-    loss, recipe = loaded.recipe.loss, loaded.recipe
-    problems = []
-    if loss.ratio_level == "sequence" and loss.token_level_loss:
-        problems.append(
-            loaded.diagnostic(
-                ("loss", "ratio_level"),
-                "recipe.gspo",
-                "`loss.ratio_level: sequence` (GSPO) needs `loss.token_level_loss: false`",
-                help="GSPO averages per sequence; set loss.token_level_loss: false (as NeMo-RL "
-                "requires with sequence_level_importance_ratios)",
-            )
-        )
-    overlong = loss.overlong_penalty
-    max_new = recipe.generation.max_new_tokens
-    if overlong.enabled and not 1 <= overlong.buffer_tokens <= max_new:
-        problems.append(
-            loaded.diagnostic(
-                ("loss", "overlong_penalty", "buffer_tokens"),
-                "recipe.range",
-                f"`loss.overlong_penalty.buffer_tokens` ({overlong.buffer_tokens}) must be "
-                f"between 1 and generation.max_new_tokens ({max_new})",
-                help="the penalty ramps up over the last buffer_tokens of the generation budget",
-            )
-        )
-    if overlong.penalty < 0:
-        problems.append(
-            loaded.diagnostic(
-                ("loss", "overlong_penalty", "penalty"),
-                "recipe.range",
-                "`loss.overlong_penalty.penalty` must not be negative",
-            )
-        )
-    sampling = loss.importance_sampling
-    if not sampling.cap > 0:
-        problems.append(
-            loaded.diagnostic(
-                ("loss", "importance_sampling", "cap"),
-                "recipe.range",
-                "`loss.importance_sampling.cap` must be positive",
-            )
-        )
-    elif not 0 <= sampling.mask_below <= sampling.cap:
-        problems.append(
-            loaded.diagnostic(
-                ("loss", "importance_sampling", "mask_below"),
-                "recipe.range",
-                f"`loss.importance_sampling.mask_below` must be between 0 and cap ({sampling.cap})",
-            )
-        )
-    if recipe.grpo.dynamic_sampling.max_extra_rounds < 0:
-        problems.append(
-            loaded.diagnostic(
-                ("grpo", "dynamic_sampling", "max_extra_rounds"),
-                "recipe.range",
-                "`grpo.dynamic_sampling.max_extra_rounds` must not be negative",
-            )
-        )
-    problems += _prompt_template(loaded)
-    return problems
+def _video_patch_matches_checkpoint(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """`data.video.temporal_patch_size` must be the checkpoint's own: the processor folds that
+    many frames into a patch whatever the recipe says (read from its JSON, no torch). Run by the
+    dry run and by `rlflow train`, wherever the checkpoint directory is there to read."""
+    import json
+
+    wanted = loaded.recipe.data.video.temporal_patch_size
+    folder = Path(loaded.recipe.model.checkpoint).expanduser()
+    if wanted is None or not folder.is_dir():
+        return []  # (builtin: checkpoints fold 2 frames, the value their recipes set)
+    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+        try:
+            own = json.loads((folder / name).read_text()).get("temporal_patch_size")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(own, int) and own != wanted:
+            return [
+                loaded.diagnostic(
+                    ("data", "video", "temporal_patch_size"),
+                    "recipe.video-patch",
+                    f"`data.video.temporal_patch_size` is {wanted}, but the checkpoint's video "
+                    f"processor folds {own} frames into a patch ({folder / name})",
+                    help=f"set data.video.temporal_patch_size: {own} (and num_frames a multiple "
+                    f"of it)",
+                )
+            ]
+        if isinstance(own, int):
+            return []
+    return []
 
 
 def _prompt_template(loaded: LoadedRecipe) -> list[Diagnostic]:
@@ -364,354 +420,47 @@ def _prompt_template(loaded: LoadedRecipe) -> list[Diagnostic]:
     return []
 
 
-def _grpo(loaded: LoadedRecipe) -> list[Diagnostic]:
-    grpo, loss, opt = loaded.recipe.grpo, loaded.recipe.loss, loaded.recipe.optimizer
-    problems = []
-    positive = [
-        ("grpo", "num_prompts_per_step", grpo.num_prompts_per_step),
-        ("grpo", "max_num_steps", grpo.max_num_steps),
-        ("grpo", "max_val_samples", grpo.max_val_samples),
-        ("grpo", "num_minibatches", grpo.num_minibatches),
-        ("optimizer", "micro_batch_size", opt.micro_batch_size),
-        ("warm_start", "batch_size", loaded.recipe.warm_start.batch_size),
-    ]
-    for section, key, value in positive:
-        if value < 1:
-            problems.append(
-                loaded.diagnostic(
-                    (section, key), "recipe.range", f"`{section}.{key}` must be at least 1"
-                )
-            )
-    if grpo.num_generations_per_prompt < 2:
-        problems.append(
-            loaded.diagnostic(
-                ("grpo", "num_generations_per_prompt"),
-                "recipe.range",
-                "`grpo.num_generations_per_prompt` must be at least 2",
-                help="GRPO compares generations of the same prompt; one generation has no baseline",
-            )
-        )
-    for section, key, value in [
-        ("grpo", "val_period", grpo.val_period),
-        ("warm_start", "num_steps", loaded.recipe.warm_start.num_steps),
-        ("loss", "ratio_clip_low", loss.ratio_clip_low),
-        ("loss", "ratio_clip_high", loss.ratio_clip_high),
-        ("loss", "kl_penalty", loss.kl_penalty),
-        ("optimizer", "max_grad_norm", opt.max_grad_norm),
-        ("optimizer", "weight_decay", opt.weight_decay),
-        ("optimizer", "max_tokens_per_micro_batch", opt.max_tokens_per_micro_batch),
-    ]:
-        if value < 0:
-            problems.append(
-                loaded.diagnostic(
-                    (section, key), "recipe.range", f"`{section}.{key}` must not be negative"
-                )
-            )
-    if loss.ratio_clip_low >= 1:
-        problems.append(
-            loaded.diagnostic(
-                ("loss", "ratio_clip_low"),
-                "recipe.range",
-                "`loss.ratio_clip_low` must be below 1",
-                help="the ratio is clipped to [1 - low, 1 + high]",
-            )
-        )
-    if opt.lr <= 0:
-        problems.append(
-            loaded.diagnostic(
-                ("optimizer", "lr"), "recipe.range", "`optimizer.lr` must be positive"
-            )
-        )
-    return problems
-
-
-def _generation(loaded: LoadedRecipe) -> list[Diagnostic]:
-    gen = loaded.recipe.generation
-    problems = []
-    if gen.max_new_tokens < 1:
-        problems.append(
-            loaded.diagnostic(
-                ("generation", "max_new_tokens"),
-                "recipe.range",
-                "`generation.max_new_tokens` must be at least 1",
-            )
-        )
-    for key in ("temperature", "val_temperature"):
-        if getattr(gen, key) < 0:
-            problems.append(
-                loaded.diagnostic(
-                    ("generation", key),
-                    "recipe.range",
-                    f"`generation.{key}` must not be negative",
-                    help="0 means greedy decoding",
-                )
-            )
-    if not 0 < gen.top_p <= 1:
-        problems.append(
-            loaded.diagnostic(
-                ("generation", "top_p"), "recipe.range", "`generation.top_p` must be in (0, 1]"
-            )
-        )
-    if gen.top_k < 0:
-        problems.append(
-            loaded.diagnostic(
-                ("generation", "top_k"),
-                "recipe.range",
-                "`generation.top_k` must not be negative",
-                help="0 disables top-k",
-            )
-        )
-    if gen.max_batch_size < 0:
-        problems.append(
-            loaded.diagnostic(
-                ("generation", "max_batch_size"),
-                "recipe.range",
-                "`generation.max_batch_size` must be 0 (sized from free memory) or more",
-            )
-        )
-    return problems + _vllm(loaded)
-
-
-def _vllm(loaded: LoadedRecipe) -> list[Diagnostic]:
-    vllm = loaded.recipe.generation.vllm
-    where = ("generation", "vllm")
-    problems = []
-    for key in ("kv_cache_space_gb", "startup_timeout_s", "request_timeout_s"):
-        if getattr(vllm, key) < 1:
-            problems.append(
-                loaded.diagnostic(
-                    (*where, key), "recipe.range", f"`generation.vllm.{key}` must be at least 1"
-                )
-            )
-    if not 0 < vllm.gpu_memory_utilization <= 1:
-        problems.append(
-            loaded.diagnostic(
-                (*where, "gpu_memory_utilization"),
-                "recipe.range",
-                "`generation.vllm.gpu_memory_utilization` must be in (0, 1]",
-                help="the share of the GPU vLLM may take; the trainer "
-                "shares the GPU, so leave it room",
-            )
-        )
-    for device in ("cpu", "cuda"):
-        pins = getattr(vllm, device)
-        if not re.fullmatch(r"3\.(8|9|[1-9]\d)", pins.python):  # 3.1 is YAML's reading of 3.10
-            problems.append(
-                loaded.diagnostic(
-                    (*where, device, "python"),
-                    "recipe.vllm-python",
-                    f"`generation.vllm.{device}.python` is {pins.python!r}, not a Python 3.8+ version",
-                    help='write it as a quoted string, e.g. "3.11" (YAML reads 3.10 as 3.1)',
-                )
-            )
-        if not pins.packages:
-            problems.append(
-                loaded.diagnostic(
-                    (*where, device, "packages"),
-                    "recipe.range",
-                    f"`generation.vllm.{device}.packages` is empty: the environment would hold no vLLM",
-                    help='list pinned requirements, e.g. ["vllm==0.32.0"]',
-                )
-            )
-    return problems
-
-
-def _parallel_sizes(loaded: LoadedRecipe) -> list[Diagnostic]:
-    par = loaded.recipe.parallelism
-    problems = [
-        loaded.diagnostic(
-            ("parallelism", axis), "recipe.range", f"`parallelism.{axis}` must be at least 1"
-        )
-        for axis in PARALLEL_AXES
-        if getattr(par, axis) < 1
-    ]
-    if par.pipeline_parallel_size > 1:
-        problems.append(
-            loaded.diagnostic(
-                ("parallelism", "pipeline_parallel_size"),
-                "recipe.pipeline-parallel",
-                "rlflow's trainer runs with pipeline_parallel_size=1 for now",
-                help="use tensor_parallel_size (and data parallelism) to spread the model",
-            )
-        )
-    return problems
-
-
-def _cluster(loaded: LoadedRecipe) -> list[Diagnostic]:
-    """`cluster` is the job's shape: `submit --nodes/--gpus` fills it; a recipe may assert it."""
-    cluster = loaded.recipe.cluster
-    return [
-        loaded.diagnostic(
-            ("cluster", key),
-            "recipe.range",
-            f"`cluster.{key}` must be at least 1 (or null: `rlflow submit` fills it)",
-        )
-        for key in ("num_nodes", "gpus_per_node")
-        if getattr(cluster, key) is not None and getattr(cluster, key) < 1
-    ]
-
-
-def _slurm(loaded: LoadedRecipe) -> list[Diagnostic]:
-    slurm = loaded.recipe.slurm
-    problems = []
-    seconds = parse_time_limit(slurm.time_limit)
-    if seconds is None or seconds <= 0:
-        problems.append(
-            loaded.diagnostic(
-                ("slurm", "time_limit"),
-                "recipe.time-limit",
-                f"`slurm.time_limit` is {slurm.time_limit!r}, which Slurm does not read as a time",
-                help='use D-HH:MM:SS, HH:MM:SS, MM:SS or minutes, e.g. "04:00:00"',
-            )
-        )
-    elif slurm.signal_grace_seconds >= seconds:
-        problems.append(
-            loaded.diagnostic(
-                ("slurm", "signal_grace_seconds"),
-                "recipe.range",
-                f"`slurm.signal_grace_seconds` ({slurm.signal_grace_seconds}) must be shorter than the "
-                f"time limit ({seconds} s)",
-            )
-        )
-    if slurm.signal_grace_seconds < 1 or slurm.signal_grace_seconds > 65535:
-        problems.append(
-            loaded.diagnostic(
-                ("slurm", "signal_grace_seconds"),
-                "recipe.range",
-                "`slurm.signal_grace_seconds` must be 1..65535",
-            )
-        )
-    if slurm.max_requeues < 0:
-        problems.append(
-            loaded.diagnostic(
-                ("slurm", "max_requeues"),
-                "recipe.range",
-                "`slurm.max_requeues` must not be negative",
-            )
-        )
-    for name in slurm.env:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            problems.append(
-                loaded.diagnostic(
-                    ("slurm", "env", name),
-                    "recipe.env-name",
-                    f"`slurm.env.{name}` is not a valid environment variable name",
-                    help="use letters, digits and underscores, not starting with a digit",
-                )
-            )
-    if not slurm.rlflow_command.strip():
-        problems.append(
-            loaded.diagnostic(
-                ("slurm", "rlflow_command"),
-                "recipe.range",
-                "`slurm.rlflow_command` must not be empty",
-            )
-        )
-    else:
-        try:
-            shlex.split(slurm.rlflow_command)
-        except ValueError as err:
-            problems.append(
-                loaded.diagnostic(
-                    ("slurm", "rlflow_command"),
-                    "recipe.rlflow-command",
-                    f"`slurm.rlflow_command` is {slurm.rlflow_command!r}, which cannot be split "
-                    f"into words: {err}",
-                    help="balance the quotes, e.g. uv run --frozen rlflow",
-                )
-            )
-    return problems
-
-
-def _checkpointing(loaded: LoadedRecipe) -> list[Diagnostic]:
-    ckpt = loaded.recipe.checkpointing
-    problems = []
-    for key in ("save_period", "keep_last"):
-        if getattr(ckpt, key) < 1:
-            problems.append(
-                loaded.diagnostic(
-                    ("checkpointing", key),
-                    "recipe.range",
-                    f"`checkpointing.{key}` must be at least 1",
-                )
-            )
-    return problems
-
-
-def _wandb(loaded: LoadedRecipe) -> list[Diagnostic]:
+def _wandb_installed(loaded: LoadedRecipe) -> list[Diagnostic]:
     """W&B is optional: a recipe that turns it on needs the package where it runs (the dry run
     asks on the login node, `rlflow train` on every node). Nothing is imported to ask."""
-    from rlflow.train.wandb_log import INSTALL_HELP, missing_package
+    from rlflow.optional import WANDB_INSTALL_HELP as INSTALL_HELP
+    from rlflow.optional import wandb_missing as missing_package
 
-    cfg = loaded.recipe.logging.wandb
-    problems = []
-    if missing_package(cfg):
-        problems.append(
-            loaded.diagnostic(
-                ("logging", "wandb", "enabled"),
-                "recipe.wandb-missing",
-                "`logging.wandb.enabled` is true, but the wandb package is not installed",
-                help=INSTALL_HELP,
-            )
+    if not missing_package(loaded.recipe.logging.wandb):
+        return []
+    return [
+        loaded.diagnostic(
+            ("logging", "wandb", "enabled"),
+            "recipe.wandb-missing",
+            "`logging.wandb.enabled` is true, but the wandb package is not installed",
+            help=INSTALL_HELP,
         )
-    if cfg.enabled and not cfg.project.strip():
-        problems.append(
-            loaded.diagnostic(
-                ("logging", "wandb", "project"),
-                "recipe.wandb-project",
-                "`logging.wandb.project` is empty",
-                help="name the W&B project the runs go to, e.g. project: vlm-grpo",
-            )
-        )
-    return problems
-
-
-def _watchdog(loaded: LoadedRecipe) -> list[Diagnostic]:
-    """Watchdog, preflight and retry keys (rlflow/launch/node.py, preflight.py, attempts.py)."""
-    recipe = loaded.recipe
-    watch, pre = recipe.watchdog, recipe.preflight
-    problems = []
-    at_least = [
-        *(("watchdog", key, getattr(watch, key), 1) for key in _WATCHDOG_TIMEOUTS),
-        ("preflight", "gemm_size", pre.gemm_size, 1),
-        ("preflight", "allreduce_mb", pre.allreduce_mb, 0),
-        ("preflight", "min_free_disk_gb", pre.min_free_disk_gb, 0),
-        ("slurm", "max_failure_retries", recipe.slurm.max_failure_retries, 0),
     ]
-    for section, key, value, low in at_least:
-        if value < low:
-            problems.append(
-                loaded.diagnostic(
-                    (section, key), "recipe.range", f"`{section}.{key}` must be at least {low}"
-                )
-            )
-    if not pre.gemm_tolerance > 0:
-        problems.append(
-            loaded.diagnostic(
-                ("preflight", "gemm_tolerance"),
-                "recipe.range",
-                "`preflight.gemm_tolerance` must be positive",
-            )
-        )
-    if watch.enabled and watch.collective_timeout_s < watch.phase_timeout_s:
-        problems.append(
-            loaded.diagnostic(
-                ("watchdog", "collective_timeout_s"),
-                "recipe.range",
-                f"`watchdog.collective_timeout_s` ({watch.collective_timeout_s}) is shorter than "
-                f"`watchdog.phase_timeout_s` ({watch.phase_timeout_s})",
-                help="a collective that times out first ends the job without naming the rank "
-                "that stopped: make collective_timeout_s the longer of the two",
-            )
-        )
-    return problems
 
 
-_WATCHDOG_TIMEOUTS = (
-    "startup_timeout_s",
-    "preflight_timeout_s",
-    "model_load_timeout_s",
-    "checkpoint_timeout_s",
-    "phase_timeout_s",
-    "collective_timeout_s",
+# Every rule, in the order a user would fix things. A new rule is added here, and only here.
+RULES = (
+    _bounds,
+    _builtin_checkpoint,
+    _video_keys_together,
+    _video_frames_fill_patches,
+    _video_patch_matches_checkpoint,
+    _jsonl_needs_path,
+    _mix_kinds,
+    _mix_adds_up,
+    _scene_fits,
+    _reward_functions,
+    _reward_weights,
+    _accuracy_reward,
+    _gspo_needs_sequence_loss,
+    _overlong_buffer_fits,
+    _mask_below_cap,
+    _prompt_template,
+    _grace_before_time_limit,
+    _mounts_need_an_image,
+    _runtime_matches_image,
+    _apptainer_needs_a_command,
+    _collective_outlasts_phase,
+    _wandb_installed,
+    _wandb_needs_a_project,
 )

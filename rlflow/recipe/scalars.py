@@ -7,12 +7,16 @@ Anything else is text. YAML 1.1 (PyYAML's default, and many other tools) also re
 as 43200, `010` as 8 and `1_000` as 1000. A string key given such a value unquoted is refused
 with both readings (`other_readings`), because either the user or another tool reading the same
 file would get a different value than expected. Quoting makes it text, always.
+
+Also here: the text formats some string keys must read as (`slurm_seconds`, a Slurm time limit;
+`shell_words`, a command line), which the schema's bounds name (rlflow.recipe.bounds).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import shlex
 
 import yaml
 
@@ -143,3 +147,45 @@ def reads_back_as_text(text: str) -> bool:
     if text in YAML11_BOOL_WORDS:
         return False
     return core_number(text) is None and yaml11_number(text) is None
+
+
+_TIME_PATTERNS = [
+    (re.compile(r"^(\d+)$"), lambda m: int(m[1]) * 60),
+    (re.compile(r"^(\d+):(\d{1,2})$"), lambda m: int(m[1]) * 60 + int(m[2])),
+    (
+        re.compile(r"^(\d+):(\d{1,2}):(\d{1,2})$"),
+        lambda m: int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3]),
+    ),
+    (re.compile(r"^(\d+)-(\d{1,2})$"), lambda m: int(m[1]) * 86400 + int(m[2]) * 3600),
+    (
+        re.compile(r"^(\d+)-(\d{1,2}):(\d{1,2})$"),
+        lambda m: int(m[1]) * 86400 + int(m[2]) * 3600 + int(m[3]) * 60,
+    ),
+    (
+        re.compile(r"^(\d+)-(\d{1,2}):(\d{1,2}):(\d{1,2})$"),
+        lambda m: int(m[1]) * 86400 + int(m[2]) * 3600 + int(m[3]) * 60 + int(m[4]),
+    ),
+]
+
+
+def slurm_seconds(text: str) -> int:
+    """A Slurm time limit (--time) -> seconds; ValueError for anything else, and for 0 (Slurm's
+    "no limit": rlflow needs a limit to plan the time-limit save and the GPU-hours)."""
+    for pattern, to_seconds in _TIME_PATTERNS:
+        match = pattern.match(text.strip())
+        if match and to_seconds(match) > 0:
+            return to_seconds(match)
+    raise ValueError("not a Slurm time limit")
+
+
+def parse_time_limit(text: str) -> int | None:
+    """Slurm's --time formats -> seconds; None if the text is not one of them (or is 0)."""
+    try:
+        return slurm_seconds(text)
+    except ValueError:
+        return None
+
+
+def shell_words(text: str) -> list[str]:
+    """A command line split as the shell would; ValueError (e.g. "No closing quotation")."""
+    return shlex.split(text)

@@ -3,13 +3,20 @@
 Defaults live in `recipes/base.yaml` (every key, with one comment each), not here and not as
 `.get(key, default)` in code. `rlflow.recipe.load` turns YAML into these classes and rejects
 unknown keys, missing keys and wrongly typed values with the file and line that set them.
-Cross-field rules (parallel sizes, video keys, ...) live in `rlflow.recipe.checks`.
+
+What one key may hold beyond its type is declared beside it, `field(metadata=bound(ge=1))`
+(rlflow.recipe.bounds: ranges, formats, patterns; one rule reports them all). A new single-key
+bound touches this file only. Rules between keys (parallel sizes, video keys, ...) live in
+`rlflow.recipe.checks`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from rlflow.recipe import scalars
+from rlflow.recipe.bounds import ENV_NAMES, Bound, bound, command_line
 
 
 @dataclass(frozen=True)
@@ -41,15 +48,18 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class VideoConfig:
-    num_frames: int | None  # frames per video after sampling; all three set, or none
-    temporal_patch_size: int | None  # frames folded into one vision patch (Qwen2.5-VL: 2)
-    fps: float | None  # frame rate reported to the processor (timestamps in mrope)
+    # frames per video after sampling; all three set, or none
+    num_frames: int | None = field(metadata=bound(ge=1))
+    # frames folded into one vision patch (Qwen2.5-VL: 2)
+    temporal_patch_size: int | None = field(metadata=bound(ge=1))
+    # frame rate reported to the processor (timestamps in mrope)
+    fps: float | None = field(metadata=bound(gt=0))
 
 
 @dataclass(frozen=True)
 class DatasetConfig:
     kind: Literal["clevr", "video", "text", "mixed", "jsonl"]
-    num_samples: int
+    num_samples: int = field(metadata=bound(ge=1))
     seed: int
     path: str | None  # jsonl only: a CLEVR-CoGenT / R1-V style file
     image_root: str | None  # jsonl only: image paths are relative to this directory
@@ -59,9 +69,13 @@ class DatasetConfig:
 class DataConfig:
     train: DatasetConfig
     validation: DatasetConfig
-    image_size: int  # synthetic images are image_size x image_size pixels
-    max_objects: int  # synthetic scenes hold 1..max_objects objects
-    mix: dict[str, float]  # kind=mixed: share of "clevr", "video" and "text" rows
+    # synthetic images are image_size x image_size pixels
+    image_size: int = field(
+        metadata=bound(ge=28, help="Qwen2.5-VL needs at least one 2x2 block of 14-pixel patches")
+    )
+    max_objects: int = field(metadata=bound(ge=1))  # synthetic scenes hold 1..max_objects objects
+    # kind=mixed: share of "clevr", "video" and "text" rows
+    mix: dict[str, float] = field(metadata=bound(ge=0))
     prompt_suffix: str  # appended to every question (tells the model the answer format)
     prompt_template: str  # jsonl rows: the question, from {question} and any column, e.g. {hint}
     max_prompt_tokens: int
@@ -71,21 +85,29 @@ class DataConfig:
 @dataclass(frozen=True)
 class DynamicSamplingConfig:
     enabled: bool  # DAPO: drop groups whose rewards are all equal, generate more to refill
-    max_extra_rounds: int  # extra generation rounds per step before the run stops with an error
+    # extra generation rounds per step before the run stops with an error
+    max_extra_rounds: int = field(metadata=bound(ge=0))
 
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    num_prompts_per_step: int
-    num_generations_per_prompt: int
-    max_num_steps: int
-    num_minibatches: int  # optimizer updates per step; the step's rollouts are split evenly
+    num_prompts_per_step: int = field(metadata=bound(ge=1))
+    num_generations_per_prompt: int = field(
+        metadata=bound(
+            ge=2,
+            help="GRPO compares generations of the same prompt; one generation has no baseline",
+        )
+    )
+    max_num_steps: int = field(metadata=bound(ge=1))
+    # optimizer updates per step; the step's rollouts are split evenly
+    num_minibatches: int = field(metadata=bound(ge=1))
     normalize_rewards: bool  # divide advantages by the group's std (where std > 0)
     use_leave_one_out_baseline: bool
-    val_period: int  # validate every N steps (0: never during training)
+    # validate every N steps (0: never during training)
+    val_period: int = field(metadata=bound(ge=0))
     val_at_start: bool
     val_at_end: bool
-    max_val_samples: int
+    max_val_samples: int = field(metadata=bound(ge=1))
     dynamic_sampling: DynamicSamplingConfig
 
 
@@ -93,21 +115,26 @@ class GRPOConfig:
 class OverlongPenaltyConfig:
     enabled: bool  # DAPO's soft overlong punishment, added to the reward
     buffer_tokens: int  # the penalty ramps over the last buffer_tokens before max_new_tokens
-    penalty: float  # reward subtracted at max_new_tokens
+    penalty: float = field(metadata=bound(ge=0))  # reward subtracted at max_new_tokens
 
 
 @dataclass(frozen=True)
 class ImportanceSamplingConfig:
     mode: Literal["auto", "off", "tis", "mis"]  # auto: tis for vllm/hf rollouts, off for megatron
-    cap: float  # tis: weights truncated at cap; mis: sequences above cap are masked
+    # tis: weights truncated at cap; mis: sequences above cap are masked
+    cap: float = field(metadata=bound(gt=0))
     mask_below: float  # mis: sequences whose weight is below this are masked too
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    ratio_clip_low: float  # ratio clipped to [1 - low, 1 + high]
-    ratio_clip_high: float
-    kl_penalty: float  # weight of KL(policy || reference); 0 disables the reference forward
+    # ratio clipped to [1 - low, 1 + high]
+    ratio_clip_low: float = field(
+        metadata=bound(ge=0, lt=1, help="the ratio is clipped to [1 - low, 1 + high]")
+    )
+    ratio_clip_high: float = field(metadata=bound(ge=0))
+    # weight of KL(policy || reference); 0 disables the reference forward
+    kl_penalty: float = field(metadata=bound(ge=0))
     kl_type: Literal["k1", "k3"]
     token_level_loss: (
         bool  # true: mean over all tokens; false: mean per sequence, then over sequences
@@ -120,29 +147,46 @@ class LossConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    lr: float
-    weight_decay: float
+    lr: float = field(metadata=bound(gt=0))
+    weight_decay: float = field(metadata=bound(ge=0))
     adam_beta1: float
     adam_beta2: float
     adam_eps: float
-    max_grad_norm: float  # 0 disables clipping
-    micro_batch_size: int  # rollouts per forward/backward pass (max_tokens_per_micro_batch = 0)
-    max_tokens_per_micro_batch: int  # > 0: token budget per forward/backward pass instead
+    max_grad_norm: float = field(metadata=bound(ge=0))  # 0 disables clipping
+    # rollouts per forward/backward pass (max_tokens_per_micro_batch = 0)
+    micro_batch_size: int = field(metadata=bound(ge=1))
+    # > 0: token budget per forward/backward pass instead
+    max_tokens_per_micro_batch: int = field(metadata=bound(ge=0))
     sequence_packing: bool  # micro-batches as one packed sequence of real tokens (no padding)
 
 
 @dataclass(frozen=True)
 class WarmStartConfig:
-    num_steps: int  # supervised steps on (prompt, reference answer) before GRPO; 0 skips
+    # supervised steps on (prompt, reference answer) before GRPO; 0 skips
+    num_steps: int = field(metadata=bound(ge=0))
     lr: float
-    batch_size: int
+    batch_size: int = field(metadata=bound(ge=1))
 
 
 @dataclass(frozen=True)
 class VllmPins:
-    python: str  # interpreter version of vLLM's own environment, e.g. "3.11"
+    # interpreter version of vLLM's own environment, e.g. "3.11"
+    python: str = field(
+        metadata=bound(
+            pattern=r"3\.(8|9|[1-9]\d)",
+            code="recipe.vllm-python",
+            says="is {value}, not a Python 3.8+ version",
+            help='write it as a quoted string, e.g. "3.11" (YAML reads 3.10 as 3.1)',
+        )
+    )
     installer: Literal["pip", "uv"]  # pip honours PIP_FIND_LINKS / PIP_EXTRA_INDEX_URL
-    packages: list[str]  # pinned requirements (a change builds a new environment)
+    # pinned requirements (a change builds a new environment)
+    packages: list[str] = field(
+        metadata=bound(
+            nonempty=True,
+            help='the environment would hold no vLLM: list pinned requirements, e.g. ["vllm==0.32.0"]',
+        )
+    )
     remove: list[str]  # uninstalled after the install
     patch_torchvision: bool  # make PyPI's CUDA torchvision importable next to a +cpu torch
 
@@ -155,24 +199,34 @@ class VllmConfig:
     ]  # which pin set a node gets; auto: cuda where a driver is
     cpu: VllmPins
     cuda: VllmPins
-    kv_cache_space_gb: int  # CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)
-    gpu_memory_utilization: (
-        float  # CUDA only: share of the GPU vLLM may take (the trainer shares it)
+    # CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)
+    kv_cache_space_gb: int = field(metadata=bound(ge=1))
+    # CUDA only: share of the GPU vLLM may take (the trainer shares it)
+    gpu_memory_utilization: float = field(
+        metadata=bound(
+            gt=0,
+            le=1,
+            help="the share of the GPU vLLM may take; the trainer shares the GPU, so leave it room",
+        )
     )
     enforce_eager: bool  # no CUDA graphs / compilation: fast start-up
-    startup_timeout_s: int  # the worker must be ready within this
-    request_timeout_s: int  # one generate or weight refresh must finish within this
+    # the worker must be ready within this
+    startup_timeout_s: int = field(metadata=bound(ge=1))
+    # one generate or weight refresh must finish within this
+    request_timeout_s: int = field(metadata=bound(ge=1))
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
     backend: Literal["megatron", "hf", "vllm"]
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int  # 0 disables top-k
-    val_temperature: float  # 0 = greedy validation
-    max_batch_size: int  # rollouts per generation pass; 0: from free memory (megatron)
+    max_new_tokens: int = field(metadata=bound(ge=1))
+    temperature: float = field(metadata=bound(ge=0, help="0 means greedy decoding"))
+    top_p: float = field(metadata=bound(gt=0, le=1))
+    top_k: int = field(metadata=bound(ge=0, help="0 disables top-k"))  # 0 disables top-k
+    # 0 = greedy validation
+    val_temperature: float = field(metadata=bound(ge=0, help="0 means greedy decoding"))
+    # rollouts per generation pass; 0: from free memory (megatron)
+    max_batch_size: int = field(metadata=bound(ge=0, help="0 sizes it from free memory (megatron)"))
     share_prompts: bool  # megatron backend: one vision pass + prefill per prompt for its samples
     cuda_graphs: bool  # megatron backend on GPUs: replay the decode step as a CUDA graph
     compile_decode: bool  # megatron backend: torch.compile the decode layer (fuses small kernels)
@@ -181,10 +235,10 @@ class GenerationConfig:
 
 @dataclass(frozen=True)
 class ParallelismConfig:
-    tensor_parallel_size: int
-    pipeline_parallel_size: int
-    context_parallel_size: int
-    expert_parallel_size: int
+    tensor_parallel_size: int = field(metadata=bound(ge=1))
+    pipeline_parallel_size: int = field(metadata=bound(ge=1))
+    context_parallel_size: int = field(metadata=bound(ge=1))
+    expert_parallel_size: int = field(metadata=bound(ge=1))
 
 
 @dataclass(frozen=True)
@@ -192,36 +246,51 @@ class ClusterConfig:
     """The job's shape: the allocation rules (rlflow.recipe.allocation) read it, in the dry run
     from the flags and in `rlflow train` from the run's recipe.yaml, checked against WORLD_SIZE."""
 
-    num_nodes: int | None  # filled from `submit --nodes`; a recipe value must agree with the flag
-    gpus_per_node: int | None  # filled from `submit --gpus`; ranks per node on CPU-only nodes
+    # filled from `submit --nodes`; a recipe value must agree with the flag
+    num_nodes: int | None = field(metadata=bound(ge=1, help="or null: `rlflow submit` fills it"))
+    # filled from `submit --gpus`; ranks per node on CPU-only nodes
+    gpus_per_node: int | None = field(
+        metadata=bound(ge=1, help="or null: `rlflow submit` fills it")
+    )
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
     enabled: bool
-    save_period: int  # save every N steps
-    keep_last: int  # keep the newest k checkpoints
+    save_period: int = field(metadata=bound(ge=1))  # save every N steps
+    keep_last: int = field(metadata=bound(ge=1))  # keep the newest k checkpoints
     save_on_signal: bool  # save when Slurm warns (SIGUSR1) or terminates (SIGTERM)
+    hf_export_period: int = field(metadata=bound(ge=0))  # RUN_DIR/hf/step_N every N steps; 0: never
+    hf_export_keep_last: int = field(metadata=bound(ge=1))  # keep the newest k HF exports
 
 
 @dataclass(frozen=True)
 class WatchdogConfig:
     enabled: bool  # the node launcher ends a job whose rank stops making progress
-    startup_timeout_s: int  # rank start -> recipe read, torch imported, process group up
-    preflight_timeout_s: int  # the in-job node checks and their all-reduce
-    model_load_timeout_s: int  # building or loading the policy and reference
-    checkpoint_timeout_s: int  # one checkpoint save
-    phase_timeout_s: int  # any other phase of a step (generation, logprobs, training, ...)
-    collective_timeout_s: int  # torch.distributed's own timeout for one collective
+    # rank start -> recipe read, torch imported, process group up
+    startup_timeout_s: int = field(metadata=bound(ge=1))
+    # the in-job node checks and their all-reduce
+    preflight_timeout_s: int = field(metadata=bound(ge=1))
+    # building or loading the policy and reference
+    model_load_timeout_s: int = field(metadata=bound(ge=1))
+    # one checkpoint save
+    checkpoint_timeout_s: int = field(metadata=bound(ge=1))
+    # any other phase of a step (generation, logprobs, training, ...)
+    phase_timeout_s: int = field(metadata=bound(ge=1))
+    # torch.distributed's own timeout for one collective
+    collective_timeout_s: int = field(metadata=bound(ge=1))
 
 
 @dataclass(frozen=True)
 class PreflightConfig:
     enabled: bool  # check every node before any model is loaded
-    gemm_size: int  # n of the n x n matrix product compared with the CPU (GPU nodes)
-    gemm_tolerance: float  # largest relative difference accepted
-    allreduce_mb: int  # size of the all-reduce whose bandwidth is logged
-    min_free_disk_gb: float  # free space the run directory needs besides a checkpoint's size
+    # n of the n x n matrix product compared with the CPU (GPU nodes)
+    gemm_size: int = field(metadata=bound(ge=1))
+    gemm_tolerance: float = field(metadata=bound(gt=0))  # largest relative difference accepted
+    # size of the all-reduce whose bandwidth is logged
+    allreduce_mb: int = field(metadata=bound(ge=0))
+    # free space the run directory needs besides a checkpoint's size
+    min_free_disk_gb: float = field(metadata=bound(ge=0))
     required_env: list[str]  # variables every node must have set (e.g. ["HF_HOME"])
 
 
@@ -254,24 +323,54 @@ class SlurmConfig:
     partition: str | None
     account: str | None
     qos: str | None
-    time_limit: str  # D-HH:MM:SS, HH:MM:SS or MM
+    # D-HH:MM:SS, HH:MM:SS or MM
+    time_limit: str = field(
+        metadata=bound(
+            parse=scalars.slurm_seconds,
+            code="recipe.time-limit",
+            says="is {value}, which Slurm does not read as a time",
+            help='use D-HH:MM:SS, HH:MM:SS, MM:SS or minutes, e.g. "04:00:00"',
+        )
+    )
     cpus_per_task: int | None
     mem: str | None  # e.g. "64G"; None lets the site default apply
-    container_image: str | None  # pyxis/enroot image; None runs on the host
-    container_mounts: list[str]  # src:dst[:flags]
+    # pyxis/enroot image; None runs on the host
+    container_image: str | None = field(
+        metadata=bound(
+            nonempty=True, code="submit.container", help="set an image, or null to run on the host"
+        )
+    )
+    # src:dst[:flags]
+    container_mounts: list[str] = field(
+        metadata=bound(
+            pattern=r"[^,]*[^,\s][^,]*",
+            code="submit.container",
+            says="is {value}: pyxis and apptainer separate mounts with commas, so one mount "
+            "cannot contain a comma or be empty",
+            help="write one src:dst[:flags] mount per list item",
+        )
+    )
     container: ContainerConfig  # the runtime (pyxis, apptainer) that runs container_image
     extra_sbatch_args: list[str]  # e.g. ["--exclusive", "--constraint=h100"]
-    env: dict[str, str]  # exported in the job before every step
-    setup_command: str | None  # run once per node before training (e.g. build a venv)
-    signal_grace_seconds: int  # Slurm sends SIGUSR1 this long before the time limit
-    max_requeues: int  # requeue after a time-limit warning at most this many times
-    max_failure_retries: (
-        int  # requeue after a node failure (hang, preflight, lost node), excluding it
+    env: dict[str, str] = field(  # exported in the job before every step
+        metadata=bound(keys=Bound(**ENV_NAMES, says="is not a valid environment variable name"))
     )
+    setup_command: str | None  # run once per node before training (e.g. build a venv)
+    # Slurm sends SIGUSR1 this long before the time limit
+    signal_grace_seconds: int = field(metadata=bound(ge=1, le=65535))
+    # requeue after a time-limit warning at most this many times
+    max_requeues: int = field(metadata=bound(ge=0))
+    # requeue after a node failure (hang, preflight, lost node), excluding it
+    max_failure_retries: int = field(metadata=bound(ge=0))
     max_gpu_hours: float | None  # worst-case GPU-hours one submission may use; None: no cap
     stop_signal: Literal["USR1", "HUP"]  # the time-limit warning (USR2 is the stack-dump signal)
-    rlflow_command: (
-        str  # how the nodes run rlflow, e.g. "uv run --frozen rlflow" or ".venv/bin/rlflow"
+    # how the nodes run rlflow, e.g. "uv run --frozen rlflow" or ".venv/bin/rlflow"
+    rlflow_command: str = field(
+        metadata=command_line(
+            "recipe.rlflow-command",
+            "how the nodes run rlflow; balance the quotes, e.g. uv run --frozen rlflow",
+            nonempty=True,
+        )
     )
     request_gpus: bool  # false on CPU-only clusters: no GPU request; --gpus is then ranks per node
 
@@ -279,8 +378,10 @@ class SlurmConfig:
 @dataclass(frozen=True)
 class ScoringConfig:
     accuracy: str  # the reward (or reward/component) whose mean is reported as accuracy
-    num_workers: int  # processes that run rewards from user code; 0 runs them in the trainer
-    timeout_s: float  # one call of a user reward on one batch must return within this
+    # processes that run rewards from user code; 0 runs them in the trainer
+    num_workers: int = field(metadata=bound(ge=0))
+    # one call of a user reward on one batch must return within this
+    timeout_s: float = field(metadata=bound(gt=0))
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ generated token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from rlflow.generation.base import Completion
-from rlflow.generation.placeholders import expanded_token_ids
 from rlflow.model.media import Media, Prompt
 
 
@@ -98,15 +98,16 @@ def build_train_batch(
     prompts: list[Prompt],
     completions: list[Completion],
     advantages: list[float],
-    image_token_id: int,
-    video_token_id: int,
-    merge_size: int,
+    *,
+    prompt_ids: Callable[[Prompt], list[int]],
     pad_token_id: int,
 ) -> TrainBatch:
-    """Right-padded prompt+completion rows (prompts[i] produced completions[i])."""
+    """Right-padded prompt+completion rows (prompts[i] produced completions[i]).
+
+    prompt_ids: a prompt's ids as the model consumes them (`Policy.prompt_ids`)."""
     rows, starts, logprobs = [], [], []
     for prompt, completion in zip(prompts, completions, strict=True):
-        ids = expanded_token_ids(prompt, image_token_id, video_token_id, merge_size)
+        ids = prompt_ids(prompt)
         starts.append(len(ids))
         rows.append(ids + list(completion.token_ids))
         logprobs.append(completion.logprobs)

@@ -200,7 +200,7 @@ def test_a_missing_accuracy_component_is_named(user_dir):
 
 
 def test_the_contract_is_typed():
-    """The contract's types as a user sees them (README "Rewards from your code")."""
+    """The contract's types as a user sees them (docs/data-and-rewards.md "Rewards from your code")."""
     import typing
 
     hints = typing.get_type_hints(RewardBatch)

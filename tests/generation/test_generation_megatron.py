@@ -10,7 +10,6 @@ import torch
 
 from rlflow.generation.base import Prompt, SamplingParams
 from rlflow.generation.megatron import MegatronGeneration
-from rlflow.generation.placeholders import expanded_token_ids
 from tests.tiny import greedy, mixed_prompts
 
 
@@ -71,33 +70,22 @@ def test_sampling_is_seeded(backends, mixed_prompts, tiny_processor):
     assert [c.token_ids for c in first] != [c.token_ids for c in other]
 
 
-def test_compact_prompt_is_expanded_once_and_expanded_prompt_is_not_expanded_again(
+def test_a_prompt_whose_pad_tokens_do_not_match_its_media_is_refused(
     tiny_policy, mixed_prompts, backends, tiny_processor
 ):
-    config = tiny_policy.core.config
-    merge = config.vision_config.spatial_merge_size
+    """The processor's prompt holds one pad token per visual embedding; one that does not (a
+    prompt expanded twice, or never) is refused before any backend runs it."""
     expanded = mixed_prompts[0]
-    pad = config.image_token_id
+    assert tiny_policy.prompt_ids(expanded) == list(expanded.token_ids)
+    pad = tiny_policy.image_token_id
     compact_ids = []
     for token in expanded.token_ids:  # collapse the run of pads into one placeholder
         if not (token == pad and compact_ids and compact_ids[-1] == pad):
             compact_ids.append(token)
-    compact = Prompt(expanded.sample_id, expanded.text, tuple(compact_ids), False, expanded.media)
-    assert expanded_token_ids(compact, pad, config.video_token_id, merge) == list(
-        expanded.token_ids
-    )
-    assert expanded_token_ids(expanded, pad, config.video_token_id, merge) == list(
-        expanded.token_ids
-    )
+    compact = Prompt(expanded.sample_id, expanded.text, tuple(compact_ids), expanded.media)
     megatron, _ = backends
-    params = greedy(6, tiny_processor.tokenizer.eos_token_id)
-    assert (
-        megatron.generate([compact], params)[0].token_ids
-        == megatron.generate([expanded], params)[0].token_ids
-    )
-    wrong = Prompt(expanded.sample_id, expanded.text, tuple(compact_ids), True, expanded.media)
-    with pytest.raises(ValueError, match="marked expanded"):
-        expanded_token_ids(wrong, pad, config.video_token_id, merge)
+    with pytest.raises(ValueError, match="its media need"):
+        megatron.generate([compact], greedy(2, tiny_processor.tokenizer.eos_token_id))
 
 
 def test_generation_keeps_no_cache_alive(backends, mixed_prompts, tiny_processor):

@@ -91,7 +91,7 @@ def test_logprobs_are_the_unmodified_distribution_the_trainer_recomputes(
 ):
     """Sampled with temperature, top-k and top-p: vLLM still reports log p at temperature 1."""
     from rlflow.train.rollouts import build_train_batch
-    from rlflow.train.update import rollout_logprobs
+    from rlflow.train.update import Batching, rollout_logprobs
 
     vllm, _, _ = backends
     tokenizer = tiny_processor.tokenizer
@@ -99,17 +99,16 @@ def test_logprobs_are_the_unmodified_distribution_the_trainer_recomputes(
         12, 0.7, 0.9, 20, seed=3, stop_token_ids=(tokenizer.eos_token_id,), ignore_eos=True
     )
     completions = vllm.generate(prompts, params)
-    config = policy.core.config
     batch = build_train_batch(
         prompts,
         completions,
         [0.0] * len(prompts),
-        config.image_token_id,
-        config.video_token_id,
-        config.vision_config.spatial_merge_size,
-        tokenizer.pad_token_id,
+        prompt_ids=policy.prompt_ids,
+        pad_token_id=tokenizer.pad_token_id,
     )
-    trainer_logprobs, _ = rollout_logprobs(policy, batch, micro_batch_size=8, with_entropy=False)
+    trainer_logprobs, _ = rollout_logprobs(
+        policy, batch, Batching(8, max_tokens=0, packed=True), with_entropy=False
+    )
     gap = (batch.gen_logprobs - trainer_logprobs).abs()[batch.target_mask]
     assert float(gap.max()) < TOLERANCE
 
@@ -156,7 +155,6 @@ def test_a_prompt_whose_tokens_vllm_does_not_reproduce_is_refused(
         text.sample_id,
         text.text.replace("How many?", "How few?"),
         text.token_ids,
-        text.media_tokens_expanded,
         text.media,
     )
     params = greedy(2, tiny_processor.tokenizer.eos_token_id)

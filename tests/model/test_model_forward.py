@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from rlflow.model.forward import policy_logits
-from rlflow.model.media import Media
-from tests.tiny import make_prompt
+from tests.tiny import hf_logits_gap, make_prompt
 
 
 @pytest.fixture(scope="module")
@@ -25,28 +24,8 @@ def test_logits_match_hf_for_a_left_padded_mixed_batch(tiny_policy, tiny_process
         make_prompt(tiny_processor, "text", "How many?"),
         make_prompt(tiny_processor, "video", "How many objects appear?", seed=3),
     ]
-    width = max(len(p.token_ids) for p in prompts)
     pad = tiny_processor.tokenizer.pad_token_id
-    ids = torch.full((3, width), pad)
-    mask = torch.zeros((3, width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p.token_ids) :] = torch.tensor(p.token_ids)
-        mask[i, width - len(p.token_ids) :] = 1
-    media = Media.concat([p.media for p in prompts])
-    types = torch.zeros_like(ids)
-    types[ids == hf_model.config.image_token_id] = 1
-    types[ids == hf_model.config.video_token_id] = 2
-    with torch.no_grad():
-        ref = hf_model(
-            input_ids=ids,
-            attention_mask=mask,
-            mm_token_type_ids=types,
-            **{k: v for k, v in vars(media).items() if v is not None},
-        ).logits
-        ours = policy_logits(tiny_policy.core, ids, mask.bool(), media)
-    valid = mask.bool()
-    assert ours.shape == ref.shape
-    assert (ours[valid] - ref[valid]).abs().max() < 1e-4
+    assert hf_logits_gap(hf_model, tiny_policy, prompts, pad) < 1e-4
 
 
 def test_export_round_trip_is_exact(tiny_policy, tiny_ckpt):

@@ -15,9 +15,7 @@ import pytest
 import torch
 
 from rlflow.generation.base import SamplingParams
-from rlflow.model.forward import policy_logits
-from rlflow.model.media import Media
-from tests.tiny import FP32, SINGLE, mixed_prompts
+from tests.tiny import FP32, SINGLE, hf_logits_gap, mixed_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +45,7 @@ def test_the_family_is_found_by_builtin_name_and_by_checkpoint(qwen2vl):
         "Qwen2VLForConditionalGeneration"
     ]
     assert family.of_checkpoint(path) is family.by_builtin("tiny-qwen2vl") is policy.family
-    assert policy.family.multimodal and policy.family.rope == "mrope"
+    assert policy.family.multimodal
     assert type(policy.core).__name__ == "Qwen2VLModel"
     assert type(policy.core.visual).__name__ == "Qwen2VisionTransformerPretrainedModel"
 
@@ -55,26 +53,7 @@ def test_the_family_is_found_by_builtin_name_and_by_checkpoint(qwen2vl):
 def test_logits_match_hf_for_a_left_padded_mixed_batch(qwen2vl):
     _, policy, processor, hf = qwen2vl
     prompts = mixed_prompts(processor)  # image, text only, video, image
-    width = max(len(p.token_ids) for p in prompts)
-    ids = torch.full((len(prompts), width), processor.tokenizer.pad_token_id)
-    mask = torch.zeros(ids.shape, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p.token_ids) :] = torch.tensor(p.token_ids)
-        mask[i, width - len(p.token_ids) :] = 1
-    media = Media.concat([p.media for p in prompts])
-    types = torch.zeros_like(ids)
-    types[ids == hf.config.image_token_id] = 1
-    types[ids == hf.config.video_token_id] = 2
-    with torch.no_grad():
-        ref = hf(
-            input_ids=ids,
-            attention_mask=mask,
-            mm_token_type_ids=types,
-            **{k: v for k, v in vars(media).items() if v is not None},
-        ).logits
-        ours = policy_logits(policy.core, ids, mask.bool(), media)
-    valid = mask.bool()
-    assert (ours[valid] - ref[valid]).abs().max() < 1e-4
+    assert hf_logits_gap(hf, policy, prompts, processor.tokenizer.pad_token_id) < 1e-4
 
 
 def test_export_round_trip_is_exact(qwen2vl):
@@ -103,12 +82,12 @@ def test_generation_matches_the_hf_backend(qwen2vl, shared):
     prompts = [p for p in unique for _ in range(2)] if shared else unique
     pad, eos = processor.tokenizer.pad_token_id, processor.tokenizer.eos_token_id
     params = SamplingParams(16, 0.0, 1.0, 0, 0, (eos,), True)
-    kept = policy.extra["vision_cache"]
-    policy.extra["vision_cache"] = cache = VisionCache(enabled=shared)
+    kept = policy.vision_cache
+    policy.vision_cache = cache = VisionCache(enabled=shared)
     try:
         ours = MegatronGeneration(policy, pad, 8, share_prompts=shared).generate(prompts, params)
     finally:
-        policy.extra["vision_cache"] = kept
+        policy.vision_cache = kept
     ref = HFGeneration(policy, pad, 8).generate(prompts, params)
     for prompt, a, b in zip(prompts, ours, ref):
         assert a.token_ids == b.token_ids, prompt.sample_id

@@ -68,7 +68,7 @@ def test_generation_matches_the_hf_reference(text_model):
     from rlflow.generation.megatron import MegatronGeneration
 
     policy, tokenizer, _, rows = text_model
-    prompts = [Prompt(str(i), "", tuple(r), True, Media()) for i, r in enumerate(rows)]
+    prompts = [Prompt(str(i), "", tuple(r), Media()) for i, r in enumerate(rows)]
     params = SamplingParams(12, 0.0, 1.0, 0, 0, (tokenizer.eos_token_id,), True)
     ours = MegatronGeneration(policy, tokenizer.pad_token_id, 8).generate(prompts, params)
     ref = HFGeneration(policy, tokenizer.pad_token_id, 8).generate(prompts, params)

@@ -211,7 +211,7 @@ def syntax_value(body: str, key: tuple[str, ...]) -> str | None:
             path.pop(0)
             if not path:
                 value = scalars[i + 1]
-                if value.style is None and value.value in NULL_WORDS:
+                if value.style is None and value.tag is None and value.value in NULL_WORDS:
                     return NULL  # YAML 1.2's null, for the keys that may be null
                 return value.value
     return None
