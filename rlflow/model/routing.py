@@ -165,7 +165,9 @@ def replayed(policy, batch, packed: bool):
     current = Plan(targets, replay=batch.router_replay and targets is not None, count_load=not grad)
     with plan(current):
         yield current
-    policy.extra.setdefault("routing_stats", Stats()).add(current)
+    if policy.routing_stats is None:
+        policy.routing_stats = Stats()
+    policy.routing_stats.add(current)
 
 
 def set_aux_loss_scale(policy, micro_batches: int) -> None:
@@ -188,7 +190,7 @@ def step_metrics(policy, group=None) -> dict[str, float]:
       layers and training forwards (when the loss is on)."""
     from rlflow import parallel
 
-    stats = policy.extra.pop("routing_stats", None)
+    stats, policy.routing_stats = policy.routing_stats, None
     if not is_moe(policy.core):
         return {}
     stats = stats or Stats()

@@ -41,7 +41,7 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
     from rlflow.model.build import export_hf_state_dict, load_policy
     from rlflow.model.media import Media
     from rlflow.train.rollouts import build_train_batch
-    from rlflow.train.update import _backward, policy_token_logprobs, rollout_logprobs
+    from rlflow.train.update import Batching, _backward, policy_token_logprobs, rollout_logprobs
     from tests.tiny import greedy
 
     info = parallel.info()
@@ -60,9 +60,17 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
     completions = engine.generate(rows, greedy(12, eos=107, ignore_eos=False))
     engine.generate([], greedy(4, eos=107))  # a rank with nothing to do still joins its peers
     advantages = torch.linspace(-1, 1, len(rows)).tolist()
-    batch = build_train_batch(rows, completions, advantages, -1, -1, 1, tokenizer.pad_token_id)
+    batch = build_train_batch(
+        rows,
+        completions,
+        advantages,
+        prompt_ids=policy.prompt_ids,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     batch.router_replay = True
-    logprobs, _ = rollout_logprobs(policy, batch, micro_batch_size=3, with_entropy=False)
+    logprobs, _ = rollout_logprobs(
+        policy, batch, Batching(3, max_tokens=0, packed=True), with_entropy=False
+    )
     mask = batch.target_mask
     tokens = parallel.all_reduce_sum([float(mask.sum())], parallel.data_parallel_group())[0]
     chunk = policy.chunks[0]

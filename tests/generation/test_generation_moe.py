@@ -90,16 +90,20 @@ def test_generation_equals_the_trainer_and_records_its_routing(moe):
     the engine recorded for every token are the trainer's own choice (agreement 1)."""
     from rlflow.model import routing
     from rlflow.train.rollouts import build_train_batch
-    from rlflow.train.update import rollout_logprobs
+    from rlflow.train.update import Batching, rollout_logprobs
 
     policy, tokenizer, prompts = moe
     rows = [p for p in prompts for _ in range(G)]
     completions = _engine(moe).generate(rows, sampled(16))
-    batch = build_train_batch(rows, completions, [0.0] * len(rows), -1, -1, 1, 0)
+    batch = build_train_batch(
+        rows, completions, [0.0] * len(rows), prompt_ids=policy.prompt_ids, pad_token_id=0
+    )
     assert batch.routing is not None and batch.routing.shape[2:] == (2, 2)
     for replay in (False, True):
         batch.router_replay = replay
-        trainer, _ = rollout_logprobs(policy, batch, micro_batch_size=4, with_entropy=False)
+        trainer, _ = rollout_logprobs(
+            policy, batch, Batching(4, max_tokens=0, packed=True), with_entropy=False
+        )
         mask = batch.target_mask
         assert (trainer[mask] - batch.gen_logprobs[mask]).abs().max() < 1e-5
         metrics = routing.step_metrics(policy)
@@ -113,11 +117,13 @@ def test_replay_routes_tokens_to_the_recorded_experts(moe):
     it on, later layers see other hidden states, so their own choices move too)."""
     from rlflow.model import routing
     from rlflow.train.rollouts import build_train_batch
-    from rlflow.train.update import rollout_logprobs
+    from rlflow.train.update import Batching, rollout_logprobs
 
     policy, tokenizer, prompts = moe
     completions = _engine(moe).generate(prompts, sampled(8))
-    batch = build_train_batch(prompts, completions, [0.0] * len(prompts), -1, -1, 1, 0)
+    batch = build_train_batch(
+        prompts, completions, [0.0] * len(prompts), prompt_ids=policy.prompt_ids, pad_token_id=0
+    )
     known = batch.routing[..., 0] >= 0  # [N, L, layers]
     changed = known.clone()
     changed[:, ::2] = False  # every other position keeps the recorded experts
@@ -127,7 +133,9 @@ def test_replay_routes_tokens_to_the_recorded_experts(moe):
     results = {}
     for replay in (False, True):
         batch.router_replay = replay
-        results[replay], _ = rollout_logprobs(policy, batch, 8, with_entropy=False)
+        results[replay], _ = rollout_logprobs(
+            policy, batch, Batching(8, max_tokens=0, packed=True), with_entropy=False
+        )
         metrics = routing.step_metrics(policy)
         if not replay:
             expected = 1 - changed.sum().item() / known.sum().item()
