@@ -38,10 +38,12 @@ Active matmul params per token = attention + router + top-k experts per layer, +
 MFU: update 6 x active x tokens / time, logprob passes 2 x active x tokens x passes / time,
 both / measured matmul rate (tokens: prompt + response of every rollout).
 
-    # one H200 (each command < 10 min; the checkpoint is written once under $TMPDIR)
-    python3 benchmarks/moe_grpo_shaped.py --out $OUT --parts experts,rollout
-    python3 benchmarks/moe_grpo_shaped.py --out $OUT --parts step
-    python3 benchmarks/moe_grpo_shaped.py --out $OUT --parts step --sequential-experts
+    # one H200, unattended, < 4 min (defaults: --parts experts,rollout, 6 layers); results in
+    # benchmarks/results/moe_grpo_shaped_results.json (--out DIR to write elsewhere)
+    python3 benchmarks/moe_grpo_shaped.py
+    # the whole GRPO step (longer: the trainer's setup and optimizer of 4.4 B parameters)
+    python3 benchmarks/moe_grpo_shaped.py --parts step
+    python3 benchmarks/moe_grpo_shaped.py --parts step --sequential-experts
     # CPU smoke test (the tiny Qwen3-MoE, fp32, 4 prompts x 2 samples, cap 16)
     uv run python benchmarks/moe_grpo_shaped.py --tiny --out /tmp/moe-grpo-shaped
 """
@@ -367,9 +369,9 @@ def run_steps(loaded, samples, stop_ids, args, ceil, counts, info, log) -> dict:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--tiny", action="store_true", help="tiny model, fp32: CPU smoke test")
-    parser.add_argument("--parts", default="experts,rollout,step")
+    parser.add_argument("--parts", default="experts,rollout", help="experts,rollout,step")
     parser.add_argument("--layers", type=int, default=6, help="decoder layers (module doc)")
     parser.add_argument("--prompts", type=int, default=None, help="unique prompts (64; tiny 4)")
     parser.add_argument("--samples", type=int, default=None, help="rollouts per prompt (8; 2)")
