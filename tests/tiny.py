@@ -30,6 +30,37 @@ FP32 = dataclasses.replace(
 
 
 @functools.cache
+def base_recipe():
+    """recipes/base.yaml, loaded: where code takes a recipe key, tests pass the recipe's value
+    (rlflow has no keyword defaults for recipe keys)."""
+    from rlflow.recipe.load import load_recipe
+
+    return load_recipe(BASE_RECIPE).recipe
+
+
+def init_single_rank(seed: int = 1):
+    """torch.distributed (gloo, world 1) + megatron parallel state, with base.yaml's timeout."""
+    from rlflow import parallel
+
+    timeout_s = base_recipe().watchdog.collective_timeout_s
+    return parallel.init_parallel(SINGLE, seed=seed, timeout_s=timeout_s)
+
+
+def megatron_generation(policy, pad_token_id: int, **changes):
+    """MegatronGeneration with base.yaml's generation knobs; `changes` for the ones a test is about."""
+    from rlflow.generation.megatron import MegatronGeneration
+
+    gen = base_recipe().generation
+    knobs = {
+        "max_batch_size": gen.max_batch_size,
+        "cuda_graphs": gen.cuda_graphs,
+        "compile_decode": gen.compile_decode,
+        "share_prompts": gen.share_prompts,
+    }
+    return MegatronGeneration(policy, pad_token_id, **{**knobs, **changes})
+
+
+@functools.cache
 def tiny_checkpoint(root: str, lm_head_scale: float = 8.0) -> Path:
     """A tiny Qwen2.5-VL checkpoint; lm_head scaled so greedy decoding has no near-ties."""
     from rlflow.model.tiny import write_tiny_checkpoint
