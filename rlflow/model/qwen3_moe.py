@@ -102,7 +102,8 @@ PRESETS = {
 
 def write_tiny_qwen3_moe(
     out_dir: str | Path,
-    seed: int = 0,
+    *,
+    seed: int,
     lm_head_scale: float = 1.0,
     sizes: MoESizes = PRESETS["tiny"],
     device: str = "cpu",

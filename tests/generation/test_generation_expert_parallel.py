@@ -116,7 +116,7 @@ def _rank(rank: int, world: int, tp: int, ep: int, checkpoint: str, out: str, po
 def checkpoint(tmp_path_factory):
     from rlflow.model.qwen3_moe import write_tiny_qwen3_moe
 
-    return write_tiny_qwen3_moe(tmp_path_factory.mktemp("qwen3moe-ep"), lm_head_scale=8.0)
+    return write_tiny_qwen3_moe(tmp_path_factory.mktemp("qwen3moe-ep"), seed=0, lm_head_scale=8.0)
 
 
 @pytest.fixture(scope="module")

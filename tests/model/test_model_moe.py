@@ -18,7 +18,9 @@ from tests.tiny import FP32, SINGLE
 def moe_checkpoint(tmp_path_factory):
     from rlflow.model.qwen3_moe import write_tiny_qwen3_moe
 
-    return write_tiny_qwen3_moe(tmp_path_factory.mktemp("qwen3moe-grouped"), lm_head_scale=8.0)
+    return write_tiny_qwen3_moe(
+        tmp_path_factory.mktemp("qwen3moe-grouped"), seed=0, lm_head_scale=8.0
+    )
 
 
 def _loss_and_grads(policy, ids, mask):

@@ -25,7 +25,7 @@ def moe_model(single_rank, tmp_path_factory):
     from rlflow.model.build import load_policy
     from rlflow.model.qwen3_moe import write_tiny_qwen3_moe
 
-    path = write_tiny_qwen3_moe(tmp_path_factory.mktemp("qwen3moe"), lm_head_scale=8.0)
+    path = write_tiny_qwen3_moe(tmp_path_factory.mktemp("qwen3moe"), seed=0, lm_head_scale=8.0)
     policy = load_policy(path, FP32, SINGLE, trainable=False)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
