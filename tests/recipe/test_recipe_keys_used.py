@@ -39,6 +39,17 @@ READ_BY = {
     "model.dtype": ("rlflow/model/build.py", "model_cfg.dtype"),
     "model.freeze_vision": ("rlflow/train/setup.py", "recipe.model.freeze_vision"),
     "model.tiny_seed": ("rlflow/model/build.py", "model_cfg.tiny_seed"),
+    **{
+        f"model.moe.{key}": ("rlflow/model/moe.py", f"cfg.{key}")
+        for key in (
+            "grouped_experts",
+            "router_topk",
+            "router_dtype",
+            "aux_loss_coeff",
+            "z_loss_coeff",
+        )
+    },  # fmt: skip
+    "loss.router_replay": ("rlflow/train/loop.py", "t.recipe.loss.router_replay"),
     "data.train.kind": ("rlflow/data/dataset.py", "split_cfg.kind"),
     "data.train.num_samples": ("rlflow/data/dataset.py", "split_cfg.num_samples"),
     "data.train.seed": ("rlflow/data/dataset.py", "split_cfg.seed"),
