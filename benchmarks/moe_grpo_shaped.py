@@ -288,8 +288,8 @@ def run_rollout(policy, prompts, params, args, ceil, counts, device, log) -> dic
     from rlflow.generation.megatron import MegatronGeneration
 
     backend = MegatronGeneration(
-        policy, pad_token_id=args.pad_token_id, cuda_graphs=True,
-        compile_decode=not args.tiny,
+        policy, pad_token_id=args.pad_token_id, max_batch_size=0, cuda_graphs=True,
+        compile_decode=not args.tiny, share_prompts=True,
     )  # fmt: skip
     warm_s, _ = gs.timed_generate(backend, prompts, params, device)
     log(f"rollout: warm-up {warm_s:.1f} s (graph capture included)")
@@ -434,7 +434,9 @@ def main() -> None:
     start = time.perf_counter()
     checkpoint = bench_checkpoint(args.checkpoint, args.tiny, args.layers, device)
     loaded = load_checked(RECIPE, overrides(args, checkpoint))
-    info = parallel.init_parallel(loaded.recipe.parallelism, args.seed)
+    info = parallel.init_parallel(
+        loaded.recipe.parallelism, args.seed, timeout_s=loaded.recipe.watchdog.collective_timeout_s
+    )
     dtype = torch.float32 if args.tiny else torch.bfloat16
     counts = model_counts(checkpoint, 4 if args.tiny else 2)
     results = {

@@ -37,12 +37,11 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
 
     from rlflow import parallel
     from rlflow.generation.base import Prompt
-    from rlflow.generation.megatron import MegatronGeneration
     from rlflow.model.build import export_hf_state_dict, load_policy
     from rlflow.model.media import Media
     from rlflow.train.rollouts import build_train_batch
     from rlflow.train.update import Batching, _backward, policy_token_logprobs, rollout_logprobs
-    from tests.tiny import greedy
+    from tests.tiny import greedy, megatron_generation
 
     info = parallel.info()
     policy = load_policy(checkpoint, FP32, parallel_cfg, trainable=True)
@@ -55,7 +54,7 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
         ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
         prompts.append(Prompt(f"q{info.dp_rank + i * info.dp_size}", text, ids, True, Media()))
     rows = [p for p in prompts for _ in range(G)]
-    engine = MegatronGeneration(policy, tokenizer.pad_token_id)
+    engine = megatron_generation(policy, tokenizer.pad_token_id)
     # a stop token that ends some rows early: the engine retires them, the lockstep follows
     completions = engine.generate(rows, greedy(12, eos=107, ignore_eos=False))
     engine.generate([], greedy(4, eos=107))  # a rank with nothing to do still joins its peers
@@ -102,10 +101,13 @@ def _rank(rank: int, world: int, tp: int, ep: int, checkpoint: str, out: str, po
     from rlflow import parallel
     from rlflow.model.compat import library_logs
     from rlflow.recipe.schema import ParallelismConfig
+    from tests.tiny import base_recipe
 
     library_logs.quiet()
     parallel_cfg = ParallelismConfig(tp, 1, 1, ep)
-    parallel.init_parallel(parallel_cfg, seed=1)
+    parallel.init_parallel(
+        parallel_cfg, seed=1, timeout_s=base_recipe().watchdog.collective_timeout_s
+    )
     result = cycle(Path(checkpoint), parallel_cfg)
     if rank == 0:
         torch.save(result, out)

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from rlflow.generation.base import Prompt, SamplingParams
-from rlflow.generation.megatron import MegatronGeneration
 from rlflow.model.media import Media
-from tests.tiny import FP32, SINGLE, greedy
+from tests.tiny import FP32, SINGLE, greedy, megatron_generation
 
 QUESTIONS = [
     "How many red squares are there?",
@@ -43,7 +42,7 @@ def moe(single_rank, tmp_path_factory):
 
 def _engine(moe, **kwargs):
     policy, tokenizer, _ = moe
-    return MegatronGeneration(policy, tokenizer.pad_token_id, **kwargs)
+    return megatron_generation(policy, tokenizer.pad_token_id, **kwargs)
 
 
 def sampled(n: int, stop: tuple[int, ...] = (-1,), seed: int = 5) -> SamplingParams:
