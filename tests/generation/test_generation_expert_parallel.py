@@ -52,7 +52,7 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
             [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
         )
         ids = tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
-        prompts.append(Prompt(f"q{info.dp_rank + i * info.dp_size}", text, ids, True, Media()))
+        prompts.append(Prompt(f"q{info.dp_rank + i * info.dp_size}", text, ids, Media()))
     rows = [p for p in prompts for _ in range(G)]
     engine = megatron_generation(policy, tokenizer.pad_token_id)
     # a stop token that ends some rows early: the engine retires them, the lockstep follows

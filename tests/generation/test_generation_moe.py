@@ -36,7 +36,7 @@ def moe(single_rank, tmp_path_factory):
             [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
         )
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        prompts.append(Prompt(f"text-{i}", text, tuple(ids), True, Media()))
+        prompts.append(Prompt(f"text-{i}", text, tuple(ids), Media()))
     return policy, tokenizer, prompts
 
 
