@@ -143,6 +143,21 @@ def _gspo_needs_sequence_loss(loaded: LoadedRecipe) -> list[Diagnostic]:
     ]
 
 
+def _fp8_needs_megatron(loaded: LoadedRecipe) -> list[Diagnostic]:
+    gen = loaded.recipe.generation
+    if not gen.fp8 or gen.backend == "megatron":
+        return []
+    return [
+        loaded.diagnostic(
+            ("generation", "fp8"),
+            "recipe.fp8-backend",
+            f"`generation.fp8: true` is implemented by the megatron backend only, not "
+            f"`{gen.backend}`",
+            help="set generation.backend=megatron, or generation.fp8=false",
+        )
+    ]
+
+
 def _overlong_buffer_fits(loaded: LoadedRecipe) -> list[Diagnostic]:
     overlong = loaded.recipe.loss.overlong_penalty
     max_new = loaded.recipe.generation.max_new_tokens
@@ -452,6 +467,7 @@ RULES = (
     _reward_weights,
     _accuracy_reward,
     _gspo_needs_sequence_loss,
+    _fp8_needs_megatron,
     _overlong_buffer_fits,
     _mask_below_cap,
     _prompt_template,
