@@ -130,7 +130,7 @@ def _attend(
     cache_token_stride, GROUP: tl.constexpr, PADDED_GROUP: tl.constexpr, DIM: tl.constexpr,
     SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # row * cache_row_stride can pass 2^31
     head = tl.program_id(1)
     split = tl.program_id(2)
     kv_heads = tl.num_programs(1)
@@ -219,7 +219,7 @@ def _merge(
     part_ptr, lse_ptr, out_ptr, GROUP: tl.constexpr, PADDED_GROUP: tl.constexpr,
     DIM: tl.constexpr, SPLITS: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     kv_heads = tl.num_programs(1)
     s = tl.arange(0, SPLITS)

@@ -63,7 +63,7 @@ def test_fp8_rollouts_track_the_policy_and_its_updates(tiny_policy, tiny_process
     # its FP8 layer weights through fp8.reference_linear (module docstring).
     monkeypatch.setattr(fp8, "require", lambda device: None)
     prompts = mixed_prompts(tiny_processor)
-    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=3, ignore_eos=True)
+    params = SamplingParams(6, 1.0, 1.0, 0, 3, (-1,), True)  # T=1, 6 tokens, seed 3
     pad = tiny_processor.tokenizer.pad_token_id
     exact = MegatronGeneration(tiny_policy, pad).generate(prompts, params)
     engine = MegatronGeneration(tiny_policy, pad, fp8=True)
@@ -75,9 +75,9 @@ def test_fp8_rollouts_track_the_policy_and_its_updates(tiny_policy, tiny_process
     gaps = []  # logprob gaps while a row's tokens still agree
     for a, b in zip(exact, quantized):
         for n in range(1, len(a.token_ids)):
-            gaps.append(abs(a.logprobs[n] - b.logprobs[n]))
             if a.token_ids[n] != b.token_ids[n]:
                 break
+            gaps.append(abs(a.logprobs[n] - b.logprobs[n]))
     assert 0 < max(gaps) < 0.5  # quantized, and close
 
     # an optimizer step changes the weights in place; refresh_weights re-quantizes them
