@@ -61,6 +61,8 @@ def run(policy, prompts, params, device, log, max_rows: int = 64) -> dict:
     rows = prompts[:max_rows]
     ids = [list(policy.prompt_ids(p)) for p in rows]
     out = {"environment": environment(), "rows": len(ids)}
+    from megatron.core.inference.utils import InferenceMode
+
     for name, attempt in (("dynamic", _dynamic), ("static", _static)):
         start = time.perf_counter()
         try:
@@ -73,6 +75,11 @@ def run(policy, prompts, params, device, log, max_rows: int = 64) -> dict:
             if isinstance(err, KeyboardInterrupt):
                 raise
             out[name] = {"ran": False, **failure(err)}
+        finally:
+            # both engines set megatron-core's process-wide inference flag at construction and
+            # never clear it; left on, the trainer's next forward asserts
+            InferenceMode.unset_active()
+            _language_model(policy).train()
         log(f"megatron-core {name} engine: {_short(out[name])}")
     return out
 
