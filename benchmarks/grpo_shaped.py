@@ -538,7 +538,7 @@ def run_rollout_parts(policy, prompts, params, long_params, samples, encoder, ar
     for variant in args.variants:
         fp8 = variant == "fp8"
         for part, (rows, part_params, warm, profiled) in workloads.items():
-            if part not in args.parts:
+            if part not in args.parts or (fp8 and part not in args.fp8_parts):
                 continue
             name = part if variant == "bf16" else f"{part}_{variant}"
             attempt(name, run_rollout, policy, rows, part_params, args, ceil, counts, gpus,
@@ -722,6 +722,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--long-stop-every", type=int, default=None, help="long stops (1000)")
     parser.add_argument(
         "--variants", default="bf16", help="engine variants of the rollout parts: bf16,fp8"
+    )
+    parser.add_argument(
+        "--fp8-parts", default="rollout,long,fixed", help="rollout parts the fp8 variant runs"
     )
     parser.add_argument("--mcore-rows", type=int, default=64, help="rows megatron-core runs")
     parser.add_argument("--seed", type=int, default=0)
