@@ -53,8 +53,8 @@ def decode_attention_check() -> dict:
         norms = (torch.rand(dim, **bf16) + 0.5, torch.rand(dim, **bf16) + 0.5)
         w = dataclasses.replace(LayerWeights(*([None] * 12)),
                                 **({"q_norm": norms[0], "k_norm": norms[1]} if qk_norm else {}))  # fmt: skip
-        w32 = dataclasses.replace(w, q_norm=w.q_norm and w.q_norm.float(),
-                                  k_norm=w.k_norm and w.k_norm.float())  # fmt: skip
+        w32 = dataclasses.replace(w, q_norm=None if w.q_norm is None else w.q_norm.float(),
+                                  k_norm=None if w.k_norm is None else w.k_norm.float())  # fmt: skip
         ref_k, ref_v = keys.float(), values.float()
         ref = _reference_attention(qkv.float(), w32, cos.float(), sin.float(), ref_k, ref_v,
                                    slots, lengths, dims)  # fmt: skip
