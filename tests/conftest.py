@@ -1,11 +1,14 @@
-"""Session-wide fixtures: one single-rank megatron-core parallel state, a tiny checkpoint and the
-vLLM CPU environment (built once per machine, shared by tests/generation and tests/envs)."""
+"""Session-wide fixtures: one single-rank megatron-core parallel state, a tiny checkpoint, the
+vLLM CPU environment (built once per machine, shared by tests/generation and tests/envs) and the
+Slurm cluster (one per session, shared by tests/launch and tests/job)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
+
+from tests.slurm.cluster import slurm_cluster  # noqa: F401 (a fixture: every test folder sees it)
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +27,25 @@ def tiny_ckpt(tmp_path_factory):
     from tests.tiny import tiny_checkpoint
 
     return tiny_checkpoint(str(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="session")
+def family_ckpt(tmp_path_factory):
+    """builtin name -> that family's tiny checkpoint, written once per session (lm_head scaled
+    x8 so greedy decoding has no near-ties), e.g. family_ckpt("tiny-qwen3vl")."""
+    from rlflow.model import family
+
+    written = {}
+
+    def get(name: str):
+        if name not in written:
+            folder = tmp_path_factory.mktemp(name)
+            written[name] = family.by_builtin(name).write_tiny(
+                folder, name, seed=0, lm_head_scale=8.0
+            )
+        return written[name]
+
+    return get
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +87,14 @@ def vllm_env(vllm_gen_cfg):
 # Slow: a test that starts the Slurm cluster, loads a megatron-core model, trains, or runs vLLM.
 # Marked here, by what a test uses, so a new test of that kind is slow without remembering to
 # say so. CI runs everything (`uv run pytest`).
-SLOW_FIXTURES = {"slurm_cluster", "single_rank", "tiny_ckpt", "tiny_policy", "tiny_processor"}
+SLOW_FIXTURES = {
+    "slurm_cluster",
+    "single_rank",
+    "tiny_ckpt",
+    "tiny_policy",
+    "tiny_processor",
+    "family_ckpt",
+}
 SLOW_PATHS = (
     "tests/model/",  # megatron-core models against HF
     "tests/generation/",  # megatron, HF and vLLM generation
@@ -76,9 +105,10 @@ SLOW_PATHS = (
     "tests/train/test_train_grpo_update.py",
     "tests/train/test_train_packing.py",
     "tests/train/test_train_wandb_log.py",  # a GRPO run logged to W&B (offline) and resumed
+    "tests/train/test_train_local_resume.py",  # 2 real ranks stopped by signals, resumed
     "tests/launch/test_launch_slurm.py",  # the Slurm cluster (also through fixtures)
-    "tests/launch/test_launch_recovery.py",
-    "tests/launch/test_launch_watchdog.py",
+    "tests/job/test_job_recovery.py",
+    "tests/job/test_job_watchdog.py",  # real stuck, stopped and killed rank processes
 )
 
 

@@ -25,10 +25,11 @@ from rlflow.errors import (
 
 EPILOG = """\b
 Shards are read from .github/workflows/*.yml (each `run:` that calls pytest, the job's matrix
-expanded), shell scripts (*.sh, .ci/*, ci/*: `pytest`, `python -m pytest`, `uv run pytest`
-lines) and ci-shards.yaml (see docs/lockstep.md). Codes: RF200 malformed CI file, RF201
-shard command that cannot be resolved, RF202 pytest collection failed, RF210 tests no shard
-collects.
+expanded, working-directory honoured), the scripts CI runs (.ci/*, ci/*, and scripts a workflow
+or such a script calls) and ci-shards.yaml. Each is collected by the real `pytest
+--collect-only` with its own arguments, directory and environment. Codes: RF200 malformed CI
+file, RF201 shard command that cannot be resolved, RF202 pytest collection failed, RF203 no
+tests collected from a non-empty suite, RF210 tests no shard collects.
 """
 
 
@@ -89,20 +90,34 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
                 help=f"describe your CI's test shards in {SHARDS_FILE} (docs/lockstep.md: check-tests)",
             )
         )
-    everything = next((s for s in shards if s.selects_everything), None)
-    if everything is not None:
-        return _report(fmt, [], shards, None, f"shard {everything.name} runs every test")
     universe = collect(root, pytest, (), "the whole test suite")
-    unique = sorted({s.args for s in shards})
+    if not universe:
+        files = [t for t in tracked if _is_test_file(t)]
+        if files:
+            raise RlflowError(
+                Diagnostic(
+                    "RF203",
+                    f"`pytest --collect-only` collects 0 tests, but {len(files)} test files "
+                    f"are tracked (e.g. `{files[0]}`)",
+                    help="check testpaths/python_files in the pytest configuration; an empty "
+                    "suite is never a pass",
+                )
+            )
+    unique = {}
+    for shard in shards:
+        unique.setdefault((shard.args, shard.cwd, shard.env), shard.name)
     with ThreadPoolExecutor(max_workers=4) as pool:
-        results = pool.map(lambda args: collect(root, pytest, args, _label(shards, args)), unique)
+        results = pool.map(
+            lambda key: collect(root, pytest, key[0], unique[key], key[1], key[2]), list(unique)
+        )
         covered = set().union(*results)
     missing = sorted(universe - covered)
     return _report(fmt, missing, shards, len(universe), None)
 
 
-def _label(shards, args) -> str:
-    return next(s.name for s in shards if s.args == args)
+def _is_test_file(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
 
 
 def _report(fmt: str, missing: list[str], shards, total: int | None, reason: str | None) -> int:

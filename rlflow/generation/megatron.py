@@ -333,8 +333,7 @@ class MegatronGeneration(GenerationBackend):
         positions = of_core(core).positions(core, padded, valid, media)  # [(3,) P, W]
         features = None
         if media.num_images or media.num_videos:
-            cache = self.policy.extra.get("vision_cache")
-            features = cache.features(core, media_rows) if cache is not None else None
+            features = self.policy.vision_cache.features(core, media_rows)
         inputs = embed(core, padded, media, features=features)  # [W, P, H]
         inputs.hidden = inputs.hidden.transpose(0, 1)[valid]  # [T, H]
         if inputs.deepstack is not None:

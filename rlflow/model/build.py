@@ -9,7 +9,7 @@ layer spec (no Transformer Engine needed), split by the tensor/pipeline sizes th
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from rlflow.errors import Diagnostic, RlflowError
 from rlflow.model import family as families
 from rlflow.model.family import MediaTokens, ModelFamily
 from rlflow.model.media import Prompt
+from rlflow.model.vision_cache import VisionCache
 from rlflow.recipe.schema import ModelConfig, ParallelismConfig
 
 BUILTIN_PREFIX = families.BUILTIN_PREFIX
@@ -35,7 +36,9 @@ class Policy:
     checkpoint: Path
     dtype: torch.dtype
     trainable: bool
-    extra: dict = field(default_factory=dict)
+    # Vision features, recomputed on every use unless the trainer shares one per-step cache
+    # between the policy and the reference (frozen tower: rlflow.train.setup.share_vision_cache).
+    vision_cache: VisionCache
 
     @property
     def core(self):
@@ -158,7 +161,6 @@ def load_policy(
         ]
     from rlflow.model import packed_attention
     from rlflow.model.forward import language_model
-    from rlflow.model.vision_cache import VisionCache
 
     for chunk in chunks:
         core = _unwrap(chunk)
@@ -177,11 +179,8 @@ def load_policy(
         checkpoint=checkpoint,
         dtype=dtype,
         trainable=trainable,
+        vision_cache=VisionCache(enabled=False),
     )
-    policy.extra["provider"] = provider
-    # Vision features recomputed on every use; the trainer swaps in one shared, per-step cache
-    # when the tower is frozen (rlflow.train.setup).
-    policy.extra["vision_cache"] = VisionCache(enabled=False)
     return policy
 
 

@@ -1,6 +1,6 @@
 """Model families: what rlflow needs to know about one kind of checkpoint, asked in one place.
 
-A family (one module each: qwen25vl.py, qwen2vl.py, qwen_text.py)
+A family (one module each: qwen25vl.py, qwen2vl.py, qwen_text.py, qwen3vl.py, qwen3vl_moe.py)
 says whether the model is multimodal, how media become tokens (placeholder ids, merge size, the
 checked prompt ids), the rotary positions of a batch, what the vision tower gives the language
 model, how it loads through megatron-bridge (provider settings, fast paths to install) and how
@@ -34,6 +34,8 @@ _FAMILY_MODULES = (
     "rlflow.model.qwen25vl",
     "rlflow.model.qwen_text",
     "rlflow.model.qwen2vl",
+    "rlflow.model.qwen3vl",
+    "rlflow.model.qwen3vl_moe",
 )
 
 

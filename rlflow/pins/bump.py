@@ -96,10 +96,22 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
             f"run `git submodule update --init --recursive {path}` first",
         )
     sub_dir = root / path
-    target, label = _resolve(sub_dir, ref)
+    state = _RepoState.of(sub_dir)  # refs, FETCH_HEAD, branch: what a dry run puts back
+    try:
+        target, label = _resolve(sub_dir, ref)
+    except RlflowError:
+        state.restore()
+        raise
     before = _gitlinks_below(root, checkout, path)
     files = _snapshot(root)
     moved_submodule = False
+    if target == sub.head:
+        plan = _plan(root, path, before)
+        if not plan.pins and plan.new_text == plan.old_text:
+            if dry_run:
+                state.restore()
+            print(f"nothing to do: {path} is already at {label} ({target[:12]}) and the pins agree")
+            return 0
     try:
         _checkout(sub_dir, target)
         moved_submodule = True
@@ -119,6 +131,9 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
             env=gitcmd.clean_env(),
             capture_output=True,
         )
+        if done.returncode != 0 and "nothing to commit" in (done.stdout + done.stderr):
+            print(f"nothing to do: {path} at {label} ({target[:12]}) is what the root records")
+            return 0
         if done.returncode != 0:
             raise RlflowError(
                 Diagnostic(
@@ -134,6 +149,56 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
     finally:
         if moved_submodule:
             _restore(root, path, sub.head, files)
+        if moved_submodule or dry_run:
+            state.restore()
+
+
+@dataclass(frozen=True)
+class _RepoState:
+    """A submodule's refs, FETCH_HEAD and branch, to put back after a dry run or a failure."""
+
+    repo: Path
+    refs: dict[str, str]
+    branch: str | None
+    fetch_head: bytes | None
+
+    @classmethod
+    def of(cls, repo: Path) -> _RepoState:
+        listing = gitcmd.run(repo, "for-each-ref", "--format=%(objectname) %(refname)")
+        refs = dict(reversed(line.split(" ", 1)) for line in listing.splitlines() if line)
+        branch = gitcmd.run_raw(repo, "symbolic-ref", "-q", "HEAD").stdout.strip() or None
+        git_dir = Path(gitcmd.run(repo, "rev-parse", "--absolute-git-dir").strip())
+        fetch_head = git_dir / "FETCH_HEAD"
+        return cls(repo, refs, branch, fetch_head.read_bytes() if fetch_head.exists() else None)
+
+    def restore(self) -> None:
+        now = RepoRefs(self.repo)
+        for ref in now.names - set(self.refs):
+            gitcmd.run_raw(self.repo, "update-ref", "-d", ref)
+        for ref, commit in self.refs.items():
+            if now.get(ref) != commit:
+                gitcmd.run_raw(self.repo, "update-ref", ref, commit)
+        git_dir = Path(gitcmd.run(self.repo, "rev-parse", "--absolute-git-dir").strip())
+        fetch_head = git_dir / "FETCH_HEAD"
+        if self.fetch_head is None:
+            fetch_head.unlink(missing_ok=True)
+        else:
+            fetch_head.write_bytes(self.fetch_head)
+        if self.branch:
+            current = gitcmd.run_raw(self.repo, "symbolic-ref", "-q", "HEAD").stdout.strip()
+            if current != self.branch:
+                gitcmd.run_raw(self.repo, "checkout", "-q", self.branch.removeprefix("refs/heads/"))
+                gitcmd.run_raw(self.repo, "submodule", "update", "-q", "--init", "--recursive")
+
+
+class RepoRefs:
+    def __init__(self, repo: Path):
+        listing = gitcmd.run(repo, "for-each-ref", "--format=%(objectname) %(refname)")
+        self.refs = dict(reversed(line.split(" ", 1)) for line in listing.splitlines() if line)
+        self.names = set(self.refs)
+
+    def get(self, ref: str) -> str | None:
+        return self.refs.get(ref)
 
 
 # -- steps ------------------------------------------------------------------------------------
@@ -268,7 +333,8 @@ def _apply(root: Path, path: str, plan: Plan) -> None:
 
 
 def _uv_lock(root: Path) -> None:
-    uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    beside = Path(sys.executable).parent / "uv"  # the uv installed with rlflow, then PATH's
+    uv = str(beside) if beside.is_file() else (shutil.which("uv") or "uv")
     try:
         done = subprocess.run(
             [uv, "lock"], cwd=root, capture_output=True, text=True, env=gitcmd.clean_env()

@@ -25,9 +25,10 @@ Examples:
 Finding codes: RF001 conflicting git URL/rev, RF002 submodule URL pin not declared at the
 root, RF003 index URL mismatch, RF004 disjoint versions, RF005 lockstep drift, RF006 gitlink
 != checkout, RF007 uninitialized submodule, RF008 uncommitted submodule pyproject, RF009
-stale policy entry, RF010 root and submodule uv.lock disagree on a source, RF011 stale uv.lock,
-RF012 submodule commit not on its approved ref. Policy: [tool.rlflow.pins] in the root
-pyproject.toml (see docs/lockstep.md).
+stale policy entry, RF010 a deployed submodule's uv.lock disagrees with the root's, RF011 stale
+uv.lock, RF012 submodule commit not on its approved ref, RF013 lock freshness undecidable
+offline, RF014 nested gitlink not committed in its parent. Policy: [tool.rlflow.pins] in the
+root pyproject.toml (see docs/lockstep.md).
 """
 
 
@@ -140,7 +141,7 @@ def analyse(checkout, root_text: str, strict: bool) -> Analysis:
 
     policy = load_policy(docs[0])
     findings = compare(manifests, checkout.submodules, policy)
-    findings += lock_findings(checkout.root, manifests, docs)
+    findings += lock_findings(checkout.root, manifests, docs, policy)
     findings += ref_findings(checkout, policy)
     findings, allowed = apply_allowlist(findings, policy)
     if strict:

@@ -10,6 +10,8 @@
     RF007 warning  submodule not initialized (its pins cannot be checked)
     RF008 error    submodule pyproject.toml has uncommitted changes
     RF009 warning  a [tool.rlflow.pins] entry matches nothing
+    RF014 error    a nested gitlink is staged in its parent submodule but not committed there:
+                   the parent's commit, which the root records, still has the old one
 
 (`--strict` turns every warning into an error.) A root `override-dependencies` entry wins:
 its package is never a conflict.
@@ -112,6 +114,7 @@ def index_findings(manifests: list[Manifest]) -> list[Finding]:
 
 def state_findings(submodules: tuple[Submodule, ...]) -> list[Finding]:
     findings = []
+    declared_in = {s.path: s.declared_at.file for s in submodules}
     for sub in submodules:
         if not sub.initialized:
             findings.append(Finding("RF007", "warning", submodule=sub, location=sub.declared_at))
@@ -120,6 +123,17 @@ def state_findings(submodules: tuple[Submodule, ...]) -> list[Finding]:
             findings.append(Finding("RF006", "error", submodule=sub, location=sub.declared_at))
         if sub.pyproject_dirty:
             findings.append(Finding("RF008", "error", submodule=sub, location=sub.declared_at))
+        if sub.committed is not None and sub.gitlink != sub.committed:
+            parent = sub.declared_at.file.rsplit("/", 1)[0]
+            findings.append(
+                Finding(
+                    "RF014",
+                    "error",
+                    submodule=sub,
+                    location=sub.declared_at,
+                    detail=declared_in.get(parent, ".gitmodules"),  # where the parent is declared
+                )
+            )
     return findings
 
 

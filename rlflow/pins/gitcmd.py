@@ -34,8 +34,17 @@ LOCAL_ENV_VARS = (
 )
 
 
-def clean_env(index_file: str | None = None) -> dict[str, str]:
+# A work tree whose repository lives elsewhere (`GIT_DIR=... GIT_WORK_TREE=... git commit`, no
+# `.git` in the work tree): work tree -> git dir, so calls there keep pointing at it.
+SEPARATE_GIT_DIRS: dict[str, str] = {}
+
+
+def clean_env(index_file: str | None = None, cwd: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in LOCAL_ENV_VARS}
+    if cwd is not None and SEPARATE_GIT_DIRS:
+        top = str(Path(cwd).resolve())
+        if top in SEPARATE_GIT_DIRS:
+            env["GIT_DIR"], env["GIT_WORK_TREE"] = SEPARATE_GIT_DIRS[top], top
     env["GIT_OPTIONAL_LOCKS"] = "0"  # read-only calls never take index.lock from a running commit
     if index_file:
         env["GIT_INDEX_FILE"] = index_file
@@ -63,7 +72,7 @@ def run_raw(cwd: Path, *args: str, index_file: str | None = None) -> subprocess.
         return subprocess.run(
             ["git", *args],
             cwd=cwd,
-            env=clean_env(index_file),
+            env=clean_env(index_file, cwd),
             capture_output=True,
             text=True,
             encoding="utf-8",

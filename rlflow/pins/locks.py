@@ -1,408 +1,475 @@
-"""Lock-level checks: uv.lock files of the root and of submodules; offline, no resolver.
+"""The lock level: is the root's uv.lock what `uv lock` would write now; offline, no resolver.
 
-    RF010 error  a package locked by the root and by a submodule comes from different sources
-                 (git URL + commit, registry URL, or path), e.g. Megatron-Bridge locks another
-                 TransformerEngine commit than the root does
-    RF011 error  the root's uv.lock is stale against its pyproject.toml (`uv lock --check`
-                 would fail): a requirement, constraint, override, group or requires-python
-                 changed, here or in a path dependency (a submodule's own stale lock: warning)
+    RF011 error    uv.lock is stale: `uv lock --check` would fail (a requirement, extra, group,
+                   version, source, index, constraint, override, exclude, dependency-metadata,
+                   conflict, environment, option or requires-python changed; or uv cannot read it)
+    RF013 warning  rlflow cannot decide offline (dynamic dependencies need a build, a local
+                   project is not checked out, settings live in uv.toml): run `uv lock --check`
+    RF010 error    a submodule named in `deployed-locks` locks a package from another git commit,
+                   URL or path than the root does, for a package the root installs through it
 
-RF011 follows uv's own test: uv records every requirement as the project declared it (after
-`[tool.uv.sources]`) under `[package.metadata]` and `[manifest]`, and a lock is fresh when that
-record equals what the pyproject asks for now. We compare name, specifier, extras and source;
-markers are left out (uv rewrites them, `python_version` -> `python_full_version`), so a change of
-marker alone is not reported: no false alarms, and uv has the last word.
+Only what affects the root's resolution is compared. uv never reads a submodule's own uv.lock
+when it locks or syncs the root, so that lock is informational, unless the policy says the
+submodule is also deployed from its own lock (`[tool.rlflow.pins] deployed-locks`); then that
+lock must be fresh too, and agree with the root's on the packages the root gets through the
+submodule, except where the root decides (its overrides, constraints with a URL and
+`[tool.uv.sources]`). `lock-level = false` turns all of this off.
+
+Staleness follows uv's own test (uv-resolver `Lock::satisfies` and `ValidatedLock::validate`):
+each local project's record (version, requires-dist, provides-extras, requires-dev) and the
+manifest (members, constraints, overrides, excludes, build constraints, dependency-metadata)
+must equal what the pyproject files ask for, after lowering (lowering.py); markers compare by
+meaning (markers.py).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import tomllib
-from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
-from rlflow.errors import Diagnostic, RlflowError
+from rlflow.pins import lowering, markers, uvlock
+from rlflow.pins.lowering import Undecidable
 from rlflow.pins.model import Finding, Location
-from rlflow.pins.urls import normalize_repo
 
 LOCK = "uv.lock"
+SCHEMA = 1
+_OPTIONS = {
+    "resolution-mode": ("resolution", "highest"),
+    "prerelease-mode": ("prerelease", "if-necessary-or-explicit"),
+    "fork-strategy": ("fork-strategy", "requires-python"),
+    "exclude-newer": ("exclude-newer", None),
+}
 
 
 @dataclass(frozen=True)
-class Lock:
-    project: str  # directory relative to the repository root ("" = root)
-    file: str  # relative path of the uv.lock
-    directory: str  # absolute directory of the lock
-    data: dict
-    lines: dict[str, int]  # package name -> line of its `source =` (first entry)
-    metadata_line: int | None  # line of the project's own [package.metadata]
+class Stale:
+    what: str
+    where: Location | None = None
 
 
-def lock_findings(root: Path, manifests: list, documents: list) -> list[Finding]:
-    """RF010 and RF011 for every project that has a uv.lock next to its pyproject.toml."""
-    locks = [lock for m in manifests if (lock := read_lock(root, m.project)) is not None]
-    if not locks:
+def lock_findings(root: Path, manifests: list, documents: list, policy) -> list[Finding]:
+    if not policy.lock_level:
         return []
     findings: list[Finding] = []
-    by_project = {m.project: (m, d) for m, d in zip(manifests, documents, strict=True)}
-    for lock in locks:
-        manifest, document = by_project[lock.project]
-        finding = stale(lock, manifest, document)
-        if finding is None:  # uv also re-reads the path dependencies it locked
-            finding = stale_path_dependency(lock, list(by_project.values()))
-        if finding is not None:
-            findings.append(finding)
-    root_lock = next((lock for lock in locks if lock.project == ""), None)
+    root_lock = uvlock.read(root, LOCK, full=bool(policy.deployed_locks))
     if root_lock is not None:
-        for lock in locks:
-            if lock is not root_lock:
-                findings += source_mismatches(root_lock, lock)
-    return findings
-
-
-def read_lock(root: Path, project: str) -> Lock | None:
-    rel = f"{project}/{LOCK}" if project else LOCK
-    path = root / rel
-    if not path.exists():
-        return None
-    try:
-        text = path.read_bytes().decode("utf-8").removeprefix("\ufeff")
-        try:
-            data = tomllib.loads(_without_artifacts(text))
-        except tomllib.TOMLDecodeError:
-            data = tomllib.loads(text)  # the full text, for the exact error and line
-    except tomllib.TOMLDecodeError as err:
-        from rlflow.pins.parse import _toml_error
-
-        raise _toml_error(rel, text, err) from None
-    except (OSError, UnicodeDecodeError, RecursionError) as err:
-        raise RlflowError(
-            Diagnostic(
-                "RF102",
-                f"cannot read `{rel}`: {err}",
-                file=rel,
-                help="re-create it with `uv lock`",
-            )
-        ) from None
-    lines, metadata_line, name = {}, None, None
-    for number, line in enumerate(text.split("\n"), start=1):
-        if line.startswith("name = "):
-            name = canonicalize_name(line.split('"')[1]) if '"' in line else None
-        elif line.startswith("source = ") and name and name not in lines:
-            lines[name] = number
-            if re.search(r'(editable|virtual|directory) = "\."', line):
-                metadata_line = number
-    return Lock(project, rel, str(path.parent), data, lines, metadata_line)
-
-
-def _without_artifacts(text: str) -> str:
-    """The lock minus its `sdist = {...}` and `wheels = [...]` entries: most of its bytes
-    (URLs, hashes, sizes), none of what is compared here. tomllib is pure Python: parsing a
-    400 kB lock whole takes ~0.1 s; without them, a fifth of that."""
-    out, skipping = [], False
-    for line in text.split("\n"):
-        if skipping:
-            skipping = line != "]"
-            continue
-        if line.startswith("sdist = {") and line.endswith("}"):
-            continue
-        if line.startswith("wheels = ["):
-            skipping = not line.endswith("]")
-            continue
-        out.append(line)
-    return "\n".join(out)
-
-
-# -- RF010: shared packages, one source --------------------------------------------------------
-def sources_by_package(lock: Lock) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = defaultdict(set)
-    for package in lock.data.get("package", []):
-        if isinstance(package, dict) and isinstance(package.get("name"), str):
-            source = package.get("source")
-            out[canonicalize_name(package["name"])].add(_source_key(source, lock.directory))
-    return out
-
-
-def _source_key(source, base: str) -> str:
-    if not isinstance(source, dict):
-        return "unknown"
-    if "git" in source:
-        url = str(source["git"])
-        base_url, _, commit = url.partition("#")
-        parts = urlsplit(base_url)
-        subdirectory = parse_qs(parts.query).get("subdirectory", [""])[0]
-        repo = normalize_repo(parts._replace(query="").geturl())
-        return f"git {repo}{'#' + subdirectory if subdirectory else ''} @ {commit or '?'}"
-    for key in ("registry", "url"):
-        if key in source:
-            return f"{key} {source[key]}"
-    for key in ("editable", "directory", "path", "virtual"):
-        if key in source:
-            return f"path {os.path.normpath(os.path.join(base, str(source[key])))}"
-    return "unknown"
-
-
-def source_mismatches(root_lock: Lock, sub_lock: Lock) -> list[Finding]:
-    ours, theirs = sources_by_package(root_lock), sources_by_package(sub_lock)
-    findings = []
-    for name in sorted(set(ours) & set(theirs)):
-        if ours[name] != theirs[name]:
+        findings += freshness(root_lock, root, "", documents[0])
+    by_project = {m.project: d for m, d in zip(manifests, documents, strict=True)}
+    for sub, where in policy.deployed_locks.items():
+        rel = f"{sub}/{LOCK}"
+        lock = uvlock.read(root, rel, full=True)
+        if lock is None:
             findings.append(
-                Finding(
-                    "RF010",
-                    "error",
-                    package=name,
-                    location=Location(root_lock.file, root_lock.lines.get(name)),
-                    detail=(
-                        f"`{name}` is locked from {_show(ours[name])} in `{root_lock.file}` but "
-                        f"from {_show(theirs[name])} in `{sub_lock.file}`"
-                        f" (line {sub_lock.lines.get(name)})"
-                    ),
+                _undecided(
+                    where, f"`{rel}` does not exist ([tool.rlflow.pins] deployed-locks names it)"
                 )
             )
+            continue
+        findings += freshness(lock, root, sub, by_project.get(sub))
+        if root_lock is not None:
+            from rlflow.pins.deployed import agreement
+
+            findings += agreement(root_lock, lock, root, documents[0])
     return findings
 
 
-def _show(keys: set[str]) -> str:
-    return " and ".join(f"`{k}`" for k in sorted(keys))
+def freshness(lock: uvlock.UvLock, root: Path, project: str, document) -> list[Finding]:
+    try:
+        stale = _stale(lock, root / project if project else root, document)
+    except Undecidable as why:
+        return [
+            _undecided(Location(lock.file), f"cannot tell whether `{lock.file}` is fresh: {why}")
+        ]
+    if stale is None:
+        return []
+    where = stale.where or Location(lock.file, 1)
+    if os.path.isabs(where.file):
+        where = Location(Path(os.path.relpath(where.file, root.resolve())).as_posix(), where.line)
+    return [
+        Finding(
+            "RF011",
+            "error",
+            location=where,
+            detail=f"`{lock.file}` is stale: {stale.what}",
+        )
+    ]
 
 
-# -- RF011: stale lock -------------------------------------------------------------------------
-Entry = tuple[str, tuple[str, ...], str, str]  # name, extras, specifier, source
+def _undecided(where: Location, detail: str) -> Finding:
+    return Finding("RF013", "warning", location=where, detail=detail)
 
 
-def stale(lock: Lock, manifest, document) -> Finding | None:
-    """A Finding when the lock's record of the project differs from its pyproject now."""
-    data = document.data
-    project = data.get("project") if isinstance(data.get("project"), dict) else {}
-    if "dependencies" in project.get("dynamic", []) or not manifest.name:
-        return None  # computed at build time: only uv can tell
-    recorded = _recorded(lock, manifest.name)
-    if recorded is None:
-        return _finding(lock, f"`{lock.file}` does not lock project `{manifest.name}`", None)
-    wanted = _wanted(data, manifest.directory)
-    for what in ("requires-dist", "requires-dev", "constraints", "overrides"):
-        have, want = Counter(recorded[what]), Counter(wanted[what])
-        if have != want:
-            added = sorted((want - have).elements())
-            removed = sorted((have - want).elements())
-            detail = _difference(what, added, removed)
-            where = _pyproject_line(document, added[0][0]) if added else None
-            return _finding(lock, detail, where)
-    lock_python = lock.data.get("requires-python")
-    project_python = project.get("requires-python")
-    if isinstance(lock_python, str) and isinstance(project_python, str):
-        if _spec(lock_python) != _spec(project_python) and not _workspace(lock):
-            return _finding(
-                lock,
-                f"requires-python is `{project_python}` but the lock has `{lock_python}`",
-                document.loc(("project", "requires-python")),
-            )
+# -- uv's test --------------------------------------------------------------------------------
+def _stale(lock: uvlock.UvLock, directory: Path, document) -> Stale | None:
+    version = lock.header.get("version")
+    if version != SCHEMA:
+        return Stale(
+            f"it is written in lock schema version {version!r}; uv 0.13 (and rlflow) read "
+            f"version {SCHEMA} only, so `uv lock --check` refuses it"
+        )
+    if (directory / "uv.toml").is_file():
+        raise Undecidable(
+            "`uv.toml` holds uv settings that rlflow does not read; run `uv lock --check`"
+        )
+    data = document.data if document is not None else None
+    root = (
+        lowering.project_from(str(directory), data)
+        if data is not None
+        else lowering.load_project(str(directory))
+    )
+    members = lowering.workspace_members(root)
+    python = lock.requires_python
+    for check in (
+        _options,
+        _environments,
+        _conflicts,
+        _requires_python,
+        _packages,
+        _manifest,
+        _indexes,
+    ):
+        found = check(lock, root, members, python)
+        if found:
+            return found
     return None
 
 
-def stale_path_dependency(lock: Lock, projects: list) -> Finding | None:
-    """A path dependency (a submodule) whose requirements changed since the lock recorded them."""
-    by_directory = {m.directory: (m, d) for m, d in projects}
-    for package in lock.data.get("package", []):
-        if not isinstance(package, dict) or not isinstance(package.get("source"), dict):
-            continue
-        key = _source_key(package["source"], lock.directory)
-        if not key.startswith("path ") or key[5:] == lock.directory:
-            continue
-        found = by_directory.get(key[5:])
-        metadata = package.get("metadata")
-        if found is None or not isinstance(metadata, dict):
-            continue
-        manifest, document = found
-        project = document.data.get("project")
-        if not isinstance(project, dict) or "dependencies" in project.get("dynamic", []):
-            continue
-        have = Counter(_lock_entry(e, lock.directory) for e in metadata.get("requires-dist", []))
-        want = Counter(_wanted(document.data, manifest.directory)["requires-dist"])
-        if have != want:
-            added, removed = sorted((want - have).elements()), sorted((have - want).elements())
-            detail = f"path dependency `{manifest.project}`: " + _difference(
-                "requires-dist", added, removed
-            )
-            where = _pyproject_line(document, added[0][0]) if added else None
-            return _finding(lock, detail, where)
+def _options(lock, root, members, python) -> Stale | None:
+    options = lock.header.get("options", {}) if isinstance(lock.header.get("options"), dict) else {}
+    for key, (setting, default) in _OPTIONS.items():
+        have = options.get(key, default)
+        want = root.uv.get(setting, default)
+        if str(have) != str(want):
+            return Stale(f"[tool.uv] {setting} is `{want}` but the lock was resolved with `{have}`")
     return None
 
 
-def _workspace(lock: Lock) -> bool:
-    manifest = lock.data.get("manifest", {})
-    return isinstance(manifest, dict) and len(manifest.get("members", [])) > 1
+def _environments(lock, root, members, python) -> Stale | None:
+    for setting, key in (
+        ("environments", "supported-markers"),
+        ("required-environments", "required-markers"),
+    ):
+        want = root.uv.get(setting, [])
+        want = [want] if isinstance(want, str) else [w for w in want if isinstance(w, str)]
+        have = [h for h in lock.header.get(key, []) if isinstance(h, str)]
+        if bool(want) != bool(have) or not _same_markers(have, want, python):
+            return Stale(f"[tool.uv] {setting} changed since the lock was written")
+    return None
 
 
-def _recorded(lock: Lock, name: str) -> dict[str, list[Entry]] | None:
-    own = None
-    for package in lock.data.get("package", []):
-        if not isinstance(package, dict) or not isinstance(package.get("name"), str):
-            continue
-        source = package.get("source", {})
-        if canonicalize_name(package["name"]) == name and isinstance(source, dict):
-            if any(source.get(k) == "." for k in ("editable", "virtual", "directory")):
-                own = package
-    if own is None:
-        return None
-    metadata = own.get("metadata", {}) if isinstance(own.get("metadata"), dict) else {}
-    manifest = lock.data.get("manifest", {}) if isinstance(lock.data.get("manifest"), dict) else {}
-    dev = metadata.get("requires-dev", {})
-    return {
-        "requires-dist": [
-            _lock_entry(e, lock.directory) for e in metadata.get("requires-dist", [])
-        ],
-        "requires-dev": [
-            (group, *_lock_entry(e, lock.directory)[:4])
-            for group, entries in (dev.items() if isinstance(dev, dict) else [])
-            for e in entries
-        ],
-        "constraints": [_lock_entry(e, lock.directory) for e in manifest.get("constraints", [])],
-        "overrides": [_lock_entry(e, lock.directory) for e in manifest.get("overrides", [])],
-    }
+def _same_markers(have: list[str], want: list[str], python) -> bool:
+    try:
+        parsed = [markers.parse(m) for m in have], [markers.parse(m) for m in want]
+    except ValueError:
+        return sorted(have) == sorted(want)
+    return markers.equivalent_sets(*parsed, python) is not False
 
 
-def _lock_entry(entry, base: str) -> Entry:
-    if not isinstance(entry, dict):
-        return ("?", (), "", "")
-    name = canonicalize_name(str(entry.get("name", "?")))
-    extras = tuple(sorted(canonicalize_name(e) for e in entry.get("extras", [])))
-    source = ""
-    if "git" in entry:
-        url = urlsplit(str(entry["git"]))
-        query = parse_qs(url.query)
-        ref = next((f"{k}={query[k][0]}" for k in ("rev", "tag", "branch") if k in query), "")
-        sub = query.get("subdirectory", [""])[0]
-        source = f"git {normalize_repo(url._replace(query='').geturl())}@{ref}#{sub}"
-    elif "url" in entry:
-        source = f"url {entry['url']}"
-    else:
-        for key in ("editable", "directory", "path"):
-            if key in entry:
-                source = f"path {os.path.normpath(os.path.join(base, str(entry[key])))}"
-                break
-    specifier = "" if source else _spec(str(entry.get("specifier", "")))
-    return (name, extras, specifier, source)
+def _conflicts(lock, root, members, python) -> Stale | None:
+    want = set()
+    for name, member in members.items():
+        for group in (
+            member.uv.get("conflicts", []) if isinstance(member.uv.get("conflicts"), list) else []
+        ):
+            want.add(frozenset(_conflict_item(i, name) for i in group if isinstance(i, dict)))
+    have = set()
+    for group in (
+        lock.header.get("conflicts", []) if isinstance(lock.header.get("conflicts"), list) else []
+    ):
+        have.add(frozenset(_conflict_item(i, None) for i in group if isinstance(i, dict)))
+    if want != have:
+        return Stale(
+            "[tool.uv] conflicts changed since the lock was written", _line(root, "conflicts")
+        )
+    return None
 
 
-def _wanted(data: dict, directory: str) -> dict[str, list[Entry]]:
-    """What the pyproject asks for, in the lock's terms (sources applied like uv does)."""
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    tool_uv = data.get("tool", {}).get("uv", {}) if isinstance(data.get("tool"), dict) else {}
-    sources = tool_uv.get("sources", {}) if isinstance(tool_uv, dict) else {}
-    sources = (
-        {canonicalize_name(k): v for k, v in sources.items()} if isinstance(sources, dict) else {}
+def _conflict_item(item: dict, project: str | None) -> tuple:
+    kind = "extra" if "extra" in item else "group" if "group" in item else "package"
+    package = item.get("package", project)
+    return (
+        canonicalize_name(str(package)) if package else None,
+        kind,
+        canonicalize_name(str(item.get(kind, ""))),
     )
 
-    def entries(items, use_sources: bool = True) -> list[Entry]:
-        out = []
-        for text in items if isinstance(items, list) else []:
-            if not isinstance(text, str):
-                continue
-            try:
-                req = Requirement(text)
-            except InvalidRequirement:
-                continue  # parse.py already reported it
-            name = canonicalize_name(req.name)
-            extras = tuple(sorted(canonicalize_name(e) for e in req.extras))
-            source = _source_of(req, sources.get(name) if use_sources else None, directory)
-            out.append((name, extras, "" if source else _spec(str(req.specifier)), source))
-        return out
 
-    project = data.get("project", {}) if isinstance(data.get("project"), dict) else {}
-    dist = entries(project.get("dependencies", []))
-    optional = project.get("optional-dependencies", {})
-    for items in optional.values() if isinstance(optional, dict) else []:
-        dist += entries(items)
-    groups = data.get("dependency-groups", {})
-    dev: list = []
-    for group, items in groups.items() if isinstance(groups, dict) else []:
-        dev += [(canonicalize_name(group), *e) for e in entries(items)]
-    dev += [("dev", *e) for e in entries(tool_uv.get("dev-dependencies", []))]
-    return {
-        "requires-dist": dist,
-        "requires-dev": dev,
-        "constraints": entries(tool_uv.get("constraint-dependencies", [])),
-        "overrides": entries(tool_uv.get("override-dependencies", [])),
-    }
+def _requires_python(lock, root, members, python) -> Stale | None:
+    wanted = [m.table.get("requires-python") for m in members.values()]
+    wanted = [w for w in wanted if isinstance(w, str)]
+    if not wanted or python is None:
+        return None
+    want = ",".join(wanted)
+    if not _same_range(python, want):
+        return Stale(
+            f"requires-python is `{want}` but the lock has `{python}`",
+            _line(root, "requires-python"),
+        )
+    return None
 
 
-def _source_of(req, source, directory: str) -> str:
-    if isinstance(source, list):
-        source = source[0] if len(source) == 1 and isinstance(source[0], dict) else None
-    if isinstance(source, dict) and "index" not in source and "workspace" not in source:
-        if "git" in source:
-            ref = next((f"{k}={source[k]}" for k in ("rev", "tag", "branch") if k in source), "")
-            repo = normalize_repo(str(source["git"]))
-            return f"git {repo}@{ref}#{source.get('subdirectory', '')}"
-        if "url" in source:
-            return f"url {source['url']}"
-        if "path" in source:
-            return f"path {os.path.normpath(os.path.join(directory, str(source['path'])))}"
-    if req.url:
-        url = req.url
-        if url.startswith("git+"):
-            base, _, fragment = url[4:].partition("#")
-            parts = urlsplit(base)
-            path, ref = parts.path, ""
-            if "@" in path:
-                path, ref = path.rsplit("@", 1)
-                ref = f"rev={ref}"  # uv records a URL's @ref as `?rev=`
-            sub = parse_qs(fragment).get("subdirectory", [""])[0]
-            return f"git {normalize_repo(parts._replace(path=path).geturl())}@{ref}#{sub}"
-        if url.startswith("file://"):
-            return f"path {os.path.normpath(urlsplit(url).path)}"
-        return f"url {url}"
-    return ""
-
-
-def _spec(text: str) -> str:
+def _same_range(a: str, b: str) -> bool:
     try:
-        return ",".join(sorted(str(s) for s in SpecifierSet(text)))
+        left, right = SpecifierSet(a), SpecifierSet(b)
     except InvalidSpecifier:
-        return text
+        return a == b
+    points = markers._python_points({s.version for s in list(left) + list(right)}, None)
+    return all(
+        left.contains(p, prereleases=True) == right.contains(p, prereleases=True) for p in points
+    )
 
 
+def _manifest(lock, root, members, python) -> Stale | None:
+    manifest = lock.manifest
+    have_members = {canonicalize_name(str(m)) for m in manifest.get("members", [])}
+    if (len(members) > 1 or have_members) and have_members != set(members):
+        return Stale(
+            f"the workspace members are {sorted(members)} but the lock has {sorted(have_members)}",
+            _line(root, "members"),
+        )
+    directory = lock.directory
+    locked = {p.name for p in lock.packages}
+    # uv 0.13 (measured): a new constraint, override, exclude or dependency-metadata entry for a
+    # package the lock has never seen does not make it stale; build constraints always count.
+    for key, setting, filtered in (
+        ("constraints", "constraint-dependencies", True),
+        ("overrides", "override-dependencies", True),
+        ("build-constraints", "build-constraint-dependencies", False),
+    ):
+        have = [uvlock.entry(i, directory) for i in manifest.get(key, []) or []]
+        known = locked | {e[0] for e in have}
+        want = [e for t in _texts(root.uv.get(setting)) for e in lowering.lower(t, root)]
+        want = [e for e in want if not filtered or e[0] in known]
+        diff = lowering.compare_entries(have, want, python)
+        if diff:
+            if root.uv.get("preview") is True or root.uv.get("preview-features"):
+                raise Undecidable(
+                    f"[tool.uv] {setting} changed, and with uv's preview features on, uv may "
+                    "accept the lock anyway (it does for NeMo-RL's)"
+                )
+            return Stale(_difference(f"[tool.uv] {setting}", *diff), _line(root, setting, diff))
+    have_ex = {canonicalize_name(str(n)) for n in manifest.get("excludes", []) or []}
+    want_ex = {canonicalize_name(n) for n in _texts(root.uv.get("exclude-dependencies"))}
+    want_ex = {n for n in want_ex if n in locked | have_ex}
+    if want_ex != have_ex:
+        return Stale(
+            "[tool.uv] exclude-dependencies changed since the lock was written",
+            _line(root, "exclude-dependencies"),
+        )
+    have_meta = {
+        _metadata(m, python)
+        for m in manifest.get("dependency-metadata", []) or []
+        if isinstance(m, dict)
+    }
+    known = locked | {m[0] for m in have_meta}
+    want_meta = {
+        _metadata(m, python)
+        for m in root.uv.get("dependency-metadata", []) or []
+        if isinstance(m, dict)
+    }
+    want_meta = {m for m in want_meta if m[0] in known}
+    if want_meta != have_meta:
+        changed = sorted({m[0] for m in want_meta ^ have_meta})
+        return Stale(
+            f"[[tool.uv.dependency-metadata]] changed since the lock was written (`{'`, `'.join(changed)}`)",
+            _line(root, "dependency-metadata"),
+        )
+    if not root.name:
+        want_groups = lowering.groups(root)
+        have_groups = manifest.get("dependency-groups", {}) or {}
+        return _groups(
+            "the root's dependency-groups", have_groups, want_groups, directory, python, root
+        )
+    return None
+
+
+def _indexes(lock, root, members, python) -> Stale | None:
+    """uv re-resolves when a locked registry is no longer configured (only when some index is)."""
+    package = uvlock.unconfigured_registry(lock, list(members.values()) or [root])
+    if package is None:
+        return None
+    return Stale(
+        f"`{package.name}` {package.version} is locked from `{package.source['registry']}`, "
+        "which no [[tool.uv.index]], index-url or find-links names any more",
+        _line(root, "index"),
+    )
+
+
+def _metadata(entry: dict, python) -> tuple:
+    from packaging.version import InvalidVersion, Version
+
+    version = entry.get("version")
+    try:
+        version = str(Version(version)) if isinstance(version, str) else None
+    except InvalidVersion:
+        pass
+    requires = tuple(
+        (e[0], e[1], e[2], repr(e[3]))
+        for t in _texts(entry.get("requires-dist"))
+        for e in lowering.lower(t, lowering.Project("/", {}, {}, {}))
+    )
+    return (
+        canonicalize_name(str(entry.get("name", ""))),
+        version,
+        requires,
+        str(entry.get("requires-python") or ""),
+        tuple(sorted(canonicalize_name(str(x)) for x in entry.get("provides-extras", []) or [])),
+    )
+
+
+def _packages(lock, root, members, python) -> Stale | None:
+    """Every local project in the lock: workspace members and the path dependencies uv reads."""
+    by_dir = {m.directory: m for m in members.values()}
+    local = lock.local()
+    for name, member in members.items():
+        package = next((p for p in local if p.name == name), None)
+        if package is None:
+            return Stale(f"the lock has no entry for project `{name}`", _line(root, "name"))
+        virtual = _virtual(member)
+        if virtual is not None and virtual != (package.local_kind == "virtual"):
+            now = "virtual (not built)" if virtual else "a package"
+            return Stale(f"`{name}` is now {now}; the lock has it {package.local_kind}")
+    for package in local:
+        directory = lock.path_of(package)
+        project = by_dir.get(directory)
+        if project is None:
+            if not os.path.isdir(directory):
+                raise Undecidable(
+                    f"local project `{package.name}` at `{directory}` is not there (a submodule not checked out?)"
+                )
+            project = lowering.load_project(directory)
+        found = _package(lock, package, project, python, root)
+        if found:
+            return found
+    return None
+
+
+def _virtual(member) -> bool | None:
+    """True/False when uv must record the member as virtual or not; None when that depends on
+    who requires it (no build-system and no `tool.uv.package`)."""
+    package = member.uv.get("package")
+    if isinstance(package, bool):
+        return not package
+    return False if isinstance(member.data.get("build-system"), dict) else None
+
+
+def _package(lock, package, project, python, root) -> Stale | None:
+    data = package.data or {}
+    metadata = data.get("metadata", {}) if isinstance(data.get("metadata"), dict) else {}
+    wanted = lowering.record(project)
+    label = f"`{package.name}`" + (
+        " (the root project)" if project is root else f" (`{_rel(lock, project.directory)}`)"
+    )
+    if package.local_kind != "virtual":
+        if wanted.version is None and package.version is not None:
+            return Stale(f"{label} now has a dynamic version; the lock records {package.version}")
+        if wanted.version is not None and not lowering.same_version(
+            package.version, wanted.version
+        ):
+            return Stale(
+                f"{label} is version {wanted.version}, the lock has {package.version}",
+                _line(project, "version"),
+            )
+    have_extras = frozenset(
+        canonicalize_name(str(e)) for e in metadata.get("provides-extras", []) or []
+    )
+    if "provides-extras" in metadata or wanted.provides_extras:
+        if have_extras != wanted.provides_extras:
+            gone = sorted(have_extras - wanted.provides_extras)
+            new = sorted(wanted.provides_extras - have_extras)
+            return Stale(
+                f"{label}: extras changed (new: {new or 'none'}; gone: {gone or 'none'})",
+                _line(project, "optional-dependencies"),
+            )
+    have = [uvlock.entry(i, lock.directory) for i in metadata.get("requires-dist", []) or []]
+    diff = lowering.compare_entries(have, wanted.requires_dist, python)
+    if diff:
+        return Stale(
+            f"{label}: " + _difference("requires-dist", *diff), _line(project, "dependencies", diff)
+        )
+    dev = metadata.get("requires-dev", {}) if isinstance(metadata.get("requires-dev"), dict) else {}
+    return _groups(label, dev, wanted.requires_dev, lock.directory, python, project)
+
+
+def _groups(label, have_raw: dict, want: dict, directory, python, project) -> Stale | None:
+    have = {
+        canonicalize_name(g): [uvlock.entry(i, directory) for i in items or []]
+        for g, items in have_raw.items()
+    }
+    have = {g: e for g, e in have.items() if e}
+    if set(have) != set(want):
+        return Stale(
+            f"{label}: dependency groups changed (lock: {sorted(have)}; pyproject: {sorted(want)})",
+            _line(project, "dependency-groups"),
+        )
+    for group in sorted(want):
+        diff = lowering.compare_entries(have[group], want[group], python)
+        if diff:
+            return Stale(
+                f"{label}: " + _difference(f"dependency group `{group}`", *diff),
+                _line(project, group, diff),
+            )
+    return None
+
+
+# -- words ------------------------------------------------------------------------------------
 def _difference(what: str, added: list, removed: list) -> str:
-    def show(entry) -> str:
-        *group, name, extras, spec, source = entry
+    def show(key) -> str:
+        name, extras, source = key
         extra = f"[{','.join(extras)}]" if extras else ""
-        where = f" from {source}" if source else ""
-        prefix = f"{group[0]}: " if group else ""
-        return f"`{prefix}{name}{extra}{spec}{where}`"
+        return f"`{name}{extra}{_source_text(source)}`"
 
     parts = []
     if added:
-        parts.append("not locked: " + ", ".join(show(e) for e in added[:3]))
+        parts.append("not locked as written: " + ", ".join(show(k) for k in added[:3]))
     if removed:
-        parts.append("locked but no longer asked for: " + ", ".join(show(e) for e in removed[:3]))
+        parts.append("locked but no longer asked for: " + ", ".join(show(k) for k in removed[:3]))
     return f"{what} changed since the lock was written ({'; '.join(parts)})"
 
 
-def _pyproject_line(document, name: str) -> Location | None:
-    pattern = re.compile(
-        r"[\"']\s*" + "[-_.]?".join(re.escape(p) for p in re.split(r"[-_.]", name)), re.I
-    )
-    for number, line in enumerate(document.lines.lines, start=1):
-        if pattern.search(line):
-            return Location(document.file, number)
-    return None
+def _source_text(source: tuple) -> str:
+    kind = source[0]
+    if kind == "registry":
+        spec = (
+            ",".join(op + v for op, v in source[1]) if source[1] and len(source[1][0]) == 2 else ""
+        )
+        return spec + (f" from index {source[2]}" if source[2] else "")
+    if kind == "git":
+        return f" @ git {source[1]}" + (f"@{source[3]}" if source[3] else "")
+    if kind == "url":
+        return f" @ {source[1]}"
+    return f" from {source[1]} path {source[2]}"
 
 
-def _finding(lock: Lock, detail: str, where: Location | None) -> Finding:
-    # A submodule's stale lock is upstream's to fix and breaks nothing the root locks: a warning
-    # (`--strict` makes it an error). The root's own stale lock is an error.
-    return Finding(
-        "RF011",
-        "error" if lock.project == "" else "warning",
-        location=where or Location(lock.file, lock.metadata_line),
-        detail=f"`{lock.file}` is stale: {detail}",
-    )
+def _rel(lock, directory: str) -> str:
+    return os.path.relpath(directory, lock.directory)
+
+
+def _line(project, key: str, diff=None) -> Location | None:
+    """The pyproject line that sets `key` (or names the first changed package)."""
+    path = Path(project.directory) / "pyproject.toml"
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except OSError:
+        return None
+    names = [k[0] for k in (diff[0] or diff[1])] if diff else []
+    patterns = [
+        re.compile(r"[\"']\s*" + "[-_.]?".join(re.escape(p) for p in re.split(r"[-_.]", n)), re.I)
+        for n in names[:1]
+    ]
+    patterns.append(re.compile(rf"^\s*\[?\[?[\w.\"-]*{re.escape(key)}\b"))
+    rel = str(path)
+    for pattern in patterns:
+        for number, line in enumerate(lines, start=1):
+            if pattern.search(line):
+                return Location(rel, number)
+    return Location(rel, None)
+
+
+def _texts(value) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []

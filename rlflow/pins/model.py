@@ -108,6 +108,8 @@ class Submodule:
     gitlink: str | None  # commit recorded in the parent's index; None if not recorded
     head: str | None  # commit checked out; None if not initialized
     pyproject_dirty: bool = False
+    url: str | None = None  # the parent's .gitmodules `url =`
+    committed: str | None = None  # nested only: the gitlink its parent's HEAD records
 
     @property
     def initialized(self) -> bool:

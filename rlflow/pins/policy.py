@@ -3,14 +3,19 @@
     [tool.rlflow.pins]
     lockstep = ["transformer-engine"]        # must be pinned identically everywhere
     submodule-refs = { "submodules/Megatron-Bridge" = "main" }  # gitlink must be on origin/main
+    lock-level = true                        # false: no uv.lock checks (RF010/RF011/RF013)
+    deployed-locks = ["submodules/Megatron-Bridge"]  # also deployed from its own uv.lock
     allow = [                                # known-harmless differences, each with a reason
       { package = "nemo-run", reason = "only in Megatron-LM's test tooling", code = "RF001",
         submodule = "submodules/Megatron-Bridge/3rdparty/Megatron-LM" },
+      { code = "RF013", reason = "CI runs `uv lock --check`" },
     ]
 
 Without `lockstep`, packages pinned by URL or by an exact version on two sides already have to
-agree (RF001/RF004). An allow entry needs `package` and `reason`; `code` and `submodule`
-narrow it. An entry that matches nothing is reported (RF009), so the list cannot go stale.
+agree (RF001/RF004). An allow entry needs a `reason` and `package` or `code` (any RF0xx code,
+so findings without a package can be allowed too); `submodule` narrows it to findings about
+that submodule (or inside it). An entry that matches nothing is reported (RF009), so the list
+cannot go stale.
 """
 
 from __future__ import annotations
@@ -23,26 +28,44 @@ from rlflow.errors import Diagnostic, RlflowError
 from rlflow.pins.model import Finding, Location
 
 TABLE = ("tool", "rlflow", "pins")
-FINDING_CODES = tuple(f"RF{n:03d}" for n in range(1, 13))
-_POLICY_KEYS = ("lockstep", "allow", "submodule-refs")
+FINDING_CODES = tuple(f"RF{n:03d}" for n in range(1, 15))
+_POLICY_KEYS = ("lockstep", "allow", "submodule-refs", "lock-level", "deployed-locks")
 _ALLOW_KEYS = ("package", "reason", "code", "submodule")
 
 
 @dataclass(frozen=True)
 class AllowEntry:
-    package: str
+    package: str | None
     reason: str
     code: str | None
     submodule: str | None
     location: Location
 
     def matches(self, finding: Finding) -> bool:
-        if finding.package != self.package or self.code not in (None, finding.code):
+        if self.package is not None and finding.package != self.package:
+            return False
+        if self.code not in (None, finding.code):
             return False
         if self.submodule is None:
             return True
         prefix = self.submodule.strip("/")
-        return any(p == prefix or p.startswith(prefix + "/") for p in finding.projects)
+        return any(p == prefix or p.startswith(prefix + "/") for p in _places(finding))
+
+    @property
+    def label(self) -> str:
+        return f"`{self.package}`" if self.package else f"code {self.code}"
+
+
+def _places(finding: Finding) -> list[str]:
+    """The project directories a finding is about (its pins, its submodule, its file)."""
+    import posixpath
+
+    places = list(finding.projects)
+    if finding.submodule is not None:
+        places.append(finding.submodule.path)
+    if finding.location is not None:
+        places.append(posixpath.dirname(finding.location.file))
+    return places
 
 
 @dataclass(frozen=True)
@@ -50,6 +73,8 @@ class Policy:
     lockstep: dict[str, Location]  # package -> where it is listed
     allow: tuple[AllowEntry, ...]
     submodule_refs: dict[str, tuple[str, Location]] = field(default_factory=dict)  # path -> ref
+    lock_level: bool = True
+    deployed_locks: dict[str, Location] = field(default_factory=dict)  # submodule -> where
 
 
 def load_policy(doc) -> Policy:
@@ -66,7 +91,19 @@ def load_policy(doc) -> Policy:
             raise _bad(doc, TABLE + ("lockstep", i), "lockstep entries must be package names")
         lockstep[canonicalize_name(name)] = doc.loc(TABLE + ("lockstep",))
     allow = tuple(_allow_entry(doc, entry, i) for i, entry in enumerate(_list(doc, table, "allow")))
-    return Policy(lockstep, allow, _submodule_refs(doc, table))
+    lock_level = table.get("lock-level", True)
+    if not isinstance(lock_level, bool):
+        raise _bad(doc, TABLE + ("lock-level",), "`lock-level` must be true or false")
+    deployed = {}
+    for i, sub in enumerate(_list(doc, table, "deployed-locks")):
+        if not isinstance(sub, str) or not sub.strip("/ "):
+            raise _bad(
+                doc,
+                TABLE + ("deployed-locks", i),
+                'deployed-locks entries must be submodule paths, e.g. "submodules/Megatron-Bridge"',
+            )
+        deployed[sub.strip().strip("/")] = doc.loc(TABLE + ("deployed-locks",))
+    return Policy(lockstep, allow, _submodule_refs(doc, table), lock_level, deployed)
 
 
 def _submodule_refs(doc, table: dict) -> dict[str, tuple[str, Location]]:
@@ -93,25 +130,45 @@ def apply_allowlist(
 ) -> tuple[list[Finding], list[tuple[Finding, AllowEntry]]]:
     """Split findings into (kept, allowed); every allow entry that matched nothing -> RF009."""
     kept, allowed, used = [], [], set()
+    first = [e for e in policy.allow if e.code != "RF009"]
+    second = [e for e in policy.allow if e.code == "RF009"]
+    _split(findings, first, kept, allowed, used)
+    stale = [
+        Finding(
+            "RF009",
+            "warning",
+            package=entry.package,
+            location=entry.location,
+            detail=f"allow entry for {entry.label}",
+        )
+        for entry in first
+        if id(entry) not in used
+    ]
+    rf009 = [f for f in kept if f.code == "RF009"] + stale
+    kept = [f for f in kept if f.code != "RF009"]
+    _split(rf009, second, kept, allowed, used)  # RF009 itself can be allowed, once
+    kept += [
+        Finding(
+            "RF009",
+            "warning",
+            package=entry.package,
+            location=entry.location,
+            detail=f"allow entry for {entry.label}",
+        )
+        for entry in second
+        if id(entry) not in used
+    ]
+    return kept, allowed
+
+
+def _split(findings, entries, kept, allowed, used) -> None:
     for finding in findings:
-        entry = next((e for e in policy.allow if e.matches(finding)), None)
+        entry = next((e for e in entries if e.matches(finding)), None)
         if entry is None:
             kept.append(finding)
         else:
             allowed.append((finding, entry))
             used.add(id(entry))
-    for entry in policy.allow:
-        if id(entry) not in used:
-            kept.append(
-                Finding(
-                    "RF009",
-                    "warning",
-                    package=entry.package,
-                    location=entry.location,
-                    detail=f"allow entry for `{entry.package}`",
-                )
-            )
-    return kept, allowed
 
 
 def _list(doc, table: dict, key: str) -> list:
@@ -128,14 +185,15 @@ def _allow_entry(doc, entry, i: int) -> AllowEntry:
             doc, path, 'each allow entry must be a table: { package = "...", reason = "..." }'
         )
     _reject_unknown(doc, entry, path, _ALLOW_KEYS)
-    for key in ("package", "reason"):
+    needed = ("reason",) if "code" in entry and "package" not in entry else ("package", "reason")
+    for key in needed:
         if not isinstance(entry.get(key), str) or not entry[key].strip():
             raise _bad(
                 doc,
                 path,
                 f"allow entry needs a non-empty `{key}`",
-                help='say why the difference is harmless, e.g. reason = "only in the '
-                "submodule's test group\"",
+                help="name a `package` or a `code`, and say why the difference is harmless, "
+                'e.g. reason = "only in the submodule\'s test group"',
             )
     code = entry.get("code")
     if code is not None and code not in FINDING_CODES:
@@ -148,8 +206,13 @@ def _allow_entry(doc, entry, i: int) -> AllowEntry:
     submodule = entry.get("submodule")
     if submodule is not None and not isinstance(submodule, str):
         raise _bad(doc, path, "`submodule` must be a path relative to the repository root")
+    package = entry.get("package")
     return AllowEntry(
-        canonicalize_name(entry["package"]), entry["reason"], code, submodule, doc.loc(path)
+        canonicalize_name(package) if package else None,
+        entry["reason"],
+        code,
+        submodule,
+        doc.loc(path),
     )
 
 

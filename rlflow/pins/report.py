@@ -63,10 +63,8 @@ def print_text(findings: list[Finding], allowed: list, checked: str, root, strea
         print(diagnostic.render(root), file=stream)
         print(file=stream)
     for finding, entry in allowed:
-        print(
-            f"allowed[{finding.code}]: `{finding.package}` ({entry.reason}) -- {entry.location}",
-            file=stream,
-        )
+        what = f"`{finding.package}`" if finding.package else (finding.detail or "")[:80]
+        print(f"allowed[{finding.code}]: {what} ({entry.reason}) -- {entry.location}", file=stream)
     tail = (
         f"{summary_line(diagnostics)} ({checked})"
         if diagnostics
@@ -288,8 +286,36 @@ def _rf009(f: Finding):
 def _rf010(f: Finding):
     return (
         f.detail,
-        "lock the same source on both sides: re-lock the side that is behind (`uv lock "
-        f"--upgrade-package {f.package}`), or bump the submodule",
+        "lock the same version on both sides: re-lock the side that is behind (`uv lock "
+        f"--upgrade-package {f.package}`), bump the submodule, or drop it from "
+        "[tool.rlflow.pins] deployed-locks if it is not deployed from its own lock",
+    )
+
+
+def _rf014(f: Finding):
+    import posixpath
+    import shlex
+
+    sub = f.submodule
+    parent = posixpath.dirname(sub.declared_at.file)
+    name = posixpath.relpath(sub.path, parent)
+    grand = posixpath.dirname(f.detail or ".gitmodules")  # the repository that records `parent`
+    where = f"-C {shlex.quote(grand)} " if grand else ""
+    record = f"git {where}add {shlex.quote(posixpath.relpath(parent, grand or '.'))}"
+    return (
+        f"`{sub.path}` is staged at {(sub.gitlink or '')[:12]} in `{parent}` but `{parent}`'s "
+        f"commit records {(sub.committed or '(none)')[:12]}: the root would record a "
+        f"`{parent}` commit without it, and a fresh clone checks out the old one",
+        f"commit it in the parent submodule (`git -C {shlex.quote(parent)} commit -m "
+        f"'bump {name}'`), then record that commit (`{record}`)",
+    )
+
+
+def _rf013(f: Finding):
+    return (
+        f.detail,
+        "run `uv lock --check` (it may build or fetch); allow the finding with "
+        '`{ code = "RF013", reason = "..." }` if CI does, or set `lock-level = false`',
     )
 
 
@@ -309,9 +335,8 @@ def _rf012(f: Finding):
 def _rf012_help(f: Finding) -> str:
     sub = f.submodule
     return (
-        f"push the commit to that ref upstream, or move the submodule to a commit on it "
-        f"(`rlflow bump {sub.path} <ref>`); fetch first if the remote moved "
-        f"(`git -C {sub.path} fetch`)"
+        "push the commit to that ref of the .gitmodules URL, or move the submodule to a "
+        f"commit on it (`rlflow bump {sub.path} <ref>`)"
     )
 
 
@@ -339,4 +364,6 @@ _WORDS = {
     "RF010": _rf010,
     "RF011": _rf011,
     "RF012": _rf012,
+    "RF013": _rf013,
+    "RF014": _rf014,
 }

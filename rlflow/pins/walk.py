@@ -18,7 +18,7 @@ import errno
 import posixpath
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlflow.errors import Diagnostic, RlflowError
@@ -35,6 +35,7 @@ class _Declared:
     name: str
     path: str  # relative to the parent repository
     location: Location
+    url: str | None = None
 
 
 def walk(start: Path) -> Checkout:
@@ -78,6 +79,9 @@ def find_root(start: Path) -> Path:
                 category="pins-unchecked",  # nothing to compare: not a finding
             )
         )
+    separate = _separate_git_dir(start.resolve())
+    if separate is not None:
+        return separate
     for directory in [start.resolve(), *start.resolve().parents]:
         marker = directory / ".git"
         if (marker / "HEAD").is_file() or (marker.is_file() and _gitdir_of(marker)):
@@ -91,6 +95,24 @@ def find_root(start: Path) -> Path:
             category="pins-unchecked",  # nothing to compare: not a finding
         )
     )
+
+
+def _separate_git_dir(start: Path) -> Path | None:
+    """`GIT_DIR` + `GIT_WORK_TREE` (git sets both for hooks of such a setup) when `start` is in
+    that work tree and the work tree has no `.git` of its own."""
+    import os
+
+    git_dir, work_tree = os.environ.get("GIT_DIR"), os.environ.get("GIT_WORK_TREE")
+    if not git_dir or not work_tree:
+        return None
+    top = Path(work_tree).resolve()
+    if (top / ".git").exists() or not (start == top or start.is_relative_to(top)):
+        return None
+    git_dir_path = Path(git_dir) if os.path.isabs(git_dir) else Path.cwd() / git_dir
+    if not (git_dir_path / "HEAD").is_file():
+        return None
+    gitcmd.SEPARATE_GIT_DIRS[str(top)] = str(git_dir_path.resolve())
+    return top
 
 
 def _gitdir_of(marker: Path) -> Path | None:
@@ -110,7 +132,12 @@ def _hook_index(root: Path) -> str | None:
     if index is None:
         return None
     marker = root / ".git"
-    git_dir = marker.resolve() if marker.is_dir() else _gitdir_of(marker)
+    separate = gitcmd.SEPARATE_GIT_DIRS.get(str(root.resolve()))
+    git_dir = (
+        Path(separate)
+        if separate
+        else (marker.resolve() if marker.is_dir() else _gitdir_of(marker))
+    )
     if git_dir is None or not Path(index).resolve().is_relative_to(git_dir):
         return None  # another repository's hook: not ours to read
     return index
@@ -130,6 +157,7 @@ def _walk_level(
     seen.add(parent_abs.resolve())
     declared = read_gitmodules(root, parent_rel)
     gitlinks = _gitlinks(parent_abs, index_file)
+    committed = _committed_gitlinks(parent_abs, list(gitlinks)) if parent_rel and gitlinks else {}
     by_path = {d.path: d for d in declared}
     rel_file = posixpath.join(parent_rel, ".gitmodules") if parent_rel else ".gitmodules"
     for path in gitlinks:
@@ -140,6 +168,8 @@ def _walk_level(
             continue  # listed in .gitmodules but not a submodule in the index: git ignores it too
         rel = posixpath.join(parent_rel, entry.path) if parent_rel else entry.path
         submodule = _inspect(root, rel, entry, gitlinks[entry.path])
+        if parent_rel:  # what the parent submodule's own commit records (the hook compares)
+            submodule = replace(submodule, committed=committed.get(entry.path, ""))
         submodules.append(submodule)
         if not submodule.initialized:
             continue
@@ -151,7 +181,7 @@ def _walk_level(
 def _inspect(root: Path, rel: str, entry: _Declared, gitlink: str) -> Submodule:
     sub_abs = root / rel
     if not (sub_abs / ".git").exists():
-        return Submodule(rel, entry.location, gitlink, head=None)
+        return Submodule(rel, entry.location, gitlink, head=None, url=entry.url)
     done = gitcmd.run_raw(sub_abs, "status", "--porcelain=v2", "--branch", "--", "pyproject.toml")
     if done.returncode != 0:
         raise RlflowError(
@@ -171,7 +201,18 @@ def _inspect(root: Path, rel: str, entry: _Declared, gitlink: str) -> Submodule:
             head = oid if oid != "(initial)" else "(no commit)"
         elif line and not line.startswith("#"):
             dirty = True
-    return Submodule(rel, entry.location, gitlink, head=head, pyproject_dirty=dirty)
+    return Submodule(rel, entry.location, gitlink, head=head, pyproject_dirty=dirty, url=entry.url)
+
+
+def _committed_gitlinks(repo: Path, paths: list[str]) -> dict[str, str]:
+    """path -> commit that the repository's HEAD records for each gitlink path."""
+    done = gitcmd.run_raw(repo, "ls-tree", "-z", "HEAD", "--", *paths)
+    links = {}
+    for record in done.stdout.split("\0") if done.returncode == 0 else []:
+        meta, _, path = record.partition("\t")
+        if meta.startswith("160000 "):
+            links[path] = meta.split()[2]
+    return links
 
 
 def _gitlinks(repo: Path, index_file: str | None) -> dict[str, str]:
@@ -239,16 +280,24 @@ def read_gitmodules(root: Path, parent_rel: str) -> list[_Declared]:
         line = int(match.group(1)) if match else None
         raise _bad_gitmodules(rel_file, line, _last_line(done.stderr).removeprefix("fatal: "))
     paths: dict[str, str] = {}
+    urls: dict[str, str] = {}
     for record in done.stdout.split("\0"):
         key, _, value = record.partition("\n")
         if key.startswith("submodule.") and key.endswith(".path"):
             paths[key[len("submodule.") : -len(".path")]] = value
+        elif key.startswith("submodule.") and key.endswith(".url"):
+            urls[key[len("submodule.") : -len(".url")]] = value.strip()
     lines = _path_lines(text)
     out = []
     for name, value in paths.items():
         line = lines.get(name)
         out.append(
-            _Declared(name, _safe_path(value.strip(), rel_file, line), Location(rel_file, line))
+            _Declared(
+                name,
+                _safe_path(value.strip(), rel_file, line),
+                Location(rel_file, line),
+                urls.get(name),
+            )
         )
     return out
 

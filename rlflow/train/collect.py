@@ -75,7 +75,7 @@ def collect_rollouts(t, step: int, timer) -> Rollouts:
     else:
         _raise_exhausted(kept, want, dynamic.max_extra_rounds, generated_groups, filtered_groups)
     kept = kept[:want]
-    with timer("reward"):
+    with timer("advantages"):
         advantages = grpo.group_advantages(
             torch.tensor([g.rewards for g in kept]),
             cfg.use_leave_one_out_baseline,
@@ -166,21 +166,8 @@ def score_rollouts(t, samples, completions) -> tuple[list[float], dict[str, list
         [c.finish_reason for c in completions],
         samples,
     )
-    scores = scorer(t).score(batch)
+    scores = t.scorer.score(batch)
     return scores.totals, scores.components, scores.accuracy
-
-
-def scorer(t):
-    """The run's Scorer (its reward worker pool starts on first use and lives with the run)."""
-    if "scorer" not in t.extra:
-        from rlflow.data.scoring import Scorer
-        from rlflow.data.user_rewards import search_path
-
-        s = t.recipe.scoring
-        t.extra["scorer"] = Scorer(
-            t.recipe.rewards, s.accuracy, s.num_workers, s.timeout_s, search_path()
-        )
-    return t.extra["scorer"]
 
 
 def shaping_penalty(recipe, completions) -> list[float] | None:

@@ -27,10 +27,13 @@ Variants (each a recipe key; docs/grpo-math.md "GRPO variants"):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
+
+from rlflow.model.logits import entropy_from_logits  # noqa: F401 (grpo.entropy_from_logits)
 
 # The log-ratio log(pi_ref / pi) fed to the KL estimators is clamped to [-20, 20], as in NeMo-RL
 # (kl_input_clamp_value): exp(20) ~ 4.9e8 is finite in fp32 and bf16, so k3 cannot overflow to
@@ -232,29 +235,34 @@ def kl_estimate(logprobs_BT: Tensor, ref_logprobs_BT: Tensor, kind: Literal["k1"
 # ---------------------------------------------------------------- loss
 
 
+@dataclass(frozen=True)
+class ClipTerms:
+    """The loss's constants (the train loop builds it once per step from the recipe's `loss`)."""
+
+    clip_low: float  # ratio clipped to [1 - clip_low, 1 + clip_high]
+    clip_high: float
+    kl_weight: float  # beta; the KL term is added only when kl_BT is given
+    token_level: bool  # True: mean over all valid tokens; False: per sequence, then over them
+    ratio_level: Literal["token", "sequence"]  # sequence: GSPO's one ratio per sequence
+
+
 def clipped_pg_loss(
+    *,
     logprobs_BT: Tensor,
     old_logprobs_BT: Tensor,
     advantages_B: Tensor,
     mask_BT: Tensor,
-    clip_low: float,
-    clip_high: float,
-    kl_BT: Tensor | None,
-    kl_weight: float,
-    token_level: bool,
+    terms: ClipTerms,
     global_num_tokens: float | Tensor,
     global_num_seqs: float | Tensor,
-    ratio_level: Literal["token", "sequence"] = "token",
+    kl_BT: Tensor | None = None,
     is_weights_BT: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-style clipped policy-gradient loss with a KL penalty; returns (loss, metrics).
 
-    rho = exp(logp - logp_old) (logp_old detached: the logprobs before this step's updates),
-    l_t = max(-A rho, -A clip(rho, 1 - clip_low, 1 + clip_high)) + kl_weight * kl_t, A = the
-    sequence's advantage. Normalisation (the KL term follows the same mode):
-      token_level=True:  sum of l_t over valid tokens / global_num_tokens;
-      token_level=False: per sequence, the mean of l_t over its valid tokens; summed over
-                         sequences / global_num_seqs.
+    Every argument is a keyword (two swapped tensors or constants are a TypeError, never a
+    silent wrong loss). The formulas are the header's: l_t with A the sequence's advantage and
+    logp_old detached; `terms.token_level` picks the normalisation, which the KL term follows.
     global_num_tokens / global_num_seqs count valid tokens / sequences with at least one valid
     token over the whole step: every micro-batch on every data-parallel rank. Because each
     micro-batch divides by the global count, the micro-batch losses (and their gradients) sum to
@@ -272,12 +280,12 @@ def clipped_pg_loss(
       clip_high_fraction       share of valid tokens with A > 0 and rho > 1 + clip_high;
       clip_fraction            their sum: tokens whose clipped branch is active (zero gradient).
 
-    ratio_level="sequence" is GSPO: rho is one number per sequence, exp of the mean token
-    log-ratio (length-normalised), broadcast over its tokens and clipped the same way (GSPO's
-    ranges are ~1e-3, not 0.2). is_weights_BT (from `importance_weights`, constant) multiplies
-    the policy-gradient term per token (TIS / MIS); the KL term is not reweighted. None means
-    no correction: the loss is exactly the uncorrected one.
+    ratio_level "sequence" is GSPO (rho_b, broadcast over its tokens and clipped the same way;
+    GSPO's ranges are ~1e-3, not 0.2). is_weights_BT (from `importance_weights`, constant)
+    multiplies the policy-gradient term per token (TIS / MIS); the KL term is not reweighted.
+    None means no correction: the loss is exactly the uncorrected one.
     """
+    clip_low, clip_high, ratio_level = terms.clip_low, terms.clip_high, terms.ratio_level
     _check_loss_shapes(logprobs_BT, old_logprobs_BT, advantages_B, mask_BT, kl_BT)
     _check_positive("global_num_tokens", global_num_tokens)
     _check_positive("global_num_seqs", global_num_seqs)
@@ -301,9 +309,11 @@ def clipped_pg_loss(
                 f"{tuple(pg_BT.shape)}"
             )
         pg_BT = pg_BT * is_weights_BT.detach().to(pg_BT.dtype)
-    norm = (valid_BT, token_level, global_num_tokens, global_num_seqs)
+    norm = (valid_BT, terms.token_level, global_num_tokens, global_num_seqs)
     pg_loss = _normalise(pg_BT, *norm)
-    kl_loss = _normalise(kl_weight * kl_BT, *norm) if kl_BT is not None else pg_loss.new_zeros(())
+    kl_loss = (
+        _normalise(terms.kl_weight * kl_BT, *norm) if kl_BT is not None else pg_loss.new_zeros(())
+    )
     loss = pg_loss + kl_loss
     with torch.no_grad():
         clip_low_BT = valid_BT & (adv_B1 < 0) & (ratio_BT < 1 - clip_low)
@@ -408,17 +418,6 @@ def token_logprobs(logits_BTV: Tensor, tokens_BT: Tensor) -> Tensor:
     logits_BTV = logits_BTV.float()
     picked_BT = logits_BTV.gather(2, tokens_BT.long().unsqueeze(2)).squeeze(2)
     return picked_BT - torch.logsumexp(logits_BTV, dim=2)
-
-
-def entropy_from_logits(logits_BTV: Tensor) -> Tensor:
-    """Entropy (nats) of softmax(logits) per position, (B, T), in fp32.
-
-    -sum p log p via log_softmax; entries with p = 0 (e.g. -inf logits) contribute exactly 0
-    and no NaN gradient.
-    """
-    logp_BTV = torch.log_softmax(logits_BTV.float(), dim=-1)
-    p_BTV = logp_BTV.exp()
-    return -(p_BTV * logp_BTV.masked_fill(p_BTV == 0, 0.0)).sum(-1)
 
 
 def token_mult_prob_error(

@@ -13,8 +13,9 @@ import time
 import torch
 
 from rlflow import parallel
+from rlflow.errors import EX_TEMPFAIL, Diagnostic, RlflowError
 from rlflow.generation.base import Completion
-from rlflow.train import grpo, watchdog
+from rlflow.train import grpo, hf_export, watchdog
 from rlflow.train.collect import (
     collect_rollouts,
     effective_loss,
@@ -26,13 +27,11 @@ from rlflow.train.faults import inject_failure
 from rlflow.train.metrics import StepTimer
 from rlflow.train.rollouts import build_train_batch
 from rlflow.train.setup import Trainer
-from rlflow.train.update import Optimizer, grpo_update, rollout_logprobs, sft_update
+from rlflow.train.update import Batching, Optimizer, grpo_update, rollout_logprobs, sft_update
 
 
 def train(t: Trainer) -> int:
     """Run until grpo.max_num_steps; return the exit code (0, or EX_TEMPFAIL on a stop request)."""
-    from rlflow.errors import EX_TEMPFAIL
-
     recipe = t.recipe
     resumed = _resume_or_start(t)
     if not resumed and recipe.grpo.val_at_start:
@@ -54,6 +53,7 @@ def train(t: Trainer) -> int:
             step % recipe.checkpointing.save_period == 0 or last or stop
         ):
             save(t)
+        hf_export.after_step(t, step, last)
         if stop and not last:
             t.log.write(
                 f"stopping at step {step} on {t.stop.signal_name or 'a peer signal'}: "
@@ -87,38 +87,37 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
     start = time.perf_counter()
     watchdog.beat("prompts", step)
     inject_failure(info.rank, f"step{step}")
-    t.policy.extra["vision_cache"].clear()  # frozen-tower features live for one step
+    t.policy.vision_cache.clear()  # frozen-tower features live for one step
     rollouts = collect_rollouts(t, step, timer)
     batch = _train_batch(t, rollouts.prompts, rollouts.completions, rollouts.advantages)
+    batching = Batching.from_config(recipe.optimizer)
     with timer("logprobs"):
-        micro, batching = _batching(recipe)
-        old_logprobs, entropy = rollout_logprobs(t.policy, batch, micro, True, **batching)
+        old_logprobs, entropy = rollout_logprobs(t.policy, batch, batching, with_entropy=True)
         ref_logprobs = None
         if t.reference is not None:
-            ref_logprobs, _ = rollout_logprobs(t.reference, batch, micro, False, **batching)
+            ref_logprobs, _ = rollout_logprobs(t.reference, batch, batching, with_entropy=False)
     with timer("training"):
         update = grpo_update(
             t.policy,
             t.optimizer,
             batch,
-            old_logprobs,
-            ref_logprobs,
-            effective_loss(recipe),
-            micro,
-            recipe.grpo.num_minibatches,
-            **batching,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            loss_cfg=effective_loss(recipe),
+            batching=batching,
+            num_minibatches=recipe.grpo.num_minibatches,
         )
     with timer("weight_refresh"):
         t.backend.refresh_weights()
     return _step_metrics(
         t,
-        rollouts,
-        batch,
-        old_logprobs,
-        entropy,
-        update,
-        timer,
-        time.perf_counter() - start,
+        rollouts=rollouts,
+        batch=batch,
+        old_logprobs=old_logprobs,
+        entropy=entropy,
+        update=update,
+        timer=timer,
+        step_seconds=time.perf_counter() - start,
     )
 
 
@@ -159,18 +158,11 @@ def warm_start(t: Trainer) -> None:
     from rlflow.data import PromptSampler
     from rlflow.data.prompts import reference_completion
 
-    cfg, opt_cfg = t.recipe.warm_start, t.recipe.optimizer
+    cfg = t.recipe.warm_start
     if cfg.num_steps == 0:
         return
-    optimizer = Optimizer.create(
-        t.policy,
-        cfg.lr,
-        opt_cfg.weight_decay,
-        opt_cfg.adam_beta1,
-        opt_cfg.adam_beta2,
-        opt_cfg.adam_eps,
-        opt_cfg.max_grad_norm,
-    )
+    optimizer = Optimizer.from_config(t.policy, t.recipe.optimizer, lr=cfg.lr)
+    batching = Batching.from_config(t.recipe.optimizer)
     sampler = PromptSampler(len(t.train_data), cfg.batch_size, t.recipe.run.seed + 1)
     for step in range(1, cfg.num_steps + 1):
         watchdog.beat("warm_start")
@@ -180,9 +172,8 @@ def warm_start(t: Trainer) -> None:
         targets = [t.encoder.completion_ids(reference_completion(s)) for s in samples]
         completions = [Completion(ids, [0.0] * len(ids), "stop") for ids in targets]
         batch = _train_batch(t, prompts, completions, [0.0] * len(prompts))
-        t.policy.extra["vision_cache"].clear()
-        micro, batching = _batching(t.recipe)
-        loss = sft_update(t.policy, optimizer, batch, micro, **batching)
+        t.policy.vision_cache.clear()
+        loss = sft_update(t.policy, optimizer, batch, batching)
         if step % 10 == 0 or step == cfg.num_steps:
             t.log.write(f"warm start {step}/{cfg.num_steps}: loss {loss:.4f}")
 
@@ -202,40 +193,29 @@ def _resume_or_start(t: Trainer) -> bool:
     if latest is None:
         warm_start(t)
         if t.recipe.warm_start.num_steps:
+            t.optimizer.reload_weights()  # GRPO's optimizer starts from the warm-started weights
             t.backend.refresh_weights()  # backends with their own copy (hf, vllm) must see it
         if t.reference is not None:
-            copy_weights(
-                t.policy, t.reference
-            )  # KL is measured against the policy GRPO starts from
+            copy_weights(t.policy, t.reference)  # KL is measured against GRPO's starting policy
             t.checkpointer.save_reference(t.reference.chunks)
-        t.optimizer = _grpo_optimizer(t)
         return False
-    t.optimizer = _grpo_optimizer(t)
     state = t.checkpointer.load(latest, t.policy.chunks, t.optimizer.inner)
     if t.reference is not None and not t.checkpointer.load_reference(t.reference.chunks):
-        raise FileNotFoundError(f"{t.checkpointer.root / 'reference'} is missing; cannot resume KL")
+        raise RlflowError(
+            Diagnostic(
+                "checkpoint.reference-missing",
+                f"{t.checkpointer.root / 'reference'} is missing, so the KL reference of "
+                f"{latest} cannot be restored",
+                help="the reference is saved with the run's first checkpoint; restore it, or "
+                "start a new run directory (or set loss.kl_penalty=0)",
+            )
+        )
     t.sampler.load_state_dict(state["sampler"])
     t.step = state["step"]
     t.backend.refresh_weights()
     t.log.truncate_after(t.step)
     t.log.write(f"resumed from {latest} (step {t.step})")
     return True
-
-
-def _grpo_optimizer(t: Trainer) -> Optimizer:
-    o = t.recipe.optimizer
-    return Optimizer.create(
-        t.policy, o.lr, o.weight_decay, o.adam_beta1, o.adam_beta2, o.adam_eps, o.max_grad_norm
-    )
-
-
-def _batching(recipe) -> tuple[int, dict]:
-    """micro_batch_size, and the token-budget and packing keywords of the update functions."""
-    o = recipe.optimizer
-    return o.micro_batch_size, {
-        "max_tokens_per_micro_batch": o.max_tokens_per_micro_batch,
-        "sequence_packing": o.sequence_packing,
-    }
 
 
 def _train_batch(t: Trainer, prompts, completions, advantages):
@@ -249,7 +229,8 @@ def _train_batch(t: Trainer, prompts, completions, advantages):
 
 
 def _step_metrics(
-    t,
+    t: Trainer,
+    *,
     rollouts,
     batch,
     old_logprobs,
@@ -279,10 +260,11 @@ def _step_metrics(
     totals = dict(
         zip(sums, parallel.all_reduce_sum(list(sums.values()), parallel.data_parallel_group()))
     )
-    tokens, rollouts = max(totals.pop("train/tokens"), 1.0), totals.pop("train/rollouts")
+    tokens = max(totals.pop("train/tokens"), 1.0)
+    num_rollouts = totals.pop("train/rollouts")
     sampled = sampling_metrics(totals, t.info.dp_size)
     out = {
-        k: v / rollouts
+        k: v / num_rollouts
         for k, v in totals.items()
         if k.startswith(("train/reward", "train/acc", "train/response"))
     }

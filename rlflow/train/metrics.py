@@ -36,6 +36,7 @@ class MetricsLog:
     def __init__(
         self,
         run_dir: Path,
+        *,
         enabled: bool,
         tensorboard: bool,
         progress_bar: bool,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +20,7 @@ from rlflow.train import watchdog
 if TYPE_CHECKING:  # types only: setup imports these modules when it builds the trainer
     from rlflow.data.dataset import Dataset
     from rlflow.data.sampler import PromptSampler
+    from rlflow.data.scoring import Scorer
     from rlflow.generation.base import GenerationBackend
     from rlflow.model.build import Policy
     from rlflow.model.processor import PromptEncoder
@@ -44,9 +45,15 @@ class Trainer:
     checkpointer: Checkpointer
     log: MetricsLog
     stop: StopRequest
-    optimizer: Optimizer | None = None  # built after the warm start (rlflow.train.loop)
+    optimizer: Optimizer  # GRPO's (a warm start builds its own, with warm_start.lr)
+    scorer: Scorer  # the recipe's rewards; a pool of workers for rewards from user code
     step: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)  # per-run helpers made on first use
+
+    def close(self) -> None:
+        """Release what outlives a step: the metrics files, the backend, the reward workers."""
+        self.log.close()
+        self.backend.close()
+        self.scorer.close()
 
 
 def seed_everything(seed: int) -> None:
@@ -66,18 +73,21 @@ def share_vision_cache(policy, reference, enabled: bool) -> None:
     cache = VisionCache(enabled=enabled and policy.is_multimodal)
     for p in (policy, reference):
         if p is not None:
-            p.extra["vision_cache"] = cache
+            p.vision_cache = cache
 
 
 def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     from rlflow.data import PromptSampler, build_dataset
+    from rlflow.data.scoring import Scorer
+    from rlflow.data.user_rewards import search_path
     from rlflow.generation.factory import check_backend_ready, make_backend
-    from rlflow.launch.preflight import run_preflight
+    from rlflow.job.preflight import run_preflight
     from rlflow.model.build import load_policy, resolve_checkpoint
     from rlflow.model.processor import PromptEncoder
     from rlflow.train.checkpoint import Checkpointer
     from rlflow.train.metrics import MetricsLog
     from rlflow.train.signals import StopRequest
+    from rlflow.train.update import Optimizer
 
     recipe = loaded.recipe
     # The dry run's allocation rules, on the ranks this job really has (the launcher's
@@ -116,6 +126,14 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
         wandb=recipe.logging.wandb,
         config=loaded.data,
     )
+    scoring = recipe.scoring
+    scorer = Scorer(
+        recipe.rewards,
+        accuracy=scoring.accuracy,
+        num_workers=scoring.num_workers,
+        timeout_s=scoring.timeout_s,
+        search_path=search_path(),
+    )
     watchdog.beat("setup")
     return Trainer(
         recipe=recipe,
@@ -131,4 +149,6 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
         checkpointer=Checkpointer(run_dir, recipe.checkpointing.keep_last),
         log=log,
         stop=stop,
+        optimizer=Optimizer.from_config(policy, recipe.optimizer),
+        scorer=scorer,
     )

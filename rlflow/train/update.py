@@ -24,7 +24,7 @@ import torch
 from rlflow import parallel
 from rlflow.model.build import Policy
 from rlflow.model.forward import policy_logits
-from rlflow.recipe.schema import LossConfig
+from rlflow.recipe.schema import LossConfig, OptimizerConfig
 from rlflow.train import grpo
 from rlflow.train.rollouts import TrainBatch
 
@@ -39,32 +39,37 @@ class Optimizer:
     policy: Policy
     inner: MegatronOptimizer
 
-    @staticmethod
-    def create(
-        policy: Policy,
-        lr: float,
-        weight_decay: float,
-        beta1: float,
-        beta2: float,
-        eps: float,
-        max_grad_norm: float,
+    @classmethod
+    def from_config(
+        cls, policy: Policy, cfg: OptimizerConfig, *, lr: float | None = None
     ) -> Optimizer:
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        """megatron-core Adam over the policy's chunks; `lr` overrides cfg.lr (the warm start).
 
-        config = OptimizerConfig(
+        The one place recipe keys (`optimizer.*`) become megatron's OptimizerConfig.
+        """
+        from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+        from megatron.core.optimizer import get_megatron_optimizer
+
+        lr = cfg.lr if lr is None else lr
+        config = MegatronOptimizerConfig(
             optimizer="adam",
             lr=lr,
             min_lr=lr,
-            weight_decay=weight_decay,
-            adam_beta1=beta1,
-            adam_beta2=beta2,
-            adam_eps=eps,
-            clip_grad=max_grad_norm,
+            weight_decay=cfg.weight_decay,
+            adam_beta1=cfg.adam_beta1,
+            adam_beta2=cfg.adam_beta2,
+            adam_eps=cfg.adam_eps,
+            clip_grad=cfg.max_grad_norm,
             bf16=policy.dtype == torch.bfloat16,
             params_dtype=policy.dtype,
             use_distributed_optimizer=False,
         )
-        return Optimizer(policy, get_megatron_optimizer(config, policy.chunks))
+        return cls(policy, get_megatron_optimizer(config, policy.chunks))
+
+    def reload_weights(self) -> None:
+        """The policy's weights changed outside this optimizer (a warm start): bf16 keeps fp32
+        main copies of them, which must be refreshed before the next step."""
+        self.inner.reload_model_params()
 
     def zero_grad(self) -> None:
         for chunk in self.policy.chunks:
@@ -80,6 +85,24 @@ class Optimizer:
         if not ok:
             raise FloatingPointError("optimizer step skipped: non-finite gradients")
         return float(grad_norm or 0.0)
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How a batch is cut into forward passes: the recipe's optimizer.micro_batch_size,
+    max_tokens_per_micro_batch and sequence_packing, as one value."""
+
+    micro_batch_size: int  # rows per pass (when max_tokens is 0)
+    max_tokens: int  # > 0: as many rows as fit this token budget instead
+    packed: bool  # each pass runs as one packed sequence of real tokens
+
+    @classmethod
+    def from_config(cls, cfg: OptimizerConfig) -> Batching:
+        return cls(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch, cfg.sequence_packing)
+
+    def split(self, lengths: list[int]) -> list[list[int]]:
+        """Row indices of each pass (`micro_batches`)."""
+        return micro_batches(lengths, self.micro_batch_size, self.max_tokens, self.packed)
 
 
 def policy_token_logprobs(
@@ -134,7 +157,7 @@ def _packed_token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool
     )
     features = (None, None)
     if policy.is_multimodal:
-        features = policy.extra["vision_cache"].features(core, batch.media)
+        features = policy.vision_cache.features(core, batch.media)
     logprobs, entropy = target_logprobs(core, rows, features, with_entropy)
     mask = batch.target_mask
 
@@ -174,13 +197,7 @@ def micro_batches(
 
 @torch.no_grad()
 def rollout_logprobs(
-    policy: Policy,
-    batch: TrainBatch,
-    micro_batch_size: int,
-    with_entropy: bool,
-    *,
-    max_tokens_per_micro_batch: int = 0,
-    sequence_packing: bool = True,
+    policy: Policy, batch: TrainBatch, batching: Batching, *, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprobs of every rollout in micro-batches, padded back to the batch width (no grad)."""
     width = batch.input_ids.shape[1] - 1
@@ -189,11 +206,11 @@ def rollout_logprobs(
     was_training = policy.core.training
     policy.core.eval()
     try:
-        for pick in micro_batches(
-            batch.lengths, micro_batch_size, max_tokens_per_micro_batch, sequence_packing
-        ):
+        for pick in batching.split(batch.lengths):
             micro = batch.rows(pick)
-            lp, ent = policy_token_logprobs(policy, micro, with_entropy, sequence_packing)
+            lp, ent = policy_token_logprobs(
+                policy, micro, with_entropy=with_entropy, packed=batching.packed
+            )
             logprobs[pick, : lp.shape[1]] = lp.cpu()
             if entropy is not None:
                 entropy[pick, : ent.shape[1]] = ent.cpu()
@@ -214,40 +231,35 @@ def grpo_update(
     policy: Policy,
     optimizer: Optimizer,
     batch: TrainBatch,
+    *,
     old_logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor | None,
     loss_cfg: LossConfig,
-    micro_batch_size: int,
+    batching: Batching,
     num_minibatches: int,
-    *,
-    max_tokens_per_micro_batch: int = 0,
-    sequence_packing: bool = True,
 ) -> dict[str, float]:
     """num_minibatches optimizer updates over the batch; metrics averaged over updates."""
     totals: dict[str, float] = {}
     size = len(batch) // num_minibatches
+    terms = clip_terms(loss_cfg)
     for first in range(0, size * num_minibatches, size):
         rows = list(range(first, first + size))
         num_tokens, num_seqs = global_counts(batch.target_mask[rows])
         optimizer.zero_grad()
         sums: dict[str, float] = {}
         lengths = batch.lengths
-        for part in micro_batches(
-            [lengths[i] for i in rows],
-            micro_batch_size,
-            max_tokens_per_micro_batch,
-            sequence_packing,
-        ):
+        for part in batching.split([lengths[i] for i in rows]):
             pick = [rows[i] for i in part]
             metrics = _grpo_micro_step(
                 policy,
                 batch.rows(pick),
-                old_logprobs[pick],
-                None if ref_logprobs is None else ref_logprobs[pick],
-                loss_cfg,
-                num_tokens,
-                num_seqs,
-                sequence_packing,
+                old_lp=old_logprobs[pick],
+                ref_lp=None if ref_logprobs is None else ref_logprobs[pick],
+                loss_cfg=loss_cfg,
+                terms=terms,
+                num_tokens=num_tokens,
+                num_seqs=num_seqs,
+                packed=batching.packed,
             )
             for key, value in metrics.items():
                 _add_metric(sums, key, value)
@@ -267,15 +279,28 @@ def grpo_update(
     return totals
 
 
+def clip_terms(loss_cfg: LossConfig) -> grpo.ClipTerms:
+    """The loss's constants from the recipe's `loss` section (grpo.py stays schema-free)."""
+    return grpo.ClipTerms(
+        clip_low=loss_cfg.ratio_clip_low,
+        clip_high=loss_cfg.ratio_clip_high,
+        kl_weight=loss_cfg.kl_penalty,
+        token_level=loss_cfg.token_level_loss,
+        ratio_level=loss_cfg.ratio_level,
+    )
+
+
 def _grpo_micro_step(
     policy,
     micro: TrainBatch,
-    old_lp,
-    ref_lp,
+    *,
+    old_lp: torch.Tensor,
+    ref_lp: torch.Tensor | None,
     loss_cfg: LossConfig,
+    terms: grpo.ClipTerms,
     num_tokens: float,
     num_seqs: float,
-    packed: bool = True,
+    packed: bool,
 ) -> dict[str, float]:
     device = parallel.info().device
     width = micro.input_ids.shape[1] - 1
@@ -287,18 +312,14 @@ def _grpo_micro_step(
         kl = grpo.kl_estimate(logprobs, ref_lp[:, :width].to(device), loss_cfg.kl_type)
     is_weights, is_metrics = _importance_weights(loss_cfg, old, micro, mask, num_tokens)
     loss, metrics = grpo.clipped_pg_loss(
-        logprobs,
-        old,
-        micro.advantages.to(device),
-        mask,
-        loss_cfg.ratio_clip_low,
-        loss_cfg.ratio_clip_high,
-        kl,
-        loss_cfg.kl_penalty,
-        loss_cfg.token_level_loss,
-        num_tokens,
-        num_seqs,
-        ratio_level=loss_cfg.ratio_level,
+        logprobs_BT=logprobs,
+        old_logprobs_BT=old,
+        advantages_B=micro.advantages.to(device),
+        mask_BT=mask,
+        terms=terms,
+        global_num_tokens=num_tokens,
+        global_num_seqs=num_seqs,
+        kl_BT=kl,
         is_weights_BT=is_weights,
     )
     _backward(loss)
@@ -324,24 +345,16 @@ def _add_metric(sums: dict[str, float], key: str, value: float) -> None:
 
 
 def sft_update(
-    policy: Policy,
-    optimizer: Optimizer,
-    batch: TrainBatch,
-    micro_batch_size: int,
-    *,
-    max_tokens_per_micro_batch: int = 0,
-    sequence_packing: bool = True,
+    policy: Policy, optimizer: Optimizer, batch: TrainBatch, batching: Batching
 ) -> float:
     """One supervised step: mean negative logprob of the target tokens; returns the loss."""
     num_tokens, _ = global_counts(batch.target_mask)
     optimizer.zero_grad()
     total = 0.0
     device = parallel.info().device
-    for pick in micro_batches(
-        batch.lengths, micro_batch_size, max_tokens_per_micro_batch, sequence_packing
-    ):
+    for pick in batching.split(batch.lengths):
         micro = batch.rows(pick)
-        logprobs, _ = policy_token_logprobs(policy, micro, packed=sequence_packing)
+        logprobs, _ = policy_token_logprobs(policy, micro, packed=batching.packed)
         mask = micro.target_mask.to(device)
         loss = -(logprobs * mask).sum() / num_tokens
         _backward(loss)

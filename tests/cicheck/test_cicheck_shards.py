@@ -49,13 +49,21 @@ jobs:
       - uses: actions/checkout@v4
       - run: |
           pip install uv
-          uv run --no-sync pytest tests/${{ matrix.shard }} -m "not slow" -x -n 2
+          uv run --no-sync pytest tests/${{ matrix.shard }} -m "not slow" -x -v
 """
 SCRIPT = '#!/usr/bin/env bash\nset -e\ncd "$(dirname "$0")/.."\npytest tests/e2e \\\n  -k fast\n'
 
 
 def repo(tmp_path: Path, files: dict[str, str]) -> Path:
-    return make_repo(tmp_path / "demo", {"pyproject.toml": PYPROJECT, **TESTS, **files})
+    root = make_repo(tmp_path / "demo", {"pyproject.toml": PYPROJECT, **TESTS})
+    for name, text in files.items():  # bytes as given (one test needs invalid UTF-8)
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(
+            text.encode("utf-8", "surrogateescape").replace(b"\xc3\xbf", b"\xff")
+        )
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "ci files", "--allow-empty")
+    return root
 
 
 def check_tests(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -83,7 +91,10 @@ def test_lists_every_test_no_shard_collects(tmp_path):
         "tests/unit/test_math.py::test_big",  # -m "not slow"
     ]
     names = [s["name"] for s in report["shards"]]
-    assert names == [".ci/run:4", ".github/workflows/ci.yml:16 (test: shard=unit, python=3.12)"]
+    assert sorted(names) == [
+        ".ci/run:4",
+        ".github/workflows/ci.yml:16 (test: shard=unit, python=3.12)",
+    ]
     text = check_tests(root).stdout
     assert "error[RF210]: 1 test in tests/gpu/test_kernels.py is collected by no CI shard" in text
     assert "--> tests/gpu/test_kernels.py" in text and "= note: test_kernel" in text
@@ -107,11 +118,47 @@ def test_matrix_include_and_ci_shards_yaml_cover_the_rest(tmp_path):
     assert "ok: 6 shards, 7 tests, every test is collected" in done.stdout
 
 
-def test_a_bare_pytest_shard_covers_everything_without_collecting(tmp_path):
+def test_a_bare_pytest_shard_covers_everything_and_a_script_nothing_runs_covers_nothing(tmp_path):
     root = repo(tmp_path, {".ci/run": "#!/bin/sh\nuv run pytest\n"})
-    done = check_tests(root, "--pytest", "false")  # would fail if it ran pytest at all
+    done = check_tests(root)
     assert done.returncode == 0, done.stderr
-    assert "shard .ci/run:2 runs every test" in done.stdout
+    assert "ok: 1 shard, 7 tests, every test is collected" in done.stdout
+    # A tracked script with a bare pytest that no CI file runs is no shard (issue 24).
+    root = repo(tmp_path / "2", {"scripts/dev.sh": "#!/bin/sh\npytest\n", ".ci/run": SCRIPT})
+    done = check_tests(root, "--format", "json")
+    assert done.returncode == 1 and ".ci/run:4" in done.stdout and "dev.sh" not in done.stdout
+
+
+def test_scripts_are_read_as_the_shell_reads_them(tmp_path):
+    """A quote that spans lines and a here-document are one command, not malformed lines; a
+    script named only in a comment is not run (this repository's own .ci/run names
+    tests/slurm/start.sh in a comment, and start.sh has a multi-line quoted SQL string)."""
+    ci = (
+        "#!/usr/bin/env bash\n"
+        "# The tests start their own cluster (tests/helper.sh, as root).\n"
+        "bash scripts/run.sh\n"
+    )
+    run = (
+        "#!/usr/bin/env bash\n"
+        "mysql -e \"\n  CREATE USER 'x';\n  GRANT ALL;\"\n"
+        "cat <<'EOF' > notes.txt\n"
+        "don't run pytest tests/gpu here: it is text\n"
+        "EOF\n"
+        "pytest tests/unit\n"
+    )
+    helper = '#!/bin/sh\necho "unclosed\npytest tests/e2e\n'  # would be RF200 if it were read
+    root = repo(tmp_path, {".ci/run": ci, "scripts/run.sh": run, "tests/helper.sh": helper})
+    done = check_tests(root, "--format", "json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    import json
+
+    report = json.loads(done.stdout)
+    assert [s["name"] for s in report["shards"]] == ["scripts/run.sh:8"]
+    assert report["uncollected"] == [
+        "tests/e2e/test_flow.py::test_flow_fast",
+        "tests/e2e/test_flow.py::test_flow_full",
+        "tests/gpu/test_kernels.py::test_kernel",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -126,6 +173,38 @@ def test_a_bare_pytest_shard_covers_everything_without_collecting(tmp_path):
         ({"ci-shards.yaml": "shards:\n  - args: [x]\n"}, "ci-shards.yaml", "needs a `name`"),
         ({"tests/unit/test_broken.py": "import nope\n", ".ci/run": SCRIPT}, None, "RF202"),
         ({}, None, "error[RF201]: no CI shard runs pytest"),
+        (  # issue 24: clear errors, never a traceback or a run that never ends
+            {".github/workflows/ci.yml": "jobs:\n  t:\n    steps: 5\n"},
+            ".github/workflows/ci.yml:3",
+            "`steps` must be a list",
+        ),
+        (
+            {
+                ".github/workflows/ci.yml": "jobs:\n  t:\n    strategy:\n      matrix:\n"
+                "        a: [1]\n        exclude: 5\n    steps:\n      - run: pytest\n"
+            },
+            ".github/workflows/ci.yml:6",
+            "matrix `exclude` must be a list of mappings",
+        ),
+        (
+            {
+                ".github/workflows/ci.yml": "jobs:\n  t:\n    strategy:\n      matrix:\n"
+                + "".join(f"        k{i}: [1, 2, 3, 4, 5, 6, 7]\n" for i in range(6))
+                + "    steps:\n      - run: pytest tests/${{ matrix.k0 }}\n"
+            },
+            ".github/workflows/ci.yml:4",
+            "the matrix expands to 117649 jobs; GitHub Actions allows at most 256",
+        ),
+        (
+            {".github/workflows/ci.yml": "jobs:\n  t:\n    steps:\n      - run: pytest \xff\n"},
+            ".github/workflows/ci.yml:4",
+            "not UTF-8",
+        ),
+        (
+            {"ci-shards.yaml": 'shards:\n  - name: unit\n    args: "tests \'unit"\n'},
+            "ci-shards.yaml:2",
+            "No closing quotation",
+        ),
     ],
 )
 def test_unreadable_input_is_exit_2(tmp_path, files, where, message):

@@ -54,12 +54,12 @@ def test_each_prompt_is_prefilled_once(tiny_policy, tiny_processor, prompts):
     from rlflow.model.vision_cache import VisionCache
 
     cache = VisionCache(enabled=True)
-    before = tiny_policy.extra["vision_cache"]  # the session-wide policy's own (disabled) cache
-    tiny_policy.extra["vision_cache"] = cache
+    before = tiny_policy.vision_cache  # the session-wide policy's own (disabled) cache
+    tiny_policy.vision_cache = cache
     try:
         engine(tiny_policy, tiny_processor).generate(rollouts(prompts), sampled(4))
     finally:
-        tiny_policy.extra["vision_cache"] = before
+        tiny_policy.vision_cache = before
     assert cache.computed == sum(1 for p in prompts if p.media.num_images or p.media.num_videos)
 
 

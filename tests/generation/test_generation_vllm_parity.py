@@ -91,7 +91,7 @@ def test_logprobs_are_the_unmodified_distribution_the_trainer_recomputes(
 ):
     """Sampled with temperature, top-k and top-p: vLLM still reports log p at temperature 1."""
     from rlflow.train.rollouts import build_train_batch
-    from rlflow.train.update import rollout_logprobs
+    from rlflow.train.update import Batching, rollout_logprobs
 
     vllm, _, _ = backends
     tokenizer = tiny_processor.tokenizer
@@ -106,7 +106,9 @@ def test_logprobs_are_the_unmodified_distribution_the_trainer_recomputes(
         prompt_ids=policy.prompt_ids,
         pad_token_id=tokenizer.pad_token_id,
     )
-    trainer_logprobs, _ = rollout_logprobs(policy, batch, micro_batch_size=8, with_entropy=False)
+    trainer_logprobs, _ = rollout_logprobs(
+        policy, batch, Batching(8, max_tokens=0, packed=True), with_entropy=False
+    )
     gap = (batch.gen_logprobs - trainer_logprobs).abs()[batch.target_mask]
     assert float(gap.max()) < TOLERANCE
 

@@ -14,7 +14,13 @@ from rlflow.recipe.schema import ModelConfig
 
 def test_every_family_declares_what_it_is():
     shipped = family.families()
-    assert [type(f).__name__ for f in shipped] == ["Qwen25VL", "QwenText", "Qwen2VL"]
+    assert [type(f).__name__ for f in shipped] == [
+        "Qwen25VL",
+        "QwenText",
+        "Qwen2VL",
+        "Qwen3VL",
+        "Qwen3VLMoe",
+    ]
     for f in shipped:
         assert f.model_types and f.architectures and f.builtins
         assert f.rope in ("1d", "mrope", "mrope-interleaved")  # descriptive: nothing tests it
@@ -22,6 +28,7 @@ def test_every_family_declares_what_it_is():
     assert family.by_config({"architectures": ["Qwen2VLForConditionalGeneration"]}).builtins == (
         "tiny-qwen2vl",
     )
+    assert family.by_config({"model_type": "qwen3_vl_moe"}) is family.by_builtin("tiny-qwen3vl-moe")
 
 
 def test_an_unknown_architecture_is_refused_naming_the_supported_ones(tmp_path):
@@ -49,4 +56,7 @@ def test_an_unknown_builtin_is_refused_naming_the_builtins(tmp_path):
         resolve_checkpoint(cfg, tmp_path)
     (diagnostic,) = err.value.diagnostics
     assert diagnostic.code == "model.unknown-builtin"
-    assert "builtin:tiny-qwen25vl, builtin:tiny-qwen3, builtin:tiny-qwen2vl" in diagnostic.help
+    assert (
+        "builtin:tiny-qwen25vl, builtin:tiny-qwen3, builtin:tiny-qwen2vl, builtin:tiny-qwen3vl, "
+        "builtin:tiny-qwen3vl-moe" in diagnostic.help
+    )

@@ -82,12 +82,12 @@ def test_generation_matches_the_hf_backend(qwen2vl, shared):
     prompts = [p for p in unique for _ in range(2)] if shared else unique
     pad, eos = processor.tokenizer.pad_token_id, processor.tokenizer.eos_token_id
     params = SamplingParams(16, 0.0, 1.0, 0, 0, (eos,), True)
-    kept = policy.extra["vision_cache"]
-    policy.extra["vision_cache"] = cache = VisionCache(enabled=shared)
+    kept = policy.vision_cache
+    policy.vision_cache = cache = VisionCache(enabled=shared)
     try:
         ours = MegatronGeneration(policy, pad, 8, share_prompts=shared).generate(prompts, params)
     finally:
-        policy.extra["vision_cache"] = kept
+        policy.vision_cache = kept
     ref = HFGeneration(policy, pad, 8).generate(prompts, params)
     for prompt, a, b in zip(prompts, ours, ref):
         assert a.token_ids == b.token_ids, prompt.sample_id

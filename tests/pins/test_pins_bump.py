@@ -161,3 +161,50 @@ def test_bump_relocks_with_real_uv(tmp_path):
     assert "?rev=v0.3.0" in (root / "uv.lock").read_text()
     assert git(root, "status", "--porcelain", "--ignore-submodules=none") == ""
     assert check_pins("--repo", root, "--strict").code == 0
+
+
+# -- issue 24 ---------------------------------------------------------------------------------
+def test_nothing_to_do_exits_0_with_a_clear_line(nested):
+    """A nightly bump on a quiet night: the submodule is already at REF."""
+    layout = nested()
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "main")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"nothing to do: {BRIDGE_PATH} is already at origin/main" in done.stdout
+
+
+def refs_and_head(repo):
+    return (
+        git(repo, "for-each-ref", "--format=%(objectname) %(refname)"),
+        git(repo, "symbolic-ref", "-q", "HEAD").strip(),
+        (repo / ".git").read_text() if (repo / ".git").is_file() else "",
+    )
+
+
+def test_dry_run_leaves_refs_fetch_head_and_branch_as_they_were(nested):
+    layout = nested(root=root_toml(body=LOCKSTEP))
+    upstream_moves(layout)
+    git(layout.bridge, "checkout", "-q", "-b", "work")
+    git_dir = Path(git(layout.bridge, "rev-parse", "--absolute-git-dir").strip())
+    before = refs_and_head(layout.bridge), (git_dir / "FETCH_HEAD").exists()
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "main", "--dry-run")
+    assert done.returncode == 0 and "plan (--dry-run" in done.stdout, done.stderr
+    assert (refs_and_head(layout.bridge), (git_dir / "FETCH_HEAD").exists()) == before
+    assert git(layout.root, "status", "--porcelain", "--ignore-submodules=none") == ""
+
+
+def test_failed_bump_puts_the_branch_back(nested):
+    layout = nested()
+    bridge = layout.upstream_bridge / "pyproject.toml"
+    source = f'emerging-optimizers = {{ git = "{EMO_URL}", rev = "v0.5.0" }}\n'
+    bridge.write_text(
+        bridge.read_text().replace(
+            '"transformers>=5.0"', '"transformers>=5.0", "emerging-optimizers"'
+        )
+        + source
+    )
+    upstream_moves(layout, emo="v0.4.0")
+    git(layout.bridge, "checkout", "-q", "-b", "work")
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "main")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert git(layout.bridge, "symbolic-ref", "-q", "HEAD").strip() == "refs/heads/work"
+    assert git(layout.root, "status", "--porcelain", "--ignore-submodules=none") == ""

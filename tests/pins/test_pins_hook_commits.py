@@ -162,3 +162,50 @@ def test_commit_all_records_an_unstaged_bump(hooked, tmp_path):
     (hooked.root / "pyproject.toml").write_text(root_toml(emo="v0.3.0.post1"))
     accepted(commit(hooked.root, tmp_path, "-a", "-m", "bump bridge and the root pin"))
     assert git(hooked.root, "status", "--porcelain") == ""
+
+
+def test_nested_gitlink_staged_but_not_committed_in_its_parent_is_refused(hooked, tmp_path):
+    """Megatron-LM moves and Bridge stages it, but Bridge never commits: the root would record
+    Bridge's old commit and a fresh clone would check out the old Megatron-LM (issue 24)."""
+    lm = hooked.root / LM_PATH
+    (lm / "NOTE").write_text("moved\n")
+    git(lm, "add", "NOTE")
+    git(lm, "commit", "-qm", "moved on")
+    git(hooked.bridge, "add", "3rdparty/Megatron-LM")
+    (hooked.root / "docs" / "notes.md").write_text("more notes\n")
+    git(hooked.root, "add", "docs/notes.md")
+    code, output = commit(hooked.root, tmp_path, "-m", "notes")
+    assert code != 0 and "error[RF014]" in output, output
+    fix = "git -C submodules/Megatron-Bridge commit -m 'bump 3rdparty/Megatron-LM'"
+    assert fix in output and "git add submodules/Megatron-Bridge" in output, output
+    git(hooked.bridge, "commit", "-qm", "bump 3rdparty/Megatron-LM")  # what the help says
+    git(hooked.root, "add", "submodules/Megatron-Bridge")
+    accepted(commit(hooked.root, tmp_path, "-m", "notes and the bump"))
+
+
+def test_hook_with_git_dir_and_work_tree_and_no_dot_git(tmp_path):
+    """`GIT_DIR=... GIT_WORK_TREE=... git commit` with the repository outside the work tree."""
+    from pins_helpers import make_repo
+
+    work = make_repo(tmp_path / "work", {"pyproject.toml": root_toml()})
+    store = tmp_path / "store.git"
+    (work / ".git").rename(store)
+    hook = store / "hooks" / "pre-commit"
+    hook.write_text(f"#!/bin/sh\nexec {RLFLOW} check-pins\n")
+    hook.chmod(0o755)
+    env = {**_env(tmp_path), "GIT_DIR": str(store), "GIT_WORK_TREE": str(work)}
+
+    def run(*args):
+        return subprocess.run(
+            ["git", *args], cwd=work, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    (work / "README").write_text("hi\n")
+    assert run("add", "README").returncode == 0
+    done = run("commit", "-m", "readme")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok: 1 pyproject.toml file, 0 submodules" in done.stdout + done.stderr
+    (work / "pyproject.toml").write_text("[project\n")
+    run("add", "pyproject.toml")
+    done = run("commit", "-m", "broken")
+    assert done.returncode != 0 and "error[RF102]" in done.stdout + done.stderr

@@ -141,15 +141,14 @@ def test_rf011_for_a_changed_path_dependency(locked):
     rf011 = {
         d["message"].split("`")[1]: d for d in result.json["diagnostics"] if d["code"] == "RF011"
     }
-    root_lock, child_lock = rf011["uv.lock"], rf011["child-a/uv.lock"]
-    assert "path dependency `child-a`" in root_lock["message"]
+    root_lock = rf011["uv.lock"]
+    assert "`child-a` (`child-a`)" in root_lock["message"] and "`root`" in root_lock["message"]
     assert (
         root_lock["severity"] == "error"
         and root_lock["help"] == "run `uv lock` (then commit the lock)"
     )
-    # child-a's own lock is stale too: upstream's to fix, so a warning, with a command for it
-    assert child_lock["severity"] == "warning"
-    assert child_lock["help"] == "run `uv lock --directory child-a` (then commit the lock)"
+    # child-a's own lock is stale too, but uv never reads it for the root: informational
+    assert "child-a/uv.lock" not in rf011
 
 
 def test_rf010_root_and_submodule_lock_different_commits(locked, tmp_path):
@@ -164,7 +163,10 @@ def test_rf010_root_and_submodule_lock_different_commits(locked, tmp_path):
         (emo / "README").write_text("new\n")
         git(emo, "add", "README")
         git(emo, "commit", "-qm", "main moves on")
-        (root / "pyproject.toml").write_text(ROOT.format(url=url, ref='branch = "main"'))
+        (root / "pyproject.toml").write_text(
+            ROOT.format(url=url, ref='branch = "main"')
+            + '\n[tool.rlflow.pins]\ndeployed-locks = ["child-a"]\n'
+        )
         done = subprocess.run(
             [str(UV), "lock", "--quiet"],
             cwd=root,
@@ -177,7 +179,11 @@ def test_rf010_root_and_submodule_lock_different_commits(locked, tmp_path):
         rf010 = [d for d in result.json["diagnostics"] if d["code"] == "RF010"]
         assert [d["package"] for d in rf010] == ["emerging-optimizers"], result.out
         assert rf010[0]["file"] == "uv.lock" and rf010[0]["line"]
-        assert "child-a/uv.lock" in rf010[0]["message"]
+        assert "child-a/uv.lock" in rf010[0]["message"] and "deployed-locks" in rf010[0]["message"]
+        # Without the policy the child's lock is informational: uv never reads it for the root.
+        (root / "pyproject.toml").write_text(ROOT.format(url=url, ref='branch = "main"'))
+        quiet = check_pins("--repo", root, "--format", "json")
+        assert "RF010" not in quiet.codes(), quiet.out
     finally:
         for p, data in {**saved, **child_saved}.items():
             p.write_bytes(data)

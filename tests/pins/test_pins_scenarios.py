@@ -121,7 +121,10 @@ def test_gitlink_differs_from_checkout(nested):
     assert finding["code"] == "RF006"
     assert finding["submodule"]["head"] == git(layout.lm, "rev-parse", "HEAD").strip()
     assert finding["file"] == "submodules/Megatron-Bridge/.gitmodules"
-    git(layout.bridge, "add", "3rdparty/Megatron-LM")  # staging the new gitlink resolves it
+    git(layout.bridge, "add", "3rdparty/Megatron-LM")  # staged, not committed in Bridge: RF014
+    assert check_pins("--repo", layout.root, "--format", "json").codes() == ["RF014"]
+    git(layout.bridge, "commit", "-qm", "bump Megatron-LM")
+    git(layout.root, "add", BRIDGE_PATH)
     assert check_pins("--repo", layout.root).code == 0
 
 

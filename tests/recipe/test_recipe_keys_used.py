@@ -151,6 +151,8 @@ READ_BY = {
     "checkpointing.enabled": ("rlflow/train/loop.py", "recipe.checkpointing.enabled"),
     "checkpointing.save_period": ("rlflow/train/loop.py", "recipe.checkpointing.save_period"),
     "checkpointing.keep_last": ("rlflow/train/setup.py", "recipe.checkpointing.keep_last"),
+    "checkpointing.hf_export_period": ("rlflow/train/hf_export.py", "cfg.hf_export_period"),
+    "checkpointing.hf_export_keep_last": ("rlflow/train/hf_export.py", "cfg.hf_export_keep_last"),
     "checkpointing.save_on_signal": (
         "rlflow/train/setup.py",
         "recipe.checkpointing.save_on_signal",
@@ -175,20 +177,17 @@ READ_BY = {
         "recipe.watchdog.collective_timeout_s",
     ),
     "preflight.enabled": ("rlflow/train/setup.py", "recipe.preflight.enabled"),
-    "preflight.gemm_size": ("rlflow/launch/preflight.py", "cfg.gemm_size"),
-    "preflight.gemm_tolerance": ("rlflow/launch/preflight.py", "cfg.gemm_tolerance"),
-    "preflight.allreduce_mb": ("rlflow/launch/preflight.py", "cfg.allreduce_mb"),
-    "preflight.min_free_disk_gb": ("rlflow/launch/preflight.py", "cfg.min_free_disk_gb"),
-    "preflight.required_env": ("rlflow/launch/preflight.py", "cfg.required_env"),
+    "preflight.gemm_size": ("rlflow/job/preflight.py", "cfg.gemm_size"),
+    "preflight.gemm_tolerance": ("rlflow/job/preflight.py", "cfg.gemm_tolerance"),
+    "preflight.allreduce_mb": ("rlflow/job/preflight.py", "cfg.allreduce_mb"),
+    "preflight.min_free_disk_gb": ("rlflow/job/preflight.py", "cfg.min_free_disk_gb"),
+    "preflight.required_env": ("rlflow/job/preflight.py", "cfg.required_env"),
     **{
         f"slurm.{key}": ("rlflow/launch/plan.py", f"slurm.{key}")
         for key in (
             "partition",
-            "account",
-            "qos",
             "time_limit",
             "cpus_per_task",
-            "mem",
             "container_image",
             "container_mounts",
             "container.runtime",
@@ -204,6 +203,12 @@ READ_BY = {
             "rlflow_command",
             "request_gpus",
         )
+    },
+    # #SBATCH options the recipe passes through: their row in plan.SBATCH_OPTIONS names the key,
+    # and plan.sbatch_options() reads every row's key into the #SBATCH lines
+    **{
+        f"slurm.{key}": ("rlflow/launch/plan.py", f"'slurm.{key}'")
+        for key in ("account", "qos", "mem")
     },
     "slurm.max_gpu_hours": ("rlflow/launch/cost.py", "loaded.recipe.slurm.max_gpu_hours"),
 }

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rlflow.train.grpo import (
+    ClipTerms,
     clipped_pg_loss,
     entropy_from_logits,
     group_advantages,
@@ -200,21 +201,35 @@ def test_unknown_kl_kind_is_refused():
 # ---------------------------------------------------------------- clipped loss
 
 
+def loss_of(logprobs, old, advantages, mask, terms, tokens, seqs, kl=None):
+    """clipped_pg_loss with this file's positional shorthand (the function takes keywords)."""
+    return clipped_pg_loss(
+        logprobs_BT=logprobs,
+        old_logprobs_BT=old,
+        advantages_B=advantages,
+        mask_BT=mask,
+        terms=terms,
+        global_num_tokens=tokens,
+        global_num_seqs=seqs,
+        kl_BT=kl,
+    )
+
+
+def terms(kl_weight=0.0, token_level=True):
+    return ClipTerms(0.2, 0.28, kl_weight, token_level, "token")
+
+
 def one_token(advantage, ratio, clip_low=0.2, clip_high=0.28):
     """Loss, d loss / d logp and metrics for a single token with old logp = 0, logp = ln ratio."""
     logprobs = torch.tensor([[math.log(ratio)]], dtype=torch.float64, requires_grad=True)
-    loss, metrics = clipped_pg_loss(
+    loss, metrics = loss_of(
         logprobs,
         torch.zeros(1, 1, dtype=torch.float64),
         torch.tensor([advantage], dtype=torch.float64),
         torch.ones(1, 1),
-        clip_low,
-        clip_high,
-        kl_BT=None,
-        kl_weight=0.0,
-        token_level=True,
-        global_num_tokens=1.0,
-        global_num_seqs=1.0,
+        ClipTerms(clip_low, clip_high, kl_weight=0.0, token_level=True, ratio_level="token"),
+        1.0,
+        1.0,
     )
     loss.backward()
     return loss, logprobs.grad.item(), metrics
@@ -256,9 +271,7 @@ def ragged_batch():
 
 def ragged_loss(token_level):
     logprobs, old, advantages, mask, kl = ragged_batch()
-    loss, metrics = clipped_pg_loss(
-        logprobs, old, advantages, mask, 0.2, 0.28, kl, 0.5, token_level, 4.0, 2.0
-    )
+    loss, metrics = loss_of(logprobs, old, advantages, mask, terms(0.5, token_level), 4.0, 2.0, kl)
     loss.backward()
     return loss, logprobs.grad, metrics
 
@@ -298,9 +311,9 @@ def test_clip_fractions_count_valid_tokens_by_side():
     # ratios [[1.5, 0.5, 1.0], [0.5, 1.5, pad]]; A = [1, -1]; 5 valid tokens
     # high side: seq 0 token 0 (A > 0, r 1.5). low side: seq 1 token 0 (A < 0, r 0.5).
     ratios = torch.tensor([[1.5, 0.5, 1.0], [0.5, 1.5, 9.0]])
-    _, metrics = clipped_pg_loss(
+    _, metrics = loss_of(
         ratios.log(), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), torch.tensor([[1, 1, 1], [1, 1, 0]]),
-        0.2, 0.28, None, 0.0, True, 5.0, 2.0,
+        terms(), 5.0, 2.0,
     )  # fmt: skip
     close(metrics["clip_high_fraction"], 1 / 5)
     close(metrics["clip_low_fraction"], 1 / 5)
@@ -320,17 +333,17 @@ def test_micro_batches_add_up_to_the_full_batch(token_level):
     advantages = torch.randn(6)
     num_tokens, num_seqs = valid_counts(mask)
 
-    def loss_of(rows):
+    def rows_loss(rows):
         kl = kl_estimate(logprobs[rows], ref[rows], "k3")
-        return clipped_pg_loss(
-            logprobs[rows], old[rows], advantages[rows], mask[rows], 0.2, 0.28, kl, 0.1,
-            token_level, num_tokens, num_seqs,  # 0-d tensors, as the train loop passes them
+        return loss_of(
+            logprobs[rows], old[rows], advantages[rows], mask[rows], terms(0.1, token_level),
+            num_tokens, num_seqs, kl,  # 0-d tensors, as the train loop passes them
         )  # fmt: skip
 
-    whole, whole_metrics = loss_of(slice(0, 6))
+    whole, whole_metrics = rows_loss(slice(0, 6))
     (whole_grad,) = torch.autograd.grad(whole, logprobs)
-    first, first_metrics = loss_of(slice(0, 4))
-    second, second_metrics = loss_of(slice(4, 6))
+    first, first_metrics = rows_loss(slice(0, 4))
+    second, second_metrics = rows_loss(slice(4, 6))
     (parts_grad,) = torch.autograd.grad(first + second, logprobs)
 
     torch.testing.assert_close(first + second, whole)
@@ -346,13 +359,20 @@ def test_valid_counts():
 
 
 def test_loss_refuses_mismatched_shapes_and_counts():
-    args = (torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3), 0.2, 0.2)
+    args = (torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3))
     with pytest.raises(ValueError, match="advantages_B has shape"):
-        clipped_pg_loss(*args[:2], torch.zeros(2, 3), *args[3:], None, 0.0, True, 6.0, 2.0)
+        loss_of(*args[:2], torch.zeros(2, 3), args[3], terms(), 6.0, 2.0)
     with pytest.raises(ValueError, match="kl_BT has shape"):
-        clipped_pg_loss(*args, torch.zeros(2, 2), 0.1, True, 6.0, 2.0)
+        loss_of(*args, terms(0.1), 6.0, 2.0, torch.zeros(2, 2))
     with pytest.raises(ValueError, match="global_num_tokens must be > 0"):
-        clipped_pg_loss(*args, None, 0.0, True, 0.0, 2.0)
+        loss_of(*args, terms(), 0.0, 2.0)
+
+
+def test_loss_takes_keywords_only():
+    """A swapped tensor or constant cannot slip through: positional calls are a TypeError."""
+    args = (torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 3))
+    with pytest.raises(TypeError):
+        clipped_pg_loss(*args, terms=terms(), global_num_tokens=6.0, global_num_seqs=2.0)
 
 
 # ---------------------------------------------------------------- logits and logprobs

@@ -7,10 +7,15 @@ import torch
 
 from rlflow.generation.base import SamplingParams
 from rlflow.generation.megatron import MegatronGeneration
-from rlflow.recipe.schema import ImportanceSamplingConfig, LossConfig, OverlongPenaltyConfig
+from rlflow.recipe.schema import (
+    ImportanceSamplingConfig,
+    LossConfig,
+    OptimizerConfig,
+    OverlongPenaltyConfig,
+)
 from rlflow.train import grpo
 from rlflow.train.rollouts import build_train_batch
-from rlflow.train.update import Optimizer, grpo_update, rollout_logprobs
+from rlflow.train.update import Batching, Optimizer, grpo_update, rollout_logprobs
 from tests.tiny import FP32, SINGLE, make_prompt
 
 
@@ -45,11 +50,21 @@ def test_update_raises_logprob_of_rewarded_answers(trainable, tiny_processor):
         prompt_ids=policy.prompt_ids,
         pad_token_id=tiny_processor.tokenizer.pad_token_id,
     )
-    before, _ = rollout_logprobs(policy, batch, micro_batch_size=8, with_entropy=False)
+    batching = Batching(8, max_tokens=0, packed=True)
+    before, _ = rollout_logprobs(policy, batch, batching, with_entropy=False)
     weights_before = [p.detach().clone() for p in policy.core.language_model.parameters()]
-    optimizer = Optimizer.create(
-        policy, lr=1e-3, weight_decay=0.0, beta1=0.9, beta2=0.999, eps=1e-8, max_grad_norm=1.0
+    optimizer_cfg = OptimizerConfig(
+        lr=1e-3,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_eps=1e-8,
+        max_grad_norm=1.0,
+        micro_batch_size=8,
+        max_tokens_per_micro_batch=0,
+        sequence_packing=True,
     )
+    optimizer = Optimizer.from_config(policy, optimizer_cfg)
     loss_cfg = LossConfig(
         ratio_clip_low=0.2,
         ratio_clip_high=0.28,
@@ -61,9 +76,16 @@ def test_update_raises_logprob_of_rewarded_answers(trainable, tiny_processor):
         importance_sampling=ImportanceSamplingConfig(mode="off", cap=2.0, mask_below=0.0),
     )
     metrics = grpo_update(
-        policy, optimizer, batch, before, None, loss_cfg, micro_batch_size=8, num_minibatches=1
+        policy,
+        optimizer,
+        batch,
+        old_logprobs=before,
+        ref_logprobs=None,
+        loss_cfg=loss_cfg,
+        batching=Batching.from_config(optimizer_cfg),
+        num_minibatches=1,
     )
-    after, _ = rollout_logprobs(policy, batch, micro_batch_size=8, with_entropy=False)
+    after, _ = rollout_logprobs(policy, batch, batching, with_entropy=False)
 
     changed = [
         not torch.equal(a, p)

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlflow.train.grpo import (
+    ClipTerms,
     clipped_pg_loss,
     group_advantages,
     importance_metrics,
@@ -113,12 +114,20 @@ def test_importance_weights_refuse_bad_input():
         importance_weights(x, x, torch.ones(1, 2), "mis", 2.0, mask_below=3.0)
 
 
-def loss_and_grad(logprobs, old, advantages, mask, token_level, seqs, **kwargs):
+def loss_and_grad(
+    logprobs, old, advantages, mask, token_level, seqs, ratio_level="token", is_weights_BT=None
+):
     logprobs = logprobs.clone().double().requires_grad_()
     loss, metrics = clipped_pg_loss(
-        logprobs, old.double(), advantages.double(), mask, 0.2, 0.28, None, 0.0,
-        token_level, float(mask.sum()), seqs, **kwargs,
-    )  # fmt: skip
+        logprobs_BT=logprobs,
+        old_logprobs_BT=old.double(),
+        advantages_B=advantages.double(),
+        mask_BT=mask,
+        terms=ClipTerms(0.2, 0.28, 0.0, token_level, ratio_level),
+        global_num_tokens=float(mask.sum()),
+        global_num_seqs=seqs,
+        is_weights_BT=is_weights_BT,
+    )
     loss.backward()
     return loss, logprobs.grad, metrics
 

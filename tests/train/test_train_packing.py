@@ -15,7 +15,12 @@ import torch
 from rlflow.generation.base import Completion
 from rlflow.model.vision_cache import VisionCache
 from rlflow.train.rollouts import build_train_batch
-from rlflow.train.update import micro_batches, policy_token_logprobs, rollout_logprobs
+from rlflow.train.update import (
+    Batching,
+    micro_batches,
+    policy_token_logprobs,
+    rollout_logprobs,
+)
 from tests.tiny import FP32, SINGLE, mixed_prompts
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
@@ -107,11 +112,13 @@ def test_micro_batches_by_rows_or_token_budget():
 
 def test_budgeted_packed_rollout_logprobs_equal_padded(tiny_policy, tiny_processor, prompts):
     batch = rollout_batch(tiny_policy, tiny_processor.tokenizer.pad_token_id, prompts["mixed"])
-    padded, padded_entropy = rollout_logprobs(tiny_policy, batch, 3, True, sequence_packing=False)
+    padded, padded_entropy = rollout_logprobs(
+        tiny_policy, batch, Batching(3, max_tokens=0, packed=False), with_entropy=True
+    )
     budget = max(batch.lengths) + 10  # several micro-batches of different row counts
     assert 1 < len(micro_batches(batch.lengths, 3, budget)) < len(batch)
     packed, packed_entropy = rollout_logprobs(
-        tiny_policy, batch, 3, True, max_tokens_per_micro_batch=budget
+        tiny_policy, batch, Batching(3, max_tokens=budget, packed=True), with_entropy=True
     )
     assert_close_on_targets(packed, padded, batch.target_mask)
     assert_close_on_targets(packed_entropy, padded_entropy, batch.target_mask)
@@ -129,12 +136,24 @@ def loss_and_grads(policy, batch, cache: VisionCache):
     from rlflow.recipe.load import load_recipe
     from rlflow.train.update import Optimizer, grpo_update
 
-    policy.extra["vision_cache"] = cache
-    old, _ = rollout_logprobs(policy, batch, len(batch), False)  # fills the cache (no grad)
-    optimizer = Optimizer.create(policy, 0.0, 0.0, 0.9, 0.999, 1e-8, 0.0)
-    loss_cfg = load_recipe(RECIPE, ["loss.kl_penalty=0"]).recipe.loss
+    policy.vision_cache = cache
+    batching = Batching(len(batch), max_tokens=0, packed=True)
+    old, _ = rollout_logprobs(policy, batch, batching, with_entropy=False)  # fills the cache
+    recipe = load_recipe(
+        RECIPE, ["loss.kl_penalty=0", "optimizer.lr=0", "optimizer.max_grad_norm=0"]
+    ).recipe
+    optimizer = Optimizer.from_config(policy, recipe.optimizer)
     shifted = old + 0.05 * batch.target_mask  # ratios away from 1: clipping takes part
-    metrics = grpo_update(policy, optimizer, batch, shifted, None, loss_cfg, 3, 1)
+    metrics = grpo_update(
+        policy,
+        optimizer,
+        batch,
+        old_logprobs=shifted,
+        ref_logprobs=None,
+        loss_cfg=recipe.loss,
+        batching=Batching(3, max_tokens=0, packed=True),
+        num_minibatches=1,
+    )
     grads = {
         name: p.main_grad.clone()
         for name, p in policy.core.named_parameters()

@@ -1,0 +1,342 @@
+"""A pyproject.toml -> the record uv writes of it in uv.lock (what `uv lock --check` compares).
+
+uv "lowers" each requirement before locking it: `[tool.uv.sources]` replace its source (a list
+of sources split by markers becomes one entry per source, plus one for the markers none of them
+covers), optional dependencies get `extra == '...'`, `{ workspace = true }` becomes the member's
+directory, `{ include-group = ... }` is expanded, and paths are made absolute. The entries here
+are that record in comparable form:
+
+    Entry = (name, extras, source, marker tree)
+    source = ("registry", specifier, index URL or None) | ("git", repo, ref kind, ref, subdir)
+           | ("url", url, subdirectory) | ("path", editable|directory|path|virtual, absolute path)
+
+Both sides of the comparison (this module for the pyproject, uvlock.py for the lock) produce
+Entries; markers are compared by meaning (markers.py). Pure apart from reading member
+pyproject.toml files (`Workspace`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from rlflow.pins import markers
+from rlflow.pins.urls import normalize_repo
+
+
+class Undecidable(Exception):
+    """rlflow cannot tell offline what uv would record (dynamic metadata, a missing project)."""
+
+
+@dataclass
+class Project:
+    """One local project as uv reads it."""
+
+    directory: str  # absolute, normalized
+    data: dict
+    sources: dict[str, list[dict]]
+    indexes: dict[str, str]
+    workspace_sources: dict[str, list[dict]] = field(default_factory=dict)
+    workspace_indexes: dict[str, str] = field(default_factory=dict)
+    members: dict[str, str] = field(default_factory=dict)  # workspace member name -> directory
+
+    @property
+    def table(self) -> dict:
+        value = self.data.get("project")
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def uv(self) -> dict:
+        tool = self.data.get("tool")
+        value = tool.get("uv") if isinstance(tool, dict) else None
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def name(self) -> str | None:
+        name = self.table.get("name")
+        return canonicalize_name(name) if isinstance(name, str) else None
+
+
+def load_project(directory: str) -> Project:
+    path = Path(directory) / "pyproject.toml"
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8").removeprefix("\ufeff"))
+    except FileNotFoundError:
+        raise Undecidable(f"`{directory}` has no pyproject.toml (not checked out?)") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise Undecidable(f"cannot read `{path}`: {err}") from None
+    return project_from(directory, data)
+
+
+def project_from(directory: str, data: dict) -> Project:
+    project = Project(os.path.normpath(directory), data, {}, {})
+    sources = project.uv.get("sources", {})
+    if isinstance(sources, dict):
+        for name, value in sources.items():
+            items = value if isinstance(value, list) else [value]
+            project.sources[canonicalize_name(name)] = [s for s in items if isinstance(s, dict)]
+    for entry in project.uv.get("index", []) if isinstance(project.uv.get("index"), list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            project.indexes[entry["name"]] = str(entry.get("url", ""))
+    return project
+
+
+def workspace_members(root: Project) -> dict[str, Project]:
+    """Name -> member project (the root included when it has a [project] table)."""
+    members: dict[str, Project] = {}
+    if root.name:
+        members[root.name] = root
+    table = root.uv.get("workspace")
+    if not isinstance(table, dict):
+        return members
+    excluded = set()
+    for pattern in table.get("exclude", []) or []:
+        excluded |= {os.path.normpath(p) for p in glob.glob(os.path.join(root.directory, pattern))}
+    for pattern in table.get("members", []) or []:
+        for directory in sorted(glob.glob(os.path.join(root.directory, str(pattern)))):
+            directory = os.path.normpath(directory)
+            if directory in excluded or not os.path.isfile(
+                os.path.join(directory, "pyproject.toml")
+            ):
+                continue
+            member = load_project(directory)
+            if member.name:
+                members[member.name] = member
+    for member in members.values():
+        member.workspace_sources = root.sources
+        member.workspace_indexes = root.indexes
+        member.members = {name: m.directory for name, m in members.items()}
+    return members
+
+
+# -- the record of one project ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Record:
+    version: str | None  # None: dynamic
+    requires_dist: list
+    provides_extras: frozenset[str]
+    requires_dev: dict[str, list]
+
+
+def record(project: Project) -> Record:
+    """What uv writes under [package.metadata] for this local project."""
+    table = project.table
+    dynamic = table.get("dynamic", []) if isinstance(table.get("dynamic"), list) else []
+    for key in ("dependencies", "optional-dependencies"):
+        if key in dynamic:
+            raise Undecidable(
+                f"`{project.directory}/pyproject.toml` computes `{key}` at build time "
+                "(`dynamic`): only a build can tell what uv would record"
+            )
+    version = None if "version" in dynamic else table.get("version")
+    dist = []
+    for text in _strings(table.get("dependencies")):
+        dist += lower(text, project)
+    extras = table.get("optional-dependencies", {})
+    extras = extras if isinstance(extras, dict) else {}
+    for extra, items in extras.items():
+        name = canonicalize_name(extra)
+        for text in _strings(items):
+            dist += lower(text, project, extra=name)
+    return Record(
+        version if isinstance(version, str) else None,
+        dist,
+        frozenset(canonicalize_name(e) for e in extras),
+        groups(project),
+    )
+
+
+def groups(project: Project) -> dict[str, list]:
+    """Dependency groups, `include-group` expanded, legacy dev-dependencies as `dev`."""
+    raw = project.data.get("dependency-groups", {})
+    raw = {canonicalize_name(k): v for k, v in raw.items()} if isinstance(raw, dict) else {}
+    legacy = project.uv.get("dev-dependencies")
+    out: dict[str, list] = {}
+
+    def expand(group: str, seen: tuple) -> list[str]:
+        texts = []
+        for item in raw.get(group, []) if isinstance(raw.get(group), list) else []:
+            if isinstance(item, str):
+                texts.append(item)
+            elif isinstance(item, dict) and isinstance(item.get("include-group"), str):
+                included = canonicalize_name(item["include-group"])
+                if included not in seen:
+                    texts += expand(included, seen + (included,))
+        return texts
+
+    for group in raw:
+        out[group] = [
+            e for text in expand(group, (group,)) for e in lower(text, project, group=group)
+        ]
+    if isinstance(legacy, list):
+        out.setdefault("dev", [])
+        out["dev"] += [e for text in _strings(legacy) for e in lower(text, project, group="dev")]
+    return {g: entries for g, entries in out.items() if entries}
+
+
+def lower(text: str, project: Project, extra: str | None = None, group: str | None = None) -> list:
+    """One requirement string -> the entries uv records for it."""
+    req = parse_requirement(text)
+    name = canonicalize_name(req.name)
+    extras = tuple(sorted(canonicalize_name(e) for e in req.extras))
+    marker = markers.parse(str(req.marker)) if req.marker else markers.TRUE
+    if extra:
+        marker = markers.both(marker, markers.parse(f"extra == '{extra}'"))
+    sources = project.sources.get(name)
+    if sources is None:
+        sources = project.workspace_sources.get(name)
+    if sources is not None:
+        sources = [
+            s
+            for s in sources
+            if (s.get("extra") is None or canonicalize_name(str(s["extra"])) == extra)
+            and (s.get("group") is None or canonicalize_name(str(s["group"])) == group)
+        ]
+    if not sources:
+        return [(name, extras, requirement_source(req, project.directory), marker)]
+    out = []
+    covered = []
+    for source in sources:
+        source_marker = markers.parse(source.get("marker"))
+        covered.append(source_marker)
+        out.append(
+            (name, extras, source_key(source, req, project), markers.both(source_marker, marker))
+        )
+    remaining = markers.both(markers.negate(markers.either(covered)), marker)
+    out.append((name, extras, requirement_source(req, project.directory), remaining))
+    return [e for e in out if markers.satisfiable(e[3])]
+
+
+def parse_requirement(text: str) -> Requirement:
+    """PEP 508, plus what uv also accepts: `name @ URL; marker` without the space before `;`."""
+    try:
+        return Requirement(text)
+    except InvalidRequirement:
+        pass
+    try:
+        return Requirement(re.sub(r"(\S);", r"\1 ;", text, count=1))
+    except InvalidRequirement:
+        raise Undecidable(f"cannot read the requirement `{text}`") from None
+
+
+def requirement_source(req: Requirement, directory: str) -> tuple:
+    if not req.url:
+        return ("registry", spec_key(str(req.specifier)), None)
+    return url_source(req.url, directory)
+
+
+def url_source(url: str, directory: str) -> tuple:
+    if url.startswith("git+"):
+        base, _, fragment = url[4:].partition("#")
+        parts = urlsplit(base)
+        path, ref = parts.path, None
+        if "@" in path:
+            path, ref = path.rsplit("@", 1)
+        sub = parse_qs(fragment).get("subdirectory", [None])[0]
+        repo = normalize_repo(parts._replace(path=path, query="").geturl())
+        return ("git", repo, "rev" if ref else None, ref, sub)
+    base, _, fragment = url.partition("#")
+    if base.startswith("file:"):
+        path = os.path.normpath(os.path.join(directory, unquote(urlsplit(base).path)))
+        return ("path", "directory" if os.path.isdir(path) else "path", path)
+    return ("url", base, parse_qs(fragment).get("subdirectory", [None])[0])
+
+
+def source_key(source: dict, req: Requirement, project: Project) -> tuple:
+    if "git" in source:
+        ref_kind = next((k for k in ("rev", "tag", "branch") if k in source), None)
+        return (
+            "git",
+            normalize_repo(str(source["git"])),
+            ref_kind,
+            source.get(ref_kind) if ref_kind else None,
+            source.get("subdirectory"),
+        )
+    if "url" in source:
+        return ("url", str(source["url"]).partition("#")[0], source.get("subdirectory"))
+    if "path" in source:
+        path = os.path.normpath(os.path.join(project.directory, str(source["path"])))
+        if not os.path.isdir(path):
+            return ("path", "path", path)
+        if source.get("package") is False:
+            return ("path", "virtual", path)
+        return ("path", "editable" if source.get("editable") else "directory", path)
+    if source.get("workspace"):
+        directory = project.members.get(canonicalize_name(req.name))
+        if directory is None:
+            raise Undecidable(f"`{req.name}` is a workspace source but not a workspace member")
+        return ("path", "directory" if source.get("editable") is False else "editable", directory)
+    if "index" in source:
+        name = source["index"]
+        url = project.indexes.get(name, project.workspace_indexes.get(name))
+        if url is None:
+            raise Undecidable(f"`{req.name}` comes from index `{name}`, which no project defines")
+        return ("registry", spec_key(str(req.specifier)), index_url(url))
+    return requirement_source(req, project.directory)
+
+
+# -- normal forms -----------------------------------------------------------------------------
+def spec_key(text: str) -> tuple:
+    try:
+        specs = SpecifierSet(text)
+    except InvalidSpecifier:
+        return (text,)
+    out = []
+    for spec in specs:
+        version = spec.version
+        try:
+            value = version if version.endswith(".*") else Version(version)
+        except InvalidVersion:
+            value = version
+        out.append((spec.operator, str(value) if isinstance(value, Version) else value))
+    return tuple(sorted(out))
+
+
+def index_url(url: str) -> str:
+    return url.rstrip("/")
+
+
+def same_version(a: str | None, b: str | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def _strings(value) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def compare_entries(have: list, want: list, python: str | None) -> tuple[list, list] | None:
+    """None when the two records are the same set; else (missing from the lock, extra in it)."""
+
+    def grouped(entries):
+        out: dict[tuple, list] = {}
+        for name, extras, source, marker in entries:
+            out.setdefault((name, extras, source), []).append(marker)
+        return out
+
+    a, b = grouped(have), grouped(want)
+    added = [k for k in b if k not in a]
+    removed = [k for k in a if k not in b]
+    for key in set(a) & set(b):
+        verdict = markers.equivalent_sets(a[key], b[key], python)
+        if verdict is False or (
+            verdict is None and sorted(map(repr, a[key])) != sorted(map(repr, b[key]))
+        ):
+            added.append(key)
+    if not added and not removed:
+        return None
+    return sorted(added, key=repr), sorted(removed, key=repr)

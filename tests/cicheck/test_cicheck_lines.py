@@ -1,0 +1,168 @@
+"""check-tests against the CI lines run for real (issue 24): each everyday CI line is written in a
+workflow step, executed by bash exactly as written with `PYTEST_ADDOPTS="--collect-only -p
+rlflow.cicheck.plugin"` (so whatever pytest it starts only collects, and says what), and the
+tests check-tests calls uncollected must be the suite minus what that real run collected.
+
+`uv run` is the one stand-in: a `uv` on PATH that drops `run` and uv's options and runs the rest
+(the real one would create and sync an environment, which needs the network)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.pins.pins_helpers import make_repo
+
+RLFLOW = Path(sys.executable).parent / "rlflow"
+PYPROJECT = '[project]\nname = "demo"\nversion = "0.1.0"\n\n[tool.pytest.ini_options]\n{opts}\n'
+TESTS = {
+    "tests/unit/test_a.py": "def test_one():\n    pass\n\ndef test_two():\n    pass\n",
+    "tests/gpu/test_g.py": "def test_gpu():\n    pass\n",
+    "sub/tests/test_s.py": "def test_sub():\n    pass\n",
+}
+UV_STAND_IN = """#!/bin/sh
+# stand-in for `uv run [options] CMD...`: runs CMD (see the module docstring)
+shift
+while [ $# -gt 0 ]; do
+  case "$1" in --extra|--group|--with|--python|-p) shift 2;; -*) shift;; *) break;; esac
+done
+exec "$@"
+"""
+STEP = "name: ci\non: [push]\njobs:\n  t:\n    runs-on: ubuntu-latest\n    steps:\n      - {where}run: {line}\n"
+
+
+@pytest.fixture(scope="module")
+def bin_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bin")
+    (path / "uv").write_text(UV_STAND_IN)
+    (path / "uv").chmod(0o755)
+    (path / "pytest").write_text(f'#!/bin/sh\nexec {sys.executable} -m pytest "$@"\n')
+    (path / "pytest").chmod(0o755)
+    return path
+
+
+def env(bin_dir) -> dict:
+    return {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+    }
+
+
+def real_run(root: Path, line: str, cwd: str, bin_dir, out: Path) -> set[str]:
+    run_env = {
+        **env(bin_dir),
+        "PYTEST_ADDOPTS": "--collect-only -p rlflow.cicheck.plugin",
+        "RLFLOW_CHECK_TESTS_OUT": str(out),
+        "RLFLOW_CHECK_TESTS_ROOT": str(root),
+    }
+    done = subprocess.run(
+        ["bash", "-c", line],
+        cwd=root / cwd,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode in (0, 5), done.stdout + done.stderr
+    return set(out.read_text().splitlines()) if out.exists() else set()
+
+
+LINES = [
+    ("pytest -xvs tests/unit", "", 'addopts = "-ra"'),
+    ("pytest -vv tests/unit tests/gpu", "", ""),
+    ("CUDA_VISIBLE_DEVICES=0 pytest tests/gpu", "", ""),
+    ("uv run --extra test pytest tests/unit", "", ""),
+    ("timeout 600 pytest tests/unit 2>&1 | tee log.txt", "", ""),
+    ("pytest tests", "sub", ""),  # the step's working-directory
+    ("cd sub && pytest tests", "", ""),
+    ("pytest tests/unit", "", 'addopts = "-q"'),
+    ("pytest tests/gpu", "", 'addopts = "-v"'),
+]
+
+
+@pytest.mark.parametrize(("line", "where", "opts"), LINES, ids=[x[0] for x in LINES])
+def test_uncollected_is_what_the_real_line_does_not_run(tmp_path, bin_dir, line, where, opts):
+    workflow = STEP.format(
+        where=f"working-directory: {where}\n        " if where else "", line=json.dumps(line)
+    )
+    root = make_repo(
+        tmp_path / "demo",
+        {
+            "pyproject.toml": PYPROJECT.format(opts=opts),
+            **TESTS,
+            ".github/workflows/ci.yml": workflow,
+        },
+    )
+    suite = real_run(root, "pytest", "", bin_dir, tmp_path / "all")
+    ran = real_run(root, line, where, bin_dir, tmp_path / "ran")
+    assert len(suite) == 4 and ran, (suite, ran)
+    done = subprocess.run(
+        [str(RLFLOW), "check-tests", "--repo", str(root), "--format", "json"],
+        env=env(bin_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    report = json.loads(done.stdout)
+    assert set(report["uncollected"]) == suite - ran, report
+    assert report["checked"].endswith("4 tests")
+
+
+def test_zero_tests_from_a_non_empty_suite_is_an_error(tmp_path, bin_dir):
+    root = make_repo(
+        tmp_path / "demo",
+        {
+            "pyproject.toml": PYPROJECT.format(opts='python_files = ["nothing_*.py"]'),
+            **TESTS,
+            ".ci/run": "pytest tests\n",
+        },
+    )
+    done = subprocess.run(
+        [str(RLFLOW), "check-tests", "--repo", str(root)],
+        env=env(bin_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and "error[RF203]" in done.stderr, done.stdout + done.stderr
+
+
+CI_FILES = {
+    ".github/workflows/ci.yml": STEP.format(where="", line='"pytest tests/unit -k one"'),
+    ".ci/run": "#!/bin/sh\ncd sub && pytest tests\n",
+    "ci-shards.yaml": "shards:\n  - name: gpu\n    args: [tests/gpu]\n",
+    "pyproject.toml": PYPROJECT.format(opts=""),
+}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    target=st.sampled_from(sorted(CI_FILES)),
+    cut=st.floats(min_value=0, max_value=1),
+    junk=st.binary(max_size=12),
+)
+def test_damaged_ci_files_never_give_a_traceback(tmp_path_factory, target, cut, junk):
+    """Every file check-tests reads, truncated anywhere and followed by random bytes."""
+    from tests.pins.pins_helpers import git
+
+    root = make_repo(tmp_path_factory.mktemp("damaged") / "r", {**TESTS, **CI_FILES})
+    data = CI_FILES[target].encode()
+    (root / target).write_bytes(data[: int(len(data) * cut)] + junk)
+    git(root, "add", "-A")
+    done = subprocess.run(
+        [str(RLFLOW), "check-tests", "--repo", str(root), "--pytest", "false"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode in (0, 1, 2), done.stderr
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr
