@@ -1,4 +1,4 @@
-"""GRPO-shaped rollouts and whole GRPO steps on the Qwen2.5-VL-3B shape (issue 9, section 1).
+"""GRPO-shaped rollouts and whole GRPO steps on the Qwen2.5-VL-3B shape (issues 9 and 20).
 
 Workload, generated from seeds (no downloads), on a random-weight Qwen2.5-VL-3B-shaped checkpoint
 (`rlflow init-tiny-model --preset qwen25vl-3b`), bf16:
@@ -12,20 +12,25 @@ Workload, generated from seeds (no downloads), on a random-weight Qwen2.5-VL-3B-
   vocab/80 token ids is the stop set: near-flat logits stop each step with p ~ 1/80 (mean
   response ~ 80 tokens; the measured mean is reported).
 
-Parts (--parts, any subset; one process may run at most ~9 minutes on the lent GPU):
-- rollout:  MegatronGeneration.generate on the 512 rollouts: one warm-up, then the median of
-            --reps timed calls. Useful tokens/s = tokens each row kept (up to and including its
-            stop token) / synchronised wall clock of the whole call; the GRPO-shaped roofline
-            (below) from THIS run's per-row lengths; peak memory.
-- splitkv:  the same as rollout with split-KV decode on (MegatronGeneration(split_kv=True)):
-            what rlflow/generation/split_kv.py gives, measured in the same process.
+Parts (--parts, any subset; one process may run at most ~9 minutes on the lent GPU), each run
+for every engine variant in --variants (bf16, fp8; --fp8-parts limits the fp8 ones):
+- rollout:  MegatronGeneration.generate on the 512 GRPO-shaped rollouts (cap 256): a warm-up,
+            then the median of --reps timed calls. Useful tokens/s = tokens each row kept (up to
+            and including its stop token) / synchronised wall clock of the whole call; the
+            roofline (below) from THIS call's per-row lengths; the prefill against its compute
+            roofline; peak memory; with --profile, one more call's top kernels and host gaps.
+- long:     the same batch with long responses: cap --long-max-new-tokens (4096) and a stop set
+            of vocab / --long-stop-every (1000) ids: a mean of ~1,000 tokens.
+- fixed:    64 prompts with one 224-px image each, one row per prompt, exactly 256 tokens.
 - hf:       HF `generate` (HFGeneration) on the same workload; on --hf-prompts prompts only
             (x samples rows), because HF is slow. Its tokens/s is measured on that subset; the
             full-batch time is extrapolated linearly in the number of --hf-batch chunks.
-- step:     whole GRPO steps (rlflow.train.setup + rlflow.train.loop.grpo_step) on the same
-            prompts and stop set: seconds per phase (time/*), tokens/s/GPU, update and logprob
-            MFU, memory per step.
-- fixed256: the same, every row exactly 256 new tokens (no stop set, ignore_eos).
+- mcore:    megatron-core's DynamicInferenceEngine, then its static engine, on the policy's
+            language model (benchmarks/mcore_reference.py): tok/s, or exactly what fails.
+- step, steplong, fixed256: whole GRPO steps (rlflow.train.setup + loop.grpo_step) on the
+            GRPO-shaped, the long-response, or an every-row-256-tokens batch: seconds per phase
+            (time/*), speed/* metrics, tokens/s/GPU, update and logprob MFU, the generation
+            phase's share of its roofline, memory per step.
 
 GRPO-shaped roofline (issue 9): prefill FLOPs of the unique prompts (LM 2 x params x tokens +
 vision tower 2 x vision params x patches + attention) / measured bf16 matmul rate, plus, for
