@@ -4,7 +4,7 @@ The kernel's own source runs here on CPU tensors through Triton's interpreter (a
 TRITON_INTERPRET=1: Triton reads it when it is first imported); the reference is
 the engine's CPU path (split and rotate the fused projection, write the cache, length-masked
 SDPA: rlflow/generation/decoder.py). On the GPU, benchmarks/engine_gpu_check.py compares the
-compiled kernel against the same reference.
+compiled kernel against the same reference. A CPU engine never imports the kernels.
 """
 
 from __future__ import annotations
@@ -18,6 +18,11 @@ import torch
 
 from rlflow.generation import flash_decode
 from rlflow.generation.decoder import Dims, LayerWeights, _reference_attention
+from rlflow.generation.factory import make_backend
+from rlflow.recipe import load_checked
+from tests.tiny import TINY_CPU_RECIPE, greedy, mixed_prompts
+
+KERNELS = "rlflow.generation.flash_decode_kernels"
 
 
 def _case(seed: int, qk_norm: bool):
@@ -36,6 +41,20 @@ def _case(seed: int, qk_norm: bool):
     w = LayerWeights(*([None] * 12))
     w = dataclasses.replace(w, q_norm=norms[0], k_norm=norms[1])
     return dims, keys, values, qkv, cos, sin, lengths, w
+
+
+def test_a_cpu_engine_never_imports_the_kernels(tiny_policy, tiny_processor):
+    # The engine as the trainer builds it from the CPU recipe decodes through the exact path;
+    # the kernels' module (the one place rlflow imports Triton) stays unimported. (Triton
+    # itself is on every Linux machine: torch's wheels depend on it and megatron-core 0.19.2
+    # imports it at `import megatron.core`.)
+    sys.modules.pop(KERNELS, None)
+    gen = load_checked(TINY_CPU_RECIPE, []).recipe.generation
+    engine = make_backend(gen, tiny_policy, tiny_processor.tokenizer.pad_token_id, None, 64)
+    prompts = mixed_prompts(tiny_processor)
+    done = engine.generate(prompts, greedy(3, tiny_processor.tokenizer.eos_token_id))
+    assert [len(c.token_ids) for c in done] == [3] * len(prompts)
+    assert KERNELS not in sys.modules
 
 
 def test_fused_decode_attention_equals_reference():
