@@ -15,7 +15,8 @@ from rlflow.errors import RlflowError
 from rlflow.generation import fp8
 from rlflow.generation.base import SamplingParams
 from rlflow.generation.megatron import MegatronGeneration
-from tests.tiny import mixed_prompts
+from tests.slurm.jobs import rlflow
+from tests.tiny import TINY_CPU_RECIPE, mixed_prompts
 
 
 def test_per_channel_quantization_round_trips_within_e4m3_precision():
@@ -49,6 +50,17 @@ def test_requantize_overwrites_the_same_buffers():
     assert (q.value.data_ptr(), q.scale.data_ptr()) == pointers  # CUDA graphs keep pointing here
     assert torch.equal(q.value.view(torch.uint8), fresh.value.view(torch.uint8))
     assert torch.equal(q.scale, fresh.scale)
+
+
+def test_the_dry_run_refuses_fp8_where_it_cannot_run():
+    # the CPU recipe (float32) on a CPU-only cluster: both reasons, the keys that set them, exit 2
+    done = rlflow("submit", "--dry-run", str(TINY_CPU_RECIPE), "--nodes", "1", "--gpus", "1",
+                  "generation.fp8=true", "slurm.request_gpus=false")  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "`generation.fp8: true` needs `model.dtype: bfloat16`, not `float32`" in done.stderr
+    assert "help: set model.dtype=bfloat16, or generation.fp8=false" in done.stderr
+    assert "but `slurm.request_gpus: false` says the job runs on CPUs" in done.stderr
 
 
 def test_fp8_is_refused_without_an_fp8_gpu(tiny_policy):
