@@ -362,6 +362,7 @@ def run_rollout(policy, prompts, params, args, ceil, counts, gpus, device, log, 
         max_batch_size=args.max_batch_size,
         cuda_graphs=True,
         compile_decode=args.compile_decode,
+        share_prompts=True,
         fp8=fp8,
     )
     warm_s, _ = timed_generate(backend, prompts, warm_params or params, device)
@@ -828,7 +829,9 @@ def rank_main(args) -> None:
     library_logs.quiet()
     began = time.perf_counter()
     loaded = load_checked(args.recipe, recipe_overrides(args, args.checkpoint))
-    info = parallel.init_parallel(loaded.recipe.parallelism, args.seed)
+    info = parallel.init_parallel(
+        loaded.recipe.parallelism, args.seed, timeout_s=loaded.recipe.watchdog.collective_timeout_s
+    )
     device = info.device
 
     def log(message: str) -> None:
@@ -1018,7 +1021,11 @@ def launch_ranks(args) -> int:
     thread.start()
     try:
         return run_local(
-            [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]], args.tp, args.out
+            [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]],
+            args.tp,
+            args.out,
+            startup_timeout=None,  # the benchmark's ranks report no progress
+            stop_signal="USR1",
         )
     finally:
         done.set()

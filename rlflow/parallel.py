@@ -45,8 +45,9 @@ class ParallelInfo:
 _info: ParallelInfo | None = None
 
 
-def init_parallel(cfg: ParallelismConfig, seed: int, timeout_s: int = 600) -> ParallelInfo:
-    """torch.distributed + megatron-core parallel state from the launcher's environment."""
+def init_parallel(cfg: ParallelismConfig, seed: int, *, timeout_s: int) -> ParallelInfo:
+    """torch.distributed + megatron-core parallel state from the launcher's environment;
+    `timeout_s` is one collective's limit (the recipe's watchdog.collective_timeout_s)."""
     global _info
     from megatron.core import parallel_state
 

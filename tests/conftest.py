@@ -14,12 +14,11 @@ from tests.slurm.cluster import slurm_cluster  # noqa: F401 (a fixture: every te
 @pytest.fixture(scope="session")
 def single_rank():
     """torch.distributed (gloo, world 1) + megatron parallel state, once per test process."""
-    from rlflow import parallel
     from rlflow.model.compat import library_logs
-    from tests.tiny import SINGLE
+    from tests.tiny import init_single_rank
 
     library_logs.quiet()
-    return parallel.init_parallel(SINGLE, seed=1)
+    return init_single_rank()
 
 
 @pytest.fixture(scope="session")

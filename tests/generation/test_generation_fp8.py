@@ -14,9 +14,8 @@ import torch
 from rlflow.errors import RlflowError
 from rlflow.generation import fp8
 from rlflow.generation.base import SamplingParams
-from rlflow.generation.megatron import MegatronGeneration
 from tests.slurm.jobs import rlflow
-from tests.tiny import TINY_CPU_RECIPE, mixed_prompts
+from tests.tiny import TINY_CPU_RECIPE, megatron_generation, mixed_prompts
 
 
 def test_per_channel_quantization_round_trips_within_e4m3_precision():
@@ -65,7 +64,7 @@ def test_the_dry_run_refuses_fp8_where_it_cannot_run():
 
 def test_fp8_is_refused_without_an_fp8_gpu(tiny_policy):
     with pytest.raises(RlflowError) as caught:
-        MegatronGeneration(tiny_policy, 0, fp8=True)
+        megatron_generation(tiny_policy, 0, fp8=True)
     text = caught.value.diagnostics[0].render()
     assert "recipe.fp8-unsupported" in text and "generation.fp8=false" in text
 
@@ -77,8 +76,8 @@ def test_fp8_rollouts_track_the_policy_and_its_updates(tiny_policy, tiny_process
     prompts = mixed_prompts(tiny_processor)
     params = SamplingParams(6, 1.0, 1.0, 0, 3, (-1,), True)  # T=1, 6 tokens, seed 3
     pad = tiny_processor.tokenizer.pad_token_id
-    exact = MegatronGeneration(tiny_policy, pad).generate(prompts, params)
-    engine = MegatronGeneration(tiny_policy, pad, fp8=True)
+    exact = megatron_generation(tiny_policy, pad).generate(prompts, params)
+    engine = megatron_generation(tiny_policy, pad, fp8=True)
     quantized = engine.generate(prompts, params)
     assert engine._decoder.fp8 and engine._decoder._decode_layers[0].quantized is not None
     # the first token comes from the prefill (not quantized): the same draw, the same logprob
@@ -100,7 +99,7 @@ def test_fp8_rollouts_track_the_policy_and_its_updates(tiny_policy, tiny_process
             weight.mul_(-1.5)
         engine.refresh_weights()
         after = engine.generate(prompts, params)
-        fresh = MegatronGeneration(tiny_policy, pad, fp8=True).generate(prompts, params)
+        fresh = megatron_generation(tiny_policy, pad, fp8=True).generate(prompts, params)
         assert [c.token_ids for c in after] == [c.token_ids for c in fresh]
         assert [c.logprobs for c in after] == [c.logprobs for c in fresh]
     finally:
