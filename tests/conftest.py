@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from tests.slurm.cluster import slurm_cluster  # noqa: F401 (a fixture: every test folder sees it)
+# Fixtures every test folder sees: the session's cluster, and the per-test checked view of it.
+from tests.slurm.cluster import slurm_cluster, slurm_session  # noqa: F401
 
 
 @pytest.fixture(scope="session")

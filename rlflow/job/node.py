@@ -87,6 +87,7 @@ class Launcher:
 
     def launch_and_watch(self) -> int:
         failed = self.ranks.start()
+        self.books.keep_alive()
         if failed is not None:
             return self.fail(failed)
         first, last = self.ranks.all[0].rank, self.ranks.all[-1].rank
