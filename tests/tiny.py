@@ -13,7 +13,7 @@ TINY_CPU_RECIPE = (
     Path(__file__).resolve().parents[1] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
 )
 BASE_RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "base.yaml"
-SINGLE = ParallelismConfig(1, 1, 1, 1)
+SINGLE = ParallelismConfig(1, 1, 1, 1, "off")
 FP32 = ModelConfig(checkpoint="unused", dtype="float32", freeze_vision=True, tiny_seed=0)
 
 

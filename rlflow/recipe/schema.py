@@ -251,6 +251,8 @@ class ParallelismConfig:
     pipeline_parallel_size: int = field(metadata=bound(ge=1))
     context_parallel_size: int = field(metadata=bound(ge=1))
     expert_parallel_size: int = field(metadata=bound(ge=1))
+    # auto: on when tensor_parallel_size > 1; "on" needs tensor_parallel_size > 1
+    sequence_parallel: Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True)
