@@ -263,7 +263,7 @@ def main() -> None:
     from rlflow.model.compat import library_logs
 
     library_logs.quiet()
-    parallel.init_parallel(ParallelismConfig(1, 1, 1, 1), seed=0, timeout_s=1800)
+    parallel.init_parallel(ParallelismConfig(1, 1, 1, 1, "off"), seed=0, timeout_s=1800)
     results: dict = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -281,7 +281,7 @@ def main() -> None:
 
     start = time.perf_counter()
     model_cfg = dataclasses.replace(FP32, checkpoint=str(ckpt), dtype="bfloat16")
-    policy = load_policy(ckpt, model_cfg, ParallelismConfig(1, 1, 1, 1), trainable=False)
+    policy = load_policy(ckpt, model_cfg, ParallelismConfig(1, 1, 1, 1, "off"), trainable=False)
     results["load_policy_s"] = time.perf_counter() - start
     from rlflow.generation.hf import load_hf_model
 
@@ -299,6 +299,7 @@ def main() -> None:
             cuda_graphs="graph" in variant,
             compile_decode="compile" in variant,
             share_prompts=True,
+            fp8=False,
         )
         try:
             start = time.perf_counter()

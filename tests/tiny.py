@@ -14,7 +14,7 @@ TINY_CPU_RECIPE = (
     Path(__file__).resolve().parents[1] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
 )
 BASE_RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "base.yaml"
-SINGLE = ParallelismConfig(1, 1, 1, 1)
+SINGLE = ParallelismConfig(1, 1, 1, 1, "off")
 
 
 def _base_model() -> ModelConfig:
@@ -56,6 +56,7 @@ def megatron_generation(policy, pad_token_id: int, **changes):
         "cuda_graphs": gen.cuda_graphs,
         "compile_decode": gen.compile_decode,
         "share_prompts": gen.share_prompts,
+        "fp8": gen.fp8,
     }
     return MegatronGeneration(policy, pad_token_id, **{**knobs, **changes})
 

@@ -73,6 +73,18 @@ def configure_provider(provider, hf_config, model_cfg) -> None:
     cfg = model_cfg.moe
     text = getattr(hf_config, "text_config", hf_config)
     _refuse_unsupported(text)
+    if provider.sequence_parallel:
+        # Under sequence parallelism each TP rank's router sees only its slice of the tokens,
+        # and router replay's recorded routes are per whole sequence: not implemented.
+        raise RlflowError(
+            Diagnostic(
+                "moe.sequence-parallel",
+                "sequence parallelism is not implemented for mixture-of-experts models "
+                "(`parallelism.sequence_parallel` is on, or auto with tensor_parallel_size > 1)",
+                help="set parallelism.sequence_parallel: off (rlflow's MoE layer then splits "
+                "the tokens over the TP ranks itself)",
+            )
+        )
     experts = int(getattr(text, "num_experts", 0) or provider.num_moe_experts)
     topk = cfg.router_topk if cfg.router_topk is not None else int(text.num_experts_per_tok)
     if not 1 <= topk <= experts:

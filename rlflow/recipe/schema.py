@@ -254,6 +254,7 @@ class GenerationConfig:
     share_prompts: bool  # megatron backend: one vision pass + prefill per prompt for its samples
     cuda_graphs: bool  # megatron backend on GPUs: replay the decode step as a CUDA graph
     compile_decode: bool  # megatron backend: torch.compile the decode layer (fuses small kernels)
+    fp8: bool  # megatron backend: decode matmuls in FP8 (refused where the GPU has none)
     vllm: VllmConfig
 
 
@@ -263,6 +264,8 @@ class ParallelismConfig:
     pipeline_parallel_size: int = field(metadata=bound(ge=1))
     context_parallel_size: int = field(metadata=bound(ge=1))
     expert_parallel_size: int = field(metadata=bound(ge=1))
+    # auto: on when tensor_parallel_size > 1; "on" needs tensor_parallel_size > 1
+    sequence_parallel: Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True)

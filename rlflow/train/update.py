@@ -25,6 +25,7 @@ from rlflow import parallel
 from rlflow.model import routing
 from rlflow.model.build import Policy
 from rlflow.model.forward import policy_logits
+from rlflow.model.logits import vocab_parallel_logprobs
 from rlflow.recipe.schema import LossConfig, OptimizerConfig
 from rlflow.train import grpo
 from rlflow.train.rollouts import TrainBatch
@@ -132,24 +133,10 @@ def _padded_token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool
         batch.attention_mask,
         batch.stacked_media(info.device),
         batch.prompt_mask,
-    )[:, :-1].float()
-    if info.tp_size == 1:
-        logprobs = grpo.token_logprobs(logits, batch.targets)
-        entropy = grpo.entropy_from_logits(logits) if with_entropy else None
-        return logprobs, entropy
-    from megatron.core.tensor_parallel import (
-        gather_from_tensor_model_parallel_region,
-        vocab_parallel_cross_entropy,
+    )[:, :-1]
+    return vocab_parallel_logprobs(
+        logits, batch.targets, with_entropy=with_entropy, group=parallel.tensor_parallel_group()
     )
-
-    logprobs = -vocab_parallel_cross_entropy(
-        logits.transpose(0, 1).contiguous(), batch.targets.transpose(0, 1).contiguous()
-    ).transpose(0, 1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = grpo.entropy_from_logits(gather_from_tensor_model_parallel_region(logits))
-    return logprobs, entropy
 
 
 def _packed_token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool):

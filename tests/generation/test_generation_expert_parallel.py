@@ -104,7 +104,7 @@ def _rank(rank: int, world: int, tp: int, ep: int, checkpoint: str, out: str, po
     from tests.tiny import base_recipe
 
     library_logs.quiet()
-    parallel_cfg = ParallelismConfig(tp, 1, 1, ep)
+    parallel_cfg = ParallelismConfig(tp, 1, 1, ep, "off")
     parallel.init_parallel(
         parallel_cfg, seed=1, timeout_s=base_recipe().watchdog.collective_timeout_s
     )

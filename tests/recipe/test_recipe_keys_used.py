@@ -127,6 +127,7 @@ READ_BY = {
     "generation.share_prompts": ("rlflow/generation/factory.py", "gen_cfg.share_prompts"),
     "generation.cuda_graphs": ("rlflow/generation/factory.py", "gen_cfg.cuda_graphs"),
     "generation.compile_decode": ("rlflow/generation/factory.py", "gen_cfg.compile_decode"),
+    "generation.fp8": ("rlflow/generation/factory.py", "gen_cfg.fp8"),
     "generation.vllm.env_root": ("rlflow/generation/factory.py", "gen_cfg.vllm.env_root"),
     "generation.vllm.device": ("rlflow/envs/spec.py", "vllm_cfg.device"),
     # the cpu and cuda pin sets: vllm_spec picks one by device and reads all five of its keys
@@ -156,6 +157,7 @@ READ_BY = {
     "parallelism.pipeline_parallel_size": ("rlflow/parallel.py", "cfg.pipeline_parallel_size"),
     "parallelism.context_parallel_size": ("rlflow/parallel.py", "cfg.context_parallel_size"),
     "parallelism.expert_parallel_size": ("rlflow/parallel.py", "cfg.expert_parallel_size"),
+    "parallelism.sequence_parallel": ("rlflow/parallel.py", "cfg.sequence_parallel"),
     "cluster.num_nodes": ("rlflow/recipe/allocation.py", "cluster.num_nodes"),
     "cluster.gpus_per_node": ("rlflow/recipe/allocation.py", "cluster.gpus_per_node"),
     "checkpointing.enabled": ("rlflow/train/loop.py", "recipe.checkpointing.enabled"),
