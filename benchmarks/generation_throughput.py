@@ -297,6 +297,7 @@ def main() -> None:
             cuda_graphs="graph" in variant,
             compile_decode="compile" in variant,
             share_prompts=True,
+            fp8=False,
         )
         try:
             start = time.perf_counter()

@@ -44,6 +44,7 @@ def megatron_generation(policy, pad_token_id: int, **changes):
         "cuda_graphs": gen.cuda_graphs,
         "compile_decode": gen.compile_decode,
         "share_prompts": gen.share_prompts,
+        "fp8": gen.fp8,
     }
     return MegatronGeneration(policy, pad_token_id, **{**knobs, **changes})
 

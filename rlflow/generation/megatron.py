@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from rlflow.generation import fp8 as fp8_ops
 from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
 from rlflow.generation.decoder import DecodeGraph, Decoder, KVCache
 from rlflow.generation.sampling import row_seeds, sample_tokens
@@ -67,7 +68,7 @@ class MegatronGeneration(GenerationBackend):
         cuda_graphs: bool,
         compile_decode: bool,
         share_prompts: bool,
-        split_kv: bool = False,  # no recipe key: benchmarks/grpo_shaped.py --parts splitkv
+        fp8: bool,
     ):
         self.policy = policy
         self.pad_token_id = pad_token_id
@@ -77,10 +78,10 @@ class MegatronGeneration(GenerationBackend):
         self.cuda_graphs = cuda_graphs and device.type == "cuda"  # graphs exist on GPUs only
         self.compile_decode = compile_decode and self.cuda_graphs  # compiled for GPU graphs only
         self.share_prompts = share_prompts
-        # Split-KV flash decode (split_kv.py): exact on CPU against a reference kernel, not yet
-        # measured on a GPU, so off until benchmarks/grpo_shaped.py --parts rollout,splitkv has
-        # shown what it gives.
-        self.split_kv = split_kv
+        if fp8:  # decode matmuls in FP8 (rlflow/generation/fp8.py); refused without FP8 GPUs
+            fp8_ops.require(device)
+        self.fp8 = fp8
+        self._stale = False  # FP8 copies older than the policy's weights
         self._decoder: Decoder | None = None
         self._cache: KVCache | None = None  # GPU: kept across calls (the graphs point into it)
         self._graphs: dict[int, DecodeGraph] = {}
@@ -101,6 +102,12 @@ class MegatronGeneration(GenerationBackend):
         finally:
             core.train(was_training)
 
+    def refresh_weights(self) -> float:
+        """bf16 reads the policy's tensors in place (nothing to do); FP8 copies are re-quantized
+        before the next rollout."""
+        self._stale = self.fp8
+        return 0.0
+
     def close(self) -> None:
         self._graphs.clear()
         self._cache = None
@@ -110,7 +117,13 @@ class MegatronGeneration(GenerationBackend):
     def _generate(self, core, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
         if self._decoder is None:  # views of the weights: built once, current after every update
             self._decoder = Decoder(core, compile_decode=self.compile_decode)
-            self._decoder.split_kv = self.split_kv
+            self._decoder.set_fp8(self.fp8)
+        elif self._stale:
+            start = time.perf_counter()
+            self._decoder.requantize()
+            _sync(self.device)
+            self.last_requantize_s = time.perf_counter() - start
+        self._stale = False
         unique, row_prompt = _share(prompts) if self.share_prompts else _unshared(prompts)
         ids = [self.policy.prompt_ids(p) for p in unique]
         length = max(len(i) for i in ids) + params.max_new_tokens

@@ -241,6 +241,7 @@ class GenerationConfig:
     share_prompts: bool  # megatron backend: one vision pass + prefill per prompt for its samples
     cuda_graphs: bool  # megatron backend on GPUs: replay the decode step as a CUDA graph
     compile_decode: bool  # megatron backend: torch.compile the decode layer (fuses small kernels)
+    fp8: bool  # megatron backend: decode matmuls in FP8 (refused where the GPU has none)
     vllm: VllmConfig
 
 

@@ -116,6 +116,7 @@ READ_BY = {
     "generation.share_prompts": ("rlflow/generation/factory.py", "gen_cfg.share_prompts"),
     "generation.cuda_graphs": ("rlflow/generation/factory.py", "gen_cfg.cuda_graphs"),
     "generation.compile_decode": ("rlflow/generation/factory.py", "gen_cfg.compile_decode"),
+    "generation.fp8": ("rlflow/generation/factory.py", "gen_cfg.fp8"),
     "generation.vllm.env_root": ("rlflow/generation/factory.py", "gen_cfg.vllm.env_root"),
     "generation.vllm.device": ("rlflow/envs/spec.py", "vllm_cfg.device"),
     # the cpu and cuda pin sets: vllm_spec picks one by device and reads all five of its keys
