@@ -97,6 +97,14 @@ def init_parallel(cfg: ParallelismConfig, seed: int, *, timeout_s: int) -> Paral
     return _info
 
 
+def sequence_parallel(cfg: ParallelismConfig) -> bool:
+    """Whether the trainer splits activations over the TP ranks (`parallelism.sequence_parallel`;
+    the recipe rules refuse "on" at TP=1)."""
+    if cfg.sequence_parallel == "auto":
+        return cfg.tensor_parallel_size > 1
+    return cfg.sequence_parallel == "on"
+
+
 def info() -> ParallelInfo:
     assert _info is not None, "init_parallel() has not run"
     return _info
@@ -106,6 +114,15 @@ def data_parallel_group():
     from megatron.core import parallel_state
 
     return parallel_state.get_data_parallel_group()
+
+
+def tensor_parallel_group():
+    """The tensor-parallel group of this rank, or None when the model is not split (TP=1)."""
+    from megatron.core import parallel_state
+
+    if info().tp_size == 1:
+        return None
+    return parallel_state.get_tensor_model_parallel_group()
 
 
 def all_reduce_sum(values: list[float], group=None) -> list[float]:

@@ -101,6 +101,8 @@ SLOW_PATHS = (
     "tests/envs/",  # real venvs built with pip and uv, and the vLLM environment
     "tests/train/test_train_runs.py",  # end-to-end GRPO runs
     "tests/train/test_train_user_task.py",
+    "tests/train/test_train_signals.py",  # the real trainer stopped by a signal
+    "tests/train/test_train_reward_failures.py",  # 2 ranks, a reward worker dies
     "tests/train/test_train_checkpoint_resume.py",
     "tests/train/test_train_grpo_update.py",
     "tests/train/test_train_packing.py",

@@ -102,7 +102,7 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
         run_preflight(recipe.preflight, run_dir, recipe.model.checkpoint, info)
     watchdog.beat("model_load")
     check_backend_ready(recipe.generation)
-    stop = StopRequest(enabled=recipe.checkpointing.save_on_signal)
+    stop = StopRequest(recipe.checkpointing.save_on_signal, recipe.slurm.stop_signal)
     seed_everything(recipe.run.seed)
     checkpoint = resolve_checkpoint(recipe.model, cache_dir=run_dir / "model")
     policy = load_policy(checkpoint, recipe.model, recipe.parallelism, trainable=True)
