@@ -16,6 +16,7 @@ policy (`rlflow.model.build.load_policy`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -31,7 +32,8 @@ from rlflow import parallel  # noqa: E402
 from rlflow.generation.base import Prompt, SamplingParams  # noqa: E402
 from rlflow.generation.megatron import MegatronGeneration  # noqa: E402
 from rlflow.model.media import Media  # noqa: E402
-from rlflow.recipe.schema import ModelConfig, ParallelismConfig  # noqa: E402
+from rlflow.recipe.schema import ParallelismConfig  # noqa: E402
+from tests.tiny import FP32  # noqa: E402
 
 
 def write_random_checkpoint(path: Path, preset: str, device: torch.device) -> Path:
@@ -278,7 +280,7 @@ def main() -> None:
     print(json.dumps(results), flush=True)
 
     start = time.perf_counter()
-    model_cfg = ModelConfig(str(ckpt), "bfloat16", True, 0)
+    model_cfg = dataclasses.replace(FP32, checkpoint=str(ckpt), dtype="bfloat16")
     policy = load_policy(ckpt, model_cfg, ParallelismConfig(1, 1, 1, 1, "off"), trainable=False)
     results["load_policy_s"] = time.perf_counter() - start
     from rlflow.generation.hf import load_hf_model
@@ -297,6 +299,7 @@ def main() -> None:
             cuda_graphs="graph" in variant,
             compile_decode="compile" in variant,
             share_prompts=True,
+            fp8=False,
         )
         try:
             start = time.perf_counter()

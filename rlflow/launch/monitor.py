@@ -28,8 +28,11 @@ __all__ = ["JobView", "RunFiles", "read_run", "render", "watch", "watch_sweep", 
 DEFAULT_INTERVAL_SECONDS = 2.0
 EXIT_INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C
 RECENT_STEPS = 10  # step times are medians over this many of the newest steps
-# Per-step timings in metrics.jsonl that are not a phase of the step.
+# Per-step timings in metrics.jsonl that are not a phase of the step (tokens_per_second: runs
+# from before the speed/ metrics).
 NOT_PHASES = {"time/step", "time/tokens_per_second"}
+# The step's throughput: prompt + response tokens of all rollouts on all ranks / step time.
+STEP_SPEED = "speed/step_tokens_per_s"
 # Terminal control: the alternate screen keeps the user's scrollback; the cursor is hidden while
 # redrawing. Both are undone on every way out (job end, Ctrl-C, an error).
 ENTER_SCREEN, LEAVE_SCREEN = "\x1b[?1049h\x1b[?25l", "\x1b[?25h\x1b[?1049l"
@@ -116,11 +119,11 @@ def phase_text(run: RunFiles, now: float) -> str:
 
 
 def _speed(recent: list[dict]) -> str:
-    tokens = [r["time/tokens_per_second"] for r in recent if "time/tokens_per_second" in r]
+    tokens = [r[STEP_SPEED] for r in recent if STEP_SPEED in r]
     if not recent:
         return "no step logged yet"
     last = recent[-1]
-    text = f"{_median(tokens):,.0f} tokens/s" if tokens else "tokens/s not logged"
+    text = f"{_median(tokens):,.0f} tokens/s per step" if tokens else "tokens/s not logged"
     return text + f" (median of the last {len(recent)} steps; newest step {last['step']})"
 
 

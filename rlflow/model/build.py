@@ -42,6 +42,9 @@ class Policy:
     # Vision features, recomputed on every use unless the trainer shares one per-step cache
     # between the policy and the reference (frozen tower: rlflow.train.setup.share_vision_cache).
     vision_cache: VisionCache
+    # MoE: this step's routing statistics of the trainer's forwards (rlflow.model.routing.Stats;
+    # step_metrics reads and resets them)
+    routing_stats: Any = None
 
     @property
     def core(self):

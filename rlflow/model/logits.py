@@ -38,7 +38,7 @@ def entropy_from_logits(logits_BTV: Tensor) -> Tensor:
 
 
 def vocab_parallel_logprobs(
-    logits: Tensor, targets: Tensor, *, with_entropy: bool, group=None
+    logits: Tensor, targets: Tensor, *, with_entropy: bool, group
 ) -> tuple[Tensor, Tensor | None]:
     """fp32 log softmax(logits)[target] and (if asked) the entropy, both shaped like `targets`.
 

@@ -150,6 +150,33 @@ def _gspo_needs_sequence_loss(loaded: LoadedRecipe) -> list[Diagnostic]:
     ]
 
 
+def _fp8_rollouts(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """`generation.fp8` is the megatron engine's, in bf16 (torch's row-wise scaled matmul writes
+    bf16), on FP8 GPUs: a CPU-only cluster is refused here; a CPU or pre-Ada GPU under `rlflow
+    train` is refused by rlflow/generation/fp8.py's `require` before any model is loaded."""
+    recipe = loaded.recipe
+    if not recipe.generation.fp8:
+        return []
+    needs = [
+        (recipe.generation.backend != "megatron", ("generation", "backend"),
+         f"the megatron backend, not `{recipe.generation.backend}`", "generation.backend=megatron"),
+        (recipe.model.dtype != "bfloat16", ("model", "dtype"),
+         f"`model.dtype: bfloat16`, not `{recipe.model.dtype}`", "model.dtype=bfloat16"),
+        (not recipe.slurm.request_gpus, ("slurm", "request_gpus"),
+         "FP8 GPUs, but `slurm.request_gpus: false` says the job runs on CPUs", None),
+    ]  # fmt: skip
+    return [
+        loaded.diagnostic(
+            path,
+            "recipe.fp8",
+            f"`generation.fp8: true` needs {what}",
+            help=f"set {fix}, or generation.fp8=false" if fix else "set generation.fp8=false",
+        )
+        for failed, path, what, fix in needs
+        if failed
+    ]
+
+
 def _overlong_buffer_fits(loaded: LoadedRecipe) -> list[Diagnostic]:
     overlong = loaded.recipe.loss.overlong_penalty
     max_new = loaded.recipe.generation.max_new_tokens
@@ -478,6 +505,7 @@ RULES = (
     _reward_weights,
     _accuracy_reward,
     _gspo_needs_sequence_loss,
+    _fp8_rollouts,
     _overlong_buffer_fits,
     _mask_below_cap,
     _prompt_template,

@@ -68,6 +68,8 @@ def collect_rollouts(t, step: int, timer) -> Rollouts:
                 if not (dynamic.enabled and no_signal):
                     kept.append(group)
             extra_rounds = round_
+        else:  # full: an expert-parallel engine's peers still need this rank in their passes
+            t.backend.generate([], sampling(t, step, recipe.generation.temperature, round_))
         if not dynamic.enabled:
             break
         if not parallel.all_reduce_max(float(len(kept) < want), parallel.data_parallel_group()):
@@ -184,12 +186,14 @@ def shaping_penalty(recipe, completions) -> list[float] | None:
 
 def effective_loss(recipe):
     """recipe.loss with importance_sampling.mode `auto` resolved for the rollout backend:
-    tis for vllm and hf (another engine's numerics), off for megatron (the policy's own
-    tensors: in fp32 the weights would be 1 to ~1e-7, so the loss is left exactly as is)."""
+    tis for vllm, hf (another engine's numerics) and FP8 megatron rollouts (quantized weights),
+    off for megatron in the policy's dtype (the policy's own tensors: in fp32 the weights would
+    be 1 to ~1e-7, so the loss is left exactly as is)."""
     cfg = recipe.loss.importance_sampling
     if cfg.mode != "auto":
         return recipe.loss
-    mode = "off" if recipe.generation.backend == "megatron" else "tis"
+    gen = recipe.generation
+    mode = "off" if gen.backend == "megatron" and not gen.fp8 else "tis"
     return dataclasses.replace(recipe.loss, importance_sampling=dataclasses.replace(cfg, mode=mode))
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlflow import parallel
+from rlflow.model import routing
 from rlflow.model.build import Policy
 from rlflow.model.forward import policy_logits
 from rlflow.model.logits import vocab_parallel_logprobs
@@ -118,8 +119,14 @@ def policy_token_logprobs(
     """
     info = parallel.info()
     batch = batch.to(info.device)
-    if packed:
-        return _packed_token_logprobs(policy, batch, with_entropy)
+    with routing.replayed(policy, batch, packed):  # MoE: router replay (a no-op when dense)
+        if packed:
+            return _packed_token_logprobs(policy, batch, with_entropy)
+        return _padded_token_logprobs(policy, batch, with_entropy)
+
+
+def _padded_token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool):
+    info = parallel.info()
     logits = policy_logits(
         policy.core,
         batch.input_ids,
@@ -237,7 +244,9 @@ def grpo_update(
         optimizer.zero_grad()
         sums: dict[str, float] = {}
         lengths = batch.lengths
-        for part in batching.split([lengths[i] for i in rows]):
+        parts = batching.split([lengths[i] for i in rows])
+        routing.set_aux_loss_scale(policy, len(parts))  # MoE: the load-balancing loss's share
+        for part in parts:
             pick = [rows[i] for i in part]
             metrics = _grpo_micro_step(
                 policy,
@@ -341,7 +350,9 @@ def sft_update(
     optimizer.zero_grad()
     total = 0.0
     device = parallel.info().device
-    for pick in batching.split(batch.lengths):
+    parts = batching.split(batch.lengths)
+    routing.set_aux_loss_scale(policy, len(parts))
+    for pick in parts:
         micro = batch.rows(pick)
         logprobs, _ = policy_token_logprobs(policy, micro, packed=batching.packed)
         mask = micro.target_mask.to(device)

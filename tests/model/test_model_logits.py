@@ -54,7 +54,7 @@ def test_logprobs_entropy_and_gradients_equal_log_softmax():
 def test_entropy_is_optional_and_shapes_follow_the_targets():
     logits, targets, _ = _inputs()
     lp, entropy = vocab_parallel_logprobs(
-        logits.float().view(1, ROWS, VOCAB), targets.view(1, ROWS), with_entropy=False
+        logits.float().view(1, ROWS, VOCAB), targets.view(1, ROWS), with_entropy=False, group=None
     )
     assert entropy is None and lp.shape == (1, ROWS) and lp.dtype == torch.float32
     assert torch.all(torch.isfinite(lp))
