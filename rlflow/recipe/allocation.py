@@ -188,6 +188,18 @@ def _experts(loaded: LoadedRecipe, trains: bool) -> list[Diagnostic]:
                 help="set expert_parallel_size to 1, or train a mixture-of-experts checkpoint",
             )
         )
+    elif ep > 1 and recipe.parallelism.tensor_parallel_size > 1:
+        problems.append(
+            loaded.diagnostic(
+                ("parallelism", "expert_parallel_size"),
+                "allocation.expert-and-tensor-parallel",
+                f"`parallelism.expert_parallel_size` ({ep}) together with "
+                f"`tensor_parallel_size` ({recipe.parallelism.tensor_parallel_size}) is not "
+                "implemented yet (the trainer's packed logprob pass fails under TP x EP)",
+                help="use expert parallelism with tensor_parallel_size: 1, or tensor "
+                "parallelism with expert_parallel_size: 1",
+            )
+        )
     elif ep > 1 and experts % ep:
         problems.append(
             loaded.diagnostic(
