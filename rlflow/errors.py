@@ -22,7 +22,7 @@ EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 
 # The job's exit codes (sysexits.h style): what a rank, a node launcher or the batch script ends
-# with, and what the batch script's retry decision (rlflow/launch/attempts.py) reads back.
+# with, and what the batch script's retry decision (rlflow/job/attempts.py) reads back.
 EX_TEMPFAIL = 75  # saved and stopped (time-limit warning, SIGTERM): requeue and resume
 EX_PEER_FAILED = 76  # stopped because another rank failed: never the root cause
 EX_HANG = 77  # the watchdog: a rank made no progress (a node failure, retried without the node)

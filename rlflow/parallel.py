@@ -1,7 +1,7 @@
 """The only module that knows about ranks, process groups and devices.
 
 `rlflow train` runs one process per GPU (or per requested rank on CPU-only nodes). The launcher
-(`python -m rlflow.launch.node`, or torchrun) provides RANK, WORLD_SIZE, LOCAL_RANK,
+(`python -m rlflow.job.node`, or torchrun) provides RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR and MASTER_PORT; run directly with none of them, this is a single rank.
 `init_parallel` sets up torch.distributed and megatron-core's tensor/pipeline/context/expert
 parallel groups; everything else asks this module for ranks and groups.

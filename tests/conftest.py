@@ -1,11 +1,14 @@
-"""Session-wide fixtures: one single-rank megatron-core parallel state, a tiny checkpoint and the
-vLLM CPU environment (built once per machine, shared by tests/generation and tests/envs)."""
+"""Session-wide fixtures: one single-rank megatron-core parallel state, a tiny checkpoint, the
+vLLM CPU environment (built once per machine, shared by tests/generation and tests/envs) and the
+Slurm cluster (one per session, shared by tests/launch and tests/job)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
+
+from tests.slurm.cluster import slurm_cluster  # noqa: F401 (a fixture: every test folder sees it)
 
 
 @pytest.fixture(scope="session")
@@ -103,9 +106,10 @@ SLOW_PATHS = (
     "tests/train/test_train_grpo_update.py",
     "tests/train/test_train_packing.py",
     "tests/train/test_train_wandb_log.py",  # a GRPO run logged to W&B (offline) and resumed
+    "tests/train/test_train_local_resume.py",  # 2 real ranks stopped by signals, resumed
     "tests/launch/test_launch_slurm.py",  # the Slurm cluster (also through fixtures)
-    "tests/launch/test_launch_recovery.py",
-    "tests/launch/test_launch_watchdog.py",
+    "tests/job/test_job_recovery.py",
+    "tests/job/test_job_watchdog.py",  # real stuck, stopped and killed rank processes
 )
 
 

@@ -1,5 +1,4 @@
-"""rlflow's import graph: no cycle, not even through lazy imports; the model layer never imports
-generation.
+"""rlflow's import graph: no cycle, not even through lazy imports, and one layer order.
 
 Read from the source with `ast` (nothing is imported): an edge A -> B for every `import` statement
 in A (module body only, or anywhere including inside functions). Imports inside functions are
@@ -8,6 +7,28 @@ that must not pull in the trainer); they make no cycle at import time, but a cyc
 still means two modules each need the other, so the whole package is held to the same rule: e.g.
 a backend factory cannot sit in the interface module its backends import, and a pipeline two
 commands share lives in its own module, not in one of them.
+
+The layers, bottom first (LAYERS below); a module imports only its own layer and those below:
+
+    errors                  exit codes, diagnostics
+    recipe.schema (.bounds, .scalars), job.files, slurm, optional, model.compat
+                            leaves: the recipe's types, the run directory's names, every Slurm
+                            call, optional packages, third-party patches
+    pins, cicheck           check-pins, check-tests
+    data                    datasets, prompts, rewards
+    parallel                process groups
+    model                   policies, one module per family (never generation, never train)
+    recipe                  the loader and the rules; they ask data/ and model/family.py, so they
+                            sit above both (while the types everything reads sit at the bottom)
+    envs, generation        the vLLM environment, rollout backends
+    job                     what runs in the job: node launcher, attempt decision, preflight
+    train                   a rank's trainer; `rlflow train --nproc` runs job/'s launcher
+    launch                  the login-node commands: they read job/files.py, never job's runtime
+    cli                     the console script
+
+So model and recipe never import train, the job never imports launch, and train never imports
+launch. Apart from the order: the login-node modules never import torch (nor megatron,
+transformers or vLLM), and the family registry is login-node safe.
 """
 
 from __future__ import annotations
@@ -108,16 +129,6 @@ def test_rlflow_has_no_import_cycle_even_through_lazy_imports():
     assert cycles(graph(top_level_only=False)) == []
 
 
-def test_the_model_layer_never_imports_generation():
-    edges = graph(top_level_only=False)
-    offenders = {
-        name: sorted(t for t in targets if t.startswith("rlflow.generation"))
-        for name, targets in edges.items()
-        if name.startswith("rlflow.model")
-    }
-    assert {k: v for k, v in offenders.items() if v} == {}
-
-
 def test_the_family_registry_is_login_node_safe():
     """Listing the model families imports no torch, transformers or megatron (the dry run may)."""
     import subprocess
@@ -135,3 +146,111 @@ def test_the_family_registry_is_login_node_safe():
     )
     assert result.returncode == 0, result.stderr
     assert "tiny-qwen2vl" in result.stdout
+
+
+# --- the layer order -----------------------------------------------------------------------------
+# Bottom first. A module may import its own layer and the layers below it, never one above, not
+# even lazily. A layer names module prefixes: a package, or one of its parts that sits lower than
+# the rest of it (the recipe's types below everything that reads them, the library patches below
+# parallel.py).
+LAYERS = [
+    # the ground: exit codes and diagnostics
+    ("rlflow.errors",),
+    # leaves: the recipe's types (with their bounds and scalar parsers), the run directory's file
+    # names, every Slurm call, optional packages, third-party patches
+    (
+        "rlflow.recipe.schema",
+        "rlflow.recipe.bounds",
+        "rlflow.recipe.scalars",
+        "rlflow.job.files",
+        "rlflow.slurm",
+        "rlflow.optional",
+        "rlflow.model.compat",
+    ),
+    ("rlflow.pins", "rlflow.cicheck"),  # check-pins, check-tests
+    ("rlflow.data",),  # datasets, prompts, rewards
+    ("rlflow.parallel",),  # process groups
+    ("rlflow.model",),  # megatron-core policies, one module per family
+    ("rlflow.recipe",),  # the loader and the rules, which ask data/ and model/family.py
+    ("rlflow.envs",),  # the vLLM environment
+    ("rlflow.generation",),  # rollout backends
+    ("rlflow.job",),  # in the job: the node launcher, the attempt decision, preflight
+    ("rlflow.train",),  # a rank's trainer (and `rlflow train --nproc`, through job/)
+    ("rlflow.launch",),  # the login-node commands
+    ("rlflow.cli", "rlflow"),  # the console script
+]
+# Modules the login node imports: `--help`, submit --dry-run, status, check-pins. No torch.
+LOGIN_NODE = ("rlflow.cli", "rlflow.launch", "rlflow.pins", "rlflow.cicheck", "rlflow.recipe")
+LOGIN_NODE += ("rlflow.job", "rlflow.slurm", "rlflow.errors", "rlflow.optional")
+LOGIN_NODE += ("rlflow.model.family",)
+HEAVY = ("torch", "megatron", "transformers", "vllm")
+
+
+def layer(module: str) -> int:
+    """The layer of `module`: the one with the longest prefix that matches it."""
+    best = max(
+        (len(prefix), i)
+        for i, prefixes in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    )
+    return best[1]
+
+
+def test_the_layers_name_every_module():
+    assert [
+        m
+        for m in module_names()
+        if not any(m == p or m.startswith(p + ".") for ps in LAYERS for p in ps)
+    ] == []
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    """So, among others: model and recipe never import train; data never imports model; the
+    in-job code never imports the login-node commands (job/ under launch/), and train never
+    imports launch."""
+    edges = graph(top_level_only=False)
+    upward = sorted(
+        f"{name} -> {target}"
+        for name, targets in edges.items()
+        for target in targets
+        if layer(target) > layer(name)
+    )
+    assert upward == []
+
+
+def test_the_login_node_commands_import_only_the_contract_of_the_job():
+    """launch/ reads what the job writes (job/files.py) and never imports the job's runtime
+    (the launcher, the attempt decision, preflight): those run on other machines."""
+    edges = graph(top_level_only=False)
+    runtime = sorted(
+        f"{name} -> {target}"
+        for name, targets in edges.items()
+        if name.startswith("rlflow.launch")
+        for target in targets
+        if target.startswith("rlflow.job") and target != "rlflow.job.files"
+    )
+    assert runtime == []
+
+
+def test_login_node_modules_never_import_torch():
+    """Every login-node module imported at once (module level: what `--help`, the dry run,
+    `status` and `check-pins` load) pulls in no torch, megatron, transformers or vLLM."""
+    import subprocess
+    import sys
+
+    names = sorted(
+        m for m in module_names() if m.startswith(LOGIN_NODE) and not m.endswith("__main__")
+    )
+    code = (
+        "import importlib, sys\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"heavy = sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))\n"
+        "print(heavy)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", f"login-node modules import {result.stdout.strip()}"

@@ -35,6 +35,8 @@ SHARDS_FILE = "ci-shards.yaml"
 MAX_MATRIX = 256  # GitHub Actions' limit of jobs per matrix
 _MATRIX = re.compile(r"\$\{\{\s*matrix\.([A-Za-z0-9_.-]+)\s*\}\}")
 _OTHER_EXPR = re.compile(r"\$\{\{.*?\}\}")
+# `<<WORD`, `<<-WORD`, `<<'WORD'`, `<<"WORD"`: the lines up to WORD are a here-document
+_HEREDOC = re.compile(r"<<(?P<dash>-?)\s*(?P<q>['\"]?)(?P<word>[A-Za-z_][A-Za-z0-9_]*)(?P=q)")
 _SCRIPT_CALL = re.compile(
     r"(?:^|[;&|(]\s*|\b(?:bash|sh|source|\.)\s+)(?:bash\s+|sh\s+)?(?:\./)?"
     r"(?P<path>[A-Za-z0-9_./-]+\.(?:sh|bash)|\.ci/[A-Za-z0-9_./-]+|ci/[A-Za-z0-9_./-]+)"
@@ -130,19 +132,44 @@ def read_text(root: Path, rel: str) -> str:
 
 
 def logical_lines(text: str) -> list[tuple[int, str]]:
-    """(first line number, line) with backslash continuations joined."""
-    out, logical, start = [], "", 1
+    """(first line number, command text) as the shell reads a script: backslash continuations
+    and quotes that span lines are joined, here-document bodies are skipped (data, not
+    commands), and comment lines are dropped."""
+    out, logical, start, heredoc = [], "", 1, None
     for number, line in enumerate(text.split("\n"), start=1):
+        if heredoc is not None:
+            end, strip_tabs = heredoc
+            if (line.lstrip("\t") if strip_tabs else line) == end:
+                heredoc = None
+            continue
         if not logical:
             start = number
-        if line.rstrip().endswith("\\"):
+        if line.rstrip().endswith("\\") and not _open_quote(logical + line):
             logical += line.rstrip()[:-1] + " "
             continue
-        out.append((start, logical + line))
+        logical += line
+        if _open_quote(logical):
+            logical += "\n"
+            continue
+        if not logical.strip().startswith("#"):
+            out.append((start, logical))
+            opened = _HEREDOC.search(logical)
+            if opened:
+                heredoc = (opened.group("word"), opened.group("dash") == "-")
         logical = ""
     if logical:
-        out.append((start, logical))
+        out.append((start, logical))  # an unbalanced quote: the caller reports it (RF200)
     return out
+
+
+def _open_quote(text: str) -> bool:
+    from rlflow.cicheck.shell import words
+
+    try:
+        words(text)
+    except ValueError as err:
+        return "closing quotation" in str(err)
+    return False
 
 
 def _shards_of(
@@ -167,8 +194,8 @@ def script_shards(root: Path, rel: str) -> tuple[list[Shard], list[str]]:
         text = read_text(root, rel)
     except OSError:
         return [], []
-    lines = [(n, t) for n, t in logical_lines(text) if not t.strip().startswith("#")]
-    return _shards_of(rel, lines, "", ""), called_scripts(text)
+    lines = logical_lines(text)
+    return _shards_of(rel, lines, "", ""), called_scripts("\n".join(t for _, t in lines))
 
 
 # -- GitHub Actions ---------------------------------------------------------------------------
@@ -208,7 +235,7 @@ def workflow_shards(root: Path, rel: str) -> tuple[list[Shard], list[str]]:
             run = step.get("run") if isinstance(step, dict) else None
             if not isinstance(run, str):
                 continue
-            called += called_scripts(run)
+            called += called_scripts("\n".join(t for _, t in logical_lines(run)))
             if "pytest" not in run:
                 continue
             cwd = step.get("working-directory") or job_dir or ""
@@ -220,10 +247,8 @@ def workflow_shards(root: Path, rel: str) -> tuple[list[Shard], list[str]]:
                 expanded = _expand(run, combo)
                 label = ", ".join(f"{k}={v}" for k, v in combo.items())
                 name = f" ({job_name}{': ' + label if label else ''})"
-                originals = [t for _, t in logical_lines(run) if not t.strip().startswith("#")]
-                expanded_lines = [
-                    t for _, t in logical_lines(expanded) if not t.strip().startswith("#")
-                ]
+                originals = [t for _, t in logical_lines(run)]
+                expanded_lines = [t for _, t in logical_lines(expanded)]
                 steps_lines = [
                     (line_of(o.strip().split("${{")[0][:60]), e)
                     for o, e in zip(originals, expanded_lines, strict=False)

@@ -9,53 +9,17 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+import rlflow.launch.plan as planning
+from rlflow import slurm
 from rlflow.errors import Diagnostic
 from rlflow.launch.plan import JobPlan
 from rlflow.recipe.allocation import allocation_diagnostics
 from rlflow.recipe.load import LoadedRecipe
 
-# sbatch options that rlflow sets from the flags and the recipe: a second copy in
-# slurm.extra_sbatch_args would silently win or clash, so it is refused.
-OWNED_SBATCH_OPTIONS = {
-    "-N": "--nodes",
-    "--nodes": "--nodes",
-    "--gpus-per-node": "--gpus",
-    "--gpus": "--gpus",
-    "-G": "--gpus",
-    "--gres": "--gpus",
-    "--ntasks-per-node": "--nodes",
-    "-n": "--nodes",
-    "--ntasks": "--nodes",
-    "-t": "--time",
-    "--time": "--time",
-    "-J": "run.name",
-    "--job-name": "run.name",
-    "-o": "run.output_dir",
-    "--output": "run.output_dir",
-    "-e": "run.output_dir",
-    "--error": "run.output_dir",
-    "-D": "the submit directory",
-    "--chdir": "the submit directory",
-    "--signal": "slurm.signal_grace_seconds",
-    "--requeue": "slurm.max_requeues",
-    "--no-requeue": "slurm.max_requeues",
-    "-d": "--after",
-    "--dependency": "--after",
-    "-p": "slurm.partition",
-    "--partition": "slurm.partition",
-    "-A": "slurm.account",
-    "--account": "slurm.account",
-    "-q": "slurm.qos",
-    "--qos": "slurm.qos",
-    "-c": "slurm.cpus_per_task",
-    "--cpus-per-task": "slurm.cpus_per_task",
-    "--mem": "slurm.mem",
-}
 # Values that land in `#SBATCH` lines: sbatch ends a line at a newline and drops backslashes.
 _SBATCH_UNSAFE = re.compile(r"[\x00-\x1f\x7f\\]")
 
@@ -87,9 +51,8 @@ def check_sbatch_values(loaded: LoadedRecipe, plan: JobPlan) -> list[Diagnostic]
         (("run", "output_dir"), "run.output_dir", plan.run_dir),
         (("slurm", "time_limit"), "slurm.time_limit", plan.time_limit),
     ]
-    for key in ("partition", "account", "qos", "mem"):
-        if getattr(plan, key) is not None:
-            values.append((("slurm", key), f"slurm.{key}", getattr(plan, key)))
+    for key, value in planning.recipe_sbatch_values(loaded.recipe.slurm):
+        values.append((tuple(key.split(".")), key, value))
     for i, arg in enumerate(plan.extra_sbatch_args):
         values.append((("slurm", "extra_sbatch_args"), f"slurm.extra_sbatch_args[{i}]", arg))
     problems = [
@@ -128,7 +91,18 @@ def _unsafe_value(loaded: LoadedRecipe, path: tuple[str, ...], name: str, value:
     )
 
 
+def owned_sbatch_options() -> dict[str, str]:
+    """Each spelling of an sbatch option rlflow sets (plan.SBATCH_OPTIONS) -> what sets it: a
+    second copy in slurm.extra_sbatch_args would silently win or clash, so it is refused."""
+    return {
+        spelling: row.source
+        for row in planning.SBATCH_OPTIONS
+        for spelling in (row.option, *row.spellings)
+    }
+
+
 def _extra_arg_problems(loaded: LoadedRecipe, args: tuple[str, ...]) -> list[Diagnostic]:
+    owned = owned_sbatch_options()
     problems = []
     for i, arg in enumerate(args):
         # --long[=value], or -x[value]: the option's own name
@@ -143,14 +117,14 @@ def _extra_arg_problems(loaded: LoadedRecipe, args: tuple[str, ...]) -> list[Dia
                     'e.g. "--constraint=h100"',
                 )
             )
-        elif option in OWNED_SBATCH_OPTIONS:
+        elif option in owned:
             problems.append(
                 loaded.diagnostic(
                     ("slurm", "extra_sbatch_args"),
                     "submit.extra-sbatch-arg",
                     f"`slurm.extra_sbatch_args[{i}]` sets {option}, which rlflow sets from "
-                    f"{OWNED_SBATCH_OPTIONS[option]}",
-                    help=f"remove {arg!r} and use {OWNED_SBATCH_OPTIONS[option]} instead",
+                    f"{owned[option]}",
+                    help=f"remove {arg!r} and use {owned[option]} instead",
                 )
             )
     return problems
@@ -252,41 +226,15 @@ def _limit(directory: Path, name: str, default: int) -> int:
         return default
 
 
-# GRES strings as sinfo prints them: gpu:4, gpu:h100:8(S:0-1), gpu:a100:4,gpu:v100:2
-_GPU_GRES = re.compile(r"gpu(?::[^:,()\s]+)?:(\d+)")
-SINFO_TIMEOUT_SECONDS = 5  # a healthy controller answers in well under a second
-
-
 def check_cluster(plan: JobPlan) -> tuple[list[Diagnostic], str | None]:
     """The job's shape against the partition's nodes, from `sinfo`: a job asking for more GPUs
     per node (or more nodes) than the partition has is accepted by sbatch and then pends
     forever. Returns the problems and what was checked, or no note when Slurm was not asked
     (no Slurm config on this machine, no sinfo, or no answer)."""
-    config = os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    if not os.path.isfile(config) or shutil.which("sinfo") is None:
+    answer = slurm.partition_gpus()
+    if answer is None:
         return [], None
-    try:
-        result = subprocess.run(
-            ["sinfo", "--noheader", "--Node", "--format=%N|%P|%G"],
-            capture_output=True,
-            text=True,
-            timeout=SINFO_TIMEOUT_SECONDS,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return [], None
-    if result.returncode != 0:
-        return [], None
-    gpus: dict[str, dict[str, int]] = {}  # partition -> node -> GPUs
-    default = None
-    for line in result.stdout.splitlines():
-        node, _, rest = line.strip().partition("|")
-        partition, _, gres = rest.partition("|")
-        if partition.endswith("*"):
-            partition = default = partition[:-1]
-        if node and partition:
-            count = sum(int(n) for n in _GPU_GRES.findall(gres))
-            gpus.setdefault(partition, {})[node] = count
+    gpus, default = answer
     partition = plan.partition or default
     if partition is None:
         return [], None

@@ -218,7 +218,8 @@ def _summary(plan, loaded) -> str:
 
 def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
     """Write the run directory aside, sbatch it on hold, rename it into place, release the job."""
-    from rlflow.launch import rundir, slurm
+    from rlflow import slurm
+    from rlflow.launch import rundir
 
     plan = prepared.plan
     files = {
@@ -265,7 +266,9 @@ def show_submitted(prepared: Prepared, job_id: str, run_dir: Path, parsable: boo
         f"({plan.gpu_hours:.1f} GPU-hours; worst case {_worst_case(plan)})"
     )
     click.echo(f"run dir: {run_dir}")
-    click.echo(f"logs:    {run_dir / 'logs' / 'rank-0.log'}   (rlflow logs {job_id} --follow)")
+    from rlflow.job.files import LOGS, rank_log
+
+    click.echo(f"logs:    {rank_log(run_dir / LOGS, 0)}   (rlflow logs {job_id} --follow)")
 
 
 # --- status, logs, cancel ----------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 A job may run its whole time limit once per attempt. Attempts are the first one, every
 time-limit requeue (slurm.max_requeues) and every node-failure retry (slurm.max_failure_retries);
-rlflow/launch/attempts.py counts the two kinds separately, so the worst case is their sum plus
+rlflow/job/attempts.py counts the two kinds separately, so the worst case is their sum plus
 one. A sweep's worst case is the sum of its elements'. `slurm.max_gpu_hours` caps the worst case
 of one submission (a job, or a whole sweep).
 """

@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlflow import slurm
 from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
-from rlflow.launch import slurm
-from rlflow.launch.rundir import JOB_ID_FILE
+from rlflow.job import files
 
 FOLLOW_READ_SECONDS = 0.5
 FOLLOW_STATE_SECONDS = 2.0
@@ -34,13 +34,13 @@ def resolve(text: str) -> JobRef:
     if _JOB_ID.fullmatch(text):
         return JobRef(text, _run_dir_of(text))
     path = Path(text)
-    id_file = path / JOB_ID_FILE
+    id_file = path / files.JOB_ID
     if id_file.is_file():
         return JobRef(_read_job_id(id_file), path.resolve())
     raise RlflowError(
         Diagnostic(
             "jobs.unknown",
-            f"`{text}` is neither a job id nor a run directory with a `{JOB_ID_FILE}` file",
+            f"`{text}` is neither a job id nor a run directory with a `{files.JOB_ID}` file",
             help="pass the number `rlflow submit` printed, or the run directory it created",
         )
     )
@@ -76,7 +76,11 @@ def _read_job_id(id_file: Path) -> str:
 def _run_dir_of(job_id: str) -> Path | None:
     fields = slurm.job_fields(job_id)
     stdout = Path(fields.get("StdOut", "")) if fields else None
-    if stdout and stdout.parent.name == "logs" and (stdout.parent.parent / JOB_ID_FILE).is_file():
+    if (
+        stdout
+        and stdout.parent.name == files.LOGS
+        and (stdout.parent.parent / files.JOB_ID).is_file()
+    ):
         from rlflow.launch.sweep_jobs import element_dir
 
         # A sweep element's batch log is SWEEP_DIR/logs/...: its run dir is in the manifest.
@@ -116,8 +120,8 @@ def describe(ref: JobRef) -> str:
     if ref.run_dir is not None:
         lines += [
             f"  run dir: {ref.run_dir}",
-            f"  logs:    {ref.run_dir / 'logs' / 'rank-0.log'} (rank 0), "
-            f"{ref.run_dir / 'logs' / f'slurm-{ref.job_id}.out'} (batch script)",
+            f"  logs:    {files.rank_log(ref.run_dir / files.LOGS, 0)} (rank 0), "
+            f"{files.batch_log(ref.run_dir / files.LOGS, ref.job_id)} (batch script)",
         ]
         lines += [f"  failure: {line}" for line in _failures(ref.run_dir)]
         lines += _attempts(ref.run_dir)
@@ -126,9 +130,7 @@ def describe(ref: JobRef) -> str:
 
 def _attempts(run_dir: Path) -> list[str]:
     """One line per finished attempt (RUN_DIR/attempts.jsonl), then the final word."""
-    from rlflow.launch.attempts import read_attempts
-
-    records = read_attempts(run_dir)
+    records = files.read_attempts(run_dir)
     if not records:
         return []
     lines = ["  attempts:"]
@@ -155,15 +157,10 @@ def _attempts(run_dir: Path) -> list[str]:
 def _failures(run_dir: Path) -> list[str]:
     """The first failure of each attempt, as the node launcher recorded it."""
     found = []
-    for attempt in sorted(run_dir.glob("status/attempt-*")):
-        path = attempt / "first-failure"
-        if not path.exists():
-            path = attempt / "peer-failure"
-        if not path.exists():
-            continue
-        text = path.read_text(errors="replace").splitlines()
-        if len(text) > 1:
-            found.append(f"{path.parent.name}: {text[1]}")
+    for attempt in files.attempt_dirs(run_dir):
+        failure = files.first_failure(attempt)
+        if failure is not None and failure[1].message:
+            found.append(f"{attempt.name}: {failure[1].message}")
     return found
 
 
@@ -187,8 +184,8 @@ def log_path(ref: JobRef, rank: int, batch: bool) -> Path:
                 "(ARRAY_INDEX, listed by `rlflow status SWEEP_DIR`)",
             )
         )
-    name = f"slurm-{ref.job_id}.out" if batch else f"rank-{rank}.log"
-    return ref.run_dir / "logs" / name
+    logs = ref.run_dir / files.LOGS
+    return files.batch_log(logs, ref.job_id) if batch else files.rank_log(logs, rank)
 
 
 def print_log(path: Path) -> None:

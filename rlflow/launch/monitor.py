@@ -17,8 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlflow import slurm
 from rlflow.errors import EXIT_FINDINGS, EXIT_OK, Diagnostic, RlflowError
-from rlflow.launch import slurm
+from rlflow.job import files
 
 DEFAULT_INTERVAL_SECONDS = 2.0
 EXIT_INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C
@@ -222,30 +223,20 @@ def gather(job_id: str, run_dir: Path | None) -> JobView | None:
             "TimeLimit": record["Timelimit"],
             "NodeList": record["NodeList"],
         }
-    estimate = _start_estimate(job_id) if fields.get("JobState") == "PENDING" else None
+    estimate = slurm.start_estimate(job_id) if fields.get("JobState") == "PENDING" else None
     return JobView(job_id, fields, estimate)
 
 
-def _start_estimate(job_id: str) -> str | None:
-    """The backfill scheduler's expected start (squeue --start); N/A until it has one."""
-    result = slurm.run(["squeue", "--start", "-h", "-j", job_id, "-o", "%S"])
-    text = result.stdout.strip() if result.returncode == 0 else ""
-    return text.splitlines()[0] if text else None
-
-
 def read_run(run_dir: Path) -> RunFiles:
-    attempts_dirs = sorted(
-        (p for p in (run_dir / "status").glob("attempt-*") if p.name[8:].isdigit()),
-        key=lambda p: int(p.name[8:]),
-    )
+    attempts_dirs = files.attempt_dirs(run_dir)
     newest = attempts_dirs[-1] if attempts_dirs else None
     return RunFiles(
         path=run_dir,
-        max_steps=_max_steps(run_dir / "recipe.yaml"),
-        attempt=int(newest.name[8:]) if newest else None,
-        beats=_beats(newest / "heartbeat") if newest else [],
+        max_steps=_max_steps(run_dir / files.RECIPE),
+        attempt=files.attempt_of(newest) if newest else None,
+        beats=_beats(newest / files.HEARTBEAT) if newest else [],
         metrics=_tail_records(run_dir / "metrics.jsonl"),
-        attempts=_tail_records(run_dir / "attempts.jsonl"),
+        attempts=_tail_records(run_dir / files.ATTEMPTS),
         failure=_failure(newest) if newest else None,
     )
 
@@ -296,14 +287,13 @@ def _tail_records(path: Path) -> list[dict]:
 
 
 def _failure(attempt: Path) -> str | None:
-    for name in ("first-failure", "peer-failure"):
-        try:
-            lines = (attempt / name).read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        code, message, host = (lines + ["", "", ""])[:3]
-        return f"attempt {attempt.name[8:]}: {message} (exit {code}{f', {host}' if host else ''})"
-    return None
+    found = files.first_failure(attempt)
+    if found is None:
+        return None
+    code, message, host = found[1].code, found[1].message, found[1].host
+    return (
+        f"attempt {files.attempt_of(attempt)}: {message} (exit {code}{f', {host}' if host else ''})"
+    )
 
 
 # --- the loop -----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from rlflow.errors import Diagnostic
+from rlflow.job import files
 from rlflow.recipe.load import LoadedRecipe, Origin, with_values
 from rlflow.recipe.scalars import parse_time_limit
 
@@ -26,6 +27,47 @@ MASTER_PORT_BASE = 1400
 MASTER_PORT_SPAN = 600
 DEPENDENCY_TYPES = ("afterok", "afterany", "afternotok")
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
+
+
+@dataclass(frozen=True)
+class SbatchOption:
+    """An #SBATCH option rlflow sets. It and its `spellings` (short forms, and options that would
+    clash with it) are refused in slurm.extra_sbatch_args, where a second copy would silently
+    win or clash; the error names `source`, what sets it instead."""
+
+    option: str  # "--partition"
+    source: str  # "slurm.partition": the recipe key it copies, or what else sets it ("--nodes")
+    spellings: tuple[str, ...] = ()  # "-p"
+    from_recipe: bool = False  # the value is slurm.<key>'s (left out when null), not computed
+
+    @property
+    def recipe_key(self) -> str:
+        return self.source.removeprefix("slurm.")
+
+
+# The #SBATCH lines in order: the template loops over JobPlan.sbatch_options, built from this
+# table, and check.py derives the options it refuses in slurm.extra_sbatch_args from it. A new
+# option the recipe passes through is a field in the schema's `slurm` section, its default in
+# recipes/base.yaml and one row here with from_recipe=True.
+SBATCH_OPTIONS = (
+    SbatchOption("--job-name", "run.name", ("-J",)),
+    SbatchOption("--nodes", "--nodes", ("-N",)),
+    SbatchOption("--ntasks-per-node", "--nodes", ("-n", "--ntasks")),
+    SbatchOption("--gpus-per-node", "--gpus", ("--gpus", "-G", "--gres")),
+    SbatchOption("--time", "--time", ("-t",)),
+    SbatchOption("--chdir", "the submit directory", ("-D",)),
+    SbatchOption("--output", "run.output_dir", ("-o", "-e", "--error")),
+    SbatchOption("--open-mode", "run.output_dir"),
+    SbatchOption("--signal", "slurm.signal_grace_seconds"),
+    SbatchOption("--requeue", "slurm.max_requeues"),
+    SbatchOption("--no-requeue", "slurm.max_requeues"),
+    SbatchOption("--partition", "slurm.partition", ("-p",), from_recipe=True),
+    SbatchOption("--account", "slurm.account", ("-A",), from_recipe=True),
+    SbatchOption("--qos", "slurm.qos", ("-q",), from_recipe=True),
+    SbatchOption("--cpus-per-task", "slurm.cpus_per_task", ("-c",), from_recipe=True),
+    SbatchOption("--mem", "slurm.mem", from_recipe=True),
+    SbatchOption("--dependency", "--after", ("-d",)),
+)
 
 
 @dataclass(frozen=True)
@@ -52,14 +94,12 @@ class JobPlan:
     time_limit: str
     time_limit_seconds: int
     gpu_hours: float
+    # (option, value) per #SBATCH line from SBATCH_OPTIONS: `option=value`, or the option alone
+    # where the value is None; e.g. ("--partition", "batch"), ("--requeue", None)
+    sbatch_options: tuple[tuple[str, str | None], ...]
     partition: str | None
-    account: str | None
-    qos: str | None
     cpus_per_task: int | None
-    mem: str | None
     extra_sbatch_args: tuple[str, ...]
-    dependency: str | None  # e.g. "afterok:12:13"
-    requeue_flag: str  # "--requeue" or "--no-requeue"
     signal_grace_seconds: int
     max_requeues: int
     max_failure_retries: int
@@ -73,7 +113,6 @@ class JobPlan:
     workdir: str  # the job runs here (the directory `rlflow submit` ran in)
     run_dir: str
     log_dir: str
-    batch_log: str  # sbatch --output pattern (%j = job id; a literal % is escaped)
     python: str  # the interpreter that runs the node launcher
     rank_command: tuple[str, ...]
     master_port_base: int
@@ -121,10 +160,27 @@ def make_plan(
     recipe = loaded.recipe
     slurm = recipe.slurm
     run_dir = run_dir or _run_dir(recipe.run.output_dir, recipe.run.name, cwd, now, token)
-    log_dir = os.path.join(run_dir, "logs")
+    log_dir = os.path.join(run_dir, files.LOGS)
     seconds = parse_time_limit(slurm.time_limit)
     assert seconds is not None, "check_recipe validates slurm.time_limit before planning"
     pyxis = slurm.container.runtime == "pyxis"
+    # sbatch --output pattern (%j = job id; a literal % is escaped)
+    batch_log = os.path.join(log_dir, "slurm-").replace("%", "%%") + "%j.out"
+    requeue = slurm.max_requeues > 0 or slurm.max_failure_retries > 0
+    computed = {
+        "--job-name": recipe.run.name,
+        "--nodes": flags.nodes,
+        "--ntasks-per-node": 1,
+        "--gpus-per-node": flags.gpus if slurm.request_gpus else None,
+        "--time": slurm.time_limit,
+        "--chdir": cwd,
+        "--output": batch_log,
+        "--open-mode": "append",
+        "--signal": f"B:USR1@{slurm.signal_grace_seconds}",
+        "--requeue": True if requeue else None,
+        "--no-requeue": None if requeue else True,
+        "--dependency": f"{flags.dependency_type}:{':'.join(flags.after)}" if flags.after else None,
+    }
     return JobPlan(
         job_name=recipe.run.name,
         num_nodes=flags.nodes,
@@ -134,18 +190,10 @@ def make_plan(
         time_limit=slurm.time_limit,
         time_limit_seconds=seconds,
         gpu_hours=flags.nodes * flags.gpus * seconds / 3600 if slurm.request_gpus else 0.0,
+        sbatch_options=sbatch_options(slurm, computed),
         partition=slurm.partition,
-        account=slurm.account,
-        qos=slurm.qos,
         cpus_per_task=slurm.cpus_per_task,
-        mem=slurm.mem,
         extra_sbatch_args=tuple(slurm.extra_sbatch_args),
-        dependency=f"{flags.dependency_type}:{':'.join(flags.after)}" if flags.after else None,
-        requeue_flag=(
-            "--requeue"
-            if slurm.max_requeues > 0 or slurm.max_failure_retries > 0
-            else "--no-requeue"
-        ),
         signal_grace_seconds=slurm.signal_grace_seconds,
         max_requeues=slurm.max_requeues,
         max_failure_retries=slurm.max_failure_retries,
@@ -170,7 +218,6 @@ def make_plan(
         workdir=cwd,
         run_dir=run_dir,
         log_dir=log_dir,
-        batch_log=os.path.join(log_dir, "slurm-").replace("%", "%%") + "%j.out",
         python=python,
         rank_command=_rank_command(slurm.rlflow_command, flags.command, run_dir),
         master_port_base=MASTER_PORT_BASE,
@@ -186,6 +233,25 @@ def _placement(loaded: LoadedRecipe, flags: SubmitFlags) -> str | None:
         return None
     placement = placement_of(loaded.recipe, flags.nodes, flags.gpus)
     return placement.describe() if placement.separate else None
+
+
+def sbatch_options(slurm, computed: dict[str, object]) -> tuple[tuple[str, str | None], ...]:
+    """SBATCH_OPTIONS with their values: slurm.<key>'s for the recipe's options, `computed`'s for
+    the rest; an option whose value is None is left out, one whose value is True is a flag."""
+    lines = []
+    for row in SBATCH_OPTIONS:
+        value = getattr(slurm, row.recipe_key) if row.from_recipe else computed[row.option]
+        if value is not None:
+            lines.append((row.option, None if value is True else str(value)))
+    return tuple(lines)
+
+
+def recipe_sbatch_values(slurm) -> list[tuple[str, str]]:
+    """(recipe key, value) of the set string options the recipe passes through to #SBATCH."""
+    values = [
+        (row.source, getattr(slurm, row.recipe_key)) for row in SBATCH_OPTIONS if row.from_recipe
+    ]
+    return [(key, value) for key, value in values if isinstance(value, str)]
 
 
 def _apptainer_words(slurm) -> tuple[str, ...]:
@@ -215,7 +281,7 @@ def _rank_command(rlflow_command: str, custom: str | None, run_dir: str) -> tupl
     """What every rank runs: `rlflow train RUN_DIR/recipe.yaml --run-dir RUN_DIR` by default."""
     if custom is not None:
         return tuple(shlex.split(custom))
-    recipe = os.path.join(run_dir, "recipe.yaml")
+    recipe = os.path.join(run_dir, files.RECIPE)
     return (*shlex.split(rlflow_command), "train", recipe, "--run-dir", run_dir)
 
 

@@ -11,6 +11,7 @@ import shlex
 from pathlib import Path
 
 from rlflow.errors import JOB_EXIT_CODES, Diagnostic, RlflowError
+from rlflow.job import files
 from rlflow.launch.plan import JobPlan
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates"
@@ -18,8 +19,10 @@ TEMPLATE_NAME = "sbatch.sh.j2"
 
 
 def render(plan: JobPlan) -> str:
-    """The sbatch script for `plan`; `exit` holds the job's exit codes (rlflow.errors)."""
-    return _environment().get_template(TEMPLATE_NAME).render(plan=plan, exit=JOB_EXIT_CODES)
+    """The sbatch script for `plan`; `exit` holds the job's exit codes (rlflow.errors), `files`
+    the names of the run directory's files it tests (rlflow.job.files)."""
+    template = _environment().get_template(TEMPLATE_NAME)
+    return template.render(plan=plan, exit=JOB_EXIT_CODES, files=files)
 
 
 def render_template(name: str, **values: object) -> str:

@@ -4,8 +4,9 @@
     RUN_DIR/recipe.yaml     the resolved recipe (cluster filled from --nodes/--gpus)
     RUN_DIR/git.json        commit, dirty flag and submodule commits of the submit directory
     RUN_DIR/job_id          the Slurm job id
-    RUN_DIR/logs/           slurm-<job id>.out (the batch script) and rank-<N>.log
-    RUN_DIR/status/         per attempt: first-failure, stopped-node-<K> (node launcher)
+    RUN_DIR/logs/           empty: the batch script's and the ranks' logs go here
+
+rlflow/job/files.py names every file of a run directory, those the job writes too.
 
 A reader never sees a half-written run directory, and a failed sbatch leaves nothing behind.
 """
@@ -19,8 +20,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlflow.job.files import JOB_ID, LOGS
+
 GIT_TIMEOUT_SECONDS = 30
-JOB_ID_FILE = "job_id"
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class StagedRun:
 
     def publish(self, job_id: str) -> Path:
         """Record the job id and move the directory to its final name (one rename)."""
-        (self.temp / JOB_ID_FILE).write_text(job_id + "\n")
+        (self.temp / JOB_ID).write_text(job_id + "\n")
         os.rename(self.temp, self.final)
         return self.final
 
@@ -53,7 +55,7 @@ def stage(run_dir: str, files: dict[str, str]) -> StagedRun:
     temp = final.parent / f".{final.name}.staging"
     temp.mkdir()
     try:
-        (temp / "logs").mkdir()
+        (temp / LOGS).mkdir()
         for name, text in files.items():
             (temp / name).write_text(text, encoding="utf-8")
     except BaseException:

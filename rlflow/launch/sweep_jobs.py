@@ -11,8 +11,9 @@ import json
 import re
 from pathlib import Path
 
+from rlflow import slurm
 from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
-from rlflow.launch import slurm, sweep
+from rlflow.launch import sweep
 
 _TASK = re.compile(r"^(\d+)_(\d+)$")  # one array task: ARRAY_INDEX
 _TASKS = re.compile(r"^(\d+)_\[([^\]]+)\]$")  # pending tasks not yet split: ARRAY_[2-5%2]
@@ -25,12 +26,9 @@ def is_sweep_dir(text: str) -> bool:
 def task_states(array_id: str) -> dict[int, str]:
     """Array index -> Slurm state; squeue (live) wins over sacct (ended)."""
     states: dict[int, str] = {}
-    record = slurm.run(["sacct", "-n", "-X", "-P", "-j", array_id, "-o", "JobID,State"])
-    if record.returncode == 0:
-        states.update(_parse_states(record.stdout, "|"))
-    live = slurm.run(["squeue", "-h", "-r", "-j", array_id, "-o", "%i|%T"])
-    if live.returncode == 0:
-        states.update(_parse_states(live.stdout, "|"))
+    for lines in slurm.array_task_lines(array_id):
+        if lines is not None:
+            states.update(_parse_states(lines, "|"))
     return states
 
 

@@ -236,7 +236,9 @@ def _element_recipe(swept: PreparedSweep, index: int) -> str:
 
 def submit_sweep(swept: PreparedSweep) -> str:
     """Write SWEEP_DIR aside, sbatch the array on hold, move SWEEP_DIR into place, release."""
-    from rlflow.launch import rundir, slurm
+    from rlflow import slurm
+    from rlflow.job import files
+    from rlflow.launch import rundir
 
     first = swept.prepared[0]
     staged = None
@@ -245,9 +247,9 @@ def submit_sweep(swept: PreparedSweep) -> str:
         git = rundir.git_json(first.plan.workdir)
         for index, (element, one) in enumerate(zip(swept.elements, swept.prepared, strict=True)):
             folder = staged.temp / element.name
-            (folder / "logs").mkdir(parents=True)
+            (folder / files.LOGS).mkdir(parents=True)
             (folder / "script.sbatch").write_text(one.script, encoding="utf-8")
-            (folder / "recipe.yaml").write_text(_element_recipe(swept, index), encoding="utf-8")
+            (folder / files.RECIPE).write_text(_element_recipe(swept, index), encoding="utf-8")
             (folder / "git.json").write_text(git, encoding="utf-8")
     except OSError as err:
         if staged is not None:
@@ -260,9 +262,7 @@ def submit_sweep(swept: PreparedSweep) -> str:
         raise
     try:
         for element in swept.elements:
-            (staged.temp / element.name / rundir.JOB_ID_FILE).write_text(
-                f"{array_id}_{element.index}\n"
-            )
+            (staged.temp / element.name / files.JOB_ID).write_text(f"{array_id}_{element.index}\n")
         sweep.write_manifest(
             staged.temp, swept.axes, swept.elements, array_id, swept.max_concurrent
         )

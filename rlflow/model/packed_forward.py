@@ -142,7 +142,7 @@ def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 @torch.no_grad()
 def _chunk_entropy(logits: torch.Tensor) -> torch.Tensor:
     from rlflow import parallel
-    from rlflow.train.grpo import entropy_from_logits
+    from rlflow.model.logits import entropy_from_logits
 
     if parallel.info().tp_size > 1:
         from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region

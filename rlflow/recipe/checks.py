@@ -423,7 +423,8 @@ def _prompt_template(loaded: LoadedRecipe) -> list[Diagnostic]:
 def _wandb_installed(loaded: LoadedRecipe) -> list[Diagnostic]:
     """W&B is optional: a recipe that turns it on needs the package where it runs (the dry run
     asks on the login node, `rlflow train` on every node). Nothing is imported to ask."""
-    from rlflow.train.wandb_log import INSTALL_HELP, missing_package
+    from rlflow.optional import WANDB_INSTALL_HELP as INSTALL_HELP
+    from rlflow.optional import wandb_missing as missing_package
 
     if not missing_package(loaded.recipe.logging.wandb):
         return []

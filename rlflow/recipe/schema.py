@@ -264,6 +264,8 @@ class CheckpointConfig:
     save_period: int = field(metadata=bound(ge=1))  # save every N steps
     keep_last: int = field(metadata=bound(ge=1))  # keep the newest k checkpoints
     save_on_signal: bool  # save when Slurm warns (SIGUSR1) or terminates (SIGTERM)
+    hf_export_period: int = field(metadata=bound(ge=0))  # RUN_DIR/hf/step_N every N steps; 0: never
+    hf_export_keep_last: int = field(metadata=bound(ge=1))  # keep the newest k HF exports
 
 
 @dataclass(frozen=True)

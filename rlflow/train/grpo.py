@@ -33,6 +33,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from rlflow.model.logits import entropy_from_logits  # noqa: F401 (grpo.entropy_from_logits)
+
 # The log-ratio log(pi_ref / pi) fed to the KL estimators is clamped to [-20, 20], as in NeMo-RL
 # (kl_input_clamp_value): exp(20) ~ 4.9e8 is finite in fp32 and bf16, so k3 cannot overflow to
 # inf, and a -inf logprob (a token outside a top-k filter) gives a large finite KL, not inf/NaN.
@@ -416,17 +418,6 @@ def token_logprobs(logits_BTV: Tensor, tokens_BT: Tensor) -> Tensor:
     logits_BTV = logits_BTV.float()
     picked_BT = logits_BTV.gather(2, tokens_BT.long().unsqueeze(2)).squeeze(2)
     return picked_BT - torch.logsumexp(logits_BTV, dim=2)
-
-
-def entropy_from_logits(logits_BTV: Tensor) -> Tensor:
-    """Entropy (nats) of softmax(logits) per position, (B, T), in fp32.
-
-    -sum p log p via log_softmax; entries with p = 0 (e.g. -inf logits) contribute exactly 0
-    and no NaN gradient.
-    """
-    logp_BTV = torch.log_softmax(logits_BTV.float(), dim=-1)
-    p_BTV = logp_BTV.exp()
-    return -(p_BTV * logp_BTV.masked_fill(p_BTV == 0, 0.0)).sum(-1)
 
 
 def token_mult_prob_error(

@@ -15,7 +15,7 @@ import torch
 from rlflow import parallel
 from rlflow.errors import EX_TEMPFAIL, Diagnostic, RlflowError
 from rlflow.generation.base import Completion
-from rlflow.train import grpo, watchdog
+from rlflow.train import grpo, hf_export, watchdog
 from rlflow.train.collect import effective_loss, sampling, sampling_metrics, score_rollouts
 from rlflow.train.faults import inject_failure
 from rlflow.train.metrics import StepTimer
@@ -48,6 +48,7 @@ def train(t: Trainer) -> int:
             step % recipe.checkpointing.save_period == 0 or last or stop
         ):
             save(t)
+        hf_export.after_step(t, step, last)
         if stop and not last:
             t.log.write(
                 f"stopping at step {step} on {t.stop.signal_name or 'a peer signal'}: "

@@ -3,7 +3,7 @@
 A failure on any rank must end the whole job within seconds, with the root error printed once,
 never a collective hang: the rank that fails prints its error and leaves with os._exit (no
 atexit or process-group teardown, which could block on dead peers); the launcher
-(`rlflow.launch.node`) then stops the other ranks. A rank whose error is only the echo of a
+(`rlflow.job.node`) then stops the other ranks. A rank whose error is only the echo of a
 peer's death (a broken connection in a collective) prints one line, not a second traceback.
 """
 
@@ -34,7 +34,7 @@ def default_run_dir(recipe) -> Path:
 
 def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
     """Returns the process exit code; never raises."""
-    from rlflow.launch.preflight import PreflightFailed
+    from rlflow.job.preflight import PreflightFailed
     from rlflow.model.compat import library_logs
     from rlflow.recipe import load_checked
     from rlflow.train import watchdog
@@ -72,6 +72,8 @@ def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
         _shutdown()
         return code
     except PreflightFailed as err:
+        if err.note:
+            watchdog.note(err.note)  # the launcher's failure record names this node's checks
         print(f"[rank {rank}] {err}", file=sys.stderr, flush=True)
         _hard_exit(err.exit_code)
     except RlflowError as err:

@@ -95,7 +95,7 @@ def role_parallelism(recipe: Recipe, role: Role) -> ParallelismConfig:
 def start_rank(loaded: LoadedRecipe, run_dir: Path) -> parallel.ParallelInfo:
     """What every rank does first: the allocation rules, the process groups of its role, the
     node checks and the seeds."""
-    from rlflow.launch.preflight import run_preflight
+    from rlflow.job.preflight import run_preflight
 
     recipe = loaded.recipe
     # The dry run's allocation rules, on the ranks this job really has (the launcher's

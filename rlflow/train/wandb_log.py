@@ -4,27 +4,17 @@ The run's W&B id is kept in RUN_DIR/wandb_run_id, written before the first `wand
 requeued or resumed attempt reads it back and continues the same W&B run (`resume="allow"`).
 The config is the resolved recipe; each step's metrics are the ones metrics.jsonl gets.
 
-`missing_package` is the rule the dry run and `rlflow train` share. It asks importlib whether
-wandb is installed without importing it (importing wandb takes seconds).
+Whether wandb is installed is asked without importing it, by the recipe rules
+(rlflow/optional.py), which the dry run and `rlflow train` share.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 from pathlib import Path
 
 RUN_ID_FILE = "wandb_run_id"
-INSTALL_HELP = (
-    "install it where the job runs: `uv sync --extra wandb` (or `pip install 'rlflow[wandb]'`); "
-    "or set logging.wandb.enabled: false"
-)
-
-
-def missing_package(cfg) -> bool:
-    """True if the recipe turns W&B on but the wandb package is not installed here."""
-    return cfg.enabled and cfg.mode != "disabled" and importlib.util.find_spec("wandb") is None
 
 
 def run_id(run_dir: Path) -> str:

@@ -1,6 +1,6 @@
 """A rank's progress reports to its node launcher, and stack dumps on request.
 
-The launcher (rlflow/launch/node.py) gives every rank a file to write, RLFLOW_HEARTBEAT_FILE.
+The launcher (rlflow/job/node.py) gives every rank a file to write, RLFLOW_HEARTBEAT_FILE.
 On every phase change (and on `beat()` inside long phases) the rank replaces it atomically with
 
     {"pid": ..., "phase": "logprobs", "step": 812, "time": <CLOCK_MONOTONIC>, "timeout_s": 600}

@@ -129,6 +129,38 @@ def test_a_bare_pytest_shard_covers_everything_and_a_script_nothing_runs_covers_
     assert done.returncode == 1 and ".ci/run:4" in done.stdout and "dev.sh" not in done.stdout
 
 
+def test_scripts_are_read_as_the_shell_reads_them(tmp_path):
+    """A quote that spans lines and a here-document are one command, not malformed lines; a
+    script named only in a comment is not run (this repository's own .ci/run names
+    tests/slurm/start.sh in a comment, and start.sh has a multi-line quoted SQL string)."""
+    ci = (
+        "#!/usr/bin/env bash\n"
+        "# The tests start their own cluster (tests/helper.sh, as root).\n"
+        "bash scripts/run.sh\n"
+    )
+    run = (
+        "#!/usr/bin/env bash\n"
+        "mysql -e \"\n  CREATE USER 'x';\n  GRANT ALL;\"\n"
+        "cat <<'EOF' > notes.txt\n"
+        "don't run pytest tests/gpu here: it is text\n"
+        "EOF\n"
+        "pytest tests/unit\n"
+    )
+    helper = '#!/bin/sh\necho "unclosed\npytest tests/e2e\n'  # would be RF200 if it were read
+    root = repo(tmp_path, {".ci/run": ci, "scripts/run.sh": run, "tests/helper.sh": helper})
+    done = check_tests(root, "--format", "json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    import json
+
+    report = json.loads(done.stdout)
+    assert [s["name"] for s in report["shards"]] == ["scripts/run.sh:8"]
+    assert report["uncollected"] == [
+        "tests/e2e/test_flow.py::test_flow_fast",
+        "tests/e2e/test_flow.py::test_flow_full",
+        "tests/gpu/test_kernels.py::test_kernel",
+    ]
+
+
 @pytest.mark.parametrize(
     ("files", "where", "message"),
     [

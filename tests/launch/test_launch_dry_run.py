@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
-from launch_helpers import PYTHON, RECIPES, REPO, rlflow
 
 from rlflow.recipe.load import load_recipe
+from tests.slurm.jobs import PYTHON, RECIPES, REPO, rlflow
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TEMPLATE = REPO / "templates" / "sbatch.sh.j2"
@@ -153,3 +154,56 @@ def test_every_template_value_is_quoted():
     assert expressions
     unquoted = [e for e in expressions if not re.search(r"\|\s*q\s*$", e.strip())]
     assert unquoted == []
+
+
+def test_a_new_sbatch_option_is_a_schema_field_a_base_yaml_line_and_a_table_row(
+    tmp_path, monkeypatch
+):
+    """`slurm.reservation`, added in memory the way a real change would add it: a field in the
+    schema's slurm section, its line in (a copy of) base.yaml, one row in plan.SBATCH_OPTIONS.
+    Nothing else changes, and the option renders, its value is checked like every #SBATCH
+    value, and a second copy in slurm.extra_sbatch_args is refused."""
+    from rlflow.errors import RlflowError
+    from rlflow.launch import plan
+    from rlflow.launch.prepare import prepare
+    from rlflow.recipe import schema
+
+    @dataclass(frozen=True)
+    class SlurmWithReservation(schema.SlurmConfig):
+        reservation: str | None  # the new field
+
+    monkeypatch.setattr(schema, "SlurmConfig", SlurmWithReservation)
+    row = plan.SbatchOption("--reservation", "slurm.reservation", from_recipe=True)
+    monkeypatch.setattr(plan, "SBATCH_OPTIONS", (*plan.SBATCH_OPTIONS, row))
+    base = (REPO / "recipes" / "base.yaml").read_text()
+    assert "\n  partition: null\n" in base
+    (tmp_path / "base.yaml").write_text(
+        base.replace("\n  partition: null\n", "\n  partition: null\n  reservation: null\n")
+    )
+    recipe = (
+        (RECIPES / "tiny-cpu.yaml")
+        .read_text()
+        .replace("defaults: ../../../recipes/base.yaml", "defaults: base.yaml")
+    )
+    (tmp_path / "recipe.yaml").write_text(recipe)
+
+    def dry_run(*overrides: str):
+        flags = plan.SubmitFlags(nodes=1, gpus=1, command="true")
+        return prepare(
+            tmp_path / "recipe.yaml", overrides, flags, skip_pins=True, cwd=str(tmp_path)
+        )
+
+    assert "--reservation" not in dry_run().script  # null: left out, like every optional one
+    sbatch_lines = dry_run("slurm.reservation=maint window").script.split("\nset -uo")[0]
+    assert "\n#SBATCH --reservation='maint window'\n" in sbatch_lines
+    with pytest.raises(RlflowError) as hostile:
+        dry_run("slurm.reservation=a\\b")
+    assert any(
+        d.code == "submit.sbatch-value" and d.message.startswith("`slurm.reservation` is 'a\\\\b'")
+        for d in hostile.value.diagnostics
+    )
+    with pytest.raises(RlflowError) as twice:
+        dry_run("slurm.extra_sbatch_args=[--reservation=other]")
+    assert (
+        "`slurm.extra_sbatch_args[0]` sets --reservation, which rlflow sets from slurm.reservation"
+    ) in [d.message for d in twice.value.diagnostics]

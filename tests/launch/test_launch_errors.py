@@ -6,8 +6,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import GPUS_PER_NODE, NUM_NODES
-from launch_helpers import RECIPES, REPO, rlflow, write_recipe
+
+from tests.slurm.cluster import GPUS_PER_NODE, NUM_NODES
+from tests.slurm.jobs import RECIPES, REPO, rlflow, write_recipe
 
 TINY = str(RECIPES / "tiny-cpu.yaml")
 
@@ -225,6 +226,25 @@ def test_pin_drift_fails_the_dry_run_with_exit_1(drift_repo):
 
 
 # --- issue 15: bad input never ends in a traceback, a silent rewrite or a doomed job ----------
+
+
+def test_a_collective_timeout_shorter_than_the_watchdog_is_refused_by_the_dry_run(tmp_path):
+    result = dry_run(
+        tmp_path,
+        "watchdog.collective_timeout_s=60",
+        "slurm.max_failure_retries=-1",
+        "--nodes",
+        "1",
+        "--gpus",
+        "1",
+    )
+    assert result.returncode == 2
+    assert (
+        "`watchdog.collective_timeout_s` (60) is shorter than `watchdog.phase_timeout_s` (600)"
+        in result.stderr
+    )
+    assert "`slurm.max_failure_retries` must not be negative (it is -1)" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def _no_traceback(result) -> None:

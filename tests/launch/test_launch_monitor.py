@@ -19,7 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_helpers import (
+
+from rlflow.job.attempts import Attempt, append
+from rlflow.launch import monitor
+from tests.slurm.jobs import (
     PYTHON,
     RECIPES,
     REPO,
@@ -29,9 +32,6 @@ from launch_helpers import (
     wait_done,
     wait_for_state,
 )
-
-from rlflow.launch import monitor
-from rlflow.launch.attempts import Attempt, append
 
 RLFLOW = Path(PYTHON).parent / "rlflow"  # the console script users run
 
@@ -272,7 +272,7 @@ def test_live_monitor_in_a_pty_on_the_real_cluster(tmp_path):
     assert rlflow("cancel", job, cwd=tmp_path).returncode == 0
 
     # Not a terminal: screens one after the other, until a short job ends by itself.
-    job, run_dir = tiny_job(4)
+    job, run_dir = tiny_job(2)
     probe = (
         "import sys\nfrom rlflow.cli import main\n"
         "try:\n    main(sys.argv[1:])\nexcept SystemExit as done:\n    status = done.code\n"
@@ -290,7 +290,7 @@ def test_live_monitor_in_a_pty_on_the_real_cluster(tmp_path):
     assert f"rlflow: job {job} ended: COMPLETED" in ended.stderr
     assert "heavy modules: []" in ended.stderr
     last = ended.stdout.strip().split("\n\n")[-1]
-    assert "queue:      COMPLETED" in last and "ETA:        all 4 steps done" in last
+    assert "queue:      COMPLETED" in last and "ETA:        all 2 steps done" in last
     assert monitor.ENTER_SCREEN not in ended.stdout  # no terminal codes into a pipe
     assert wait_done(job, 60, run_dir)["JobState"] == "COMPLETED"
 

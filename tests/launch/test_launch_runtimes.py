@@ -19,7 +19,8 @@ import re
 import shlex
 
 import pytest
-from launch_helpers import PYTHON, RECIPES, batch_log, rlflow, submit, wait_done, write_recipe
+
+from tests.slurm.jobs import PYTHON, RECIPES, batch_log, rlflow, submit, wait_done, write_recipe
 
 TINY = RECIPES / "tiny-cpu.yaml"
 

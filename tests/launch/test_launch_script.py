@@ -10,10 +10,9 @@ import subprocess
 from datetime import datetime
 from pathlib import Path
 
-from launch_helpers import PYTHON, RECIPES, write_recipe
-
 from rlflow.launch.plan import SubmitFlags
 from rlflow.launch.prepare import prepare
+from tests.slurm.jobs import PYTHON, RECIPES, write_recipe
 
 HOSTILE = 'x"; touch /tmp/pwned; "'
 
@@ -116,7 +115,7 @@ def test_hostile_values_stay_single_words_when_bash_runs_the_script(tmp_path):
         f"--container-mounts={HOSTILE}:/a,$(id):/b",
     ]
     assert setup_call == [*pyxis, "bash", "-c", setup]
-    assert launch_call[: len(pyxis) + 3] == [*pyxis, PYTHON, "-m", "rlflow.launch.node"]
+    assert launch_call[: len(pyxis) + 3] == [*pyxis, PYTHON, "-m", "rlflow.job.node"]
     assert launch_call[launch_call.index("--") + 1 :] == [PYTHON, "-c", probe, HOSTILE, "$(id)"]
     assert "x; touch /tmp/pwned;  $(id)" in ran.stdout.splitlines()  # the setup ran as written
     rank_log = Path(plan.log_dir) / "rank-0.log"

@@ -14,16 +14,17 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_helpers import (
+
+from tests.slurm.jobs import (
     PYTHON,
     RECIPES,
-    REPO,
     batch_log,
     job_fields,
     payload_command,
     rlflow,
     submit,
     wait_done,
+    wait_for_files,
     wait_for_state,
     write_recipe,
 )
@@ -66,33 +67,6 @@ def test_allreduce_over_8_nodes_x_4_gpus(tmp_path):
     assert fields["NumNodes"] == "8" and "gres/gpu=32" in fields["TRES"]
     assert "cluster:\n  num_nodes: 8\n  gpus_per_node: 4\n" in (run_dir / "recipe.yaml").read_text()
     assert json.loads((run_dir / "git.json").read_text())["repository"] is None
-
-
-def test_the_default_command_trains_from_the_run_directory(tmp_path):
-    """No --command: every rank runs `<slurm.rlflow_command> train RUN_DIR/recipe.yaml --run-dir
-    RUN_DIR`, the real trainer on its tiny built-in model, for one step. Submitted from the
-    repository (where `uv run` finds the project, and the pin check runs on it)."""
-    job, run_dir = submit(
-        REPO / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml",
-        f"run.output_dir={tmp_path}",
-        "grpo.max_num_steps=1",
-        "warm_start.num_steps=0",
-        "grpo.val_at_start=false",
-        "grpo.val_at_end=false",
-        "--nodes",
-        "1",
-        "--gpus",
-        "1",
-        cwd=REPO,
-    )
-    fields = wait_done(job, timeout=600, run_dir=run_dir)
-    assert fields["JobState"] == "COMPLETED", batch_log(run_dir, job)
-    assert f"train {run_dir}/recipe.yaml --run-dir {run_dir}" in batch_log(run_dir, job)
-    steps = [
-        json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert steps == [1]
-    assert json.loads((run_dir / "git.json").read_text())["repository"] == str(REPO)
 
 
 def test_cpu_only_request_starts_ranks_per_node_without_gpus(tmp_path):
@@ -189,15 +163,14 @@ def test_requeue_after_the_time_limit_warning(tmp_path):
 
 
 def test_no_requeue_left_ends_the_job_with_75(tmp_path):
+    """The warning is sent the way Slurm's --signal=B:USR1 sends it (to the batch shell), as
+    soon as the ranks listen: test_requeue_after_the_time_limit_warning waits for Slurm's own."""
     out = tmp_path / "records"
     out.mkdir()
     job, run_dir = submit(
         TINY,
-        "slurm.signal_grace_seconds=50",
         "slurm.max_requeues=0",
         "slurm.max_failure_retries=0",
-        "--time",
-        "1",
         "--nodes",
         "1",
         "--gpus",
@@ -205,6 +178,8 @@ def test_no_requeue_left_ends_the_job_with_75(tmp_path):
         cwd=tmp_path,
         command=payload_command("requeue.py", str(out)),
     )
+    wait_for_files([out / "rank-0.ready", out / "rank-1.ready"], job, run_dir)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
     fields = wait_done(job, timeout=150, run_dir=run_dir)
     log = batch_log(run_dir, job)
     assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == (

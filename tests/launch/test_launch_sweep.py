@@ -15,10 +15,18 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from launch_helpers import PYTHON, RECIPES, REPO, batch_log, job_fields, payload_command
 
 from rlflow.errors import RlflowError
 from rlflow.launch import sweep, sweep_jobs
+from tests.slurm.jobs import (
+    PYTHON,
+    RECIPES,
+    REPO,
+    batch_log,
+    job_fields,
+    payload_command,
+    wait_for_files,
+)
 
 RLFLOW = Path(PYTHON).parent / "rlflow"  # the console script users run
 TINY = RECIPES / "tiny-cpu.yaml"
@@ -251,12 +259,13 @@ def test_gpu_hours_worst_case_and_the_cap(tmp_path):
 
 
 @pytest.mark.usefixtures("slurm_cluster")
-def test_a_2x2_sweep_of_the_tiny_recipe_trains_every_element(tmp_path):
-    """The real trainer on its tiny built-in model, 2 steps per element, at most 2 at once."""
+def test_a_sweep_of_the_tiny_recipe_trains_every_element(tmp_path):
+    """The real trainer on its tiny built-in model, 1 step per element, both at once. (The cross
+    product of axes and --max-concurrent: the tests after this one, with cheap commands.)"""
     array, sweep_dir = submit_sweep(
         str(TINY_TRAIN),
         f"run.output_dir={tmp_path}",
-        "grpo.max_num_steps=2",
+        "grpo.max_num_steps=1",
         "grpo.num_prompts_per_step=4",  # small steps: the shared 2-core machine is busy
         "grpo.num_generations_per_prompt=4",
         "warm_start.num_steps=0",
@@ -264,18 +273,13 @@ def test_a_2x2_sweep_of_the_tiny_recipe_trains_every_element(tmp_path):
         "grpo.max_val_samples=8",
         "--sweep",
         "optimizer.lr=1e-4,2e-4",
-        "--sweep",
-        "loss.kl_penalty=0,0.01",
-        "--max-concurrent",
-        "2",
         "--nodes",
         "1",
         "--gpus",
         "1",
         cwd=REPO,
     )
-    assert job_fields(f"{array}_0")["ArrayTaskThrottle"] == "2"
-    tasks = wait_all(array, 4, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=840)
+    tasks = wait_all(array, 2, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=840)
     names = [e["name"] for e in json.loads((sweep_dir / "sweep.json").read_text())["elements"]]
     logs = {n: (sweep_dir / n / "logs" / f"slurm-{array}_{i}.out") for i, n in enumerate(names)}
     assert set(tasks.values()) == {"COMPLETED"}, {n: p.read_text() for n, p in logs.items()}
@@ -283,17 +287,51 @@ def test_a_2x2_sweep_of_the_tiny_recipe_trains_every_element(tmp_path):
     for index, name in enumerate(names):
         run = sweep_dir / name
         recipe = (run / "recipe.yaml").read_text()
-        lr, kl = [("1e-4", "2e-4")[index // 2], ("0", "0.01")[index % 2]]
+        lr = ("1e-4", "2e-4")[index]
         assert recipe.startswith(
-            f"# sweep element {index} of 4 ({sweep_dir.name}): optimizer.lr={lr}, "
-            f"loss.kl_penalty={kl}\n"
+            f"# sweep element {index} of 2 ({sweep_dir.name}): optimizer.lr={lr}\n"
         )
-        assert f"lr: {float(lr)}\n" in recipe and f"kl_penalty: {float(kl)}\n" in recipe
+        assert f"lr: {float(lr)}\n" in recipe
         assert (run / "job_id").read_text() == f"{array}_{index}\n"
         steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").open()]
-        assert steps[-1] == 2
+        assert steps[-1] == 1
         assert f"train {run}/recipe.yaml --run-dir {run}" in logs[name].read_text()
-    # --max-concurrent 2: never more than 2 elements ran at the same time.
+    status = cli("status", str(sweep_dir), cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    assert lines[0] == (
+        f"sweep {sweep_dir.name}: job array {array}, 2 elements (optimizer.lr (2)): 2 COMPLETED"
+    )
+    assert lines[1].split() == ["element", "job", "state", "step", "reward", "val", "acc"]
+    for index, (name, line) in enumerate(zip(names, lines[2:], strict=True)):
+        assert re.fullmatch(
+            rf"  {re.escape(name)} +{array}_{index} +COMPLETED +1/1 +\d\.\d{{3}} +\d\.\d{{3}} @1",
+            line,
+        ), line
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+def test_max_concurrent_caps_the_elements_running_at_once(tmp_path):
+    """A 2x2 sweep at most 2 at once: Slurm's array throttle, and sacct's start and end times."""
+    array, sweep_dir = submit_sweep(
+        str(TINY),
+        "--sweep",
+        "slurm.env.WHICH=a,b",
+        "--sweep",
+        "slurm.env.OTHER=c,d",
+        "--max-concurrent",
+        "2",
+        "--nodes",
+        "1",
+        "--gpus",
+        "1",
+        "--command",
+        "true",
+        cwd=tmp_path,
+    )
+    assert job_fields(f"{array}_0")["ArrayTaskThrottle"] == "2"
+    tasks = wait_all(array, 4, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+    assert set(tasks.values()) == {"COMPLETED"}, tasks
     times = subprocess.run(
         ["sacct", "-n", "-X", "-P", "-j", array, "-o", "Start,End"],
         capture_output=True,
@@ -301,20 +339,13 @@ def test_a_2x2_sweep_of_the_tiny_recipe_trains_every_element(tmp_path):
         check=True,
     ).stdout.split()
     spans = [tuple(datetime.fromisoformat(t) for t in line.split("|")) for line in times]
+    assert len(spans) == 4
     assert max(sum(s <= start < e for s, e in spans) for start, _ in spans) <= 2
     status = cli("status", str(sweep_dir), cwd=tmp_path)
-    assert status.returncode == 0, status.stderr
-    lines = status.stdout.splitlines()
-    assert lines[0] == (
-        f"sweep {sweep_dir.name}: job array {array}, 4 elements (optimizer.lr (2) x "
-        "loss.kl_penalty (2)), at most 2 at once: 4 COMPLETED"
-    )
-    assert lines[1].split() == ["element", "job", "state", "step", "reward", "val", "acc"]
-    for index, (name, line) in enumerate(zip(names, lines[2:], strict=True)):
-        assert re.fullmatch(
-            rf"  {re.escape(name)} +{array}_{index} +COMPLETED +2/2 +\d\.\d{{3}} +\d\.\d{{3}} @2",
-            line,
-        ), line
+    assert status.stdout.splitlines()[0] == (
+        f"sweep {sweep_dir.name}: job array {array}, 4 elements (slurm.env.WHICH (2) x "
+        "slurm.env.OTHER (2)), at most 2 at once: 4 COMPLETED"
+    ), status.stdout + status.stderr
 
 
 @pytest.mark.usefixtures("slurm_cluster")
@@ -377,11 +408,8 @@ def test_requeue_and_resume_per_element(tmp_path):
     (out / "second").mkdir()
     array, sweep_dir = submit_sweep(
         str(TINY),
-        "slurm.signal_grace_seconds=50",
         "--sweep",
         "slurm.env.ELEMENT=first,second",
-        "--time",
-        "1",
         "--nodes",
         "1",
         "--gpus",
@@ -392,6 +420,12 @@ def test_requeue_and_resume_per_element(tmp_path):
         cwd=tmp_path,
     )
     names = sorted(p.name for p in sweep_dir.iterdir() if p.name[0].isdigit())
+    # The warning as Slurm's --signal=B:USR1 sends it (to each task's batch shell), once the
+    # element's rank listens: tests/launch/test_launch_slurm.py waits for Slurm's own timer.
+    for index, element in enumerate(("first", "second")):
+        task = f"{array}_{index}"
+        wait_for_files([out / element / "rank-0.ready"], task, sweep_dir / names[index])
+        subprocess.run(["scancel", "--batch", "--signal=USR1", task], check=True)
     deadline = time.monotonic() + 200
     requeued: set[str] = set()
     while len(requeued) < 2 and time.monotonic() < deadline:

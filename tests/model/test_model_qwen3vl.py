@@ -196,7 +196,8 @@ def test_megatron_generation_matches_the_hf_backend(single_rank, family_ckpt, sh
     "recipe", ["tiny-qwen3vl-clevr-1n1g-cpu.yaml", "tiny-qwen3vl-moe-clevr-1n1g-cpu.yaml"]
 )
 def test_recipe_trains(tmp_path, recipe):
-    """Two GRPO steps of each CPU recipe (builtin:tiny-qwen3vl, builtin:tiny-qwen3vl-moe)."""
+    """Two GRPO steps of each CPU recipe (builtin:tiny-qwen3vl, builtin:tiny-qwen3vl-moe), with
+    an HF export at the end that transformers loads."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -217,6 +218,7 @@ def test_recipe_trains(tmp_path, recipe):
             "warm_start.num_steps=1",
             "warm_start.batch_size=4",
             "logging.progress_bar=false",
+            "checkpointing.hf_export_period=2",
             "--run-dir",
             str(tmp_path),
         ],
@@ -230,3 +232,8 @@ def test_recipe_trains(tmp_path, recipe):
     assert "validation accuracy:" in result.stderr
     steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert max(r.get("step", 0) for r in steps) == 2
+    from transformers import AutoModelForImageTextToText
+
+    exported = tmp_path / "hf" / "step_000002"
+    model = AutoModelForImageTextToText.from_pretrained(str(exported))
+    assert type(model).__name__.startswith("Qwen3VL")

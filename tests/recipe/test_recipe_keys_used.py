@@ -141,6 +141,17 @@ READ_BY = {
         "rlflow/generation/vllm.py",
         "self.cfg.request_timeout_s",
     ),
+    # Which ranks generate: the allocation rules compute the split (Placement), which
+    # parallel.py and setup act on; the dry run prints it.
+    "generation.placement": ("rlflow/recipe/allocation.py", "gen.placement"),
+    "generation.gpus_per_node": ("rlflow/recipe/allocation.py", "gen.gpus_per_node"),
+    "generation.num_nodes": ("rlflow/recipe/allocation.py", "gen.num_nodes"),
+    "generation.tensor_parallel_size": (
+        "rlflow/train/setup.py",
+        "recipe.generation.tensor_parallel_size",
+    ),
+    "generation.sync_bucket_mb": ("rlflow/train/remote.py", "recipe.generation.sync_bucket_mb"),
+    "async_grpo.max_staleness": ("rlflow/train/remote.py", "self.recipe.async_grpo.max_staleness"),
     "parallelism.tensor_parallel_size": ("rlflow/parallel.py", "cfg.tensor_parallel_size"),
     "parallelism.pipeline_parallel_size": ("rlflow/parallel.py", "cfg.pipeline_parallel_size"),
     "parallelism.context_parallel_size": ("rlflow/parallel.py", "cfg.context_parallel_size"),
@@ -150,6 +161,8 @@ READ_BY = {
     "checkpointing.enabled": ("rlflow/train/loop.py", "recipe.checkpointing.enabled"),
     "checkpointing.save_period": ("rlflow/train/loop.py", "recipe.checkpointing.save_period"),
     "checkpointing.keep_last": ("rlflow/train/setup.py", "recipe.checkpointing.keep_last"),
+    "checkpointing.hf_export_period": ("rlflow/train/hf_export.py", "cfg.hf_export_period"),
+    "checkpointing.hf_export_keep_last": ("rlflow/train/hf_export.py", "cfg.hf_export_keep_last"),
     "checkpointing.save_on_signal": (
         "rlflow/train/setup.py",
         "recipe.checkpointing.save_on_signal",
@@ -174,20 +187,17 @@ READ_BY = {
         "recipe.watchdog.collective_timeout_s",
     ),
     "preflight.enabled": ("rlflow/train/setup.py", "recipe.preflight.enabled"),
-    "preflight.gemm_size": ("rlflow/launch/preflight.py", "cfg.gemm_size"),
-    "preflight.gemm_tolerance": ("rlflow/launch/preflight.py", "cfg.gemm_tolerance"),
-    "preflight.allreduce_mb": ("rlflow/launch/preflight.py", "cfg.allreduce_mb"),
-    "preflight.min_free_disk_gb": ("rlflow/launch/preflight.py", "cfg.min_free_disk_gb"),
-    "preflight.required_env": ("rlflow/launch/preflight.py", "cfg.required_env"),
+    "preflight.gemm_size": ("rlflow/job/preflight.py", "cfg.gemm_size"),
+    "preflight.gemm_tolerance": ("rlflow/job/preflight.py", "cfg.gemm_tolerance"),
+    "preflight.allreduce_mb": ("rlflow/job/preflight.py", "cfg.allreduce_mb"),
+    "preflight.min_free_disk_gb": ("rlflow/job/preflight.py", "cfg.min_free_disk_gb"),
+    "preflight.required_env": ("rlflow/job/preflight.py", "cfg.required_env"),
     **{
         f"slurm.{key}": ("rlflow/launch/plan.py", f"slurm.{key}")
         for key in (
             "partition",
-            "account",
-            "qos",
             "time_limit",
             "cpus_per_task",
-            "mem",
             "container_image",
             "container_mounts",
             "container.runtime",
@@ -203,6 +213,12 @@ READ_BY = {
             "rlflow_command",
             "request_gpus",
         )
+    },
+    # #SBATCH options the recipe passes through: their row in plan.SBATCH_OPTIONS names the key,
+    # and plan.sbatch_options() reads every row's key into the #SBATCH lines
+    **{
+        f"slurm.{key}": ("rlflow/launch/plan.py", f"'slurm.{key}'")
+        for key in ("account", "qos", "mem")
     },
     "slurm.max_gpu_hours": ("rlflow/launch/cost.py", "loaded.recipe.slurm.max_gpu_hours"),
 }
@@ -252,7 +268,13 @@ def test_the_named_module_reads_the_key(key):
     assert (
         not module.startswith("rlflow/recipe/")
         or key.startswith("cluster.")
-        or key in {"data.video.temporal_patch_size"}
+        or key
+        in {
+            "data.video.temporal_patch_size",
+            "generation.placement",
+            "generation.gpus_per_node",
+            "generation.num_nodes",
+        }
     ), f"{key}: a rule is not the code that acts on it"
     assert expression in expressions(module), f"{module} does not read {expression} ({key})"
 

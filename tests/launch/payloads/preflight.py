@@ -1,7 +1,7 @@
 """Test payload: `rlflow train`'s start-up up to and including its preflight, without the model.
 
 Reads the recipe, starts the watchdog, joins a gloo process group and runs the trainer's own
-preflight (rlflow.launch.preflight.run_preflight): the same checks, gathering and exit codes
+preflight (rlflow.job.preflight.run_preflight): the same checks, gathering and exit codes
 (78 on a failing node, 76 on the others), in seconds instead of a model load.
 Usage: python preflight.py (in a job: the run directory is $RLFLOW_RUN_DIR, its recipe.yaml
 the submitted recipe)
@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from rlflow.launch.preflight import PreflightFailed, run_preflight
+from rlflow.job.preflight import PreflightFailed, run_preflight
 from rlflow.recipe import load_checked
 from rlflow.train import watchdog
 
@@ -38,6 +38,8 @@ def main() -> int:
     try:
         run_preflight(recipe.preflight, run_dir, None, info)
     except PreflightFailed as err:
+        if err.note:
+            watchdog.note(err.note)
         print(f"[rank {info.rank}] {err}", file=sys.stderr, flush=True)
         os._exit(err.exit_code)
     dist.destroy_process_group()

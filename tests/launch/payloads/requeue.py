@@ -1,7 +1,8 @@
 """Test payload for requeue: stands in for the trainer's checkpoint-on-signal half.
 
 Attempt 0 waits for the time-limit warning (SIGUSR1), records "saved" and exits 75; a later
-attempt (SLURM_RESTART_COUNT > 0) reads that record, appends "resumed" and exits 0.
+attempt (SLURM_RESTART_COUNT > 0) reads that record, appends "resumed" and exits 0. Each rank
+leaves OUT_DIR/rank-R.ready once it listens for the warning (a test may then send it).
 Usage: python requeue.py OUT_DIR
 """
 
@@ -26,6 +27,7 @@ def main() -> int:
         return 0
     warned = []
     signal.signal(signal.SIGUSR1, lambda *_: warned.append(time.time()))
+    (out / f"rank-{rank}.ready").touch()
     deadline = time.monotonic() + WAIT_FOR_WARNING_SECONDS
     while not warned and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -1,4 +1,4 @@
-"""Hangs, bad nodes and lost nodes on the real local Slurm cluster (conftest.py: 9 nodes, node9
+"""Hangs, bad nodes and lost nodes on the real local Slurm cluster (tests/slurm/cluster.py: 9 nodes, node9
 a spare): each ends in a named root cause, and where a retry can help, in a requeue without the
 offending node that resumes the run.
 
@@ -13,12 +13,13 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from launch_helpers import (
+
+from tests.slurm.jobs import (
+    FINAL_STATES,
     PYTHON,
     RECIPES,
     REPO,
@@ -96,6 +97,27 @@ def wait_for_restart(job: str, run_dir: Path, restarts: int, timeout: float = 24
     pytest.fail(f"job {job} was not requeued in time:\n{batch_log(run_dir, job)}")
 
 
+def wait_done_lifting_holds(job: str, run_dir: Path, timeout: float = 600) -> dict[str, str]:
+    """Until the job ends, lifting the ~2-minute begin-time hold off every requeue on the way:
+    after a node loss Slurm may refuse the requeued job's first step, a second (blameless)
+    retry, whose hold would otherwise leave the test waiting on the clock."""
+    deadline = time.monotonic() + timeout
+    lifted = 0
+    while True:
+        fields = job_fields(job)
+        if fields["JobState"] in FINAL_STATES:
+            return fields
+        if fields["JobState"] == "PENDING" and int(fields["Restarts"]) > lifted:
+            lifted = int(fields["Restarts"])
+            time.sleep(3)  # slurmd refuses a start in the second of the requeue
+            subprocess.run(  # fails harmlessly when Slurm started it meanwhile
+                ["scontrol", "update", f"JobId={job}", "StartTime=now"], capture_output=True
+            )
+        if time.monotonic() > deadline:
+            pytest.fail(f"job {job} did not end in {timeout:.0f} s:\n{batch_log(run_dir, job)}")
+        time.sleep(0.5)
+
+
 def hostnames(nodelist: str) -> list[str]:
     return subprocess.run(
         ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
@@ -150,7 +172,7 @@ def test_a_stopped_rank_is_named_with_its_stack_and_the_job_resumes_without_its_
 
 def test_preflight_names_a_node_with_too_few_gpus_and_the_job_finishes_without_it(tmp_path):
     """node2's driver shows no GPU where the job asked for one (faked: the test cluster's GPUs
-    are device files and torch is a CPU build, see rlflow/launch/preflight.py). The payload is
+    are device files and torch is a CPU build, see rlflow/job/preflight.py). The payload is
     the trainer's start-up up to its preflight (the lost-node test runs the whole trainer)."""
     job, run_dir = submit(
         TINY,
@@ -325,17 +347,12 @@ def _alive(pid: int) -> bool:
 def test_a_lost_node_is_excluded_and_the_run_resumes_without_lost_or_repeated_steps(
     tmp_path, slurm_cluster
 ):
+    """Also the default rank command (no --command): `<slurm.rlflow_command> train
+    RUN_DIR/recipe.yaml --run-dir RUN_DIR`, the real trainer, submitted from the repository
+    (where `uv run` finds the project, and the pin check runs on it). That a resumed run's
+    metrics equal an uninterrupted run's is the checkpoint's promise, tested in
+    tests/train/test_train_runs.py."""
     steps = 4
-    # The same run without a fault, through the same launcher (2 local ranks), for comparison.
-    reference_dir = tmp_path / "reference"
-    reference = subprocess.Popen(
-        [sys.executable, "-m", "rlflow.cli", "train", str(TRAIN_RECIPE), *TRAIN_OVERRIDES]
-        + [f"grpo.max_num_steps={steps}", "--nproc", "2", "--run-dir", str(reference_dir)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM")},
-    )
     job, run_dir = submit(
         TRAIN_RECIPE,
         f"run.output_dir={tmp_path}",
@@ -370,12 +387,13 @@ def test_a_lost_node_is_excluded_and_the_run_resumes_without_lost_or_repeated_st
     )
     _restart_slurmd(slurm_cluster, "node2")
     try:
-        wait_for_restart(job, run_dir, 1)
-        fields = wait_done(job, 600, run_dir)
+        fields = wait_done_lifting_holds(job, run_dir)
     finally:
         _resume(slurm_cluster, "node2")  # the later tests expect node1-8
         _restart_controller(slurm_cluster)
     log = batch_log(run_dir, job)
+    assert f"train {run_dir}/recipe.yaml --run-dir {run_dir}" in log
+    assert json.loads((run_dir / "git.json").read_text())["repository"] == str(REPO)
     # Slurm may refuse the first step after the requeue (node2 still being cleaned up): that is
     # a second, blameless retry (attempts.py), never a failure of the run.
     assert fields["JobState"] == "COMPLETED" and int(fields["Restarts"]) >= 1, log
@@ -392,12 +410,7 @@ def test_a_lost_node_is_excluded_and_the_run_resumes_without_lost_or_repeated_st
     rank0 = (run_dir / "logs" / "rank-0.log").read_text()
     assert "resumed from" in rank0
     assert rank0.count("preflight: 2 nodes passed (gpus, disk, env)") == 2  # each attempt
-    assert reference.wait(timeout=600) == 0
+    saved = attempts(run_dir)[0]["checkpoint_step"]
+    assert f"(step {saved})" in rank0.split("resumed from", 1)[1].splitlines()[0]
     got = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    want = [json.loads(line) for line in (reference_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in got] == list(range(1, steps + 1))
-    for mine, theirs in zip(got, want, strict=True):
-        for key, value in theirs.items():
-            if key.startswith(("time/", "memory/")):
-                continue
-            assert mine[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (mine["step"], key)
+    assert [r["step"] for r in got] == list(range(1, steps + 1))  # none lost, none repeated

@@ -8,7 +8,8 @@
 
 The results are gathered on every rank, so all of them agree: a failure names the node and the
 check, the failing node's ranks exit 78 (a node failure: the batch script requeues without that
-node) and the others 76 (a peer failed). Then one all-reduce over all ranks, with its bandwidth
+node) and the others 76 (a peer failed); the caller puts `PreflightFailed.note` into the rank's
+progress report, where the launcher reads why (rlflow/train/main.py). Then one all-reduce over all ranks, with its bandwidth
 logged. torch is imported inside the functions: the login node imports this module's names only.
 """
 
@@ -30,9 +31,10 @@ TEST_VISIBLE_GPUS_ENV = "RLFLOW_TEST_VISIBLE_GPUS"
 
 
 class PreflightFailed(Exception):
-    def __init__(self, message: str, exit_code: int):
+    def __init__(self, message: str, exit_code: int, note: str | None = None):
         super().__init__(message)
         self.exit_code = exit_code
+        self.note = note  # this node's own failures, for the job's failure record
 
 
 @dataclass
@@ -175,7 +177,6 @@ def compare_versions(reports: list[NodeReport]) -> None:
 def run_preflight(cfg, run_dir: Path, model_dir: str | None, info, log=print) -> None:
     """Every rank calls this after the process group is up, before any model is loaded."""
     from rlflow import parallel
-    from rlflow.train import watchdog
 
     start = time.perf_counter()
     reports = parallel.all_gather_objects(local_report(cfg, run_dir, model_dir, info))
@@ -186,8 +187,11 @@ def run_preflight(cfg, run_dir: Path, model_dir: str | None, info, log=print) ->
         mine = next((r for r in failed if r.rank == info.rank), None)
         bad_nodes = {r.host for r in failed}
         if mine is not None:
-            watchdog.note(f"failed preflight: {'; '.join(mine.failures)}")
-            raise PreflightFailed("preflight failed on " + "; ".join(lines), EX_PREFLIGHT)
+            raise PreflightFailed(
+                "preflight failed on " + "; ".join(lines),
+                EX_PREFLIGHT,
+                note=f"failed preflight: {'; '.join(mine.failures)}",
+            )
         code = EX_PREFLIGHT if hostname() in bad_nodes else EX_PEER_FAILED
         raise PreflightFailed(
             f"preflight failed on {', '.join(sorted(bad_nodes))} (reported there)", code

@@ -1,9 +1,10 @@
 """What an attempt of a job ended with, and what the batch script does next.
 
-The batch script runs this after the training step (`python -m rlflow.launch.attempts ...`). It
+The batch script runs this after the training step (`python -m rlflow.job.attempts ...`). It
 reads what the node launchers left in RUN_DIR/status/attempt-N/ (first-failure, peer-failure,
-stopped-node-K, node-K.started/.ended, heartbeat/rank-R.json), classifies the attempt, appends
-one record to RUN_DIR/attempts.jsonl and prints the decision as one line on stdout:
+stopped-node-K, node-K.started/.ended, heartbeat/rank-R.json: rlflow/job/files.py), classifies
+the attempt, appends one record to RUN_DIR/attempts.jsonl and prints the decision as one line
+on stdout:
 
     done                  the run finished
     time-limit N          the ranks saved and stopped for the time limit; N such requeues so far
@@ -15,22 +16,21 @@ Node failures are retried: a hang (exit 77, the watchdog named the node), a fail
 lost it). Everything else is the run's own error (a recipe error, an exception on a rank, an
 out-of-memory kill) and is not retried: a retry would end the same way.
 
-Standard library only: it runs on the batch host between steps.
+Standard library only (and rlflow/slurm.py): it runs on the batch host between steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rlflow import slurm
 from rlflow.errors import EX_HANG, EX_PREFLIGHT, EX_TEMPFAIL
-
-ATTEMPTS_FILE = "attempts.jsonl"
+from rlflow.job import files
 
 
 @dataclass
@@ -49,59 +49,18 @@ class Attempt:
     ended: str = ""
 
 
-def read_attempts(run_dir: Path) -> list[dict]:
-    path = run_dir / ATTEMPTS_FILE
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue  # a torn last line (the node died mid-write)
-    return records
-
-
-def _failure(status: Path) -> tuple[int, str, str] | None:
-    """(exit code, message, host) of the first failure, a peer failure only if none."""
-    for name in ("first-failure", "peer-failure"):
-        path = status / name
-        if path.is_file():
-            lines = path.read_text(errors="replace").splitlines() + ["", "", ""]
-            try:
-                code = int(lines[0])
-            except ValueError:
-                code = 1
-            return code, lines[1], lines[2]
-    return None
-
-
 def lost_nodes(status: Path) -> list[str]:
     """Nodes whose launcher started and never recorded its end."""
     lost = []
-    for started in sorted(status.glob("node-*.started")):
-        if not started.with_suffix(".ended").exists():
+    for started in sorted(status.glob(f"{files.NODE_PREFIX}*{files.STARTED}")):
+        if not started.with_suffix(files.ENDED).exists():
             lost.append(started.read_text(errors="replace").split()[0])
     return lost
 
 
-def slurm_node_state(node: str) -> str:
-    """`State=... Reason=...` from scontrol, for the record (empty if unknown)."""
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=20
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    fields = dict(word.split("=", 1) for word in out.split() if "=" in word)
-    state = fields.get("State", "")
-    reason = out.split("Reason=", 1)[1].strip() if "Reason=" in out else ""
-    return f"State={state}" + (f" Reason={reason}" if reason else "")
-
-
 def furthest_step(status: Path) -> int | None:
     steps = []
-    for beat in status.glob("heartbeat/rank-*.json"):
+    for beat in status.glob(f"{files.HEARTBEAT}/rank-*.json"):
         try:
             steps.append(int(json.loads(beat.read_text())["step"]))
         except (OSError, ValueError, KeyError, TypeError):
@@ -112,7 +71,7 @@ def furthest_step(status: Path) -> int | None:
 def checkpoint_step(run_dir: Path) -> int | None:
     steps = [
         int(p.name.split("_")[1])
-        for p in (run_dir / "checkpoints").glob("step_*")
+        for p in (run_dir / files.CHECKPOINTS).glob("step_*")
         if p.is_dir() and p.name.split("_")[1].isdigit()
     ]
     return max(steps) if steps else None
@@ -120,10 +79,10 @@ def checkpoint_step(run_dir: Path) -> int | None:
 
 def classify(status: Path, rc: int) -> tuple[str, str, list[str], int]:
     """(outcome, reason, offending nodes, exit code) of one attempt."""
-    failure = _failure(status)
+    failure = files.first_failure(status)
     lost = lost_nodes(status)
     if lost:
-        states = {node: slurm_node_state(node) for node in lost}
+        states = {node: slurm.node_state(node) for node in lost}
         reason = "; ".join(
             f"node {node} lost: its launcher never reported an exit"
             + (f" (Slurm: {states[node]})" if states[node] else "")
@@ -131,21 +90,21 @@ def classify(status: Path, rc: int) -> tuple[str, str, list[str], int]:
         )
         return "node-failure", reason, lost, rc or 1
     if failure is not None:
-        code, message, host = failure
+        code, message, host = failure[1].exit_code, failure[1].message, failure[1].host
         if code in (EX_HANG, EX_PREFLIGHT) and host:
             bad = {host}
-            for other in status.glob("failure-node-*"):
-                lines = other.read_text(errors="replace").splitlines() + ["", "", ""]
-                if lines[0] in (str(EX_HANG), str(EX_PREFLIGHT)) and lines[2]:
-                    bad.add(lines[2])
+            for other in status.glob(f"{files.FAILURE_NODE_PREFIX}*"):
+                node = files.Failure.read(other)
+                if node and node.code in (str(EX_HANG), str(EX_PREFLIGHT)) and node.host:
+                    bad.add(node.host)
             return "node-failure", message, sorted(bad), code
         return "failed", message, [], code
-    if rc != 0 and not any(status.glob("node-*.started")):
+    if rc != 0 and not any(status.glob(f"{files.NODE_PREFIX}*{files.STARTED}")):
         # srun could not start the step on any node: Slurm's side (e.g. a requeue right after a
         # node loss), not the run's. A fresh allocation is worth a retry; no node is to blame.
         return "node-failure", f"Slurm could not start the step (srun exit {rc})", [], rc
     if rc == 0:
-        if any(status.glob("stopped-node-*")):
+        if any(status.glob(f"{files.STOPPED_NODE_PREFIX}*")):
             return "time-limit", "saved and stopped for the time limit", [], EX_TEMPFAIL
         return "completed", "finished", [], 0
     return "failed", f"the training step ended with exit code {rc}", [], rc
@@ -153,7 +112,7 @@ def classify(status: Path, rc: int) -> tuple[str, str, list[str], int]:
 
 def decide(args: argparse.Namespace) -> tuple[str, Attempt]:
     run_dir, status = Path(args.run_dir), Path(args.status_dir)
-    previous = read_attempts(run_dir)
+    previous = files.read_attempts(run_dir)
     excluded = list(previous[-1]["excluded"]) if previous else []
     outcome, reason, bad, code = classify(status, args.rc)
     retries = sum(1 for r in previous if r["outcome"] == "node-failure")
@@ -201,12 +160,11 @@ def decide(args: argparse.Namespace) -> tuple[str, Attempt]:
 
 
 def append(run_dir: Path, record: Attempt) -> None:
-    with open(run_dir / ATTEMPTS_FILE, "a") as out:
-        out.write(json.dumps(asdict(record)) + "\n")
+    files.append_attempt(run_dir, asdict(record))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlflow.launch.attempts")
+    parser = argparse.ArgumentParser(prog="python -m rlflow.job.attempts")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--status-dir", required=True)
     parser.add_argument("--attempt", type=int, required=True)

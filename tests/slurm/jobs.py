@@ -1,4 +1,5 @@
-"""Shared pieces of the launch tests: run the real `rlflow` CLI, wait for real Slurm jobs."""
+"""Shared pieces of the launch and job tests: run the real `rlflow` CLI, wait for real Slurm
+jobs. The recipes and payloads (stand-ins for the trainer) live in tests/launch/."""
 
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
-RECIPES = HERE / "recipes"
-PAYLOADS = HERE / "payloads"
+RECIPES = REPO / "tests" / "launch" / "recipes"
+PAYLOADS = REPO / "tests" / "launch" / "payloads"
 BASE_RECIPE = REPO / "recipes" / "base.yaml"
 PYTHON = sys.executable
 FINAL_STATES = {
@@ -69,7 +69,7 @@ def payload_command(name: str, *args: str) -> str:
 
 
 def job_fields(job_id: str) -> dict[str, str]:
-    from rlflow.launch.slurm import job_fields as fields
+    from rlflow.slurm import job_fields as fields
 
     found = fields(job_id)
     assert found is not None, f"scontrol does not know job {job_id}"
@@ -103,3 +103,18 @@ def wait_done(job_id: str, timeout: float = 300, run_dir: Path | None = None) ->
 
 def batch_log(run_dir: Path, job_id: str) -> str:
     return (run_dir / "logs" / f"slurm-{job_id}.out").read_text()
+
+
+def wait_for_files(paths: list[Path], job: str, run_dir: Path, timeout: float = 120) -> None:
+    """Until every path exists (the marks a payload leaves); the timeout is a hang guard, and a
+    job that ends first fails the test with its batch log."""
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths):
+        state = job_fields(job)["JobState"]
+        if time.monotonic() > deadline or state not in ("PENDING", "CONFIGURING", "RUNNING"):
+            log = run_dir / "logs" / f"slurm-{job}.out"
+            missing = [str(p) for p in paths if not p.exists()]
+            pytest.fail(
+                f"never appeared: {missing} ({state})\n{log.read_text() if log.exists() else ''}"
+            )
+        time.sleep(0.2)

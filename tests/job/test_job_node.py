@@ -1,6 +1,6 @@
 """The per-node launcher, run as a real process with real child ranks (no Slurm needed: the
 variables srun would set are set here). The same launcher runs under srun in
-test_launch_slurm.py."""
+tests/launch/test_launch_slurm.py."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def launch(
     args = [
         PYTHON,
         "-m",
-        "rlflow.launch.node",
+        "rlflow.job.node",
         f"--num-nodes={num_nodes}",
         f"--ranks-per-node={ranks}",
         f"--log-dir={tmp_path / 'logs'}",
@@ -206,7 +206,7 @@ def test_a_command_that_cannot_start_fails_with_127(tmp_path):
     args = [
         PYTHON,
         "-m",
-        "rlflow.launch.node",
+        "rlflow.job.node",
         "--num-nodes=1",
         "--ranks-per-node=2",
         f"--log-dir={tmp_path / 'logs'}",

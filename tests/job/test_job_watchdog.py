@@ -1,6 +1,6 @@
 """The node launcher's watchdog, stop-signal handshake and reaper, with real rank processes (no
-Slurm: the variables srun would set are set here), and the retry decision on real status files.
-The same launcher runs under srun in test_launch_recovery.py."""
+Slurm: the variables srun would set are set here). The same launcher runs under srun in
+test_job_recovery.py."""
 
 from __future__ import annotations
 
@@ -12,15 +12,12 @@ import socket
 import subprocess
 import sys
 import time
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
-from rlflow.launch import attempts, preflight
-
 PYTHON = sys.executable
-PAYLOADS = Path(__file__).resolve().parent / "payloads"
+PAYLOADS = Path(__file__).resolve().parents[1] / "launch" / "payloads"
 
 
 def free_port() -> str:
@@ -41,7 +38,7 @@ def start_launcher(tmp_path: Path, command: list[str], *extra: str, ranks: int =
     args = [
         PYTHON,
         "-m",
-        "rlflow.launch.node",
+        "rlflow.job.node",
         "--num-nodes=1",
         f"--ranks-per-node={ranks}",
         f"--log-dir={tmp_path / 'logs'}",
@@ -108,11 +105,18 @@ def test_a_stopped_rank_is_named_and_every_local_stack_shows_where_it_was_blocke
 
 
 def test_a_rank_that_never_reports_is_ended_after_the_startup_timeout(tmp_path):
-    command = [PYTHON, "-c", "import time; time.sleep(600)"]
-    process = start_launcher(tmp_path, command, "--startup-timeout=2", ranks=1)
+    """It answers the dump signal as a trainer does (faulthandler, rlflow/train/watchdog.py), so
+    the launcher has its stack at once instead of waiting out DUMP_WAIT_SECONDS for it."""
+    code = (
+        "import faulthandler, signal, sys, time\n"
+        "faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)\n"
+        "time.sleep(600)\n"
+    )
+    process = start_launcher(tmp_path, [PYTHON, "-c", code], "--startup-timeout=2", ranks=1)
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 77, output
     assert "rank 0 (node1) made no progress for 2 s in phase `startup` at step 0" in output
+    assert " in <module>\n" in (tmp_path / "logs" / "hang-attempt0-node0.txt").read_text()
 
 
 def test_a_rank_that_heard_the_warning_is_not_signalled_again_nor_killed_while_it_exits(tmp_path):
@@ -177,120 +181,3 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
-
-
-# --- the retry decision (rlflow/launch/attempts.py) on status files as the launchers write them
-
-
-def _status(tmp_path: Path, attempt: int, files: dict[str, str]) -> Path:
-    status = tmp_path / "status" / f"attempt-{attempt}"
-    status.mkdir(parents=True)
-    for name, text in files.items():
-        (status / name).write_text(text)
-    return status
-
-
-def _decide(tmp_path: Path, attempt: int, rc: int, files: dict[str, str], retries: int = 2):
-    status = _status(tmp_path, attempt, files)
-    args = Namespace(
-        run_dir=str(tmp_path),
-        status_dir=str(status),
-        attempt=attempt,
-        job_id="7",
-        nodes="node[1-2]",
-        rc=rc,
-        max_requeues=1,
-        max_failure_retries=retries,
-    )
-    decision, record = attempts.decide(args)
-    attempts.append(tmp_path, record)
-    return decision, record
-
-
-def _started(*nodes: str) -> dict[str, str]:
-    return {f"node-{i}.started": f"{n} pid 1\n" for i, n in enumerate(nodes)}
-
-
-def _ended(*nodes: str) -> dict[str, str]:
-    return {f"node-{i}.ended": f"{n} exit 0\n" for i, n in enumerate(nodes)}
-
-
-def test_node_failures_are_retried_with_the_nodes_excluded_until_the_retries_run_out(tmp_path):
-    both = {**_started("node1", "node2"), **_ended("node1", "node2")}
-    hang = "77\nrank 3 (node2) made no progress for 300 s in phase `logprobs` at step 812\nnode2\n"
-    assert _decide(tmp_path, 0, 77, {**both, "first-failure": hang})[0] == "retry node2"
-    preflight_failures = {
-        **both,
-        "first-failure": "78\nrank 0 on node1 (node 0) failed preflight: gpus\nnode1\n",
-        "failure-node-0": "78\nx\nnode1\n",
-        "failure-node-1": "78\ny\nnode3\n",
-    }
-    assert _decide(tmp_path, 1, 78, preflight_failures)[0] == "retry node1,node2,node3"
-    decision, record = _decide(tmp_path, 2, 137, _started("node4", "node5") | _ended("node4"))
-    assert decision == "fail 137"
-    assert record.reason.startswith("node node5 lost: its launcher never reported an exit")
-    assert record.action == "stop: node-failure retries exhausted (slurm.max_failure_retries=2)"
-    assert [r["attempt"] for r in attempts.read_attempts(tmp_path)] == [0, 1, 2]
-
-
-def test_a_step_slurm_could_not_start_is_retried_without_blaming_a_node(tmp_path):
-    decision, record = _decide(tmp_path, 0, 1, {})  # srun failed: no launcher ever started
-    assert decision == "retry -" and record.bad_nodes == []
-    assert record.reason == "Slurm could not start the step (srun exit 1)"
-
-
-@pytest.mark.parametrize("code", [1, 2, 137])
-def test_errors_of_the_run_itself_are_not_retried(tmp_path, code):
-    failure = f"{code}\nrank 0 on node1 (node 0) exited with code {code}; log: x\nnode1\n"
-    files = {**_started("node1"), **_ended("node1"), "first-failure": failure}
-    decision, record = _decide(tmp_path, 0, code, files)
-    assert (decision, record.outcome) == (f"fail {code}", "failed")
-    assert record.action == "stop: not retried (a retry would fail the same way)"
-
-
-def test_time_limit_requeues_are_counted_apart_from_node_failures(tmp_path):
-    ok = {**_started("node1"), **_ended("node1"), "stopped-node-0": "x"}
-    hang = {**_started("node1"), **_ended("node1"), "first-failure": "77\nh\nnode1\n"}
-    assert _decide(tmp_path, 0, 77, hang)[0] == "retry node1"
-    assert _decide(tmp_path, 1, 0, ok)[0] == "time-limit 0"  # the retry was no time-limit requeue
-    assert _decide(tmp_path, 2, 0, ok)[0] == "time-limit 1"
-    assert _decide(tmp_path, 3, 0, {**_started("node1"), **_ended("node1")})[0] == "done"
-
-
-# --- preflight checks that need no second node
-
-
-def test_preflight_checks_name_what_is_wrong(tmp_path, monkeypatch):
-    monkeypatch.setenv("SLURMD_NODENAME", "node7")
-    monkeypatch.setenv(preflight.TEST_VISIBLE_GPUS_ENV, "node6:4,node7:3")
-    assert preflight.check_gpus(4) == ["gpus: 3 GPUs visible, 4 requested"]
-    assert preflight.check_gpus(3) == []
-    monkeypatch.delenv("RLFLOW_PREFLIGHT_NOPE", raising=False)
-    assert preflight.check_env(["HOME", "RLFLOW_PREFLIGHT_NOPE"]) == [
-        "env: RLFLOW_PREFLIGHT_NOPE not set (preflight.required_env)"
-    ]
-    (tmp_path / "checkpoints" / "step_000004").mkdir(parents=True)
-    (tmp_path / "checkpoints" / "step_000004" / "model.pt").write_bytes(b"x" * 4096)
-    assert preflight.checkpoint_bytes(tmp_path, None) == 4096
-    assert preflight.check_disk(tmp_path, 4096, 0.0) == []
-    [full] = preflight.check_disk(tmp_path, 2**60, 1.0)
-    assert full.startswith("disk: ") and "a checkpoint needs 1073741824.0 GiB" in full
-    assert preflight.check_gemm(64, 1e-5, "cpu") == []
-
-
-def test_a_collective_timeout_shorter_than_the_watchdog_is_refused_by_the_dry_run(tmp_path):
-    recipe = Path(__file__).resolve().parent / "recipes" / "tiny-cpu.yaml"
-    result = subprocess.run(
-        [PYTHON, "-m", "rlflow.cli", "submit", str(recipe), "watchdog.collective_timeout_s=60"]
-        + ["slurm.max_failure_retries=-1", "--nodes", "1", "--gpus", "1", "--dry-run"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 2
-    assert (
-        "`watchdog.collective_timeout_s` (60) is shorter than `watchdog.phase_timeout_s` (600)"
-        in result.stderr
-    )
-    assert "`slurm.max_failure_retries` must not be negative (it is -1)" in result.stderr
-    assert "Traceback" not in result.stderr

@@ -1,13 +1,18 @@
-"""sbatch, scontrol, sacct and scancel: each call with a timeout and an error that says what to do.
+"""Every call rlflow makes to Slurm's client commands: sbatch, scontrol, squeue, sacct, scancel
+and sinfo, each with a timeout and an error that says what to do.
 
 Slurm's client commands read `SLURM_CONF` (or /etc/slurm/slurm.conf) like they do in a shell;
-nothing here caches or guesses cluster state.
+nothing here caches or guesses cluster state. Standard library only: the login-node commands
+and the batch script's helper (rlflow/job/attempts.py) both use it. (The batch script itself
+calls srun and scontrol in bash: templates/sbatch.sh.j2.)
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -29,6 +34,10 @@ FINAL_STATES = {
     "SPECIAL_EXIT",
 }
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][\w/:]*)=")
+# GRES strings as sinfo prints them: gpu:4, gpu:h100:8(S:0-1), gpu:a100:4,gpu:v100:2
+_GPU_GRES = re.compile(r"gpu(?::[^:,()\s]+)?:(\d+)")
+SINFO_TIMEOUT_SECONDS = 5  # a healthy controller answers in well under a second
+NODE_STATE_TIMEOUT_SECONDS = 20
 
 
 def run(args: list[str], timeout: float = TIMEOUT_SECONDS) -> subprocess.CompletedProcess:
@@ -147,3 +156,60 @@ def job_state(job_id: str) -> str | None:
         return fields.get("JobState")
     record = accounting(job_id)
     return record["State"].split()[0] if record else None
+
+
+def start_estimate(job_id: str) -> str | None:
+    """The backfill scheduler's expected start (squeue --start); N/A until it has one."""
+    result = run(["squeue", "--start", "-h", "-j", job_id, "-o", "%S"])
+    text = result.stdout.strip() if result.returncode == 0 else ""
+    return text.splitlines()[0] if text else None
+
+
+def array_task_lines(array_id: str) -> tuple[str | None, str | None]:
+    """`JobID|State` lines of a job array's tasks: (sacct's, for ended ones; squeue's, for live
+    ones); None where the command failed."""
+    record = run(["sacct", "-n", "-X", "-P", "-j", array_id, "-o", "JobID,State"])
+    live = run(["squeue", "-h", "-r", "-j", array_id, "-o", "%i|%T"])
+    return (
+        record.stdout if record.returncode == 0 else None,
+        live.stdout if live.returncode == 0 else None,
+    )
+
+
+def node_state(node: str) -> str:
+    """`State=... Reason=...` of a node from scontrol, for the record (empty if unknown)."""
+    try:
+        out = run(["scontrol", "show", "node", "-o", node], timeout=NODE_STATE_TIMEOUT_SECONDS)
+    except (OSError, RlflowError):
+        return ""
+    fields = dict(word.split("=", 1) for word in out.stdout.split() if "=" in word)
+    state = fields.get("State", "")
+    reason = out.stdout.split("Reason=", 1)[1].strip() if "Reason=" in out.stdout else ""
+    return f"State={state}" + (f" Reason={reason}" if reason else "")
+
+
+def partition_gpus() -> tuple[dict[str, dict[str, int]], str | None] | None:
+    """Partition -> node -> GPUs, and the default partition, from `sinfo`; None when Slurm
+    cannot be asked (no Slurm config on this machine, no sinfo, or no answer)."""
+    config = os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    if not os.path.isfile(config) or shutil.which("sinfo") is None:
+        return None
+    try:
+        result = run(
+            ["sinfo", "--noheader", "--Node", "--format=%N|%P|%G"], timeout=SINFO_TIMEOUT_SECONDS
+        )
+    except (OSError, RlflowError):
+        return None
+    if result.returncode != 0:
+        return None
+    gpus: dict[str, dict[str, int]] = {}
+    default = None
+    for line in result.stdout.splitlines():
+        node, _, rest = line.strip().partition("|")
+        partition, _, gres = rest.partition("|")
+        if partition.endswith("*"):
+            partition = default = partition[:-1]
+        if node and partition:
+            count = sum(int(n) for n in _GPU_GRES.findall(gres))
+            gpus.setdefault(partition, {})[node] = count
+    return gpus, default
