@@ -71,13 +71,12 @@ def prefill_attention_check() -> dict:
 
 
 def tiny_engine_check(work: Path) -> dict:
-    from rlflow import parallel
     from rlflow.generation.base import SamplingParams
     from rlflow.generation.megatron import MegatronGeneration
     from rlflow.model.build import load_policy
-    from tests.tiny import FP32, SINGLE, mixed_prompts, tiny_checkpoint
+    from tests.tiny import FP32, SINGLE, init_single_rank, mixed_prompts, tiny_checkpoint
 
-    parallel.init_parallel(SINGLE, seed=1)
+    init_single_rank()
     ckpt = tiny_checkpoint(str(work))
     policy = load_policy(ckpt, FP32, SINGLE, trainable=False)
     from transformers import AutoProcessor
@@ -86,8 +85,9 @@ def tiny_engine_check(work: Path) -> dict:
     rows = [p for p in mixed_prompts(processor) for _ in range(6)]
     pad = processor.tokenizer.pad_token_id
     free = SamplingParams(32, 1.0, 1.0, 0, 5, (-1,), True)
-    graphs = MegatronGeneration(policy, pad, cuda_graphs=True)
-    eager = MegatronGeneration(policy, pad, cuda_graphs=False)
+    knobs = dict(max_batch_size=0, compile_decode=False, share_prompts=True)
+    graphs = MegatronGeneration(policy, pad, cuda_graphs=True, **knobs)
+    eager = MegatronGeneration(policy, pad, cuda_graphs=False, **knobs)
     a, b = graphs.generate(rows, free), eager.generate(rows, free)
     # stop on a token some rows emit: retirement moves rows between graph buckets
     counts: dict[int, int] = {}
@@ -129,7 +129,8 @@ def tiny_split_kv_check() -> dict:
     params = SamplingParams(300, 1.0, 1.0, 0, 7, (-1,), True)
 
     def run(**kwargs):
-        return MegatronGeneration(policy, pad, **kwargs).generate(rows, params)
+        knobs = dict(max_batch_size=0, compile_decode=False, share_prompts=True)
+        return MegatronGeneration(policy, pad, **knobs, **kwargs).generate(rows, params)
 
     split_graphs = run(cuda_graphs=True, split_kv=True)
     split_eager = run(cuda_graphs=False, split_kv=True)

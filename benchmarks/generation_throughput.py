@@ -261,7 +261,7 @@ def main() -> None:
     from rlflow.model.compat import library_logs
 
     library_logs.quiet()
-    parallel.init_parallel(ParallelismConfig(1, 1, 1, 1), seed=0)
+    parallel.init_parallel(ParallelismConfig(1, 1, 1, 1), seed=0, timeout_s=1800, placement=None)
     results: dict = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -296,6 +296,7 @@ def main() -> None:
             max_batch_size=args.batch,
             cuda_graphs="graph" in variant,
             compile_decode="compile" in variant,
+            share_prompts=True,
         )
         try:
             start = time.perf_counter()

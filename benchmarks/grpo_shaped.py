@@ -344,6 +344,7 @@ def run_rollout(
         max_batch_size=args.max_batch_size,
         cuda_graphs=True,
         compile_decode=args.compile_decode,
+        share_prompts=True,
         split_kv=split_kv,
     )
     warm_s, _ = timed_generate(backend, prompts, params, device)
@@ -660,7 +661,12 @@ def rank_main(args) -> None:
     library_logs.quiet()
     began = time.perf_counter()
     loaded = load_checked(args.recipe, recipe_overrides(args, args.checkpoint))
-    info = parallel.init_parallel(loaded.recipe.parallelism, args.seed)
+    info = parallel.init_parallel(
+        loaded.recipe.parallelism,
+        args.seed,
+        timeout_s=loaded.recipe.watchdog.collective_timeout_s,
+        placement=None,
+    )
     device = info.device
 
     def log(message: str) -> None:
@@ -851,7 +857,11 @@ def launch_ranks(args) -> int:
     thread.start()
     try:
         return run_local(
-            [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]], args.tp, args.out
+            [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]],
+            args.tp,
+            args.out,
+            startup_timeout=None,  # the benchmark's ranks report no progress
+            stop_signal="USR1",
         )
     finally:
         done.set()

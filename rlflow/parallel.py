@@ -72,9 +72,10 @@ class _Job:
 
 
 def init_parallel(
-    cfg: ParallelismConfig, seed: int, timeout_s: int = 600, placement: Placement | None = None
+    cfg: ParallelismConfig, seed: int, *, timeout_s: int, placement: Placement | None
 ) -> ParallelInfo:
-    """torch.distributed + megatron-core parallel state from the launcher's environment.
+    """torch.distributed + megatron-core parallel state from the launcher's environment;
+    `timeout_s` is one collective's limit (the recipe's watchdog.collective_timeout_s).
 
     With a separate placement, `cfg` is this rank's role's parallel sizes, and the world that
     torch.distributed and megatron-core see is the role's ranks only."""

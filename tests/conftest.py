@@ -8,18 +8,18 @@ from dataclasses import replace
 
 import pytest
 
-from tests.slurm.cluster import slurm_cluster  # noqa: F401 (a fixture: every test folder sees it)
+# Fixtures every test folder sees: the session's cluster, and the per-test checked view of it.
+from tests.slurm.cluster import slurm_cluster, slurm_session  # noqa: F401
 
 
 @pytest.fixture(scope="session")
 def single_rank():
     """torch.distributed (gloo, world 1) + megatron parallel state, once per test process."""
-    from rlflow import parallel
     from rlflow.model.compat import library_logs
-    from tests.tiny import SINGLE
+    from tests.tiny import init_single_rank
 
     library_logs.quiet()
-    return parallel.init_parallel(SINGLE, seed=1)
+    return init_single_rank()
 
 
 @pytest.fixture(scope="session")

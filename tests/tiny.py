@@ -12,8 +12,40 @@ from rlflow.recipe.schema import ModelConfig, ParallelismConfig
 TINY_CPU_RECIPE = (
     Path(__file__).resolve().parents[1] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
 )
+BASE_RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "base.yaml"
 SINGLE = ParallelismConfig(1, 1, 1, 1)
 FP32 = ModelConfig(checkpoint="unused", dtype="float32", freeze_vision=True, tiny_seed=0)
+
+
+@functools.cache
+def base_recipe():
+    """recipes/base.yaml, loaded: where code takes a recipe key, tests pass the recipe's value
+    (rlflow has no keyword defaults for recipe keys)."""
+    from rlflow.recipe.load import load_recipe
+
+    return load_recipe(BASE_RECIPE).recipe
+
+
+def init_single_rank(seed: int = 1):
+    """torch.distributed (gloo, world 1) + megatron parallel state, with base.yaml's timeout."""
+    from rlflow import parallel
+
+    timeout_s = base_recipe().watchdog.collective_timeout_s
+    return parallel.init_parallel(SINGLE, seed=seed, timeout_s=timeout_s, placement=None)
+
+
+def megatron_generation(policy, pad_token_id: int, **changes):
+    """MegatronGeneration with base.yaml's generation knobs; `changes` for the ones a test is about."""
+    from rlflow.generation.megatron import MegatronGeneration
+
+    gen = base_recipe().generation
+    knobs = {
+        "max_batch_size": gen.max_batch_size,
+        "cuda_graphs": gen.cuda_graphs,
+        "compile_decode": gen.compile_decode,
+        "share_prompts": gen.share_prompts,
+    }
+    return MegatronGeneration(policy, pad_token_id, **{**knobs, **changes})
 
 
 @functools.cache

@@ -49,7 +49,6 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoProcessor
 
-    from rlflow import parallel
     from rlflow.generation.base import SamplingParams
     from rlflow.generation.hf import HFGeneration
     from rlflow.generation.megatron import MegatronGeneration
@@ -57,10 +56,10 @@ def main() -> None:
     from rlflow.model.build import load_policy
     from rlflow.model.compat import library_logs
     from rlflow.recipe import load_checked
-    from tests.tiny import FP32, SINGLE, make_prompt, tiny_checkpoint
+    from tests.tiny import FP32, SINGLE, init_single_rank, make_prompt, tiny_checkpoint
 
     library_logs.quiet()
-    parallel.init_parallel(SINGLE, seed=1)
+    init_single_rank()
     work = Path(tempfile.mkdtemp(prefix="rlflow-vllm-bench-"))
     checkpoint = tiny_checkpoint(str(work))
     policy = load_policy(checkpoint, FP32, SINGLE, trainable=False)
@@ -82,7 +81,10 @@ def main() -> None:
     start = time.perf_counter()
     vllm = VLLMGeneration(policy, recipe.generation, work / "run", max_model_len=1024)
     startup = time.perf_counter() - start
-    megatron, hf = MegatronGeneration(policy, pad, 64), HFGeneration(policy, pad, 64)
+    megatron = MegatronGeneration(
+        policy, pad, max_batch_size=64, cuda_graphs=True, compile_decode=False, share_prompts=True
+    )
+    hf = HFGeneration(policy, pad, 64)
     greedy = SamplingParams(24, 0.0, 1.0, 0, 0, (eos,), True)
     ours = vllm.generate(mixed, greedy)
     result = {

@@ -70,12 +70,15 @@ class JsonlDataset:
         image_root: str | Path | None,
         num_samples: int,
         split: str = "<split>",
-        template: str = "{question}",
-        num_frames: int | None = None,
+        *,
+        template: str,  # data.prompt_template
+        num_frames: int | None,  # data.video.num_frames (None: no video rows)
     ):
         self.path = Path(path)
         self.num_frames = num_frames
-        self.rows = read_rows(self.path, image_root, num_samples, split, template, num_frames)
+        self.rows = read_rows(
+            self.path, image_root, num_samples, split, template=template, num_frames=num_frames
+        )
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -182,8 +185,9 @@ def read_rows(
     image_root: str | Path | None,
     num_samples: int,
     split: str = "<split>",
-    template: str = "{question}",
-    num_frames: int | None = None,
+    *,
+    template: str,
+    num_frames: int | None,
 ) -> list[JsonlRow]:
     """Parse and check the first `num_samples` rows; raise with every problem found."""
     if not path.exists():

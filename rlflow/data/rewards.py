@@ -163,7 +163,21 @@ def weight_problems(weights: Mapping[str, float]) -> list[tuple[KeyPath, Diagnos
                     ),
                 )
             )
-    if not problems and sum(weights.values()) <= 0:
+    total = sum(weights.values()) if not problems else 0.0
+    if not problems and not math.isfinite(total):
+        problems.append(
+            (
+                ("rewards",),
+                Diagnostic(
+                    "recipe.range",
+                    f"the `rewards` weights ({' + '.join(f'{w:g}' for w in weights.values())}) "
+                    f"add up to {total:g}: each reward's share is its weight over the total, "
+                    "which would be 0 for every reward",
+                    help="weights are relative: scale them down, e.g. 0.2 and 0.8",
+                ),
+            )
+        )
+    if not problems and total <= 0:
         problems.append(
             (
                 ("rewards",),

@@ -95,7 +95,7 @@ class KVCache:
 class Decoder:
     """Views of the policy's language-model weights plus the step functions that use them."""
 
-    def __init__(self, core, compile_decode: bool = False):
+    def __init__(self, core, *, compile_decode: bool):
         from rlflow.model.forward import language_model
 
         lm = language_model(core)

@@ -27,7 +27,7 @@ def make_backend(
         return MegatronGeneration(
             policy,
             pad_token_id,
-            gen_cfg.max_batch_size,
+            max_batch_size=gen_cfg.max_batch_size,
             cuda_graphs=gen_cfg.cuda_graphs,
             compile_decode=gen_cfg.compile_decode,
             share_prompts=gen_cfg.share_prompts,

@@ -62,11 +62,12 @@ class MegatronGeneration(GenerationBackend):
         self,
         policy,
         pad_token_id: int,
-        max_batch_size: int = 0,
-        cuda_graphs: bool = True,
-        compile_decode: bool = False,
-        share_prompts: bool = True,
-        split_kv: bool = False,
+        *,
+        max_batch_size: int,
+        cuda_graphs: bool,
+        compile_decode: bool,
+        share_prompts: bool,
+        split_kv: bool = False,  # no recipe key: benchmarks/grpo_shaped.py --parts splitkv
     ):
         self.policy = policy
         self.pad_token_id = pad_token_id

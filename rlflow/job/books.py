@@ -2,18 +2,25 @@
 the files), and the root-cause rule that decides which failure is recorded.
 
 The batch script's retry decision (rlflow/job/attempts.py) and `rlflow status` read these:
-node-K.started / node-K.ended (a node that started and never ended was lost), the job's first
+node-K.started / node-K.ended (a node that started and never ended was lost), node-K.alive (a
+counter bumped while the launcher lives: the batch script's lost-node watch), the job's first
 failure (first writer wins), each node's own failure, and stopped-node-K (saved and stopped).
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 from rlflow.errors import EX_PEER_FAILED, EX_TEMPFAIL
 from rlflow.job import files
 from rlflow.job.ranks import NodeInfo, Rank, names
+
+# How often a live launcher bumps node-K.alive. The batch script takes a launcher whose counter
+# has not changed for 15 s, once another node ended or a failure is recorded, for a lost node.
+ALIVE_SECONDS = 2.0
 
 
 def root_cause(ranks: list[Rank]) -> Rank | None:
@@ -37,6 +44,28 @@ class Books:
             files.node_record(self.status_dir, self.info.node_rank, event).write_text(text + "\n")
         except OSError:
             pass
+
+    def keep_alive(self) -> None:
+        """Bump node-K.alive every ALIVE_SECONDS for as long as this process lives, whatever its
+        main thread is doing (saving ranks may take minutes to stop). A daemon thread: start it
+        after the ranks are spawned, as a fork (preexec_fn) beside a thread can deadlock."""
+        path = files.node_record(self.status_dir, self.info.node_rank, files.ALIVE)
+
+        def write(count: int) -> None:
+            try:
+                path.write_text(f"{count}\n")
+            except OSError:
+                pass  # a full or stalled disk: the batch script may judge the node lost
+
+        def bump() -> None:
+            count = 1
+            while True:
+                time.sleep(ALIVE_SECONDS)
+                count += 1
+                write(count)
+
+        write(1)
+        threading.Thread(target=bump, name="rlflow-alive", daemon=True).start()
 
     def root_failure_recorded(self) -> bool:
         return (self.status_dir / files.FIRST_FAILURE).exists()

@@ -16,6 +16,7 @@ the names it tests from here too (rlflow/launch/render.py passes them to the tem
         status/attempt-<A>/         what the node launchers of attempt A recorded:
             node-<K>.started        node K's launcher started ...
             node-<K>.ended          ... and ended: started without ended is a lost node
+            node-<K>.alive          a counter node K's launcher bumps every 2 s while it lives
             first-failure           the job's first failure (the first writer wins)
             peer-failure            a failure that only echoes a dead peer (exit 76)
             failure-node-<K>        node K's own failure (several nodes may fail preflight)
@@ -45,9 +46,10 @@ FIRST_FAILURE = "first-failure"
 PEER_FAILURE = "peer-failure"
 FAILURE_NODE_PREFIX = "failure-node-"
 STOPPED_NODE_PREFIX = "stopped-node-"
-NODE_PREFIX = "node-"  # node-<K>.started, node-<K>.ended
+NODE_PREFIX = "node-"  # node-<K>.started, node-<K>.ended, node-<K>.alive
 STARTED = ".started"
 ENDED = ".ended"
+ALIVE = ".alive"
 
 
 def attempt_dirs(run_dir: Path) -> list[Path]:
@@ -63,7 +65,7 @@ def attempt_of(status: Path) -> int | None:
 
 
 def node_record(status: Path, node_rank: int, event: str) -> Path:
-    """node-<K>.started or node-<K>.ended (`event`: STARTED or ENDED)."""
+    """node-<K>.started, node-<K>.ended or node-<K>.alive (`event`: STARTED, ENDED, ALIVE)."""
     return status / f"{NODE_PREFIX}{node_rank}{event}"
 
 

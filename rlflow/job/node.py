@@ -59,8 +59,9 @@ class Launcher:
         log_dir: Path,
         status_dir: Path,
         stop_grace: float,
-        startup_timeout: float | None = None,
-        stop_signal: str = "USR1",
+        *,
+        startup_timeout: float | None,  # watchdog.startup_timeout_s; None: no progress needed
+        stop_signal: str,  # slurm.stop_signal
         save_on: frozenset[int] = frozenset(),
     ):
         """`save_on`: signals that ask the ranks to save and stop, like the time-limit warning
@@ -86,6 +87,7 @@ class Launcher:
 
     def launch_and_watch(self) -> int:
         failed = self.ranks.start()
+        self.books.keep_alive()
         if failed is not None:
             return self.fail(failed)
         first, last = self.ranks.all[0].rank, self.ranks.all[-1].rank

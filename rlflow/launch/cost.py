@@ -48,18 +48,7 @@ def cap_problems(
 ) -> list[Diagnostic]:
     """An error when `worst` GPU-hours (of `what`: "this job", "this sweep") exceed the cap."""
     cap = loaded.recipe.slurm.max_gpu_hours
-    if cap is None:
-        return []
-    if cap <= 0:
-        return [
-            loaded.diagnostic(
-                CAP_KEY,
-                "recipe.range",
-                f"`slurm.max_gpu_hours` is {cap:g}: a cap must be above 0",
-                help="set the most GPU-hours one submission may use, or null for no cap",
-            )
-        ]
-    if worst <= cap:
+    if cap is None or worst <= cap:  # (a negative cap is the key's own bound)
         return []
     sweep_help = ", fewer sweep values" if what.startswith("this sweep") else ""
     return [

@@ -26,6 +26,9 @@ MANIFEST = "sweep.json"
 FIXED_KEYS = ("run.name", "run.output_dir", "cluster.num_nodes", "cluster.gpus_per_node")
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 NAME_MAX = 80  # characters of an element's directory name after its index
+# Elements in one sweep: each is checked like a submission (~0.1 s), and Slurm's default
+# MaxArraySize (1001) takes array indices 0-1000; 8,000 elements ran past 10 minutes.
+MAX_ELEMENTS = 1000
 
 
 @dataclass(frozen=True)
@@ -79,18 +82,45 @@ def parse_axes(texts: tuple[str, ...] | list[str], overrides: tuple[str, ...] = 
                     f"drop one of them: the sweep sets `{key}` for every element",
                 )
             )
-        elif len(set(values)) != len(values):
+        elif len(values) > MAX_ELEMENTS:
+            problems.append(_too_many(f"`--sweep {key}=...` lists {len(values)} values"))
+        elif same := _repeated(key, [v.strip() for v in values]):
             problems.append(
                 _error(
-                    f"`--sweep {text}` repeats a value (two elements would be the same run)",
+                    f"`--sweep {text}` repeats a value: {same[0]} and {same[1]} are the same "
+                    f"`{key}` (two elements would be the same run)",
                     "list each value once",
                 )
             )
         else:
             axes.append(Axis(key, tuple(v.strip() for v in values)))
+    if not problems and _count(axes) > MAX_ELEMENTS:
+        problems.append(_too_many(f"the sweep is {_count(axes)} elements"))
     if problems:
         raise RlflowError(problems)
     return axes
+
+
+def _repeated(key: str, values: list[str]) -> tuple[str, str] | None:
+    """Two values that give `key` the same value once typed (`1e-4` and `0.0001`), if any."""
+    from rlflow.recipe.values import override_value
+
+    seen: dict[object, str] = {}
+    for text in values:
+        typed = override_value(key, text)
+        marker = repr(text) if typed is None else repr(typed)  # untyped: the load says why
+        if marker in seen:
+            return seen[marker], text
+        seen[marker] = text
+    return None
+
+
+def _too_many(what: str) -> Diagnostic:
+    return _error(
+        f"{what}: rlflow submits at most {MAX_ELEMENTS} elements as one job array",
+        "split it into several sweeps (or sweep fewer values); Slurm's default MaxArraySize "
+        "allows array indices up to 1000",
+    )
 
 
 def split_values(text: str) -> list[str]:

@@ -109,7 +109,7 @@ def _register_bridge() -> None:
 
 
 def write_tiny_qwen2vl(
-    out_dir: str | Path, seed: int = 0, lm_head_scale: float = 1.0, device: str = "cpu"
+    out_dir: str | Path, *, seed: int, lm_head_scale: float = 1.0, device: str = "cpu"
 ) -> Path:
     """A tiny random Qwen2-VL checkpoint (the tiny Qwen2.5-VL's sizes, tokenizer and processors)."""
     import os

@@ -96,7 +96,7 @@ FAMILY = Qwen3VL()
 
 
 def write_tiny_qwen3vl(
-    out_dir: str | Path, seed: int = 0, lm_head_scale: float = 1.0, moe: bool = False
+    out_dir: str | Path, *, seed: int, lm_head_scale: float = 1.0, moe: bool = False
 ) -> Path:
     """A tiny random Qwen3-VL (moe: Qwen3-VL-MoE) checkpoint: 3 decoder layers, a 3-block tower
     whose blocks 0 and 1 feed DeepStack (decoder layers 0 and 1), 16-pixel patches; MoE: 4

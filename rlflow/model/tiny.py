@@ -144,7 +144,8 @@ def media_token_config(ids: dict[str, int]) -> dict:
 
 def write_tiny_checkpoint(
     out_dir: str | Path,
-    seed: int = 0,
+    *,
+    seed: int,  # model.tiny_seed for builtin: checkpoints
     lm_head_scale: float = 1.0,
     sizes: ModelSizes = PRESETS["tiny"],
     device: str = "cpu",
@@ -204,7 +205,7 @@ def write_tiny_checkpoint(
 
 
 def write_tiny_text_checkpoint(
-    out_dir: str | Path, family: str = "qwen3", seed: int = 0, lm_head_scale: float = 1.0
+    out_dir: str | Path, *, family: str = "qwen3", seed: int, lm_head_scale: float = 1.0
 ) -> Path:
     """A tiny random text-only Qwen2 or Qwen3 checkpoint (Qwen3: per-head query/key RMSNorm),
     with the same locally built tokenizer and chat template as the vision-language one."""

@@ -46,6 +46,13 @@ class Document:
         line, column = self.lines.locate(path, needle)
         return Location(self.file, line, column)
 
+    def item_loc(self, path: tuple, count: int, text: str) -> Location:
+        """Where the string `text`, item `path[-1]` of a `count`-item array, is written."""
+        found = self.lines.item(path, count)
+        if found is None:  # an array inside an inline table: search its line(s) for the text
+            return self.loc(path, re.compile(r"[\"']\s*(?P<at>)" + re.escape(text.strip()[:60])))
+        return Location(self.file, *found)
+
     def bad_value(self, path: tuple, message: str, help: str | None = None) -> RlflowError:
         where = self.loc(path)
         key = ".".join(str(p) for p in path)
@@ -194,7 +201,8 @@ class _Reader:
     def requirements(self) -> list[Requirement]:
         out = []
         for path, scope in self.requirement_lists():
-            for i, item in enumerate(self.get(path, list, [])):
+            items = self.get(path, list, [])
+            for i, item in enumerate(items):
                 if (
                     scope.startswith("group:")
                     and isinstance(item, dict)
@@ -202,15 +210,14 @@ class _Reader:
                 ):
                     continue  # `{include-group = "x"}`: x's requirements are read on their own
                 text = self.check(item, str, path + (i,))
-                out.append(self.requirement(text, path + (i,), scope))
+                location = self.doc.item_loc(path + (i,), len(items), text)
+                out.append(self.requirement(text, path + (i,), scope, location))
         return out
 
-    def requirement(self, text: str, path: tuple, scope: str) -> Requirement:
-        needle = re.compile(r"[\"']\s*(?P<at>)" + re.escape(text.strip()[:60]))
+    def requirement(self, text: str, path: tuple, scope: str, where: Location) -> Requirement:
         try:
             parsed = Pep508(text)
         except InvalidRequirement as err:
-            where = self.doc.loc(path, needle)
             raise RlflowError(
                 Diagnostic(
                     "RF103",
@@ -222,8 +229,7 @@ class _Reader:
                 )
             ) from None
         package = canonicalize_name(parsed.name)
-        location = self.doc.loc(path, needle)
-        pin = self.requirement_pin(parsed, package, text, path, location)
+        pin = self.requirement_pin(parsed, package, text, path, where)
         return Requirement(
             package, frozenset(canonicalize_name(e) for e in parsed.extras), scope, pin
         )

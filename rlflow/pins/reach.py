@@ -83,40 +83,47 @@ def _activated_scopes(root: Manifest, subs: list[Manifest]) -> dict[str, dict[st
 def _project_pins(manifest: Manifest, active: dict[str, set[str]]) -> list[Pin]:
     """The project's pins in its active scopes, each with the union of root scopes reaching it."""
     pins = []
-    reach_of_package: dict[str, set[str]] = defaultdict(set)
-    for req in manifest.requirements:
-        if req.scope in active:
-            reach_of_package[req.package] |= active[req.scope]
-            if req.pin is not None and not _replaced_by_source(manifest, req):
-                pins.append(replace(req.pin, reach=frozenset(active[req.scope])))
+    scopes_of: dict[str, list[str]] = defaultdict(list)  # package -> its requirements' scopes
+    sourced: dict[str, set[str | None]] = defaultdict(set)  # package -> its sources' scopes
     for pin, scope in manifest.sources:
-        reach = _source_reach(manifest, pin.package, scope, active)
+        sourced[pin.package].add(scope)
+    for req in manifest.requirements:
+        scopes_of[req.package].append(req.scope)
+        if req.scope in active:
+            if req.pin is not None and not _replaced_by_source(req, sourced):
+                pins.append(_reaching(req.pin, active[req.scope]))
+    for pin, scope in manifest.sources:
+        reach = _source_reach(scopes_of[pin.package], scope, active)
         if reach:  # a source applies only to the project's own requirements of that package
-            pins.append(replace(pin, reach=frozenset(reach)))
+            pins.append(_reaching(pin, reach))
     for pin in manifest.metadata_pins:
-        pins.append(replace(pin, reach=frozenset({ALWAYS})))
+        pins.append(_reaching(pin, {ALWAYS}))
     if manifest.version_pin is not None:
-        pins.append(replace(manifest.version_pin, reach=frozenset({ALWAYS})))
+        pins.append(_reaching(manifest.version_pin, {ALWAYS}))
     return pins
 
 
-def _replaced_by_source(manifest: Manifest, req) -> bool:
+def _reaching(pin: Pin, reach: set[str]) -> Pin:
+    """`pin` with `reach`; the pin itself when it has it already (most do: `{ALWAYS}`)."""
+    return pin if pin.reach == reach else replace(pin, reach=frozenset(reach))
+
+
+def _replaced_by_source(req, sourced: dict[str, set[str | None]]) -> bool:
     """uv gives a requirement the URL of the project's source for that package, even when the
     requirement names its own URL (`x @ git+...@v1` with a source at v2 resolves to v2)."""
     if req.pin.kind not in ("git", "url", "path"):
         return False
-    return any(
-        pin.package == req.package and scope in (None, req.scope) for pin, scope in manifest.sources
-    )
+    scopes = sourced.get(req.package, ())
+    return None in scopes or req.scope in scopes
 
 
 def _source_reach(
-    manifest: Manifest, package: str, limited_to: str | None, active: dict[str, set[str]]
+    scopes: list[str], limited_to: str | None, active: dict[str, set[str]]
 ) -> set[str]:
+    """The root scopes reaching a source: those of the project's requirements of its package
+    (in the scope it is limited to, if any)."""
     reach: set[str] = set()
-    for req in manifest.requirements:
-        if req.package != package or req.scope not in active:
-            continue
-        if limited_to is None or req.scope == limited_to:
-            reach |= active[req.scope]
+    for scope in scopes:
+        if scope in active and (limited_to is None or scope == limited_to):
+            reach |= active[scope]
     return reach

@@ -9,8 +9,12 @@ A bound says what one value may be: a range for a number, `nonempty` for a strin
 `pattern` or a `parse` function (a text format, e.g. a Slurm time) for a string. On a list it
 holds for every item and on a mapping for every value (`keys` bounds the mapping's keys).
 `bounded_values` walks a recipe; one rule (`_bounds` in rlflow.recipe.checks) reports every
-value outside its bound, naming the key and the value. A rule that relates two keys is not a
+value outside its bound, naming the key and the value. Every integer must also fit in 64 bits
+(torch, Slurm and C code take them), bound or not. A rule that relates two keys is not a
 bound: it is a rule of rlflow.recipe.checks.
+
+`quote_numbers` is the loader's part (rlflow.recipe.load): a key that holds a name refuses an
+unquoted number (`entity: 123`), which YAML tools read as a number, not a name.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlflow.recipe import scalars
+
+INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -35,11 +41,13 @@ class Bound:
     parse: Callable[[str], Any] | None = None  # strings must parse: ValueError(reason) if not
     says: str | None = None  # "`key` " + this, with {value} and {reason}, for pattern/parse
     keys: Bound | None = None  # a mapping's keys (the value bound covers its values)
+    quote_numbers: bool = False  # a name: an unquoted number is refused (read by the loader)
     code: str = "recipe.range"
     help: str | None = None
 
     def problem(self, value: Any) -> str | None:
-        """What is wrong with `value` (a message after "`key` "), or None when it holds."""
+        """What is wrong with `value` (a message after "`key` "), or None when it holds;
+        `help_for` says how to fix it."""
         if isinstance(value, bool):
             return None
         if isinstance(value, int | float):
@@ -57,11 +65,22 @@ class Bound:
                 return self._said(value, str(err))
         return None
 
+    def help_for(self, value: Any) -> str | None:
+        if (
+            self.help is None
+            and isinstance(value, int)
+            and not -INT64_MAX - 1 <= value <= INT64_MAX
+        ):
+            return "integers go to torch, Slurm and C code, which take 64 bits"
+        return self.help
+
     def _range_problem(self, value: int | float) -> str | None:
         low_ok = (self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
         high_ok = (self.lt is None or value < self.lt) and (self.le is None or value <= self.le)
         if not (low_ok and high_ok):
             return f"must {self.range_words()} (it is {shown(value)})"
+        if isinstance(value, int) and not -INT64_MAX - 1 <= value <= INT64_MAX:
+            return f"must fit in 64 bits (at most {INT64_MAX}), not {shown(value)}"
         return None
 
     def range_words(self) -> str:
@@ -121,21 +140,20 @@ def shown(number: int | float) -> str:
     return text if len(text) <= 24 else f"a {len(text)}-digit number"
 
 
+_NO_BOUND = Bound()  # the 64-bit check only
 Found = tuple[tuple[str, ...], str, Any, Bound]  # (key path, name as written, value, bound)
 
 
 def bounded_values(section: Any, path: tuple[str, ...] = ()) -> Iterator[Found]:
     """Every value in a recipe (sub)section with its bound and its name as the user writes it
-    (`slurm.env.HOME`, `preflight.required_env[1]`); keys without a bound are skipped."""
+    (`slurm.env.HOME`, `preflight.required_env[1]`); keys without a bound get the 64-bit check."""
     for field in dataclasses.fields(section):
         value = getattr(section, field.name)
         key = (*path, field.name)
         if dataclasses.is_dataclass(value):
             yield from bounded_values(value, key)
             continue
-        rule = of(field)
-        if rule is None:
-            continue
+        rule = of(field) or _NO_BOUND
         name = ".".join(key)
         if isinstance(value, list):
             if rule.nonempty and not value:

@@ -36,7 +36,8 @@ def _bounds(loaded: LoadedRecipe) -> list[Diagnostic]:
     for path, name, value, rule in bounded_values(loaded.recipe):
         message = rule.problem(value)
         if message is not None:
-            problems.append(loaded.diagnostic(path, rule.code, f"`{name}` {message}", rule.help))
+            help = rule.help_for(value)
+            problems.append(loaded.diagnostic(path, rule.code, f"`{name}` {message}", help))
     return problems
 
 

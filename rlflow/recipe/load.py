@@ -5,21 +5,20 @@ names the exact place to fix. Loading collects all problems before raising, so o
 every bad key at once.
 
 Values are typed by the schema, not guessed by YAML (`rlflow.recipe.reader` keeps each scalar's
-text; `rlflow.recipe.scalars` has the YAML 1.2 rules): a string key gets exactly the characters
-written, and an unquoted value that YAML tools would read as a different number (`12:00:00`,
-`010`, `1.10`) is refused with both readings. Numbers must be finite everywhere.
+text; `rlflow.recipe.values` reads it as its key's type, by `rlflow.recipe.scalars`' YAML 1.2
+rules): a string key gets exactly the characters written, and an unquoted value that YAML tools
+would read as a different number (`12:00:00`, `010`, `1.10`) is refused with both readings.
+Numbers must be finite everywhere.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import math
-import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any
 
 import yaml
 
@@ -28,6 +27,14 @@ from rlflow.recipe import scalars
 from rlflow.recipe.reader import MAX_BYTES, KeyPath, Origin, Scalar, read_tree, read_value
 from rlflow.recipe.reader import diagnostic as _diag
 from rlflow.recipe.schema import Recipe
+from rlflow.recipe.values import (
+    check_value,
+    holds_text,
+    is_mapping_key,
+    origin_of,
+    quote_help,
+    shown,
+)
 
 __all__ = ["KeyPath", "LoadedRecipe", "Origin", "dump_recipe", "load_recipe", "with_values"]
 
@@ -266,7 +273,7 @@ def _apply_override(text: str, data: dict, origins: dict, problems: list[Diagnos
         )
         return
     try:
-        value = read_value(raw, origin, text_key=_holds_text(tuple(key.split("."))))
+        value = read_value(raw, origin, text_key=holds_text(tuple(key.split("."))))
     except RlflowError as err:
         problems += err.diagnostics
         return
@@ -288,40 +295,13 @@ def _apply_override(text: str, data: dict, origins: dict, problems: list[Diagnos
                 )
             return
         node = child
-    if path[-1] not in node and not _is_mapping_key(path):
+    if path[-1] not in node and not is_mapping_key(path):
         problems.append(_unknown_key(path, list(node), origin))
         return
     node[path[-1]] = value
     for stale in [p for p in origins if p[: len(path)] == path]:
         del origins[stale]  # positions of what the override replaced
     origins[path] = origin
-
-
-def _holds_text(path: KeyPath) -> bool:
-    """True when the schema types `path` as a string (or a string or null)."""
-    tp: Any = Recipe
-    for key in path:
-        if dataclasses.is_dataclass(tp):
-            tp = typing.get_type_hints(tp).get(key)
-        elif get_origin(tp) is dict:
-            tp = get_args(tp)[1]
-        else:
-            return False
-    options = get_args(tp) if get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
-    return any(o is str or get_origin(o) is Literal for o in options)
-
-
-def _is_mapping_key(path: KeyPath) -> bool:
-    """True when `path`'s parent is a free-form mapping in the schema (rewards, env, mix)."""
-    tp = Recipe
-    for key in path[:-1]:
-        if not dataclasses.is_dataclass(tp):
-            return False
-        hints = typing.get_type_hints(tp)
-        if key not in hints:
-            return False
-        tp = hints[key]
-    return get_origin(tp) is dict
 
 
 # --- validation against the schema -------------------------------------------------------------
@@ -337,35 +317,18 @@ def _unknown_key(path: KeyPath, known: list[str], origin: Origin | None) -> Diag
     return _diag("recipe.unknown-key", f"`{name}` is not a recipe key", origin, help)
 
 
-def _type_name(tp: Any) -> str:
-    origin = get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else _type_name(a) for a in get_args(tp))
-    if origin is list:
-        return f"a list of {_type_name(get_args(tp)[0])}"
-    if origin is dict:
-        return f"a mapping of {_type_name(get_args(tp)[0])} to {_type_name(get_args(tp)[1])}"
-    if dataclasses.is_dataclass(tp):
-        return "a section (mapping)"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
-        tp, str(tp)
-    )
-
-
 def _build(tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Diagnostic]) -> Any:
     """Convert `value` to type `tp`; append a diagnostic and return None on a mismatch."""
     name = ".".join(path) or "recipe"
-    origin = origins.get(path) or _origin_of(value)
+    origin = origins.get(path) or origin_of(value)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             problems.append(
                 _diag(
                     "recipe.type",
                     f"`{name}` must be a section (a mapping of keys)",
-                    _origin_of(value) or origin,
-                    f"got {_shown(value)}",
+                    origin_of(value) or origin,
+                    f"got {shown(value)}",
                 )
             )
             return None
@@ -386,186 +349,38 @@ def _build(tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Dia
                     "which sets them all, or set " + ("this one" if len(missing) == 1 else "these"),
                 )
             )
+        problems += _unquoted_names(tp, value, path, origins)
         kwargs = {
             f: _build(hints[f], value[f], path + (f,), origins, problems)
             for f in fields
             if f in value
         }
         return None if missing else tp(**kwargs)
-    return _check_value(tp, value, path, origins, problems)
+    return check_value(tp, value, path, origins, problems)
 
 
-def _origin_of(value: Any) -> Origin | None:
-    return value.origin if isinstance(value, Scalar) else None
-
-
-def _shown(value: Any) -> str:
-    """A value as a diagnostic shows it: text quoted, numbers and words YAML reads bare."""
-    if isinstance(value, (dict, list)):
-        return "a mapping" if isinstance(value, dict) else "a list"
-    if isinstance(value, Scalar):
-        return (
-            value.text
-            if value.plain and not scalars.reads_back_as_text(value.text)
-            else repr(value.text)
-        )
-    return repr(value)
-
-
-def _check_value(
-    tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Diagnostic]
-) -> Any:
-    name = ".".join(path)
-    origin = _origin_of(value) or origins.get(path)
-    kind = get_origin(tp)
-
-    def bad(extra: str = "") -> None:
-        problems.append(
-            _diag(
-                "recipe.type",
-                f"`{name}` is {_shown(value)}, but must be {_type_name(tp)}",
-                origin,
-                extra or None,
-            )
-        )
-
-    if kind in (typing.Union, types.UnionType):
-        options = get_args(tp)
-        if type(None) in options and _is_null(value):
-            return None
-        for option in options:
-            if option is type(None):
-                continue
-            trial: list[Diagnostic] = []
-            result = _check_value(option, value, path, origins, trial)
-            if not trial:
-                return result
-            if len(options) == 2 and any(d.code != "recipe.type" for d in trial):
-                problems += trial  # e.g. non-finite or ambiguous: more useful than "must be"
-                return None
-        bad()
-        return None
-    if kind is Literal:
-        allowed = get_args(tp)
-        text = value.text if isinstance(value, Scalar) else value
-        if text not in allowed or (isinstance(value, Scalar) and _is_null(value)):
-            close = difflib.get_close_matches(str(text), [str(a) for a in allowed], n=1)
-            bad(f"did you mean {close[0]!r}?" if close else "")
-            return None
-        return text
-    if kind is list:
-        if not isinstance(value, list):
-            bad()
-            return None
-        return [_check_value(get_args(tp)[0], v, path, origins, problems) for v in value]
-    if kind is dict:
-        _, value_type = get_args(tp)
-        if not isinstance(value, dict):
-            bad()
-            return None
-        return {
-            str(k): _check_value(value_type, v, path + (str(k),), origins, problems)
-            for k, v in value.items()
-        }
-    if isinstance(value, Scalar):
-        return _read_scalar(tp, value, name, origin, problems, bad)
-    # Python values: set by rlflow itself (with_values) or re-checked from `data`.
-    if tp is bool:
-        if not isinstance(value, bool):
-            bad("write true or false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            bad()
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            bad()
-            return None
-        return _finite(float(value), name, repr(value), origin, problems)
-    if tp is str:
-        if not isinstance(value, str):
-            bad()
-        return value
-    raise AssertionError(f"schema type {tp!r} is not handled by the recipe loader")
-
-
-def _is_null(value: Any) -> bool:
-    if isinstance(value, Scalar):
-        return value.plain and value.text in scalars.NULL_WORDS
-    return value is None
-
-
-def _read_scalar(tp, value: Scalar, name: str, origin, problems: list[Diagnostic], bad) -> Any:
-    """A scalar as written -> the key's type, by YAML 1.2 core rules (rlflow.recipe.scalars)."""
-    text, plain = value.text, value.plain
-    if tp is str:
-        if not plain:
-            return text
-        if text in scalars.NULL_WORDS or scalars.as_bool(text) is not None:
-            bad(f"did you mean '{text}'? " + _quote_help(name, text, origin))
-            return None
-        readings = scalars.other_readings(text)
-        if readings:
-            problems.append(
-                _diag(
-                    "recipe.ambiguous",
-                    f"`{name}` is {text} without quotes, which YAML reads as {readings}",
-                    origin,
-                    f"did you mean '{text}'? " + _quote_help(name, text, origin),
-                )
-            )
-            return None
-        return text
-    if tp is bool:
-        flag = scalars.as_bool(text) if plain else None
-        if flag is None:
-            hint = "write true or false"
-            if plain and text in scalars.YAML11_BOOL_WORDS:
-                hint += f" (YAML 1.2 reads {text} as text, YAML 1.1 as a boolean)"
-            bad(hint)
-        return flag
-    if plain and scalars.is_leading_zero(text) and tp in (int, float):
+def _unquoted_names(tp: Any, value: dict, path: KeyPath, origins: dict) -> list[Diagnostic]:
+    """Keys whose bound says `quote_numbers` (names: `logging.wandb.entity`) refuse an unquoted
+    number: `entity: 123` is the number 123 to YAML tools, so rlflow will not guess the name."""
+    problems = []
+    for field in dataclasses.fields(tp):
+        rule = field.metadata.get("bound")
+        scalar = value.get(field.name)
+        if not getattr(rule, "quote_numbers", False) or not isinstance(scalar, Scalar):
+            continue
+        number = scalars.core_number(scalar.text) if scalar.plain else None
+        if number is None:
+            continue
+        name = ".".join((*path, field.name))
+        origin = scalar.origin or origins.get((*path, field.name))
         problems.append(
             _diag(
                 "recipe.ambiguous",
-                f"`{name}` is {text}, which YAML reads as {scalars.other_readings(text)}",
+                f"`{name}` is {scalar.text} without quotes, which YAML reads as the number "
+                f"{scalars.shown(number)}",
                 origin,
-                f"write the number without the leading zero, e.g. {text.lstrip('+-0') or '0'}",
+                f"this key holds a name: did you mean '{scalar.text}'? "
+                + quote_help(name, scalar.text, origin),
             )
         )
-        return None
-    if tp is int:
-        number = scalars.as_int(text) if plain else None
-        if number is None:
-            bad()
-        return number
-    if tp is float:
-        # Quoted numbers are accepted for number keys: the text has only one reading here.
-        number = scalars.as_float(text) if plain or scalars.as_float(text) is not None else None
-        if number is None:
-            bad()
-            return None
-        return _finite(number, name, text, origin, problems)
-    raise AssertionError(f"schema type {tp!r} is not handled by the recipe loader")
-
-
-def _finite(number: float, name: str, text: str, origin, problems: list[Diagnostic]):
-    if math.isfinite(number):
-        return number
-    problems.append(
-        _diag(
-            "recipe.non-finite",
-            f"`{name}` is {text}: numbers in a recipe must be finite (not NaN or infinity)",
-            origin,
-            "write a finite number; NaN or infinity here would silently disable or break what "
-            "the key controls",
-        )
-    )
-    return None
-
-
-def _quote_help(name: str, text: str, origin: Origin | None) -> str:
-    if origin is not None and origin.is_command_line:
-        return f"quote it inside the shell's quotes: '{name}=\"{text}\"'"
-    return f'write it in quotes: "{text}"'
+    return problems

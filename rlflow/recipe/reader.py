@@ -100,13 +100,15 @@ def read_tree(text: str, file: str) -> tuple[Any, dict[KeyPath, Origin]]:
 def read_value(text: str, origin: Origin, text_key: bool = False) -> Any:
     """The value of a command-line override (`key=VALUE`).
 
-    A value that starts like a quoted scalar (`"`, `'`) or, unless the key holds text
-    (`text_key`), a YAML flow collection (`[`, `{`) is read as YAML. Anything else is plain text,
-    exactly as typed: `#gpu` is not a comment, `*x` is not an alias, and a prompt template
-    `{question}?` is text. Either way the key's type decides what plain text means.
+    A value that starts like a quoted scalar (`"`, `'`) or a YAML list (`[`) is read as YAML, and
+    so is a mapping (`{`) unless the key holds text (`text_key`): a prompt template `{question}?`
+    is text. A list is a list for every key, as it is in a recipe file, so a text key refuses
+    `group=[a]` rather than storing the characters `[a]`. Anything else is plain text, exactly
+    as typed: `#gpu` is not a comment, `*x` is not an alias. Either way the key's type decides
+    what plain text means.
     """
     stripped = text.strip()
-    yaml_starts = ('"', "'") if text_key else ("[", "{", '"', "'")
+    yaml_starts = ("[", '"', "'") if text_key else ("[", "{", '"', "'")
     if not stripped.startswith(yaml_starts):
         _check_text(stripped, origin)
         return Scalar(stripped, plain=True, origin=origin)

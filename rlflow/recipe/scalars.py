@@ -149,33 +149,40 @@ def reads_back_as_text(text: str) -> bool:
     return core_number(text) is None and yaml11_number(text) is None
 
 
-_TIME_PATTERNS = [
-    (re.compile(r"^(\d+)$"), lambda m: int(m[1]) * 60),
-    (re.compile(r"^(\d+):(\d{1,2})$"), lambda m: int(m[1]) * 60 + int(m[2])),
-    (
-        re.compile(r"^(\d+):(\d{1,2}):(\d{1,2})$"),
-        lambda m: int(m[1]) * 3600 + int(m[2]) * 60 + int(m[3]),
-    ),
-    (re.compile(r"^(\d+)-(\d{1,2})$"), lambda m: int(m[1]) * 86400 + int(m[2]) * 3600),
-    (
-        re.compile(r"^(\d+)-(\d{1,2}):(\d{1,2})$"),
-        lambda m: int(m[1]) * 86400 + int(m[2]) * 3600 + int(m[3]) * 60,
-    ),
-    (
-        re.compile(r"^(\d+)-(\d{1,2}):(\d{1,2}):(\d{1,2})$"),
-        lambda m: int(m[1]) * 86400 + int(m[2]) * 3600 + int(m[3]) * 60 + int(m[4]),
-    ),
-]
+# Slurm's --time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS.
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+TIME_FORMATS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"
 
 
 def slurm_seconds(text: str) -> int:
-    """A Slurm time limit (--time) -> seconds; ValueError for anything else, and for 0 (Slurm's
-    "no limit": rlflow needs a limit to plan the time-limit save and the GPU-hours)."""
-    for pattern, to_seconds in _TIME_PATTERNS:
-        match = pattern.match(text.strip())
-        if match and to_seconds(match) > 0:
-            return to_seconds(match)
-    raise ValueError("not a Slurm time limit")
+    """A Slurm time limit (--time) -> seconds; ValueError saying why for anything else, for a
+    field out of range (`1:99`: minutes and seconds go up to 59, hours after a day to 23), and
+    for 0 (Slurm's "no limit": rlflow needs one to plan the time-limit save and GPU-hours)."""
+    match = _TIME.fullmatch(text.strip())
+    if not match:
+        raise ValueError(f"use {TIME_FORMATS}")
+    days, first, second, third = match.groups()
+    if days is None and third is None:  # minutes, or MM:SS
+        units = [(first, 60, "", None), (second, 1, "seconds", 59)]
+    elif days is None:  # HH:MM:SS (hours may pass 23)
+        units = [(first, 3600, "", None), (second, 60, "minutes", 59), (third, 1, "seconds", 59)]
+    else:  # D-HH[:MM[:SS]]
+        units = [
+            (days, 86400, "", None),
+            (first, 3600, "hours", 23),
+            (second, 60, "minutes", 59),
+            (third, 1, "seconds", 59),
+        ]
+    seconds = 0
+    for digits, scale, unit, most in units:
+        if digits is None:
+            continue
+        if most is not None and int(digits) > most:
+            raise ValueError(f"{unit} go up to {most}, not {digits}")
+        seconds += int(digits) * scale
+    if seconds == 0:
+        raise ValueError("0 means no limit to Slurm; rlflow needs one (the time-limit save)")
+    return seconds
 
 
 def parse_time_limit(text: str) -> int | None:

@@ -18,6 +18,24 @@ from typing import Literal
 from rlflow.recipe import scalars
 from rlflow.recipe.bounds import ENV_NAMES, Bound, bound, command_line
 
+MAX_TIMEOUT_S = 30 * 86400  # past any job's time limit (torch's timedelta overflows far beyond)
+TIMEOUT = bound(
+    ge=1,
+    le=MAX_TIMEOUT_S,
+    help="30 days is longer than any job runs; to turn the watchdog off, set watchdog.enabled: false",
+)
+VLLM_TIMEOUT = bound(ge=1, le=MAX_TIMEOUT_S, help="30 days is longer than any job runs")
+
+
+def slurm_name(help: str) -> dict[str, Bound]:
+    """A partition, account or QOS: no blanks (sbatch reads an empty one as a missing value)."""
+    return bound(
+        pattern=r"\S+",
+        code="recipe.slurm-value",
+        says="is {value}: a Slurm name cannot be empty or hold spaces",
+        help=help,
+    )
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -86,7 +104,13 @@ class GRPOConfig:
             help="GRPO compares generations of the same prompt; one generation has no baseline",
         )
     )
-    max_num_steps: int = field(metadata=bound(ge=1))
+    max_num_steps: int = field(
+        metadata=bound(
+            ge=1,
+            le=10_000_000,
+            help="more steps than a run reaches: 10,000,000 take 116 days at one step a second",
+        )
+    )
     # optimizer updates per step; the step's rollouts are split evenly
     num_minibatches: int = field(metadata=bound(ge=1))
     normalize_rewards: bool  # divide advantages by the group's std (where std > 0)
@@ -198,9 +222,9 @@ class VllmConfig:
     )
     enforce_eager: bool  # no CUDA graphs / compilation: fast start-up
     # the worker must be ready within this
-    startup_timeout_s: int = field(metadata=bound(ge=1))
+    startup_timeout_s: int = field(metadata=VLLM_TIMEOUT)
     # one generate or weight refresh must finish within this
-    request_timeout_s: int = field(metadata=bound(ge=1))
+    request_timeout_s: int = field(metadata=VLLM_TIMEOUT)
 
 
 @dataclass(frozen=True)
@@ -272,38 +296,55 @@ class CheckpointConfig:
 class WatchdogConfig:
     enabled: bool  # the node launcher ends a job whose rank stops making progress
     # rank start -> recipe read, torch imported, process group up
-    startup_timeout_s: int = field(metadata=bound(ge=1))
+    startup_timeout_s: int = field(metadata=TIMEOUT)
     # the in-job node checks and their all-reduce
-    preflight_timeout_s: int = field(metadata=bound(ge=1))
+    preflight_timeout_s: int = field(metadata=TIMEOUT)
     # building or loading the policy and reference
-    model_load_timeout_s: int = field(metadata=bound(ge=1))
+    model_load_timeout_s: int = field(metadata=TIMEOUT)
     # one checkpoint save
-    checkpoint_timeout_s: int = field(metadata=bound(ge=1))
+    checkpoint_timeout_s: int = field(metadata=TIMEOUT)
     # any other phase of a step (generation, logprobs, training, ...)
-    phase_timeout_s: int = field(metadata=bound(ge=1))
+    phase_timeout_s: int = field(metadata=TIMEOUT)
     # torch.distributed's own timeout for one collective
-    collective_timeout_s: int = field(metadata=bound(ge=1))
+    collective_timeout_s: int = field(metadata=TIMEOUT)
 
 
 @dataclass(frozen=True)
 class PreflightConfig:
     enabled: bool  # check every node before any model is loaded
     # n of the n x n matrix product compared with the CPU (GPU nodes)
-    gemm_size: int = field(metadata=bound(ge=1))
+    gemm_size: int = field(
+        metadata=bound(ge=1, le=16384, help="an n x n float32 matrix per GPU: 16384 is 1 GiB")
+    )
     gemm_tolerance: float = field(metadata=bound(gt=0))  # largest relative difference accepted
     # size of the all-reduce whose bandwidth is logged
-    allreduce_mb: int = field(metadata=bound(ge=0))
+    allreduce_mb: int = field(
+        metadata=bound(
+            ge=0,
+            le=4096,
+            help="the buffer is allocated on every rank; 64 MB measures the bandwidth",
+        )
+    )
     # free space the run directory needs besides a checkpoint's size
     min_free_disk_gb: float = field(metadata=bound(ge=0))
-    required_env: list[str]  # variables every node must have set (e.g. ["HF_HOME"])
+    # variables every node must have set (e.g. ["HF_HOME"])
+    required_env: list[str] = field(
+        metadata=bound(
+            **ENV_NAMES, says="is {value}, which is not a valid environment variable name"
+        )
+    )
 
 
 @dataclass(frozen=True)
 class WandbConfig:
     enabled: bool  # log to Weights & Biases too (the optional extra rlflow[wandb])
-    project: str
-    entity: str | None  # team or user; None: W&B's default entity
-    group: str | None  # groups runs in the W&B UI (e.g. one sweep)
+    project: str = field(metadata=bound(quote_numbers=True))
+    entity: str | None = field(  # team or user; None: W&B's default entity
+        metadata=bound(nonempty=True, quote_numbers=True, help="a team or user name, or null")
+    )
+    group: str | None = field(  # groups runs in the W&B UI (e.g. one sweep)
+        metadata=bound(nonempty=True, quote_numbers=True, help="a group name, or null")
+    )
     tags: list[str]
     mode: Literal["online", "offline", "disabled"]  # offline: files only, `wandb sync` later
 
@@ -318,26 +359,44 @@ class LoggingConfig:
 @dataclass(frozen=True)
 class ContainerConfig:
     runtime: Literal["pyxis", "apptainer", "none"]  # how ranks run in slurm.container_image
-    apptainer_command: str  # apptainer: the executable on the nodes (apptainer or singularity)
+    # apptainer: the executable on the nodes (apptainer or singularity)
+    apptainer_command: str = field(
+        metadata=command_line(
+            "recipe.apptainer-command",
+            'balance the quotes, e.g. apptainer or "/opt/my apptainer/bin/apptainer"',
+        )
+    )
     apptainer_args: list[str]  # apptainer: more `exec` options, e.g. ["--cleanenv"]
 
 
 @dataclass(frozen=True)
 class SlurmConfig:
-    partition: str | None
-    account: str | None
-    qos: str | None
+    partition: str | None = field(
+        metadata=slurm_name(
+            "name a partition (sinfo lists them), or null for the cluster's default"
+        )
+    )
+    account: str | None = field(metadata=slurm_name("name the account, or null for your default"))
+    qos: str | None = field(metadata=slurm_name("name the QOS, or null for the default"))
     # D-HH:MM:SS, HH:MM:SS or MM
     time_limit: str = field(
         metadata=bound(
             parse=scalars.slurm_seconds,
             code="recipe.time-limit",
-            says="is {value}, which Slurm does not read as a time",
+            says="is {value}, which Slurm does not read as a time: {reason}",
             help='use D-HH:MM:SS, HH:MM:SS, MM:SS or minutes, e.g. "04:00:00"',
         )
     )
-    cpus_per_task: int | None
-    mem: str | None  # e.g. "64G"; None lets the site default apply
+    cpus_per_task: int | None = field(metadata=bound(ge=1, help="or null for the site default"))
+    # e.g. "64G"; None lets the site default apply
+    mem: str | None = field(
+        metadata=bound(
+            pattern=r"[0-9]+[KMGTkmgt]?",
+            code="recipe.slurm-value",
+            says="is {value}, which Slurm does not read as a memory size",
+            help='megabytes, or a number with K, M, G or T, e.g. "64G"; null keeps the site default',
+        )
+    )
     # pyxis/enroot image; None runs on the host
     container_image: str | None = field(
         metadata=bound(
@@ -366,7 +425,10 @@ class SlurmConfig:
     max_requeues: int = field(metadata=bound(ge=0))
     # requeue after a node failure (hang, preflight, lost node), excluding it
     max_failure_retries: int = field(metadata=bound(ge=0))
-    max_gpu_hours: float | None  # worst-case GPU-hours one submission may use; None: no cap
+    # worst-case GPU-hours one submission may use; None: no cap
+    max_gpu_hours: float | None = field(
+        metadata=bound(ge=0, help="the most GPU-hours one submission may use, or null for no cap")
+    )
     stop_signal: Literal["USR1", "HUP"]  # the time-limit warning (USR2 is the stack-dump signal)
     # how the nodes run rlflow, e.g. "uv run --frozen rlflow" or ".venv/bin/rlflow"
     rlflow_command: str = field(
@@ -385,7 +447,9 @@ class ScoringConfig:
     # processes that run rewards from user code; 0 runs them in the trainer
     num_workers: int = field(metadata=bound(ge=0))
     # one call of a user reward on one batch must return within this
-    timeout_s: float = field(metadata=bound(gt=0))
+    timeout_s: float = field(
+        metadata=bound(gt=0, le=86400, help="a call longer than a day is a hung reward")
+    )
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,7 @@ def importance_weights(
     mask_BT: Tensor,
     kind: Literal["tis", "mis"],
     cap: float,
-    mask_below: float = 0.0,
+    mask_below: float,
 ) -> tuple[Tensor, Tensor]:
     """Off-policy correction for a generator that disagrees with the trainer: (weights, clipped).
 

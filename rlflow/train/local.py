@@ -24,8 +24,9 @@ def run_local(
     command: list[str],
     nproc: int,
     run_dir: Path,
-    startup_timeout: float | None = None,
-    stop_signal: str = "USR1",
+    *,
+    startup_timeout: float | None,
+    stop_signal: str,
 ) -> int:
     """Start `command` as ranks 0..nproc-1 (rank logs in RUN_DIR/logs); return the exit code:
     75 when the ranks saved and stopped on a time-limit warning, as one rank alone would."""

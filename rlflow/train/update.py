@@ -102,11 +102,13 @@ class Batching:
 
     def split(self, lengths: list[int]) -> list[list[int]]:
         """Row indices of each pass (`micro_batches`)."""
-        return micro_batches(lengths, self.micro_batch_size, self.max_tokens, self.packed)
+        return micro_batches(
+            lengths, self.micro_batch_size, max_tokens=self.max_tokens, packed=self.packed
+        )
 
 
 def policy_token_logprobs(
-    policy: Policy, batch: TrainBatch, with_entropy: bool = False, packed: bool = True
+    policy: Policy, batch: TrainBatch, with_entropy: bool = False, *, packed: bool
 ):
     """Per-target logprobs [N, L-1] (and entropy) of the batch under the policy's weights.
 
@@ -170,7 +172,7 @@ def _packed_token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool
 
 
 def micro_batches(
-    lengths: list[int], micro_batch_size: int, max_tokens: int = 0, packed: bool = True
+    lengths: list[int], micro_batch_size: int, *, max_tokens: int, packed: bool
 ) -> list[list[int]]:
     """Consecutive groups of row indices, one per forward pass.
 

@@ -10,7 +10,7 @@ import pytest
 
 from rlflow.generation.base import Prompt, SamplingParams
 from rlflow.generation.megatron import MegatronGeneration, batch_buckets
-from tests.tiny import mixed_prompts
+from tests.tiny import megatron_generation, mixed_prompts
 
 G = 3  # samples per prompt
 
@@ -30,7 +30,7 @@ def sampled(n: int, stop: tuple[int, ...] = (-1,), seed: int = 11) -> SamplingPa
 
 
 def engine(policy, processor, **kwargs) -> MegatronGeneration:
-    return MegatronGeneration(policy, processor.tokenizer.pad_token_id, **kwargs)
+    return megatron_generation(policy, processor.tokenizer.pad_token_id, **kwargs)
 
 
 def tokens(completions) -> list[list[int]]:

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from rlflow.generation.base import Prompt, SamplingParams
-from rlflow.generation.megatron import MegatronGeneration
-from tests.tiny import greedy, mixed_prompts
+from tests.tiny import greedy, megatron_generation, mixed_prompts
 
 
 @pytest.fixture(scope="module", name="mixed_prompts")
@@ -23,7 +22,8 @@ def backends(tiny_policy, tiny_processor):
     from rlflow.generation.hf import HFGeneration
 
     pad = tiny_processor.tokenizer.pad_token_id
-    return MegatronGeneration(tiny_policy, pad, max_batch_size=8), HFGeneration(tiny_policy, pad, 8)
+    megatron = megatron_generation(tiny_policy, pad, max_batch_size=8)
+    return megatron, HFGeneration(tiny_policy, pad, 8)
 
 
 def test_greedy_tokens_and_logprobs_match_reference(backends, mixed_prompts, tiny_processor):

@@ -12,7 +12,7 @@ import torch
 
 from rlflow.generation.base import Prompt, SamplingParams
 from tests.generation.conftest import leftover_weight_files
-from tests.tiny import FP32, SINGLE, greedy, mixed_prompts
+from tests.tiny import FP32, SINGLE, greedy, megatron_generation, mixed_prompts
 
 TOLERANCE = 1e-4
 
@@ -33,14 +33,13 @@ def prompts(tiny_processor):
 @pytest.fixture(scope="module")
 def backends(policy, tiny_processor, vllm_env, vllm_gen_cfg, tmp_path_factory):
     from rlflow.generation.hf import HFGeneration
-    from rlflow.generation.megatron import MegatronGeneration
     from rlflow.generation.vllm import VLLMGeneration
 
     pad = tiny_processor.tokenizer.pad_token_id
     vllm = VLLMGeneration(
         policy, vllm_gen_cfg, tmp_path_factory.mktemp("vllm-run"), max_model_len=1024
     )
-    yield vllm, MegatronGeneration(policy, pad, 8), HFGeneration(policy, pad, 8)
+    yield vllm, megatron_generation(policy, pad, max_batch_size=8), HFGeneration(policy, pad, 8)
     vllm.close()
     assert not vllm.worker.alive()  # stopped by PID, nothing left running
 

@@ -107,7 +107,8 @@ def test_each_rank_gets_its_place_in_the_job_and_its_own_log(tmp_path):
     assert [seen[r]["LOCAL_RANK"] for r in (3, 4, 5)] == ["0", "1", "2"]
     assert "started ranks 3-5 of 6" in output
     records = {p.name for p in (tmp_path / "status").iterdir()}
-    assert records == {"node-1.started", "node-1.ended", "heartbeat"}  # no failure
+    assert records == {"node-1.started", "node-1.alive", "node-1.ended", "heartbeat"}  # no failure
+    assert (tmp_path / "status" / "node-1.alive").read_text().strip().isdigit()
 
 
 def test_a_failing_rank_stops_its_siblings_and_its_code_is_the_exit_code(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from tests.slurm.jobs import REPO, batch_log, submit, wait_done
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")

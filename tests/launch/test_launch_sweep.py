@@ -251,7 +251,7 @@ def test_gpu_hours_worst_case_and_the_cap(tmp_path):
         mixed.stdout
     )
     zero = cli("submit", *args, "slurm.max_gpu_hours=0", "--dry-run", cwd=tmp_path)
-    assert zero.returncode == 2 and "a cap must be above 0" in zero.stderr
+    assert zero.returncode == 2 and "over the cap of 0 (slurm.max_gpu_hours)" in zero.stderr
     assert not (tmp_path / "runs").exists()
 
 

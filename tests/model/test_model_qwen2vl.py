@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rlflow.generation.base import SamplingParams
-from tests.tiny import FP32, SINGLE, hf_logits_gap, mixed_prompts
+from tests.tiny import FP32, SINGLE, hf_logits_gap, megatron_generation, mixed_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,6 @@ def test_generation_matches_the_hf_backend(qwen2vl, shared):
     """Tokens identical, logprobs within 1e-4 (fp32, CPU). Shared: each prompt's rows are one
     object, so the engine prefills it once (packed) and the vision cache runs its tower once."""
     from rlflow.generation.hf import HFGeneration
-    from rlflow.generation.megatron import MegatronGeneration
     from rlflow.model.vision_cache import VisionCache
 
     _, policy, processor, _ = qwen2vl
@@ -85,7 +84,8 @@ def test_generation_matches_the_hf_backend(qwen2vl, shared):
     kept = policy.vision_cache
     policy.vision_cache = cache = VisionCache(enabled=shared)
     try:
-        ours = MegatronGeneration(policy, pad, 8, share_prompts=shared).generate(prompts, params)
+        ours = megatron_generation(policy, pad, max_batch_size=8, share_prompts=shared)
+        ours = ours.generate(prompts, params)
     finally:
         policy.vision_cache = kept
     ref = HFGeneration(policy, pad, 8).generate(prompts, params)

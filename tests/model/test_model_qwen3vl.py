@@ -16,7 +16,7 @@ import torch
 
 from rlflow.generation.base import Completion
 from rlflow.model.media import Media
-from tests.tiny import FP32, SINGLE, greedy, hf_logits_gap, mixed_prompts
+from tests.tiny import FP32, SINGLE, greedy, hf_logits_gap, megatron_generation, mixed_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ["tiny-qwen3vl", "tiny-qwen3vl-moe"]
@@ -172,7 +172,6 @@ def test_megatron_generation_matches_the_hf_backend(single_rank, family_ckpt, sh
     from transformers import AutoProcessor
 
     from rlflow.generation.hf import HFGeneration
-    from rlflow.generation.megatron import MegatronGeneration
     from rlflow.model.build import load_policy
     from rlflow.model.vision_cache import VisionCache
 
@@ -183,9 +182,8 @@ def test_megatron_generation_matches_the_hf_backend(single_rank, family_ckpt, sh
     prompts = [p for p in unique for _ in range(2)] if shared else unique
     pad, eos = processor.tokenizer.pad_token_id, processor.tokenizer.eos_token_id
     policy.vision_cache = VisionCache(enabled=shared)
-    ours = MegatronGeneration(policy, pad, 8, share_prompts=shared).generate(
-        prompts, greedy(16, eos)
-    )
+    ours = megatron_generation(policy, pad, max_batch_size=8, share_prompts=shared)
+    ours = ours.generate(prompts, greedy(16, eos))
     ref = HFGeneration(policy, pad, 8).generate(prompts, greedy(16, eos))
     for prompt, a, b in zip(prompts, ours, ref):
         assert a.token_ids == b.token_ids, prompt.sample_id

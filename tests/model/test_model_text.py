@@ -14,7 +14,7 @@ import torch
 from rlflow.generation.base import Prompt, SamplingParams
 from rlflow.model.forward import policy_logits
 from rlflow.model.media import Media
-from tests.tiny import FP32, SINGLE
+from tests.tiny import FP32, SINGLE, megatron_generation
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = [
@@ -32,7 +32,7 @@ def text_model(request, single_rank, tmp_path_factory):
     from rlflow.model.tiny import write_tiny_text_checkpoint
 
     path = write_tiny_text_checkpoint(
-        tmp_path_factory.mktemp(request.param), family=request.param, lm_head_scale=8.0
+        tmp_path_factory.mktemp(request.param), family=request.param, seed=0, lm_head_scale=8.0
     )
     policy = load_policy(path, FP32, SINGLE, trainable=False)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
@@ -65,12 +65,12 @@ def test_megatron_logits_match_hf(text_model):
 
 def test_generation_matches_the_hf_reference(text_model):
     from rlflow.generation.hf import HFGeneration
-    from rlflow.generation.megatron import MegatronGeneration
 
     policy, tokenizer, _, rows = text_model
     prompts = [Prompt(str(i), "", tuple(r), Media()) for i, r in enumerate(rows)]
     params = SamplingParams(12, 0.0, 1.0, 0, 0, (tokenizer.eos_token_id,), True)
-    ours = MegatronGeneration(policy, tokenizer.pad_token_id, 8).generate(prompts, params)
+    ours = megatron_generation(policy, tokenizer.pad_token_id, max_batch_size=8)
+    ours = ours.generate(prompts, params)
     ref = HFGeneration(policy, tokenizer.pad_token_id, 8).generate(prompts, params)
     for a, b in zip(ours, ref):
         assert a.token_ids == b.token_ids

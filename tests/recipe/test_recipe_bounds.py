@@ -60,7 +60,7 @@ def test_every_bound_has_a_known_code():
         ("generation.vllm.cpu.python=3.1", "recipe.vllm-python", "`generation.vllm.cpu.python` is '3.1', not a Python 3.8+ version", None),
         ("generation.vllm.cuda.packages=[]", "recipe.range", "`generation.vllm.cuda.packages` is empty", None),
         ("slurm.rlflow_command=' '", "recipe.rlflow-command", "`slurm.rlflow_command` is empty", None),
-        ("slurm.time_limit=1h", "recipe.time-limit", "`slurm.time_limit` is '1h', which Slurm does not read as a time", None),
+        ("slurm.time_limit=1h", "recipe.time-limit", "`slurm.time_limit` is '1h', which Slurm does not read as a time: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS", None),
         ("slurm.container_image=''", "submit.container", "`slurm.container_image` is empty", "set an image, or null to run on the host"),
     ],
 )  # fmt: skip

@@ -287,15 +287,15 @@ def test_generated_overrides_exit_0_or_2_and_never_rewrite_strings(workdir, key,
         expected = text.strip()  # plain override text, as typed: no YAML at all
         if expected in NULL_WORDS:
             expected = NULL
-        elif expected.startswith(('"', "'")):
-            expected = None  # read as a YAML quoted scalar on purpose
+        elif expected.startswith(('"', "'", "[")):
+            expected = None  # read as YAML on purpose: a quoted scalar, or a list
     elif key in STRING_KEYS and wrap == "double":
         expected = text  # JSON escapes every control and line-break character
     elif key in STRING_KEYS and wrap == "single":
         # YAML folds a line break inside a quoted flow scalar into a space, by the spec: raw
         # \n, \r, NEL (\x85), LS and PS cannot survive single quotes (hypothesis found \x85).
         expected = None if any(c in text for c in YAML_BREAKS) else text
-    elif key in STRING_KEYS:  # [..] and {..} are text for a string key
+    elif key in STRING_KEYS and wrap == "map":  # {..} is text for a string key; [..] a list
         expected = value.strip()
     check_outcome(code, out, err, key, expected)
 

@@ -97,10 +97,10 @@ def test_string_values_are_kept_exactly(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "value", ["#gpu", "*gpu", "&gpu", "!gpu", "gpu #1", "|", "- a", "%x", "{question}?", "[a] b"]
+    "value", ["#gpu", "*gpu", "&gpu", "!gpu", "gpu #1", "|", "- a", "%x", "{question}?", "a [b]"]
 )
 def test_override_values_are_plain_text(value):
-    assert load_checked(TINY, [f"slurm.partition={value}"]).recipe.slurm.partition == value
+    assert load_checked(TINY, [f"run.name={value}"]).recipe.run.name == value
 
 
 def test_override_flow_value_with_a_comment_is_refused():

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from rlflow.generation.base import SamplingParams
-from rlflow.generation.megatron import MegatronGeneration
 from rlflow.recipe.schema import (
     ImportanceSamplingConfig,
     LossConfig,
@@ -16,7 +15,7 @@ from rlflow.recipe.schema import (
 from rlflow.train import grpo
 from rlflow.train.rollouts import build_train_batch
 from rlflow.train.update import Batching, Optimizer, grpo_update, rollout_logprobs
-from tests.tiny import FP32, SINGLE, make_prompt
+from tests.tiny import FP32, SINGLE, make_prompt, megatron_generation
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +29,7 @@ def test_update_raises_logprob_of_rewarded_answers(trainable, tiny_processor):
     policy = trainable
     prompt = make_prompt(tiny_processor, "image", "How many red squares are there?")
     prompts = [prompt] * 16
-    gen = MegatronGeneration(policy, tiny_processor.tokenizer.pad_token_id, max_batch_size=16)
+    gen = megatron_generation(policy, tiny_processor.tokenizer.pad_token_id, max_batch_size=16)
     completions = gen.generate(
         prompts, SamplingParams(3, 1.5, 1.0, 0, seed=3, stop_token_ids=(), ignore_eos=True)
     )

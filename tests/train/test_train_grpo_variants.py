@@ -72,7 +72,7 @@ def mismatch_batch():
 
 def test_tis_truncates_token_weights_at_the_cap():
     train, gen, mask = mismatch_batch()
-    weights, clipped = importance_weights(train, gen, mask, "tis", cap=2.0)
+    weights, clipped = importance_weights(train, gen, mask, "tis", cap=2.0, mask_below=0.0)
     close(weights, [[1.0, 2.0, 0.5], [1.5, 1.2, 0.0]])  # 3 -> 2; padding 0 (not NaN from -inf)
     assert clipped.tolist() == [[False, True, False], [False, False, False]]
     metrics = importance_metrics(weights, clipped, mask, num_tokens=5.0)
@@ -85,10 +85,10 @@ def test_mis_masks_whole_sequences_outside_the_band():
     train, gen, mask = mismatch_batch()
     # sequence ratios: row 0 = 1 * 3 * 0.5 = 1.5 (kept, every token weighs 1.5);
     # row 1 = 1.5 * 1.2 = 1.8: kept with cap 2, masked with cap 1.6
-    weights, clipped = importance_weights(train, gen, mask, "mis", cap=2.0)
+    weights, clipped = importance_weights(train, gen, mask, "mis", cap=2.0, mask_below=0.0)
     close(weights, [[1.5, 1.5, 1.5], [1.8, 1.8, 0.0]])
     assert not clipped.any()
-    weights, clipped = importance_weights(train, gen, mask, "mis", cap=1.6)
+    weights, clipped = importance_weights(train, gen, mask, "mis", cap=1.6, mask_below=0.0)
     close(weights, [[1.5, 1.5, 1.5], [0.0, 0.0, 0.0]])
     assert clipped.tolist() == [[False, False, False], [True, True, False]]
     close(importance_metrics(weights, clipped, mask, 5.0)["is_clipped_fraction"], 2 / 5)
@@ -100,16 +100,18 @@ def test_mis_masks_whole_sequences_outside_the_band():
 def test_identical_logprobs_give_weight_exactly_one():
     train = torch.tensor([[-0.7, -1.3, -2.0]])
     for kind in ("tis", "mis"):
-        weights, clipped = importance_weights(train, train.clone(), torch.ones(1, 3), kind, 2.0)
+        weights, clipped = importance_weights(
+            train, train.clone(), torch.ones(1, 3), kind, 2.0, mask_below=0.0
+        )
         assert weights.tolist() == [[1.0, 1.0, 1.0]] and not clipped.any()
 
 
 def test_importance_weights_refuse_bad_input():
     x = torch.zeros(1, 2)
     with pytest.raises(ValueError, match="must match"):
-        importance_weights(x, torch.zeros(1, 3), torch.ones(1, 2), "tis", 2.0)
+        importance_weights(x, torch.zeros(1, 3), torch.ones(1, 2), "tis", 2.0, mask_below=0.0)
     with pytest.raises(ValueError, match="unknown importance-sampling kind"):
-        importance_weights(x, x, torch.ones(1, 2), "icepop", 2.0)
+        importance_weights(x, x, torch.ones(1, 2), "icepop", 2.0, mask_below=0.0)
     with pytest.raises(ValueError, match="cap > 0"):
         importance_weights(x, x, torch.ones(1, 2), "mis", 2.0, mask_below=3.0)
 
@@ -226,7 +228,7 @@ def mismatch(draw_data, rows, cols):
 @given(st.data(), st.integers(1, 4), st.integers(1, 6), st.floats(0.5, 10.0))
 def test_tis_weights_invariants(data, rows, cols, cap):
     train, gen, mask = mismatch(data, rows, cols)
-    weights, clipped = importance_weights(train, gen, mask, "tis", cap)
+    weights, clipped = importance_weights(train, gen, mask, "tis", cap, mask_below=0.0)
     assert torch.isfinite(weights).all()
     assert ((weights >= 0) & (weights <= cap)).all()
     assert (weights[~mask] == 0).all() and not clipped[~mask].any()

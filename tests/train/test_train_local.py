@@ -32,7 +32,8 @@ while True:
 """
 LOCAL = (
     "import sys\nfrom pathlib import Path\nfrom rlflow.train.local import run_local\n"
-    "sys.exit(run_local([sys.executable, '-c', sys.argv[2]], 2, Path(sys.argv[1])))\n"
+    "sys.exit(run_local([sys.executable, '-c', sys.argv[2]], 2, Path(sys.argv[1]),\n"
+    "                   startup_timeout=None, stop_signal='USR1'))\n"
 )
 
 

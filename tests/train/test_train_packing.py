@@ -86,7 +86,7 @@ def test_packed_logprobs_equal_padded_text_only_qwen3(single_rank, tmp_path_fact
     from rlflow.model.media import Media
     from rlflow.model.tiny import write_tiny_text_checkpoint
 
-    path = write_tiny_text_checkpoint(tmp_path_factory.mktemp("qwen3"), family="qwen3")
+    path = write_tiny_text_checkpoint(tmp_path_factory.mktemp("qwen3"), family="qwen3", seed=0)
     policy = load_policy(path, FP32, SINGLE, trainable=False)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     prompts = []
@@ -102,12 +102,12 @@ def test_packed_logprobs_equal_padded_text_only_qwen3(single_rank, tmp_path_fact
 
 def test_micro_batches_by_rows_or_token_budget():
     lengths = [10, 30, 5, 50, 20, 20]
-    assert micro_batches(lengths, 4) == [[0, 1, 2, 3], [4, 5]]
+    assert micro_batches(lengths, 4, max_tokens=0, packed=True) == [[0, 1, 2, 3], [4, 5]]
     # packed: real tokens; the 50-token row is longer than the budget and goes alone
-    assert micro_batches(lengths, 4, max_tokens=40) == [[0, 1], [2], [3], [4, 5]]
+    assert micro_batches(lengths, 4, max_tokens=40, packed=True) == [[0, 1], [2], [3], [4, 5]]
     # padded: rows x longest row
     assert micro_batches(lengths, 4, max_tokens=60, packed=False) == [[0, 1], [2], [3], [4, 5]]
-    assert micro_batches(lengths, 1, max_tokens=1000) == [[0, 1, 2, 3, 4, 5]]
+    assert micro_batches(lengths, 1, max_tokens=1000, packed=True) == [[0, 1, 2, 3, 4, 5]]
 
 
 def test_budgeted_packed_rollout_logprobs_equal_padded(tiny_policy, tiny_processor, prompts):
@@ -116,7 +116,7 @@ def test_budgeted_packed_rollout_logprobs_equal_padded(tiny_policy, tiny_process
         tiny_policy, batch, Batching(3, max_tokens=0, packed=False), with_entropy=True
     )
     budget = max(batch.lengths) + 10  # several micro-batches of different row counts
-    assert 1 < len(micro_batches(batch.lengths, 3, budget)) < len(batch)
+    assert 1 < len(micro_batches(batch.lengths, 3, max_tokens=budget, packed=True)) < len(batch)
     packed, packed_entropy = rollout_logprobs(
         tiny_policy, batch, Batching(3, max_tokens=budget, packed=True), with_entropy=True
     )
@@ -226,13 +226,15 @@ def _tensor_parallel_worker(rank: int, port: int, out: str) -> None:
     from rlflow.model.build import load_policy
     from rlflow.model.compat import library_logs
     from rlflow.recipe.schema import ParallelismConfig
-    from tests.tiny import tiny_checkpoint
+    from tests.tiny import base_recipe, tiny_checkpoint
 
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     library_logs.quiet()
     layout = ParallelismConfig(2, 1, 1, 1)
-    parallel.init_parallel(layout, seed=1)
+    parallel.init_parallel(
+        layout, seed=1, timeout_s=base_recipe().watchdog.collective_timeout_s, placement=None
+    )
     checkpoint = tiny_checkpoint(os.path.join(out, "model"))
     policy = load_policy(checkpoint, FP32, layout, trainable=False)
     processor = AutoProcessor.from_pretrained(str(checkpoint))

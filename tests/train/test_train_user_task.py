@@ -72,6 +72,9 @@ def test_dapo_gspo_and_tis_as_recipe_keys(tmp_path):
         "loss.ratio_level=sequence",
         "loss.token_level_loss=false",
         "loss.importance_sampling.mode=tis",
+        "grpo.val_at_start=false",  # no validation metric is looked at here
+        "grpo.val_period=0",
+        "grpo.val_at_end=false",
         "--run-dir",
         str(tmp_path),
         cwd=ROOT,
