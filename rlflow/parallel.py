@@ -171,7 +171,7 @@ def tensor_parallel_group():
     return parallel_state.get_tensor_model_parallel_group()
 
 
-def all_reduce_tensor(tensor: torch.Tensor, group=None) -> torch.Tensor:
+def all_reduce_tensor(tensor: torch.Tensor, group) -> torch.Tensor:
     """Sum a tensor over ranks, in place (integer checksums, partial sums of shards)."""
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         dist.all_reduce(tensor, group=group)
