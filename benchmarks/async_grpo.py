@@ -116,7 +116,7 @@ def sync_rank(args) -> None:
     if args.backend == "gloo" and torch.cuda.is_available():
         parallel.CROSS_DEVICE_BACKEND = "gloo"  # set before init: both ranks share one GPU
     info = parallel.init_parallel(
-        ParallelismConfig(1, 1, 1, 1), 0, timeout_s=600, placement=Placement((0,), (1,))
+        ParallelismConfig(1, 1, 1, 1, "off"), 0, timeout_s=600, placement=Placement((0,), (1,))
     )
     dtype = torch.bfloat16 if info.device.type == "cuda" or args.bf16 else torch.float32
     torch.manual_seed(info.job_rank)  # different weights on the two sides: the sync must copy

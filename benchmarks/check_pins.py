@@ -387,6 +387,60 @@ def lock_only(root: Path, runs: int = 20) -> None:
         )
 
 
+def real_tree(args) -> None:
+    """Issue 24's workload: the real NeMo-RL tree (tests/pins/real_tree.py) without its uv.lock
+    files ("case A") and with them, this repository, and 20,000 requirements in one array;
+    each a fresh `rlflow check-pins` process, bytecode cached, interleaved with the uv reference.
+    """
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "pins"))
+    import real_tree as tree
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    with tempfile.TemporaryDirectory(prefix="rlflow-bench-pins-real-") as tmp:
+        base = Path(tmp)
+        env["PYTHONPYCACHEPREFIX"] = str(base / "pyc")  # a normal install keeps .pyc files
+        check = [str(BIN / "rlflow"), "check-pins"]
+        cases = {
+            "case A (no uv.lock): `rlflow check-pins`": tree.build(base / "a", locks=False),
+            "real locks: `rlflow check-pins`": tree.build(base / "locks"),
+            "this repository: `rlflow check-pins`": Path(__file__).resolve().parents[1],
+        }
+        for n in args.sizes:
+            names = "".join(f'  "pkg{i}>=1.{i % 7}",\n' for i in range(n))
+            text = f'[project]\nname = "big"\nversion = "1"\ndependencies = [\n{names}]\n'
+            cases[f"{n:,} requirements in one array: `rlflow check-pins`"] = make_repo(
+                base / f"big{n}", {"pyproject.toml": text}
+            )
+        commands = {name: (check, root, env) for name, root in cases.items()}
+        if args.uv_python:
+            uv_env = {**env, "UV_PYTHON_DOWNLOADS": "never"}
+            if args.uv_cache:
+                uv_env["UV_CACHE_DIR"] = args.uv_cache
+            uv = [str(BIN / "uv"), "lock", "--check", "--offline", "-q", "--python"]
+            commands["real locks: `uv lock --check --offline`, warm cache"] = (
+                [*uv, args.uv_python],
+                cases["real locks: `rlflow check-pins`"],
+                uv_env,
+            )
+        commands["`python -c pass` (interpreter start-up)"] = (
+            [sys.executable, "-c", "pass"],
+            base,
+            env,
+        )
+        for command, cwd, run_env in commands.values():  # warm caches; each must pass
+            run_once(command, cwd, run_env)
+        samples: dict[str, list[float]] = {name: [] for name in commands}
+        for _ in range(args.runs):
+            for name, (command, cwd, run_env) in commands.items():
+                samples[name].append(run_once(command, cwd, run_env))
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs after the runs\n")
+    print("| command | median s | min s | max s | runs | / check-pins |")
+    print("|---|---|---|---|---|---|")
+    base_time = statistics.median(samples["real locks: `rlflow check-pins`"])
+    for name, times in samples.items():
+        print(row(name, times, base_time))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
@@ -400,7 +454,24 @@ def main() -> None:
         help="only time the lock-level check (RF010/RF011) in-process on this repository's "
         "uv.lock, against a whole-file tomllib parse",
     )
+    parser.add_argument(
+        "--real-tree",
+        action="store_true",
+        help="issue 24: the real NeMo-RL tree with and without its locks, this repository and "
+        "20,000 requirements (no network); uv only with --uv-python",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: [int(n) for n in text.split(",") if n],
+        default=[4000, 20000],
+        help="requirement counts of the one-array cases (comma-separated; empty: none)",
+    )
+    parser.add_argument("--uv-python", help="a Python >=3.13.14 for uv (NeMo-RL requires it)")
+    parser.add_argument("--uv-cache", help="UV_CACHE_DIR holding the tree's metadata (warm)")
     args = parser.parse_args()
+    if args.real_tree:
+        real_tree(args)
+        return
     if args.lock_only:
         lock_only(Path(__file__).resolve().parents[1])
         return

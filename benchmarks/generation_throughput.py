@@ -16,6 +16,7 @@ policy (`rlflow.model.build.load_policy`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -31,7 +32,8 @@ from rlflow import parallel  # noqa: E402
 from rlflow.generation.base import Prompt, SamplingParams  # noqa: E402
 from rlflow.generation.megatron import MegatronGeneration  # noqa: E402
 from rlflow.model.media import Media  # noqa: E402
-from rlflow.recipe.schema import ModelConfig, ParallelismConfig  # noqa: E402
+from rlflow.recipe.schema import ParallelismConfig  # noqa: E402
+from tests.tiny import FP32  # noqa: E402
 
 
 def write_random_checkpoint(path: Path, preset: str, device: torch.device) -> Path:
@@ -261,7 +263,9 @@ def main() -> None:
     from rlflow.model.compat import library_logs
 
     library_logs.quiet()
-    parallel.init_parallel(ParallelismConfig(1, 1, 1, 1), seed=0, timeout_s=1800, placement=None)
+    parallel.init_parallel(
+        ParallelismConfig(1, 1, 1, 1, "off"), seed=0, timeout_s=1800, placement=None
+    )
     results: dict = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
@@ -278,8 +282,8 @@ def main() -> None:
     print(json.dumps(results), flush=True)
 
     start = time.perf_counter()
-    model_cfg = ModelConfig(str(ckpt), "bfloat16", True, 0)
-    policy = load_policy(ckpt, model_cfg, ParallelismConfig(1, 1, 1, 1), trainable=False)
+    model_cfg = dataclasses.replace(FP32, checkpoint=str(ckpt), dtype="bfloat16")
+    policy = load_policy(ckpt, model_cfg, ParallelismConfig(1, 1, 1, 1, "off"), trainable=False)
     results["load_policy_s"] = time.perf_counter() - start
     from rlflow.generation.hf import load_hf_model
 
@@ -297,6 +301,7 @@ def main() -> None:
             cuda_graphs="graph" in variant,
             compile_decode="compile" in variant,
             share_prompts=True,
+            fp8=False,
         )
         try:
             start = time.perf_counter()

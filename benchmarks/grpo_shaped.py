@@ -1,4 +1,4 @@
-"""GRPO-shaped rollouts and whole GRPO steps on the Qwen2.5-VL-3B shape (issue 9, section 1).
+"""GRPO-shaped rollouts and whole GRPO steps on the Qwen2.5-VL-3B shape (issues 9 and 20).
 
 Workload, generated from seeds (no downloads), on a random-weight Qwen2.5-VL-3B-shaped checkpoint
 (`rlflow init-tiny-model --preset qwen25vl-3b`), bf16:
@@ -12,20 +12,25 @@ Workload, generated from seeds (no downloads), on a random-weight Qwen2.5-VL-3B-
   vocab/80 token ids is the stop set: near-flat logits stop each step with p ~ 1/80 (mean
   response ~ 80 tokens; the measured mean is reported).
 
-Parts (--parts, any subset; one process may run at most ~9 minutes on the lent GPU):
-- rollout:  MegatronGeneration.generate on the 512 rollouts: one warm-up, then the median of
-            --reps timed calls. Useful tokens/s = tokens each row kept (up to and including its
-            stop token) / synchronised wall clock of the whole call; the GRPO-shaped roofline
-            (below) from THIS run's per-row lengths; peak memory.
-- splitkv:  the same as rollout with split-KV decode on (MegatronGeneration(split_kv=True)):
-            what rlflow/generation/split_kv.py gives, measured in the same process.
+Parts (--parts, any subset; one process may run at most ~9 minutes on the lent GPU), each run
+for every engine variant in --variants (bf16, fp8; --fp8-parts limits the fp8 ones):
+- rollout:  MegatronGeneration.generate on the 512 GRPO-shaped rollouts (cap 256): a warm-up,
+            then the median of --reps timed calls. Useful tokens/s = tokens each row kept (up to
+            and including its stop token) / synchronised wall clock of the whole call; the
+            roofline (below) from THIS call's per-row lengths; the prefill against its compute
+            roofline; peak memory; with --profile, one more call's top kernels and host gaps.
+- long:     the same batch with long responses: cap --long-max-new-tokens (4096) and a stop set
+            of vocab / --long-stop-every (1000) ids: a mean of ~1,000 tokens.
+- fixed:    64 prompts with one 224-px image each, one row per prompt, exactly 256 tokens.
 - hf:       HF `generate` (HFGeneration) on the same workload; on --hf-prompts prompts only
             (x samples rows), because HF is slow. Its tokens/s is measured on that subset; the
             full-batch time is extrapolated linearly in the number of --hf-batch chunks.
-- step:     whole GRPO steps (rlflow.train.setup + rlflow.train.loop.grpo_step) on the same
-            prompts and stop set: seconds per phase (time/*), tokens/s/GPU, update and logprob
-            MFU, memory per step.
-- fixed256: the same, every row exactly 256 new tokens (no stop set, ignore_eos).
+- mcore:    megatron-core's DynamicInferenceEngine, then its static engine, on the policy's
+            language model (benchmarks/mcore_reference.py): tok/s, or exactly what fails.
+- step, steplong, fixed256: whole GRPO steps (rlflow.train.setup + loop.grpo_step) on the
+            GRPO-shaped, the long-response, or an every-row-256-tokens batch: seconds per phase
+            (time/*), speed/* metrics, tokens/s/GPU, update and logprob MFU, the generation
+            phase's share of its roofline, memory per step.
 
 GRPO-shaped roofline (issue 9): prefill FLOPs of the unique prompts (LM 2 x params x tokens +
 vision tower 2 x vision params x patches + attention) / measured bf16 matmul rate, plus, for
@@ -124,13 +129,13 @@ def bench_checkpoint(base: Path, tiny: bool, device: torch.device, is_writer: bo
     return target
 
 
-def make_samples(n: int, seed: int, tokenizer) -> list:
+def make_samples(n: int, seed: int, tokenizer, kind_cycle=KIND_CYCLE) -> list:
     """n rlflow Samples: seeded kinds (KIND_CYCLE), random-pixel media, ragged questions."""
     from PIL import Image
 
     from rlflow.data.sample import Sample
 
-    kinds = [KIND_CYCLE[i % len(KIND_CYCLE)] for i in range(n)]
+    kinds = [kind_cycle[i % len(kind_cycle)] for i in range(n)]
     random.Random(seed).shuffle(kinds)
     samples = []
     for i, (kind, size) in enumerate(kinds):
@@ -271,10 +276,19 @@ def vision_flops(media, c: dict) -> float:
     return 2 * c["vision_params"] * patches + attention
 
 
-def roofline(rollout_prompts, lengths: list[int], c: dict, ceil: dict, gpus: int) -> dict:
-    """The issue's GRPO-shaped roofline from this run's per-row lengths (see module docstring)."""
+def roofline(
+    rollout_prompts, lengths: list[int], c: dict, ceil: dict, gpus: int, fp8: bool = False
+) -> dict:
+    """The issue's GRPO-shaped roofline from this run's per-row lengths (see module docstring).
+
+    fp8: the decode step reads the layer weights in FP8 (1 byte each; the head stays bf16);
+    compute is still counted at the bf16 matmul rate."""
     matmul = ceil["matmul_tflop_s"] * 1e12 * gpus
     copy = ceil["copy_tb_s"] * 1e12 * gpus
+    weight_bytes = c["weight_bytes"]
+    if fp8:
+        head_bytes = c["weight_bytes"] * c["head_params"] // c["lm_matmul_params"]
+        weight_bytes = (c["lm_matmul_params"] - c["head_params"]) + head_bytes
     unique = list({id(p): p for p in rollout_prompts}.values())
     body = c["lm_matmul_params"] - c["head_params"]  # no head over prompt tokens but the last
     prefill = 0.0
@@ -289,7 +303,7 @@ def roofline(rollout_prompts, lengths: list[int], c: dict, ceil: dict, gpus: int
         live = length > k
         rows = int(live.sum())
         context = prompt_len[live] + k
-        by_bytes = (c["weight_bytes"] + c["kv_bytes_per_token"] * context.sum()) / copy
+        by_bytes = (weight_bytes + c["kv_bytes_per_token"] * context.sum()) / copy
         flops = 2 * c["lm_matmul_params"] * rows + 4 * c["layers"] * c["q_width"] * context.sum()
         by_flops = flops / matmul
         decode_s += max(by_bytes, by_flops)
@@ -307,6 +321,7 @@ def roofline(rollout_prompts, lengths: list[int], c: dict, ceil: dict, gpus: int
         "useful_tokens": int(length.sum()),
         "tokens_per_s": float(length.sum() / total),
         "gpus": gpus,
+        "fp8_weights": fp8,
     }
 
 
@@ -333,9 +348,12 @@ def length_stats(completions) -> dict:
     }
 
 
-def run_rollout(
-    policy, prompts, params, args, ceil, counts, gpus, device, log, split_kv=False
-) -> dict:
+def run_rollout(policy, prompts, params, args, ceil, counts, gpus, device, log, *, name: str,
+                fp8: bool = False, warm_params=None, profile_params=None) -> dict:  # fmt: skip
+    """One workload through MegatronGeneration as the recipes build it: a warm-up call (graph
+    capture, compilation; `warm_params` may end it early with the same cache shape), then
+    --reps timed calls, each against the roofline of its own per-row lengths; optionally one
+    more, profiled call (`profile_params`: a shorter cap keeps the trace small)."""
     from rlflow.generation.megatron import MegatronGeneration
 
     backend = MegatronGeneration(
@@ -345,10 +363,10 @@ def run_rollout(
         cuda_graphs=True,
         compile_decode=args.compile_decode,
         share_prompts=True,
-        split_kv=split_kv,
+        fp8=fp8,
     )
-    warm_s, _ = timed_generate(backend, prompts, params, device)
-    log(f"rollout (split_kv={split_kv}): warm-up {warm_s:.1f} s (graph capture / compile included)")
+    warm_s, _ = timed_generate(backend, prompts, warm_params or params, device)
+    log(f"{name}: warm-up {warm_s:.1f} s (graph capture / compile included)")
     _reset_peak(device)
     before = _allocated(device)
     runs = []
@@ -356,50 +374,94 @@ def run_rollout(
         seconds, completions = timed_generate(backend, prompts, params, device)
         stats = length_stats(completions)
         # the roofline of exactly this call's work: its per-row lengths
-        roof = roofline(prompts, [len(c.token_ids) for c in completions], counts, ceil, gpus)
+        lengths = [len(c.token_ids) for c in completions]
+        roof = roofline(prompts, lengths, counts, ceil, gpus, fp8=fp8)
         tokens_per_s = stats["useful_tokens"] / seconds
+        timings = dict(backend.last_timings)
         runs.append(
             {
                 "seconds": seconds,
                 **stats,
                 "tokens_per_s": tokens_per_s,
                 "percent_of_roofline": 100 * roof["total_s"] / seconds,
+                "prefill_s": timings.get("prefill_s"),
+                "prefill_percent_of_roofline": 100 * roof["prefill_s"] / timings["prefill_s"]
+                if timings.get("prefill_s")
+                else None,
+                "decode_ms_per_step": timings.get("decode_ms_per_step"),
                 "roofline": roof,
             }
         )
         log(
-            f"rollout: run {rep + 1}: {seconds:.2f} s, {stats['useful_tokens']} useful tokens "
-            f"(mean response {stats['mean_response']:.1f}), {tokens_per_s:,.0f} tok/s"
+            f"{name}: run {rep + 1}: {seconds:.2f} s, {stats['useful_tokens']} useful tokens "
+            f"(mean response {stats['mean_response']:.1f}), {tokens_per_s:,.0f} tok/s, "
+            f"{runs[-1]['percent_of_roofline']:.1f}% of roofline; prefill "
+            f"{timings.get('prefill_s', 0):.3f} s vs {roof['prefill_s']:.3f} s"
         )
     peak = _peak(device)
-    if getattr(args, "profile", False) and not split_kv:  # one more call: kernels, host gaps
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            timed_generate(backend, prompts, params, device)
-        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
-        (args.out / "rollout_profile.txt").write_text(table)
-        log("rollout profile:\n" + table)
+    profile = None
+    if profile_params is not None and device.type == "cuda":
+        profile = profile_call(backend, prompts, profile_params, device)
+        brief = {k: v for k, v in profile.items() if k not in ("top", "table")}
+        log(f"{name}: profile {json.dumps(brief)}")
     backend.close()
     roof = runs[0]["roofline"]
     out = {
         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
         "seconds": statistics.median(r["seconds"] for r in runs),
         "percent_of_roofline": statistics.median(r["percent_of_roofline"] for r in runs),
+        "fp8": fp8,
         "warmup_s": warm_s,
         "runs": runs,
         "engine_timings": getattr(backend, "last_timings", {}),
         "allocated_before_gib": before,
         "peak_gib": peak,
         "roofline": roof,
+        "profile": profile,
     }
     log(
-        f"rollout: {out['tokens_per_s']:,.0f} useful tok/s = {out['percent_of_roofline']:.1f}% "
-        f"of the GRPO-shaped roofline ({roof['tokens_per_s']:,.0f} tok/s: prefill "
+        f"{name}: {out['tokens_per_s']:,.0f} useful tok/s = {out['percent_of_roofline']:.1f}% "
+        f"of its roofline ({roof['tokens_per_s']:,.0f} tok/s: prefill "
         f"{roof['prefill_s'] * 1e3:.0f} ms + {roof['decode_steps']} decode steps "
         f"{roof['decode_s'] * 1e3:.0f} ms); peak {peak:.1f} GiB"
     )
     return out
+
+
+def profile_call(backend, prompts, params, device) -> dict:
+    """One profiled call: the top kernels by GPU time, the kernel count and the host gaps (wall
+    time the GPU ran no kernel: host work the GPU waited for)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        seconds, completions = timed_generate(backend, prompts, params, device)
+    averages = prof.key_averages()
+    kernels = [e for e in averages if e.device_type.name == "CUDA" and e.self_device_time_total > 0]
+    busy_us = sum(e.self_device_time_total for e in kernels)
+    launches = sum(e.count for e in kernels)
+    table = averages.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=70)
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]
+    steps = max(backend.last_timings.get("steps", 1), 1)
+    return {
+        "wall_s": seconds,
+        "gpu_busy_s": busy_us / 1e6,
+        "host_gap_s": max(seconds - busy_us / 1e6, 0.0),
+        "kernel_launches": launches,
+        "decode_steps": steps,
+        "kernels_per_decode_step": launches / steps,
+        "max_new_tokens": params.max_new_tokens,
+        "useful_tokens": sum(len(c.token_ids) for c in completions),
+        "top": [
+            {
+                "kernel": e.key[:120],
+                "gpu_ms": e.self_device_time_total / 1e3,
+                "calls": e.count,
+                "share": e.self_device_time_total / max(busy_us, 1),
+            }  # fmt: skip
+            for e in top
+        ],
+        "table": table,
+    }
 
 
 def run_hf(policy, prompts, params, args, device, log) -> dict:
@@ -442,6 +504,80 @@ def run_hf(policy, prompts, params, args, device, log) -> dict:
     return out
 
 
+ROLLOUT_PARTS = {"rollout", "long", "fixed", "hf", "mcore"}
+
+
+def run_rollout_parts(policy, prompts, params, long_params, samples, encoder, args, ceil, counts,
+                      info, device, log, results, save) -> None:  # fmt: skip
+    """The rollout workloads on one loaded policy, each engine variant (--variants) in turn:
+    rollout (GRPO-shaped), long (long responses), fixed (64 image prompts x exactly 256
+    tokens); then HF generate and megatron-core's engines. Every part is saved as it ends, and
+    a part that fails is recorded as such (the others still run)."""
+    gpus = info.world_size
+    profile = args.profile and device.type == "cuda"
+
+    def attempt(key: str, run, *a, **kw) -> None:
+        try:
+            results[key] = run(*a, **kw)
+        except Exception as err:  # noqa: BLE001 - one failing part must not lose the others
+            import traceback
+
+            results[key] = {
+                "failed": f"{type(err).__name__}: {err}"[:2000],
+                "traceback": traceback.format_exc()[-4000:],
+            }
+            log(f"{key}: FAILED {results[key]['failed']}")
+        save()
+
+    # a warm-up that captures the same cache's graphs but stops quickly (1 in 4 tokens stops)
+    quick_stop = stop_token_ids(counts["vocab_size"], 4, args.seed)
+    long_warm = dataclasses.replace(long_params, stop_token_ids=quick_stop)
+    fixed_samples = make_samples(args.prompts, args.seed + 1, encoder.tokenizer, [("image", 224)])
+    fixed_prompts = [encoder.encode(x) for x in fixed_samples]  # one row per prompt
+    fixed_params = dataclasses.replace(params, stop_token_ids=(), ignore_eos=True)
+    long_profile = dataclasses.replace(long_params, max_new_tokens=512)
+    workloads = {  # part: (prompts, params, warm-up params, profiled call's params)
+        "rollout": (prompts, params, None, params),
+        "long": (prompts, long_params, long_warm, long_profile),
+        "fixed": (fixed_prompts, fixed_params, None, fixed_params),
+    }
+    for variant in args.variants:
+        fp8 = variant == "fp8"
+        for part, (rows, part_params, warm, profiled) in workloads.items():
+            if part not in args.parts or (fp8 and part not in args.fp8_parts):
+                continue
+            name = part if variant == "bf16" else f"{part}_{variant}"
+            attempt(name, run_rollout, policy, rows, part_params, args, ceil, counts, gpus,
+                    device, log, name=name, fp8=fp8, warm_params=warm,
+                    profile_params=profiled if profile and not fp8 else None)  # fmt: skip
+    if "hf" in args.parts:
+        if info.tp_size > 1:
+            results["hf"] = {"skipped": "HF generate is the single-GPU reference (--tp 1)"}
+        else:
+            attempt("hf", lambda: run_hf(policy, prompts, params, args, device, log))
+            if "rollout" in results and "tokens_per_s" in results.get("hf", {}):
+                results["megatron_over_hf"] = (
+                    results["rollout"]["tokens_per_s"] / results["hf"]["tokens_per_s"]
+                )
+        save()
+    if "mcore" in args.parts:
+        import mcore_reference
+
+        def reference():
+            out = mcore_reference.run(policy, prompts, params, device, log, args.mcore_rows)
+            for engine in ("dynamic", "static"):
+                if out.get(engine, {}).get("ran"):
+                    rows = prompts[: out["rows"]]
+                    lengths = [params.max_new_tokens] * len(rows)  # it runs every row to the cap
+                    roof = roofline(rows, lengths, counts, ceil, gpus)
+                    out[engine]["percent_of_roofline"] = (
+                        100 * roof["total_s"] / out[engine]["seconds"]
+                    )
+            return out
+
+        attempt("mcore", reference)
+
+
 # ----------------------------------------------------------------------------- whole step
 
 
@@ -456,13 +592,17 @@ class BenchmarkSampling:
         self.generate, self.device = generate, device
         self.stop_ids: tuple[int, ...] = ()
         self.fixed = False
+        self.max_new_tokens: int | None = None  # the part's cap (the recipe's is the largest)
         self.calls: list[dict] = []
+        self.lengths: list[list[int]] = []
+        self.prompts: list = []
 
     def __call__(self, prompts, params):
         params = dataclasses.replace(
             params,
             stop_token_ids=() if self.fixed else self.stop_ids,
             ignore_eos=self.fixed,
+            max_new_tokens=self.max_new_tokens or params.max_new_tokens,
         )
         _sync(self.device)
         start = time.perf_counter()
@@ -476,10 +616,18 @@ class BenchmarkSampling:
                 **length_stats(completions),
             }
         )
+        self.lengths.append([len(c.token_ids) for c in completions])
+        self.prompts = prompts
         return completions
 
 
-def run_steps(loaded, samples, stop_ids, args, ceil, counts, run_dir, info, log) -> dict:
+# step parts: (cap, stop every N tokens or None for exactly the cap)
+STEP_PARTS = {"step": ("short", False), "steplong": ("long", False), "fixed256": ("short", True)}
+
+
+def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log, out, save):
+    """Whole GRPO steps per step part; `out` (results["train"]) is filled and saved after
+    every step, so a run cut short keeps the steps it made."""
     from rlflow.data import PromptSampler
     from rlflow.train import loop
     from rlflow.train.setup import setup
@@ -490,16 +638,16 @@ def run_steps(loaded, samples, stop_ids, args, ceil, counts, run_dir, info, log)
     t.train_data = samples
     t.sampler = PromptSampler(len(samples), len(samples), args.seed)
     sampling = BenchmarkSampling(t.backend.generate, info.device)
-    sampling.stop_ids = stop_ids
     t.backend.generate = sampling
     loop._resume_or_start(t)  # what loop.train does first: optimizer, reference = policy
     log(f"step: trainer built in {time.perf_counter() - start:.1f} s")
     gpus = info.world_size
     rate = ceil["matmul_tflop_s"] * 1e12 * gpus
     passes = 2 if t.reference is not None else 1
-    out = {"trainer_build_s": time.perf_counter() - start, "logprob_passes": passes}
-    for part in [p for p in args.parts if p in ("step", "fixed256")]:
-        sampling.fixed = part == "fixed256"
+    out.update(trainer_build_s=time.perf_counter() - start, logprob_passes=passes)
+    for part in [p for p in args.parts if p in STEP_PARTS]:
+        workload, sampling.fixed = STEP_PARTS[part]
+        sampling.stop_ids, sampling.max_new_tokens = stop_sets[workload]
         rows = []
         for _ in range(args.steps):
             step = t.step + 1
@@ -528,10 +676,15 @@ def run_steps(loaded, samples, stop_ids, args, ceil, counts, run_dir, info, log)
                 * passes
                 / metrics["time/logprobs"]
                 / rate,
-                **{k: v for k, v in metrics.items() if k.startswith("memory/")},
+                **{k: v for k, v in metrics.items() if k.startswith(("memory/", "speed/"))},
                 "token_mult_prob_error": metrics.get("train/token_mult_prob_error"),
+                "generation_percent_of_roofline": 100
+                * roofline(sampling.prompts, sampling.lengths[-1], counts, ceil, gpus)["total_s"]
+                / call["seconds"],
             }
             rows.append(row)
+            out[part] = {"steps": rows}
+            save()
             log(
                 f"{part} {step}: {row['time/step']:.1f} s (generation "
                 f"{row.get('time/generation', 0):.1f}, logprobs {row.get('time/logprobs', 0):.1f},"
@@ -545,7 +698,9 @@ def run_steps(loaded, samples, stop_ids, args, ceil, counts, run_dir, info, log)
             key: statistics.median(r[key] for r in later)
             for key in rows[0]
             if key != "step"
-            and key.startswith(("time/", "tokens", "response", "generat", "update", "logprob"))
+            and key.startswith(
+                ("time/", "speed/", "tokens", "response", "generat", "update", "logprob")
+            )
         }
         summary["allocated_gib_per_step"] = [r.get("memory/allocated_gib") for r in rows]
         summary["peak_gib_per_step"] = [r.get("memory/peak_gib") for r in rows]
@@ -555,7 +710,6 @@ def run_steps(loaded, samples, stop_ids, args, ceil, counts, run_dir, info, log)
     metrics_file = run_dir / "metrics.jsonl"
     if info.is_main and metrics_file.exists():
         shutil.copy(metrics_file, args.out / "metrics.jsonl")
-    return out
 
 
 # ----------------------------------------------------------------------------- driver
@@ -565,11 +719,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON results")
     parser.add_argument("--tiny", action="store_true", help="tiny model, fp32: CPU smoke test")
-    parser.add_argument("--parts", default="rollout,hf,step,fixed256")
+    parser.add_argument("--parts", default="rollout,long,fixed,hf,mcore,steplong,step")
     parser.add_argument("--prompts", type=int, default=None, help="unique prompts (64; tiny 4)")
     parser.add_argument("--samples", type=int, default=None, help="rollouts per prompt (8; 2)")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="cap (256; tiny 16)")
     parser.add_argument("--stop-every", type=int, default=80, help="stop set = vocab / this")
+    parser.add_argument("--long-max-new-tokens", type=int, default=None, help="long cap (4096)")
+    parser.add_argument("--long-stop-every", type=int, default=None, help="long stops (1000)")
+    parser.add_argument(
+        "--variants", default="bf16", help="engine variants of the rollout parts: bf16,fp8"
+    )
+    parser.add_argument(
+        "--fp8-parts", default="rollout,long,fixed", help="rollout parts the fp8 variant runs"
+    )
+    parser.add_argument("--mcore-rows", type=int, default=64, help="rows megatron-core runs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reps", type=int, default=2, help="timed rollout calls (median)")
     parser.add_argument(
@@ -585,8 +748,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="MegatronGeneration compile_decode (default: on, off with --tiny)",
     )
-    parser.add_argument("--hf-prompts", type=int, default=16, help="prompts HF generate runs on")
-    parser.add_argument("--hf-batch", type=int, default=128, help="HF generate chunk size")
+    parser.add_argument("--hf-prompts", type=int, default=4, help="prompts HF generate runs on")
+    parser.add_argument("--hf-batch", type=int, default=32, help="HF generate chunk size")
     parser.add_argument("--hf-reps", type=int, default=2, help="timed HF calls (median)")
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps per part (5; tiny 2)")
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (= GPUs)")
@@ -614,12 +777,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.hf_prompts = min(args.hf_prompts, args.prompts)
     if args.compile_decode is None:
         args.compile_decode = not tiny
+    args.long_max_new_tokens = args.long_max_new_tokens or (48 if tiny else 4096)
+    args.long_stop_every = args.long_stop_every or (12 if tiny else 1000)
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = sorted(set(args.parts) - {"rollout", "splitkv", "hf", "step", "fixed256"})
+    known = sorted(ROLLOUT_PARTS | set(STEP_PARTS))
+    unknown = sorted(set(args.parts) - set(known))
     if unknown:
-        parser.error(
-            f"--parts: unknown part(s) {', '.join(unknown)}; use rollout,splitkv,hf,step,fixed256"
-        )
+        parser.error(f"--parts: unknown part(s) {', '.join(unknown)}; use {','.join(known)}")
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if set(args.variants) - {"bf16", "fp8"}:
+        parser.error("--variants: bf16 and/or fp8")
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
     args.checkpoint = args.checkpoint or tmp / ("rlflow-bench-tiny" if tiny else "rlflow-bench-3b")
     return args
@@ -627,6 +794,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def recipe_overrides(args, checkpoint: Path) -> list[str]:
     tiny = args.tiny
+    cap = args.long_max_new_tokens if "steplong" in args.parts else args.max_new_tokens
     return [
         f"model.checkpoint={checkpoint}",
         f"model.dtype={'float32' if tiny else 'bfloat16'}",
@@ -639,7 +807,7 @@ def recipe_overrides(args, checkpoint: Path) -> list[str]:
         "grpo.val_at_end=false",
         "grpo.dynamic_sampling.enabled=false",  # random weights: every group's rewards are equal
         "generation.temperature=1.0",
-        f"generation.max_new_tokens={args.max_new_tokens}",
+        f"generation.max_new_tokens={cap}",
         f"generation.max_batch_size={args.max_batch_size}",
         f"generation.compile_decode={str(args.compile_decode).lower()}",
         "data.max_prompt_tokens=2048",
@@ -715,6 +883,7 @@ def rank_main(args) -> None:
     unique = [encoder.encode(s) for s in samples]
     prompts = [p for p in unique for _ in range(args.samples)]  # the same object G times
     stop_ids = stop_token_ids(counts["vocab_size"], args.stop_every, args.seed)
+    long_stop_ids = stop_token_ids(counts["vocab_size"], args.long_stop_every, args.seed)
     media_ids = {counts["image_token_id"], counts["video_token_id"]}
     visual: dict[str, set[int]] = {}  # visual tokens per kind of row
     for s, p in zip(samples, unique):
@@ -742,7 +911,10 @@ def rank_main(args) -> None:
         ignore_eos=False,
     )
 
-    if {"rollout", "splitkv", "hf"} & set(args.parts):
+    long_params = dataclasses.replace(
+        params, max_new_tokens=args.long_max_new_tokens, stop_token_ids=long_stop_ids
+    )
+    if ROLLOUT_PARTS & set(args.parts):
         from rlflow.model.build import load_policy
 
         start = time.perf_counter()
@@ -751,31 +923,12 @@ def rank_main(args) -> None:
         )
         results["load_policy_s"] = time.perf_counter() - start
         log(f"policy loaded in {results['load_policy_s']:.1f} s")
-        if "rollout" in args.parts:
-            results["rollout"] = run_rollout(
-                policy, prompts, params, args, ceil, counts, info.world_size, device, log
-            )
-            save()
-        if "splitkv" in args.parts:  # the same engine with split-KV decode, same process
-            results["rollout_split_kv"] = run_rollout(
-                policy, prompts, params, args, ceil, counts, info.world_size, device, log, True
-            )
-            save()
-        if "hf" in args.parts:
-            if info.tp_size > 1:
-                results["hf"] = {"skipped": "HF generate is the single-GPU reference (--tp 1)"}
-            else:
-                results["hf"] = hf = run_hf(policy, prompts, params, args, device, log)
-                if "rollout" in results:
-                    results["megatron_over_hf"] = (
-                        results["rollout"]["tokens_per_s"] / hf["tokens_per_s"]
-                    )
-                log(f"hf: {json.dumps({k: v for k, v in hf.items() if k != 'runs'})}")
-            save()
+        run_rollout_parts(policy, prompts, params, long_params, samples, encoder, args, ceil,
+                          counts, info, device, log, results, save)  # fmt: skip
         del policy
         _free(device)
 
-    if {"step", "fixed256"} & set(args.parts):
+    if set(STEP_PARTS) & set(args.parts):
         from megatron.core import parallel_state
 
         parallel_state.destroy_model_parallel()  # setup() initialises it again (same world)
@@ -785,9 +938,13 @@ def rank_main(args) -> None:
             )
         )
         try:
-            results["train"] = run_steps(
-                loaded, samples, stop_ids, args, ceil, counts, run_dir, info, log
-            )
+            stop_sets = {
+                "short": (stop_ids, args.max_new_tokens),
+                "long": (long_stop_ids, args.long_max_new_tokens),
+            }
+            results["train"] = {}
+            run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log,
+                      results["train"], save)  # fmt: skip
         finally:
             parallel.barrier()
             if info.is_main:
@@ -801,16 +958,19 @@ def rank_main(args) -> None:
 
 def print_summary(results: dict) -> None:
     print("\n== GRPO-shaped benchmark ==", flush=True)
-    roll = results.get("rollout")
-    if roll:
-        roof = roll["roofline"]
-        run = roll["runs"][0]
+    for key, roll in results.items():
+        if not key.startswith(("rollout", "long", "fixed")) or not isinstance(roll, dict):
+            continue
+        if "failed" in roll:
+            print(f"{key}: FAILED {roll['failed'][:200]}")
+            continue
+        roof, run = roll["roofline"], roll["runs"][0]
         print(
-            f"rollout: {roll['tokens_per_s']:,.0f} useful tok/s, "
-            f"{roll['percent_of_roofline']:.1f}% of the GRPO-shaped roofline "
-            f"({roof['tokens_per_s']:,.0f} tok/s); mean response {run['mean_response']:.1f} "
-            f"(max {run['max_response']}, {run['rows_at_cap']} rows at the cap); "
-            f"{roll['seconds']:.2f} s per call; peak {roll['peak_gib']:.1f} GiB"
+            f"{key}: {roll['tokens_per_s']:,.0f} useful tok/s, {roll['percent_of_roofline']:.1f}%"
+            f" of its roofline ({roof['tokens_per_s']:,.0f} tok/s); mean response "
+            f"{run['mean_response']:.1f} (max {run['max_response']}, {run['rows_at_cap']} at the "
+            f"cap); {roll['seconds']:.2f} s per call, prefill {run['prefill_s']:.3f} s vs "
+            f"{roof['prefill_s']:.3f} s; peak {roll['peak_gib']:.1f} GiB"
         )
     hf = results.get("hf")
     if hf and "tokens_per_s" in hf:
@@ -820,7 +980,13 @@ def print_summary(results: dict) -> None:
             f"{note}: ~{hf['estimated_full_batch_s']:.1f} s for all {hf['full_rows']}; "
             f"megatron / hf = {results.get('megatron_over_hf', float('nan')):.2f}x"
         )
-    for part in ("step", "fixed256"):
+    for engine in ("dynamic", "static"):
+        ref = results.get("mcore", {}).get(engine)
+        if ref:
+            what = (f"{ref['tokens_per_s']:,.0f} tok/s" if ref.get("ran")
+                    else f"cannot run: {ref['error'][:160]} ({ref.get('where')})")  # fmt: skip
+            print(f"megatron-core {engine} engine: {what}")
+    for part in STEP_PARTS:
         s = results.get("train", {}).get(part, {}).get("median_of_steps_2_on")
         if s:
             print(
@@ -828,7 +994,8 @@ def print_summary(results: dict) -> None:
                 f" logprobs {s.get('time/logprobs', 0):.1f}, training "
                 f"{s.get('time/training', 0):.1f}); {s['tokens_per_s_per_gpu']:,.0f} tok/s/GPU; "
                 f"MFU update {100 * s['update_mfu']:.1f}% logprobs {100 * s['logprob_mfu']:.1f}%;"
-                f" allocated GiB per step {results['train'][part]['median_of_steps_2_on']['allocated_gib_per_step']}"
+                f" generation {s.get('generation_percent_of_roofline', 0):.1f}% of roofline; "
+                f"peak GiB per step {s['peak_gib_per_step']}"
             )
 
 

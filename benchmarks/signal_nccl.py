@@ -30,6 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from rlflow.errors import EX_TEMPFAIL
+from rlflow.job import files
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[1]
@@ -65,7 +66,7 @@ def rank_main(args: argparse.Namespace) -> int:
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
     rank = dist.get_rank()
-    stop = StopRequest(enabled=True)  # the handler rlflow train installs
+    stop = StopRequest(True, os.environ["RLFLOW_STOP_SIGNAL"])  # as rlflow train installs it
     heard_at: list[int] = []
     step = 0
     handler = signal.getsignal(stop_signal())
@@ -111,7 +112,7 @@ def rank_main(args: argparse.Namespace) -> int:
 def stop_signal() -> signal.Signals:
     from rlflow.train.signals import warning_signal
 
-    return warning_signal()
+    return warning_signal(os.environ["RLFLOW_STOP_SIGNAL"])
 
 
 # --- the launcher (2 local ranks) --------------------------------------------------------------
@@ -131,7 +132,10 @@ def launch_main(args: argparse.Namespace) -> int:
 
 def heartbeats(run_dir: Path) -> list[dict]:
     found = []
-    for path in sorted((run_dir / "logs" / "heartbeat").glob("rank-*.json")):
+    # The launcher keeps them in its attempt's folder, status/attempt-<A> (rlflow/job/files.py)
+    attempts = files.attempt_dirs(run_dir)
+    folder = attempts[-1] / files.HEARTBEAT if attempts else run_dir / "none"
+    for path in sorted(folder.glob("rank-*.json")):
         try:
             found.append(json.loads(path.read_text()))
         except (OSError, ValueError):

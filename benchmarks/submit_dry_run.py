@@ -1,4 +1,4 @@
-"""Wall time of `rlflow submit --dry-run`, the login-node command (target: under 0.5 s).
+"""Wall time of `rlflow submit --dry-run` and `rlflow status`, the login-node commands.
 
 Each sample is a fresh process, as a user runs it: the `rlflow` console script, the recipe
 loaded and checked, the script rendered, `bash -n`, the pin check, the output printed. The
@@ -100,6 +100,38 @@ def main() -> None:
                     sample(argv, Path(outside), runs),
                 )
             )
+        run = local_run(Path(outside) / "run")
+        argv = [*RLFLOW, "status", str(run)]
+        print(
+            row("rlflow status RUN_DIR", "a stopped local run, 500 steps", sample(argv, REPO, runs))
+        )
+
+
+def local_run(run: Path) -> Path:
+    """A local run's directory (`rlflow train --nproc 2`) stopped after 500 steps: its launcher
+    record, one attempt, a heartbeat, 500 metrics lines of the trainer's size (~1.5 kB)."""
+    import json
+
+    beat = run / "status" / "attempt-0" / "heartbeat" / "rank-0.json"
+    beat.parent.mkdir(parents=True)
+    beat.write_text(json.dumps({"phase": "training", "step": 500, "wall": time.time()}))
+    record = {"format": 1, "pid": 1, "start_ticks": 0, "boot_id": "", "host": "elsewhere"}
+    record.update(attempt=0, nproc=2, command=["rlflow", "train", "r.yaml"], cwd="/", started=0.0)
+    (run / "launcher.json").write_text(json.dumps(record))
+    (run / "attempts.jsonl").write_text(
+        json.dumps(
+            {"attempt": 0, "job_id": "", "outcome": "stopped", "reason": "saved and stopped",
+             "nodes": "here", "excluded": [], "step": 500, "checkpoint_step": 500,
+             "exit_code": 75, "action": "resume"}
+        ) + "\n"
+    )  # fmt: skip
+    padding = {f"train/extra_{i}": 0.5 for i in range(60)}
+    with open(run / "metrics.jsonl", "w") as out:
+        for step in range(1, 501):
+            line = {"step": step, "time/step": 2.0, "train/reward": 0.5, **padding}
+            out.write(json.dumps(line) + "\n")
+    (run / "recipe.resolved.yaml").write_text("grpo:\n  max_num_steps: 1000\n")
+    return run
 
 
 if __name__ == "__main__":

@@ -123,12 +123,19 @@ def _source_line(file: str | None, line: int | None, root: Path | None) -> str |
         path = root / path
     lines = _file_lines(path)
     if lines is not None and 1 <= line <= len(lines):
-        return lines[line - 1].rstrip()
-    return None
+        text = lines[line - 1].rstrip()
+    else:
+        text = _streamed_line(path, line)
+    if text is None:
+        return None
+    return "".join(c if c.isprintable() or c == "\t" else "\ufffd" for c in text)
 
 
 _LINES_CACHE: dict[tuple, list[str]] = {}
 SNIPPET_WIDTH = 160  # a 1 MB minified line is shown as a window around the column
+
+
+LARGEST_CACHED_FILE = 4 * 2**20  # a larger file (a data file) is streamed to the one line
 
 
 def _file_lines(path: Path) -> list[str] | None:
@@ -136,7 +143,7 @@ def _file_lines(path: Path) -> list[str] | None:
     20,000 diagnostics against one .gitmodules must not read it 20,000 times."""
     try:
         st = path.stat()
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(st.st_mode) or st.st_size > LARGEST_CACHED_FILE:
             return None  # a directory or a pipe has no lines (and reading a pipe blocks)
         key = (str(path), st.st_mtime_ns, st.st_size)
         if key not in _LINES_CACHE:
@@ -145,6 +152,23 @@ def _file_lines(path: Path) -> list[str] | None:
             text = path.read_bytes().decode("utf-8", errors="replace")
             _LINES_CACHE[key] = [x.removesuffix("\r") for x in text.split("\n")]
         return _LINES_CACHE[key]
+    except OSError:
+        return None
+
+
+def _streamed_line(path: Path, line: int) -> str | None:
+    """The start of line `line` of a large file, read in bounded pieces (a data file's 100 MB
+    line must not be read whole to show its first characters)."""
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return None
+        with path.open("rb") as f:
+            for _ in range(line - 1):
+                while (piece := f.readline(2**20)) and not piece.endswith(b"\n"):
+                    pass
+                if not piece:
+                    return None
+            return f.readline(4 * SNIPPET_WIDTH).decode("utf-8", errors="replace").rstrip("\r\n")
     except OSError:
         return None
 

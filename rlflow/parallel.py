@@ -154,6 +154,14 @@ def _device() -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
+def sequence_parallel(cfg: ParallelismConfig) -> bool:
+    """Whether the trainer splits activations over the TP ranks (`parallelism.sequence_parallel`;
+    the recipe rules refuse "on" at TP=1)."""
+    if cfg.sequence_parallel == "auto":
+        return cfg.tensor_parallel_size > 1
+    return cfg.sequence_parallel == "on"
+
+
 def info() -> ParallelInfo:
     assert _info is not None, "init_parallel() has not run"
     return _info
@@ -166,8 +174,11 @@ def data_parallel_group():
 
 
 def tensor_parallel_group():
+    """The tensor-parallel group of this rank, or None when the model is not split (TP=1)."""
     from megatron.core import parallel_state
 
+    if info().tp_size == 1:
+        return None
     return parallel_state.get_tensor_model_parallel_group()
 
 

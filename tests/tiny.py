@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -13,8 +14,19 @@ TINY_CPU_RECIPE = (
     Path(__file__).resolve().parents[1] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
 )
 BASE_RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "base.yaml"
-SINGLE = ParallelismConfig(1, 1, 1, 1)
-FP32 = ModelConfig(checkpoint="unused", dtype="float32", freeze_vision=True, tiny_seed=0)
+SINGLE = ParallelismConfig(1, 1, 1, 1, "off")
+
+
+def _base_model() -> ModelConfig:
+    """recipes/base.yaml's model section (its defaults, e.g. `model.moe`, stated once)."""
+    from rlflow.recipe.load import load_recipe
+
+    return load_recipe(BASE_RECIPE).recipe.model
+
+
+FP32 = dataclasses.replace(
+    _base_model(), checkpoint="unused", dtype="float32", freeze_vision=True, tiny_seed=0
+)
 
 
 @functools.cache
@@ -44,6 +56,7 @@ def megatron_generation(policy, pad_token_id: int, **changes):
         "cuda_graphs": gen.cuda_graphs,
         "compile_decode": gen.compile_decode,
         "share_prompts": gen.share_prompts,
+        "fp8": gen.fp8,
     }
     return MegatronGeneration(policy, pad_token_id, **{**knobs, **changes})
 

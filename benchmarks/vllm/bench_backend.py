@@ -82,8 +82,9 @@ def main() -> None:
     vllm = VLLMGeneration(policy, recipe.generation, work / "run", max_model_len=1024)
     startup = time.perf_counter() - start
     megatron = MegatronGeneration(
-        policy, pad, max_batch_size=64, cuda_graphs=True, compile_decode=False, share_prompts=True
-    )
+        policy, pad, max_batch_size=64, cuda_graphs=True, compile_decode=False,
+        share_prompts=True, fp8=False,
+    )  # fmt: skip
     hf = HFGeneration(policy, pad, 64)
     greedy = SamplingParams(24, 0.0, 1.0, 0, 0, (eos,), True)
     ours = vllm.generate(mixed, greedy)

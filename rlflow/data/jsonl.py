@@ -14,8 +14,11 @@
   (`RewardBatch.fields`) and to the prompt template (`data.prompt_template`, "{question}").
 
 Every used line is checked when the dataset is built, so a bad row fails before the job
-spends GPU time. Images and videos are decoded when a row is read; a file that cannot be
-decoded then is an error naming its JSONL file, line and field.
+spends GPU time, and the dry run (`rlflow submit --dry-run`, through the recipe checks) reads
+the first DRY_RUN_ROWS rows of each split and their images' headers. A line is valid UTF-8
+JSON (no NaN or Infinity) of at most 4 MiB (rlflow/data/lines.py): media go in files the
+row names. Images and videos are decoded when a row is read; a file that cannot be decoded
+then is an error naming its JSONL file, line and field.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rlflow.data.lines import bounded_lines
 from rlflow.data.prompts import format_answer, render_question, template_fields
 from rlflow.data.rewards import extract_answer
 from rlflow.data.sample import Sample
@@ -36,6 +40,8 @@ QUESTION_KEYS = ("problem", "question", "prompt")
 ANSWER_KEYS = ("solution", "answer")
 FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 MAX_REPORTED = 10  # problems listed before the rest are summarised as a count
+MAX_SCANNED_PROBLEMS = 100  # reading stops after this many bad lines: the file is the problem
+DRY_RUN_ROWS = 100  # rows of each split the dry run reads (and whose image headers it opens)
 # Literal media markers in a problem would add a second set of image tokens to the prompt
 # (NeMo-RL #3494: 601 placeholders for 600 features); the chat template places the image itself.
 _MEDIA_MARKER_RE = re.compile(r"<image>|<video>", re.IGNORECASE)
@@ -106,6 +112,8 @@ class JsonlDataset:
         try:
             with Image.open(path) as image:
                 return image.convert("RGB")
+        except Image.DecompressionBombError as exc:
+            raise _read_error(row, key, f"image {path} is too large to decode: {exc}") from exc
         except (OSError, UnidentifiedImageError) as exc:
             raise _read_error(row, key, f"cannot read image {path}: {exc}") from exc
 
@@ -176,8 +184,8 @@ def uniform_frames(frames: list, num_frames: int) -> tuple:
 
 
 def jsonl_files(path: Path) -> list[Path]:
-    """A JSONL file, or the *.jsonl files of a directory in name order."""
-    return sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    """A JSONL file, or the *.jsonl files of a directory in name order (files only)."""
+    return sorted(p for p in path.glob("*.jsonl") if p.is_file()) if path.is_dir() else [path]
 
 
 def read_rows(
@@ -201,10 +209,12 @@ def read_rows(
         )
     files = jsonl_files(path)
     if not files:
+        folders = sorted(p.name for p in path.glob("*.jsonl") if p.is_dir())
         raise RlflowError(
             Diagnostic(
                 "data.jsonl-empty",
-                f"directory {path} has no *.jsonl files",
+                f"directory {path} (data.{split}.path) has no *.jsonl files"
+                + (f" ({', '.join(folders)}: a directory, not a file)" if folders else ""),
                 help=f"point data.{split}.path at a .jsonl file or a directory of them",
             )
         )
@@ -213,19 +223,28 @@ def read_rows(
     problems: list[Diagnostic] = []
     for file in files:
         root = Path(image_root) if image_root is not None else file.parent
-        with file.open(encoding="utf-8") as lines:
-            for number, text in enumerate(lines, start=1):
-                if len(rows) >= num_samples:
-                    break
-                if text.strip():
-                    row = _parse_line(text, number, file, root, context, problems)
-                    if row is not None:
-                        rows.append(row)
+        for number, text, problem in bounded_lines(file):
+            if len(rows) >= num_samples or len(problems) >= MAX_SCANNED_PROBLEMS:
+                break
+            if problem is not None:
+                problems.append(
+                    Diagnostic(
+                        "data.jsonl-bad-line",
+                        problem,
+                        file=str(file),
+                        line=number,
+                        help=_HELP_LAYOUT,
+                    )
+                )
+            elif text.strip():
+                row = _parse_line(text, number, file, root, context, problems)
+                if row is not None:
+                    rows.append(row)
     if not rows and not problems:
         problems.append(
             Diagnostic(
                 "data.jsonl-empty",
-                f"JSONL file {path} has no rows",
+                f"JSONL file {path} (data.{split}.path) has no rows",
                 file=str(path),
                 help=_HELP_LAYOUT,
             )
@@ -233,6 +252,51 @@ def read_rows(
     if problems:
         raise RlflowError(_capped(problems))
     return rows
+
+
+def first_rows_problems(data_cfg) -> list[Diagnostic]:
+    """The recipe check (rlflow.recipe.checks): what the trainer would refuse in the first
+    DRY_RUN_ROWS rows of each JSONL split. Login-node safe: no torch, no pixels decoded."""
+    return [
+        problem
+        for split in ("train", "validation")
+        for problem in _split_problems(getattr(data_cfg, split), data_cfg, split)
+    ]
+
+
+def _split_problems(split_cfg, data_cfg, split: str) -> list[Diagnostic]:
+    """The rows as the dataset reads them, and each image's header (its size: PIL refuses a
+    decompression bomb when it opens one)."""
+    if split_cfg.kind != "jsonl" or not split_cfg.path or split_cfg.num_samples < 1:
+        return []  # no path, no rows asked for: the recipe's own rules say so
+    try:
+        template_fields(data_cfg.prompt_template)
+    except ValueError:
+        return []  # a broken template: the recipe's template rule says so
+    try:
+        rows = read_rows(
+            Path(split_cfg.path),
+            split_cfg.image_root,
+            min(split_cfg.num_samples, DRY_RUN_ROWS),
+            split,
+            template=data_cfg.prompt_template,
+            num_frames=data_cfg.video.num_frames,
+        )
+    except RlflowError as err:
+        return list(err.diagnostics)
+    from PIL import Image, UnidentifiedImageError
+
+    problems = []
+    for row in rows:
+        for path in row.image_paths:
+            try:
+                with Image.open(path):
+                    pass
+            except Image.DecompressionBombError as exc:
+                problems.append(_read_error(row, "image", f"image {path} is too large: {exc}"))
+            except (OSError, UnidentifiedImageError) as exc:
+                problems.append(_read_error(row, "image", f"cannot read image {path}: {exc}"))
+    return [d for err in problems for d in err.diagnostics]
 
 
 @dataclass(frozen=True)
@@ -252,11 +316,14 @@ def _parse_line(
         )
 
     try:
-        record = json.loads(text)
+        record = json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         problem(
             "data.jsonl-bad-json", f"line {number} is not valid JSON: {exc.msg}", column=exc.colno
         )
+        return None
+    except ValueError as exc:  # NaN, Infinity (Python's json accepts them; JSON does not)
+        problem("data.jsonl-bad-json", f"line {number} is not valid JSON: {exc}")
         return None
     if not isinstance(record, dict):
         problem(
@@ -280,6 +347,10 @@ def _parse_line(
         )
         return None
     return _check_values(record, question_key, answer_key, number, path, root, ctx, problem)
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"`{name}` is not a JSON value: write a number or a string")
 
 
 def _check_values(
@@ -311,6 +382,13 @@ def _check_values(
     used = {question_key, answer_key, "id", "video", *IMAGE_KEYS}
     extras = {k: v for k, v in record.items() if k not in used}
     question = _MEDIA_MARKER_RE.sub("", question).strip()
+    if not question:
+        problem(
+            "data.jsonl-bad-value",
+            f"line {number}: `{question_key}` holds only <image>/<video> markers, no question",
+            help="write the question; the chat template places the image or video itself",
+        )
+        return None
     missing = [f for f in ctx.template_fields if f != "question" and f not in extras]
     if missing:
         problem(

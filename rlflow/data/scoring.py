@@ -102,41 +102,58 @@ class Scorer:
         """One reward over the batch: (its value per rollout, its named components)."""
         if not is_import_path(name):
             return _run_builtin(name, batch), {}
-        if self.pool is not None:
-            outcome = self.pool.run(name, batch, self.timeout_s)
-        else:
-            outcome = call_reward(name, batch, self.search_path)
+        outcome = self._call(name, batch)
         if outcome.error is not None:
             self._raise_for_failure(name, batch, outcome)
         return _checked(name, outcome.value, batch)
 
     def _raise_for_failure(self, name: str, batch: RewardBatch, outcome) -> None:
         """Find the rollout the reward fails on (retrying rows one by one) and raise."""
-        row = 0
-        if outcome.kind == "raised" and len(batch) > 1:
+        row = outcome.row
+        if outcome.kind in RETRIED and len(batch) > 1:
             for i in range(min(len(batch), MAX_ROWS_RETRIED)):
-                single = batch.rows([i])
-                alone = (
-                    self.pool.run(name, single, self.timeout_s)
-                    if self.pool is not None
-                    else call_reward(name, single, self.search_path)
-                )
+                alone = self._call(name, batch.rows([i]))
                 if alone.error is not None:
                     row, outcome = i, alone
                     break
-        if outcome.kind == "timeout":
-            help = (
-                f"make `{name}` faster, or raise scoring.timeout_s (now {self.timeout_s:g} s) "
-                "or scoring.num_workers"
-            )
-        elif outcome.kind == "import":
-            help = "check the import path in `rewards:` (`rlflow submit --dry-run` checks it)"
-        else:
-            help = f"fix `{name}` (its traceback is above the sample) or the row's data"
+            else:
+                outcome.notes = (*outcome.notes, "no row failed when retried alone")
         notes = [*outcome.notes, *_sample_notes(batch, row)]
         raise RewardError(
-            name, batch.sample_ids[row], batch.completions[row], outcome.error, help, notes
+            name,
+            batch.sample_ids[row],
+            batch.completions[row],
+            outcome.error,
+            _help(name, outcome.kind, self.timeout_s),
+            notes,
         )
+
+    def _call(self, name: str, batch: RewardBatch):
+        if self.pool is not None:
+            return self.pool.run(name, batch, self.timeout_s)
+        return call_reward(name, batch, self.search_path)
+
+
+RETRIED = ("raised", "exited", "died")  # failures a single row can reproduce
+
+
+def _help(name: str, kind: str | None, timeout_s: float) -> str:
+    if kind == "timeout":
+        return (
+            f"make `{name}` faster, or raise scoring.timeout_s (now {timeout_s:g} s) "
+            "or scoring.num_workers"
+        )
+    if kind == "import":
+        return "check the import path in `rewards:` (`rlflow submit --dry-run` checks it)"
+    if kind == "exited":
+        return f"a reward returns its values: remove the exit from `{name}` (traceback above)"
+    if kind == "died":
+        return (
+            f"`{name}` ran in a worker process that ended mid-call: a crash in native code, an "
+            "exit from C, or the machine out of memory. Run it on this row alone to see why "
+            "(scoring.num_workers=0 runs rewards in the trainer, which prints a crash's stack)"
+        )
+    return f"fix `{name}` (its traceback is above the sample) or the row's data"
 
 
 def normalized_weights(weights: Mapping[str, float]) -> dict[str, float]:

@@ -130,16 +130,20 @@ def top_level_names(tree: ast.Module) -> tuple[dict[str, ast.AST], bool]:
 
 
 def _check_signature(node: ast.AST, spec: str) -> tuple[str, str] | None:
-    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+    if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Lambda):
+        args, name = node.value.args, "a lambda"  # `reward = lambda batch: ...`
+    elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        args, name = node.args, node.name
+    else:
         return None  # a callable object, an alias, a class: only a real call can tell
-    args = node.args
     positional = args.posonlyargs + args.args
     required = len(positional) - len(args.defaults)
     kw_required = [a.arg for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is None]
     if (not positional and args.vararg is None) or required > 1 or kw_required:
+        fix = spec.partition(":")[2]
         return (
             f"`{spec}` takes ({ast.unparse(args)}), but a reward is called with one argument",
-            f"define it as `def {node.name}(batch: RewardBatch) -> list[float]` "
-            "(rlflow.data.rewards.RewardBatch)",
+            f"define it as `def {fix}(batch: RewardBatch) -> list[float]` "
+            "(rlflow.data.rewards.RewardBatch)" + (f"; it is {name} now" if name != fix else ""),
         )
     return None

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from rlflow.model.media import Prompt
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,9 @@ class Completion:
     token_ids: list[int]  # generated tokens, including the stop token when one ended the row
     logprobs: list[float]  # log p(token), temperature-1 distribution, one per token
     finish_reason: Literal["stop", "length"]
+    # MoE models, megatron backend: the experts each token went through, [prompt + generated,
+    # layers, k] (int8/int16; -1: never through the model, i.e. the last generated token)
+    routing: torch.Tensor | None = None
 
 
 class GenerationBackend(abc.ABC):

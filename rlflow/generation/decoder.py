@@ -9,17 +9,23 @@ ops, which is what makes the decode step fast and CUDA-graph capturable:
   then copied into the cache rows of all of its samples;
 * keys are stored *rotated* in a static cache [rows, T, kv_heads, head_dim]: a decode step
   applies RoPE to the new token only, and each row attends to its own `lengths[row]` keys;
-* on a GPU in bf16 the decode attention is FlashAttention's varlen kernel with `seqused_k`: it
-  reads only the keys a row has, never the unwritten tail of the cache; a KV head's query group
-  is laid out as that row's "query tokens", so each KV head is read once for all its queries;
-  optionally, when few rows are live, each row's keys are split across several thread blocks
-  (rlflow/generation/split_kv.py; off by default until measured on a GPU);
-* elsewhere (CPU, fp32) it is SDPA with a length mask: exact, and the parity tests' reference.
+* on a GPU in bf16 a decode step's attention is one Triton kernel per layer
+  (rlflow/generation/flash_decode.py): it takes the fused QKV projection as it comes, applies the
+  q/k norm and RoPE, writes the new key and value into the cache, and attends over each row's
+  own `lengths[row]` keys, split across thread blocks when few rows are live; the rest of a
+  layer (output projection, MLP, residuals) and the next layer's norm and QKV projection are one
+  torch.compile'd function, so a layer is ~8 kernels;
+* elsewhere (CPU, fp32) it is SDPA with a length mask: exact, and the parity tests' reference;
+* with `fp8`, the decode step's layer matmuls run in FP8 (rlflow/generation/fp8.py); prefill
+  and the output head stay in the policy's dtype.
 
 Tensor parallelism: the policy's column/row-parallel weights are this rank's shards; the two
 row-parallel outputs (attention projection, MLP down-projection) are all-reduced here.
 The math mirrors megatron-core's local layer spec (RMSNorm, QKV with bias, SwiGLU MLP);
-tests/generation compares it token for token with HF transformers.
+tests/generation compares it token for token with HF transformers. Mixture-of-experts layers
+run rlflow/generation/moe_decode.py's routed experts instead of the MLP and report each token's
+chosen experts into a `routing` buffer [tokens, layers, k] (router replay); dense layers take
+exactly the code path they always took.
 """
 
 from __future__ import annotations
@@ -31,9 +37,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from rlflow.generation import split_kv
+from rlflow.generation import flash_decode, fp8
+from rlflow.generation.moe_decode import MoEWeights, moe_mlp, moe_weights
 from rlflow.model.deepstack import DeepStack
-from rlflow.model.packed_attention import Packing, flash_available, varlen_causal
+from rlflow.model.packed_attention import Packing, varlen_causal
 
 
 @dataclass
@@ -46,10 +53,12 @@ class LayerWeights:
     proj_weight: torch.Tensor
     proj_bias: torch.Tensor | None
     mlp_norm: torch.Tensor
-    fc1_weight: torch.Tensor
+    fc1_weight: torch.Tensor | None  # None in an MoE layer (its experts are in `moe`)
     fc1_bias: torch.Tensor | None
-    fc2_weight: torch.Tensor
+    fc2_weight: torch.Tensor | None
     fc2_bias: torch.Tensor | None
+    quantized: fp8.LayerFP8 | None = None  # FP8 copies of the four matmul weights (decode only)
+    moe: MoEWeights | None = None  # routed experts (rlflow/generation/moe_decode.py)
 
 
 @dataclass(frozen=True)
@@ -121,21 +130,47 @@ class Decoder:
             tp_group = parallel_state.get_tensor_model_parallel_group()
         self.tp_group = tp_group
         self.layers = [_weights(layer) for layer in lm.decoder.layers]
+        moe = next((w.moe for w in self.layers if w.moe is not None), None)
+        self.topk = moe.topk if moe is not None else 0  # experts per token; 0: a dense model
         scale = config.softmax_scale or head_dim**-0.5
         self.dims = Dims(heads, kv_heads, head_dim, config.layernorm_epsilon, scale, tp_group)
-        # Decode on GPUs: each layer's work before and after attention is fused by torch.compile
-        # into a few kernels (norms, rotary, SwiGLU, residual adds); the cache write and the
-        # attention call stay outside, since a compiled in-place write into the cache would copy
-        # the whole cache. One graph serves every layer; the batch bucket changes as rows retire,
-        # so after the second size dynamo compiles one shape-generic graph for all of them.
-        # Under tensor parallelism the all-reduces stay eager (nothing is compiled).
-        self._before, self._after = _before_attention, _after_attention
-        self._merge = split_kv.merge
+        # Decode on GPUs: between two attention calls, the output projection, the MLP, the
+        # residual adds and the next layer's norm and QKV projection are one torch.compile'd
+        # function (`_between`: norms, SwiGLU and residuals fuse into the GEMMs' neighbours);
+        # the attention (rotary, cache write, attention: flash_decode.py) stays outside, since a
+        # compiled in-place write into the cache would copy the whole cache. One graph serves
+        # every layer; the batch bucket changes as rows retire, so after the second size dynamo
+        # compiles one shape-generic graph for all of them. Under tensor parallelism the
+        # all-reduces stay eager (nothing is compiled).
+        self._first, self._between = _first_qkv, _between_attention
         if compile_decode and tp_group is None:
-            self._before = torch.compile(_before_attention)
-            self._after = torch.compile(_after_attention)
-            self._merge = torch.compile(split_kv.merge)
-        self.split_kv = False  # set by MegatronGeneration(split_kv=...)
+            self._first = torch.compile(_first_qkv)
+            self._between = torch.compile(_between_attention)
+        self.fp8 = False  # set_fp8: the decode step's layer matmuls in FP8
+        self._decode_layers = self.layers
+        self._sms = 0
+
+    def set_fp8(self, enabled: bool) -> None:
+        """Decode through FP8 copies of the layer weights (quantized now; `requantize` after
+        every weight update), or through the policy's own tensors."""
+        if enabled and self.topk:
+            raise ValueError(
+                "FP8 decode of mixture-of-experts layers is not implemented: set "
+                "generation.fp8 to false for an MoE model"
+            )
+        self.fp8 = enabled
+        self._decode_layers = self.layers
+        if enabled:
+            self._decode_layers = [
+                dataclasses.replace(w, quantized=fp8.quantize_layer(w)) for w in self.layers
+            ]
+
+    def requantize(self) -> None:
+        """Refresh the FP8 copies from the policy's current weights, in place (CUDA graphs keep
+        pointing at the same buffers)."""
+        for w in self._decode_layers:
+            if w.quantized is not None:
+                fp8.requantize_layer_(w.quantized, w)
 
     def new_cache(self, rows: int, length: int, dtype, device) -> KVCache:
         d = self.dims
@@ -175,89 +210,151 @@ class Decoder:
 
     def prefill(
         self, hidden: torch.Tensor, cos, sin, pack: Packing, cache: KVCache, dest: torch.Tensor,
-        src: torch.Tensor, deepstack: DeepStack | None = None,
+        src: torch.Tensor, routing: torch.Tensor | None = None, *,
+        deepstack: DeepStack | None = None,
     ) -> torch.Tensor:  # fmt: skip
         """Packed prompts hidden [T, H] -> hidden [T, H] (before the final norm).
 
         Each layer's keys/values of token src[i] are written to flat cache slot dest[i]
         (row * cache.length + position): one prompt fills the rows of all of its samples.
+        routing [T, layers, k]: receives each token's experts (MoE models).
         deepstack: vision features added to the first layers' outputs (Qwen3-VL), packed.
         """
         for index, w in enumerate(self.layers):
             keys = cache.keys[index].view(-1, self.dims.kv_heads, self.dims.head_dim)
             values = cache.values[index].view(-1, self.dims.kv_heads, self.dims.head_dim)
-            hidden = prefill_layer(hidden, w, cos, sin, pack, keys, values, dest, src, self.dims)
+            if w.moe is None:
+                hidden = prefill_layer(
+                    hidden, w, cos, sin, pack, keys, values, dest, src, self.dims
+                )
+            else:
+                hidden = _prefill_attention(
+                    hidden, w, cos, sin, pack, keys, values, dest, src, self.dims
+                )
+                hidden = self._routed(hidden, w, routing, index)
             if deepstack is not None:
                 hidden = deepstack.add(hidden, index)
         return hidden
 
-    def decode(self, tokens, positions, lengths, cache: KVCache, rows: int) -> torch.Tensor:
+    def _routed(self, hidden, w: LayerWeights, routing, index: int) -> torch.Tensor:
+        """The MoE block + residual; the chosen experts go to routing[:, index]."""
+        out, chosen = moe_mlp(hidden, w.moe, self.dims.eps)
+        if routing is not None:
+            routing[:, index] = chosen
+        return hidden + _reduce(out, None, self.dims)
+
+    def decode(
+        self, tokens, positions, lengths, cache: KVCache, rows: int, routing=None
+    ) -> torch.Tensor:
         """One new token for each of the first `rows` cache rows -> fp32 logits [rows, V].
 
         tokens/positions/lengths [rows]: the token, its text position, and the row's key count
-        including this token (it is written at slot lengths - 1).
+        including this token (it is written at slot lengths - 1). routing [rows, layers, k]:
+        receives each row's experts (MoE models).
         """
         cos, sin = self.rotary(positions, cache.keys[0].dtype)
         hidden = self.embed(tokens[:, None])[:, 0]
-        slots = torch.arange(rows, device=tokens.device) * cache.length + lengths - 1
-        split = self.split_plan(lengths, cache)
-        for index, w in enumerate(self.layers):
+        layers = self._decode_layers
+        qkv = self._first(hidden, layers[0], self.dims)
+        fused = flash_decode.available(qkv, self.dims.head_dim)
+        splits = self._splits(rows) if fused else 1
+        slots = None if fused else torch.arange(rows, device=tokens.device) * cache.length
+        for index, w in enumerate(layers):
             keys, values = cache.keys[index][:rows], cache.values[index][:rows]
-            q, k, v = self._before(hidden, w, cos, sin, self.dims)
-            out = _cache_attention(q, k, v, keys, values, slots, lengths, self.dims, split)
-            hidden = self._after(hidden, out, w, self.dims)
+            if fused:
+                out = flash_decode.attention(
+                    qkv, cos[:, 0], sin[:, 0], keys, values, lengths, group=self.dims.group,
+                    scale=self.dims.scale, splits=splits, q_norm=w.q_norm, k_norm=w.k_norm,
+                    eps=self.dims.eps,
+                )  # fmt: skip
+            else:
+                out = _reference_attention(qkv, w, cos, sin, keys, values, slots + lengths - 1,
+                                           lengths, self.dims)  # fmt: skip
+            following = layers[index + 1] if index + 1 < len(layers) else None
+            if w.moe is None:
+                hidden, qkv = self._between(hidden, out, w, following, self.dims)
+                continue
+            hidden = hidden + _reduce(F.linear(out, w.proj_weight), w.proj_bias, self.dims)
+            hidden = self._routed(hidden, w, routing, index)
+            qkv = None if following is None else self._first(hidden, following, self.dims)
         return self.logits(hidden)
 
-    def split_plan(self, lengths: torch.Tensor, cache: KVCache) -> split_kv.SplitPlan | None:
-        """How this step's flash decode splits each row's keys (None: one block per row)."""
-        keys = cache.keys[0]
-        if not (self.split_kv and flash_available(keys)):
-            return None
-        sms = torch.cuda.get_device_properties(keys.device).multi_processor_count
-        splits = split_kv.num_splits(lengths.shape[0], self.dims.kv_heads, cache.length, sms)
-        if splits == 1:
-            return None
-        plan = split_kv.plan(lengths, cache.length, self.dims.group, splits)
-        return dataclasses.replace(plan, merge=self._merge)
+    def _splits(self, rows: int) -> int:
+        if not self._sms:
+            device = self.output_weight.device
+            self._sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return flash_decode.num_splits(rows, self.dims.kv_heads, self._sms)
 
 
 def prefill_layer(hidden, w: LayerWeights, cos, sin, pack, keys, values, dest, src, dims: Dims):
+    hidden = _prefill_attention(hidden, w, cos, sin, pack, keys, values, dest, src, dims)
+    return hidden + _mlp(hidden, w, dims)
+
+
+def _prefill_attention(hidden, w: LayerWeights, cos, sin, pack, keys, values, dest, src, dims):
+    """The attention block + residual of a packed prefill (writing the cache)."""
     normed = F.rms_norm(hidden, hidden.shape[-1:], w.input_norm, dims.eps)
     q, k, v = _qkv(normed, w, cos, sin, dims)  # [T, heads or kv, D]
     keys.index_copy_(0, dest, k.index_select(0, src))
     values.index_copy_(0, dest, v.index_select(0, src))
     out = varlen_causal(q, k, v, pack, dims.scale).reshape(q.shape[0], -1)
-    hidden = hidden + _reduce(F.linear(out, w.proj_weight), w.proj_bias, dims)
-    return hidden + _mlp(hidden, w, dims)
+    return hidden + _reduce(F.linear(out, w.proj_weight), w.proj_bias, dims)
 
 
-def _before_attention(hidden, w: LayerWeights, cos, sin, dims: Dims):
-    """hidden [rows, H] -> rotated q [rows, heads, D], k and v [rows, kv, D]."""
+def _first_qkv(hidden, w: LayerWeights, dims: Dims):
+    """The first layer's input norm and QKV projection: hidden [rows, H] -> qkv [rows, ...]."""
     normed = F.rms_norm(hidden, hidden.shape[-1:], w.input_norm, dims.eps)
-    return _qkv(normed, w, cos, sin, dims)
+    return _linear(normed, w.qkv_weight, w.qkv_bias, w.quantized and w.quantized.qkv)
 
 
-def _cache_attention(q, k, v, keys, values, slots, lengths, dims: Dims, split=None):
-    """Write the new keys/values at `slots` of keys/values [rows, T, kv, D]; attend over each
-    row's first lengths[row] keys -> [rows, heads*D]."""
+def _between_attention(hidden, out, w: LayerWeights, following: LayerWeights | None, dims: Dims):
+    """Layer w after its attention (projection, MLP, residuals), then the following layer's
+    input norm and QKV projection -> (hidden [rows, H], qkv [rows, ...] or None)."""
+    hidden = _after_attention(hidden, out, w, dims)
+    return hidden, None if following is None else _first_qkv(hidden, following, dims)
+
+
+def _reference_attention(qkv, w: LayerWeights, cos, sin, keys, values, slots, lengths, dims):
+    """The exact path (CPU, fp32): split and rotate the projection, write the new keys/values at
+    flat `slots` of keys/values [rows, T, kv, D], attend over each row's first lengths[row]
+    keys with a length-masked SDPA -> [rows, heads*D]."""
+    q, k, v = _split_qkv(qkv, w, cos, sin, dims)
     rows, length = keys.shape[0], keys.shape[1]
-    flat_keys = keys.view(rows * length, dims.kv_heads, dims.head_dim)
-    flat_values = values.view(rows * length, dims.kv_heads, dims.head_dim)
-    flat_keys.index_copy_(0, slots, k)
-    flat_values.index_copy_(0, slots, v)
-    return _decode_attention(q, keys, values, flat_keys, flat_values, lengths, dims, split)
+    keys.view(rows * length, dims.kv_heads, dims.head_dim).index_copy_(0, slots, k)
+    values.view(rows * length, dims.kv_heads, dims.head_dim).index_copy_(0, slots, v)
+    allowed = torch.arange(length, device=q.device)[None] < lengths[:, None]  # [rows, T]
+    out = F.scaled_dot_product_attention(
+        q.view(rows, dims.kv_heads, dims.group, dims.head_dim),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=allowed[:, None, None, :],
+        scale=dims.scale,
+    )
+    return out.reshape(rows, dims.heads * dims.head_dim)
 
 
 def _after_attention(hidden, out, w: LayerWeights, dims: Dims):
     """Attention projection + residual, then the MLP block + residual."""
-    hidden = hidden + _reduce(F.linear(out, w.proj_weight), w.proj_bias, dims)
+    q = w.quantized
+    hidden = hidden + _reduce(_linear(out, w.proj_weight, None, q and q.proj), w.proj_bias, dims)
     return hidden + _mlp(hidden, w, dims)
+
+
+def _linear(x, weight, bias, quantized: fp8.QuantizedWeight | None):
+    """x @ weight.T + bias, through the FP8 copy of the weight when there is one."""
+    if quantized is None:
+        return F.linear(x, weight, bias)
+    return fp8.linear(x, quantized, bias)
 
 
 def _qkv(x, w: LayerWeights, cos, sin, dims: Dims):
     """x [N, H] -> rotated q [N, heads, D] and k [N, kv, D], v [N, kv, D]."""
-    n = x.shape[0]
-    qkv = F.linear(x, w.qkv_weight, w.qkv_bias)
+    return _split_qkv(F.linear(x, w.qkv_weight, w.qkv_bias), w, cos, sin, dims)
+
+
+def _split_qkv(qkv, w: LayerWeights, cos, sin, dims: Dims):
+    """The fused projection [N, kv * (group + 2) * D] -> rotated q, k and v."""
+    n = qkv.shape[0]
     # megatron's fused QKV layout per query group: [q_1..q_group, k, v] x head_dim
     qkv = qkv.view(n, dims.kv_heads, dims.group + 2, dims.head_dim)
     q = qkv[:, :, : dims.group].reshape(n, dims.heads, dims.head_dim)
@@ -268,56 +365,11 @@ def _qkv(x, w: LayerWeights, cos, sin, dims: Dims):
     return _rotate(q, cos, sin), _rotate(k, cos, sin), v.contiguous()
 
 
-def _decode_attention(q, keys, values, flat_keys, flat_values, lengths, dims: Dims, split=None):
-    """q [rows, heads, D] against each row's first lengths[row] cached keys -> [rows, heads*D].
-
-    split: a split_kv.SplitPlan for this step (flash only), or None."""
-    rows, length = keys.shape[0], keys.shape[1]
-    group = dims.group
-    if flash_available(q):
-        # Grouped-query layout: per row, the `group` query heads of a KV head are `group` query
-        # "tokens" of a sequence with kv_heads heads, so each KV head is read once for all of them.
-        q_tokens = q.view(rows, dims.kv_heads, group, dims.head_dim).transpose(1, 2)
-        q_tokens = q_tokens.reshape(rows * group, dims.kv_heads, dims.head_dim)
-        if split is not None:
-            out = split_kv.attention(q_tokens, flat_keys, flat_values, split, rows,
-                                     _flash_attend(dims.scale))  # fmt: skip
-        else:
-            cu_q = torch.arange(0, rows + 1, device=q.device, dtype=torch.int32) * group
-            cu_k = torch.arange(0, rows + 1, device=q.device, dtype=torch.int32) * length
-            out = _flash_attend(dims.scale)(
-                q_tokens, flat_keys, flat_values, cu_q, cu_k, group, length, lengths
-            )[0]
-        out = out.view(rows, group, dims.kv_heads, dims.head_dim).transpose(1, 2)
-        return out.reshape(rows, dims.heads * dims.head_dim)
-    allowed = torch.arange(length, device=q.device)[None] < lengths[:, None]  # [rows, T]
-    out = F.scaled_dot_product_attention(
-        q.view(rows, dims.kv_heads, group, dims.head_dim),
-        keys.transpose(1, 2),
-        values.transpose(1, 2),
-        attn_mask=allowed[:, None, None, :],
-        scale=dims.scale,
-    )
-    return out.reshape(rows, dims.heads * dims.head_dim)
-
-
-def _flash_attend(scale: float):
-    """FlashAttention varlen, non-causal, reading only `used` keys of each sequence."""
-
-    def attend(q, k, v, cu_q, cu_k, max_q, max_k, used):
-        out, lse = torch.ops.aten._flash_attention_forward(
-            q, k, v, cu_q, cu_k, max_q, max_k, 0.0, False, False,
-            scale=scale, seqused_k=used.to(torch.int32),
-        )[:2]  # fmt: skip
-        return out, lse
-
-    return attend
-
-
 def _mlp(hidden, w: LayerWeights, dims: Dims):
     normed = F.rms_norm(hidden, hidden.shape[-1:], w.mlp_norm, dims.eps)
-    gate, up = F.linear(normed, w.fc1_weight, w.fc1_bias).chunk(2, dim=-1)
-    return _reduce(F.linear(F.silu(gate) * up, w.fc2_weight), w.fc2_bias, dims)
+    q = w.quantized
+    gate, up = _linear(normed, w.fc1_weight, w.fc1_bias, q and q.fc1).chunk(2, dim=-1)
+    return _reduce(_linear(F.silu(gate) * up, w.fc2_weight, None, q and q.fc2), w.fc2_bias, dims)
 
 
 def _reduce(x: torch.Tensor, bias: torch.Tensor | None, dims: Dims) -> torch.Tensor:
@@ -330,7 +382,7 @@ def _reduce(x: torch.Tensor, bias: torch.Tensor | None, dims: Dims) -> torch.Ten
 class DecodeGraph:
     """The decode step for the first `rows` cache rows, captured once as a CUDA graph."""
 
-    def __init__(self, decoder: Decoder, cache: KVCache, rows: int, pool):
+    def __init__(self, decoder: Decoder, cache: KVCache, rows: int, pool, routing=None):
         device = cache.keys[0].device
         self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
         self.positions = torch.zeros(rows, dtype=torch.long, device=device)
@@ -338,8 +390,8 @@ class DecodeGraph:
         # slot no row ever reaches (the engine sizes the cache one past the longest row).
         self.lengths = torch.full((rows,), cache.length, dtype=torch.long, device=device)
 
-        def step():
-            return decoder.decode(self.tokens, self.positions, self.lengths, cache, rows)
+        def step():  # routing: the engine's static buffer, written by every replay
+            return decoder.decode(self.tokens, self.positions, self.lengths, cache, rows, routing)
 
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
@@ -367,6 +419,8 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def _weights(layer) -> LayerWeights:
     attention, mlp = layer.self_attention, layer.mlp
+    moe = moe_weights(layer)
+    dense = moe is None
     return LayerWeights(
         input_norm=layer.input_layernorm.weight,
         qkv_weight=attention.linear_qkv.weight,
@@ -376,10 +430,11 @@ def _weights(layer) -> LayerWeights:
         proj_weight=attention.linear_proj.weight,
         proj_bias=attention.linear_proj.bias,
         mlp_norm=layer.pre_mlp_layernorm.weight,
-        fc1_weight=mlp.linear_fc1.weight,
-        fc1_bias=mlp.linear_fc1.bias,
-        fc2_weight=mlp.linear_fc2.weight,
-        fc2_bias=mlp.linear_fc2.bias,
+        fc1_weight=mlp.linear_fc1.weight if dense else None,
+        fc1_bias=mlp.linear_fc1.bias if dense else None,
+        fc2_weight=mlp.linear_fc2.weight if dense else None,
+        fc2_bias=mlp.linear_fc2.bias if dense else None,
+        moe=moe,
     )
 
 

@@ -10,6 +10,11 @@ from rlflow.generation.base import GenerationBackend
 
 def check_backend_ready(gen_cfg) -> None:
     """What the recipe's backend needs on this node, checked before any model is loaded."""
+    if gen_cfg.backend == "megatron" and gen_cfg.fp8:  # on this rank's device, after init
+        from rlflow import parallel
+        from rlflow.generation.fp8 import require
+
+        require(parallel.info().device)
     if gen_cfg.backend == "vllm":
         from rlflow.envs.spec import vllm_spec
         from rlflow.generation.vllm import find_env
@@ -31,6 +36,7 @@ def make_backend(
             cuda_graphs=gen_cfg.cuda_graphs,
             compile_decode=gen_cfg.compile_decode,
             share_prompts=gen_cfg.share_prompts,
+            fp8=gen_cfg.fp8,
         )
     if gen_cfg.backend == "hf":
         from rlflow.generation.hf import HFGeneration

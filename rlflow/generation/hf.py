@@ -26,7 +26,7 @@ def load_hf_model(checkpoint, dtype: torch.dtype, device):
 
 def copy_policy_into(model, policy: Policy) -> None:
     """Overwrite an HF model's weights with the Megatron policy's current ones (all must match)."""
-    state = {policy.family.hf_module_name(k): v for k, v in export_hf_state_dict(policy).items()}
+    state = policy.family.hf_state_dict(export_hf_state_dict(policy))
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [
         m for m in missing if not (m == "lm_head.weight" and model.config.tie_word_embeddings)

@@ -30,9 +30,13 @@ import time
 
 import torch
 
+from rlflow.generation import fp8 as fp8_ops
 from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
 from rlflow.generation.decoder import DecodeGraph, Decoder, KVCache
+from rlflow.generation.lockstep import Lockstep
+from rlflow.generation.moe_decode import RoutingRecord
 from rlflow.generation.sampling import row_seeds, sample_tokens
+from rlflow.model.deepstack import Embedded
 from rlflow.model.family import of_core
 from rlflow.model.forward import embed
 from rlflow.model.media import Media, Prompt
@@ -67,7 +71,7 @@ class MegatronGeneration(GenerationBackend):
         cuda_graphs: bool,
         compile_decode: bool,
         share_prompts: bool,
-        split_kv: bool = False,  # no recipe key: benchmarks/grpo_shaped.py --parts splitkv
+        fp8: bool,
     ):
         self.policy = policy
         self.pad_token_id = pad_token_id
@@ -77,21 +81,22 @@ class MegatronGeneration(GenerationBackend):
         self.cuda_graphs = cuda_graphs and device.type == "cuda"  # graphs exist on GPUs only
         self.compile_decode = compile_decode and self.cuda_graphs  # compiled for GPU graphs only
         self.share_prompts = share_prompts
-        # Split-KV flash decode (split_kv.py): exact on CPU against a reference kernel, not yet
-        # measured on a GPU, so off until benchmarks/grpo_shaped.py --parts rollout,splitkv has
-        # shown what it gives.
-        self.split_kv = split_kv
+        if fp8:  # decode matmuls in FP8 (rlflow/generation/fp8.py); refused without FP8 GPUs
+            fp8_ops.require(device)
+        self.fp8 = fp8
+        self._stale = False  # FP8 copies older than the policy's weights
         self._decoder: Decoder | None = None
         self._cache: KVCache | None = None  # GPU: kept across calls (the graphs point into it)
         self._graphs: dict[int, DecodeGraph] = {}
+        self._step_routing: torch.Tensor | None = None  # MoE: experts per row, every step
         self._pool = None
         self.last_timings: dict[str, float] = {}
 
     # --- public -----------------------------------------------------------------------------------
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
-        if not prompts:
-            return []
+        if not prompts and not _expert_parallel(self.policy.core):
+            return []  # (an expert-parallel rank still joins its peers' passes)
         core = self.policy.core
         was_training = core.training
         core.eval()
@@ -100,6 +105,12 @@ class MegatronGeneration(GenerationBackend):
                 return self._generate(core, prompts, params)
         finally:
             core.train(was_training)
+
+    def refresh_weights(self) -> float:
+        """bf16 reads the policy's tensors in place (nothing to do); FP8 copies are re-quantized
+        before the next rollout."""
+        self._stale = self.fp8
+        return 0.0
 
     def close(self) -> None:
         self._graphs.clear()
@@ -110,10 +121,16 @@ class MegatronGeneration(GenerationBackend):
     def _generate(self, core, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
         if self._decoder is None:  # views of the weights: built once, current after every update
             self._decoder = Decoder(core, compile_decode=self.compile_decode)
-            self._decoder.split_kv = self.split_kv
+            self._decoder.set_fp8(self.fp8)
+        elif self._stale:
+            start = time.perf_counter()
+            self._decoder.requantize()
+            _sync(self.device)
+            self.last_requantize_s = time.perf_counter() - start
+        self._stale = False
         unique, row_prompt = _share(prompts) if self.share_prompts else _unshared(prompts)
         ids = [self.policy.prompt_ids(p) for p in unique]
-        length = max(len(i) for i in ids) + params.max_new_tokens
+        length = max((len(i) for i in ids), default=1) + params.max_new_tokens
         if self.cuda_graphs:
             # +1: the last slot is the graphs' warm-up scratch; round up so one cache (and its
             # graphs) serves many steps
@@ -122,10 +139,13 @@ class MegatronGeneration(GenerationBackend):
         results: list[Completion | None] = [None] * len(prompts)
         t0 = time.perf_counter()
         self.last_timings = {"prefill_s": 0.0, "steps": 0, "passes": 0}
-        for group in self._passes(row_prompt, len(unique), length):
+        lockstep = Lockstep.of(self._decoder, self.device)
+        groups = self._passes(row_prompt, len(unique), length)
+        (passes,) = lockstep.max(len(groups))
+        for group in groups + [set()] * (passes - len(groups)):
             rows = [r for r in range(len(prompts)) if row_prompt[r] in group]
             completions = self._run(
-                core, unique, ids, group, rows, row_prompt, seeds, params, length
+                core, unique, ids, group, rows, row_prompt, seeds, params, length, lockstep
             )
             for r, c in zip(rows, completions):
                 results[r] = c
@@ -184,74 +204,98 @@ class MegatronGeneration(GenerationBackend):
             torch.cuda.empty_cache()
             self._cache = cache = decoder.new_cache(rows, length, dtype, self.device)
             self._pool = torch.cuda.graph_pool_handle()
+            self._step_routing = None
         return cache
 
     def _step_fn(self, cache: KVCache):
         """decode(tokens, positions, lengths, rows) for the current batch bucket."""
         decoder = self._decoder
+        routing = self._step_routing
         if not self.cuda_graphs:
             return lambda tokens, positions, lengths, rows: decoder.decode(
-                tokens, positions, lengths, cache, rows
-            )
+                tokens, positions, lengths, cache, rows,
+                None if routing is None else routing[:rows],
+            )  # fmt: skip
 
         def step(tokens, positions, lengths, rows):
             if rows not in self._graphs:
-                self._graphs[rows] = DecodeGraph(decoder, cache, rows, self._pool)
+                buffer = None if routing is None else routing[:rows]
+                self._graphs[rows] = DecodeGraph(decoder, cache, rows, self._pool, buffer)
             return self._graphs[rows].run(tokens, positions, lengths)
 
         return step
 
     # --- one pass ---------------------------------------------------------------------------------
 
-    def _run(self, core, unique, ids, group, rows, row_prompt, seeds, params, length):
+    def _run(self, core, unique, ids, group, rows, row_prompt, seeds, params, length, lockstep):
         """One pass: the unique prompts in `group` prefilled once, then their `rows` decoded."""
         device, decoder = self.device, self._decoder
         order = sorted(group)  # unique prompts of this pass, packed in this order
         slot_of = {p: i for i, p in enumerate(order)}
         n = len(rows)
-        buckets = batch_buckets(n) if self.cuda_graphs else None
-        capacity = buckets[-1] if buckets else n
+        lengths_p = [len(ids[p]) for p in order]
+        tokens, rows_agreed = lockstep.max(sum(lengths_p), n)  # (expert parallelism)
+        if rows_agreed == 0:  # no EP rank has rows in this pass
+            return []
+        buckets = batch_buckets(rows_agreed) if self.cuda_graphs else None
+        capacity = buckets[-1] if buckets else rows_agreed
         cache = self._cache_for(capacity, length)
         length = cache.length  # a kept cache may be longer than this call needs
         t0 = time.perf_counter()
 
         # 1. prefill the unique prompts once, packed; copy their keys/values to their rows
-        lengths_p = [len(ids[p]) for p in order]
-        pack = Packing.of(lengths_p, device)
-        inputs, cos, sin, next_pos = self._prefill_inputs(
-            core, [unique[p] for p in order], [ids[p] for p in order], pack
+        pack, attend, inputs, cos, sin, next_pos = self._packed_prompts(
+            core, [unique[p] for p in order], [ids[p] for p in order], tokens
         )
-        row_slot = torch.tensor([slot_of[row_prompt[r]] for r in rows], device=device)
+        row_slot = torch.tensor(
+            [slot_of[row_prompt[r]] for r in rows], dtype=torch.long, device=device
+        )
         dest, src = _prefill_slots(pack, row_slot, length)
+        record = None
+        if decoder.topk:  # MoE: every token's experts, for router replay
+            record = RoutingRecord(decoder, n, params.max_new_tokens, device)
+            record.prompts = record.buffer((inputs.hidden.shape[0],), device)
+            if self._step_routing is None or self._step_routing.shape[0] < capacity:
+                self._step_routing = record.buffer((capacity,), device)
+                self._graphs.clear()  # graphs point into the old buffer
         hidden = decoder.prefill(
-            inputs.hidden, cos, sin, pack, cache, dest, src, deepstack=inputs.deepstack
-        )
-        last = pack.cu_seqlens[1:].long() - 1
+            inputs.hidden, cos, sin, attend, cache, dest, src,
+            None if record is None else record.prompts, deepstack=inputs.deepstack,
+        )  # fmt: skip
+        last = pack.cu_seqlens[1:].long()[: len(order)] - 1
         prompt_logits = decoder.logits(hidden.index_select(0, last))  # [unique, V]
         logits = prompt_logits.index_select(0, row_slot)
         _sync(device)
         self.last_timings["prefill_s"] += time.perf_counter() - t0
 
         # 2. decode: every row starts with its prompt's logits, length and next text position
-        lengths = torch.tensor(lengths_p, device=device).index_select(0, row_slot)
-        positions = next_pos.index_select(0, row_slot)
-        seeds_live = seeds.index_select(0, torch.tensor(rows, device=device))
-        return self._decode(cache, logits, lengths, positions, seeds_live, buckets, params)
+        lengths = torch.tensor(lengths_p, dtype=torch.long, device=device).index_select(0, row_slot)
+        positions = next_pos.to(device).index_select(0, row_slot)
+        seeds_live = seeds.index_select(0, torch.tensor(rows, dtype=torch.long, device=device))
+        completions = self._decode(
+            cache, logits, lengths, positions, seeds_live, buckets, params, record,
+            capacity, lockstep,
+        )  # fmt: skip
+        if record is None:
+            return completions
+        return record.attach(completions, pack.cu_seqlens, row_slot)
 
-    def _decode(self, cache, logits, lengths, positions, seeds_live, buckets, params):
+    def _decode(
+        self, cache, logits, lengths, positions, seeds_live, buckets, params, record, capacity,
+        lockstep,
+    ):  # fmt: skip
         """Sample and decode until every row stopped, retiring finished rows at every check.
 
-        The batch is padded up to its bucket; output row n is a sink for the padding rows (it
-        starts finished), so no step needs a host sync.
+        The batch is padded up to `capacity` (its bucket); output row n is a sink for the
+        padding rows (it starts finished), so no step needs a host sync.
         """
         device, n = self.device, logits.shape[0]
-        capacity = buckets[-1] if buckets else n
         trash, pad = n, capacity - n
         live_ids = torch.arange(capacity, device=device).clamp_(max=trash)
         lengths = torch.cat([lengths, torch.ones(pad, dtype=torch.long, device=device)])
         positions = torch.cat([positions, torch.zeros(pad, dtype=torch.long, device=device)])
-        seeds_live = torch.cat([seeds_live, seeds_live[:1].expand(pad)])
-        logits = torch.cat([logits, logits[:1].expand(pad, -1)]) if pad else logits
+        seeds_live = torch.cat([seeds_live, _first_row(seeds_live, pad)])
+        logits = torch.cat([logits, _first_row(logits, pad)]) if pad else logits
         finished = torch.zeros(n + 1, dtype=torch.bool, device=device)
         finished[trash] = True
         # step-major, so a step's column is a plain view: indexing it by row ids alone never
@@ -285,9 +329,10 @@ class MegatronGeneration(GenerationBackend):
                 alive = ~finished.index_select(0, live_ids)
                 count = int(alive.sum())
                 trace.append((step + 1, batch, count, round(time.perf_counter() - t0, 4)))
-                if count == 0:
+                (agreed,) = lockstep.max(count)  # expert parallelism: the busiest rank's rows
+                if agreed == 0:
                     break
-                smaller = _bucket(buckets, count) if buckets else count
+                smaller = _bucket(buckets, agreed) if buckets else agreed
                 if smaller < batch:
                     order = torch.cat([alive.nonzero()[:, 0], (~alive).nonzero()[:, 0]])[:smaller]
                     cache.compact(order)
@@ -298,9 +343,40 @@ class MegatronGeneration(GenerationBackend):
                     batch = smaller
             lengths = lengths + 1
             logits = step_fn(token, positions + step, lengths, batch)
+            if record is not None:
+                live = ~finished.index_select(0, live_ids)
+                record.record_step(step, live_ids, live, self._step_routing)
         self.last_timings["steps"] = max(self.last_timings["steps"], step + 1)
         self.last_timings["trace"] = trace  # (step, batch, live rows, seconds since prefill)
         return _completions(out_tokens[:, :n].T, out_logprobs[:, :n].T, steps_done[:n], params)
+
+    def _packed_prompts(self, core, prompts, ids, tokens: int):
+        """(pack, attend, inputs, cos, sin, next positions) of this rank's prompts, packed.
+
+        Expert parallelism: every EP rank of a pass runs `tokens` prefill tokens (the group's
+        most), so their all-to-alls line up: `attend` adds one padding sequence where this rank
+        has fewer (or none at all)."""
+        device = self.device
+        if prompts:
+            pack = Packing.of([len(i) for i in ids], device)
+            inputs, cos, sin, next_pos = self._prefill_inputs(core, prompts, ids, pack)
+        else:  # an expert-parallel rank with nothing left to generate joins its peers
+            pack, next_pos = Packing.of([0], device), torch.zeros(0, dtype=torch.long)
+            hidden, cos, sin = self._no_tokens()
+            inputs = Embedded(hidden)
+        attend = pack
+        if tokens > pack.total:
+            hidden, cos, sin = _pad_tokens(inputs.hidden, cos, sin, tokens - pack.total)
+            inputs = Embedded(hidden, inputs.deepstack)  # (features address real positions)
+            attend = Packing.of([*[len(i) for i in ids], tokens - pack.total], device)
+        return pack, attend, inputs, cos, sin, next_pos
+
+    def _no_tokens(self):
+        """Empty packed inputs: hidden [0, H], cos/sin [0, 1, D]."""
+        dtype, d = self.policy.dtype, self._decoder.dims
+        hidden = torch.zeros(0, self._decoder.final_norm.shape[0], dtype=dtype, device=self.device)
+        cos = torch.zeros(0, 1, d.head_dim, dtype=dtype, device=self.device)
+        return hidden, cos, cos
 
     def _prefill_inputs(self, core, prompts, ids, pack: Packing):
         """Packed inputs (embeddings [T, H], DeepStack features), cos/sin [T, 1, D] and each
@@ -329,6 +405,30 @@ class MegatronGeneration(GenerationBackend):
         cos, sin = decoder.rotary(positions[..., valid], dtype)
         last = positions.masked_fill(~valid, 0).reshape(-1, *valid.shape).amax(dim=(0, 2))
         return inputs, cos, sin, last + 1
+
+
+def _expert_parallel(core) -> bool:
+    from megatron.core import parallel_state
+
+    from rlflow.model.routing import is_moe
+
+    return parallel_state.get_expert_model_parallel_world_size() > 1 and is_moe(core)
+
+
+def _pad_tokens(hidden, cos, sin, count: int):
+    """`count` padding tokens after the packed prompts: zero states, no rotation."""
+    return (
+        torch.cat([hidden, hidden.new_zeros(count, hidden.shape[-1])]),
+        torch.cat([cos, cos.new_ones(count, *cos.shape[1:])]),
+        torch.cat([sin, sin.new_zeros(count, *sin.shape[1:])]),
+    )
+
+
+def _first_row(t: torch.Tensor, count: int) -> torch.Tensor:
+    """`count` copies of t's first row (zeros when t has none: an EP rank without rows)."""
+    if t.shape[0]:
+        return t[:1].expand(count, *t.shape[1:])
+    return t.new_zeros(count, *t.shape[1:])
 
 
 def _prefill_slots(pack: Packing, row_slot: torch.Tensor, length: int):

@@ -37,7 +37,7 @@ from rlflow.job import files
 class Attempt:
     attempt: int
     job_id: str
-    outcome: str  # completed | time-limit | node-failure | failed
+    outcome: str  # completed | time-limit | node-failure | failed; a local run's: stopped
     reason: str
     nodes: str  # Slurm's node list of the attempt
     excluded: list[str]  # nodes excluded from the next attempt (cumulative)
@@ -65,15 +65,6 @@ def furthest_step(status: Path) -> int | None:
             steps.append(int(json.loads(beat.read_text())["step"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    return max(steps) if steps else None
-
-
-def checkpoint_step(run_dir: Path) -> int | None:
-    steps = [
-        int(p.name.split("_")[1])
-        for p in (run_dir / files.CHECKPOINTS).glob("step_*")
-        if p.is_dir() and p.name.split("_")[1].isdigit()
-    ]
     return max(steps) if steps else None
 
 
@@ -150,13 +141,51 @@ def decide(args: argparse.Namespace) -> tuple[str, Attempt]:
         nodes=args.nodes,
         excluded=excluded,
         step=furthest_step(status),
-        checkpoint_step=checkpoint_step(run_dir),
+        checkpoint_step=files.checkpoint_step(run_dir),
         exit_code=code,
         action=action,
         bad_nodes=bad,
         ended=time.strftime("%Y-%m-%dT%H:%M:%S"),
     )
     return decision, record
+
+
+def local_attempt(run_dir: Path, status: Path, *, attempt: int, rc: int, host: str,
+                  stopped_by: str | None) -> Attempt:  # fmt: skip
+    """The record of a local run's attempt (`rlflow train --nproc`, one command): nothing is
+    retried or requeued here; a run that stopped is resumed by running the same command.
+
+    stopped_by: the signal that asked the ranks to stop (SIGHUP, SIGINT, SIGTERM), if any."""
+    failure = files.first_failure(status)
+    saved = rc == 0 and any(status.glob(f"{files.STOPPED_NODE_PREFIX}*"))
+    if failure is not None:
+        outcome, reason, code = "failed", failure[1].message, failure[1].exit_code
+    elif saved:
+        outcome, reason, code = "stopped", f"saved and stopped on {stopped_by}", EX_TEMPFAIL
+    elif rc == 0:
+        outcome, reason, code = "completed", "finished", 0
+    elif stopped_by is not None:
+        outcome, reason, code = "stopped", f"stopped on {stopped_by} without saving", rc
+    else:
+        outcome, reason, code = "failed", f"the launcher ended with exit code {rc}", rc
+    action = {
+        "completed": "done",
+        "stopped": "resume: the same command continues from the newest checkpoint",
+        "failed": "stop: not retried (a retry would fail the same way)",
+    }[outcome]
+    return Attempt(
+        attempt=attempt,
+        job_id="",
+        outcome=outcome,
+        reason=reason,
+        nodes=host,
+        excluded=[],
+        step=furthest_step(status),
+        checkpoint_step=files.checkpoint_step(run_dir),
+        exit_code=code,
+        action=action,
+        ended=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
 
 
 def append(run_dir: Path, record: Attempt) -> None:

@@ -19,8 +19,11 @@ from rlflow.job.ranks import DUMP_SIGNAL, NodeInfo, Rank
 DUMP_WAIT_SECONDS = 5.0  # for the ranks' stack dumps to reach their logs
 
 
-def dump_stacks(info: NodeInfo, ranks: list[Rank], log_dir: Path, headline: str) -> Path:
-    """DUMP_SIGNAL to every rank in `ranks`; their dumps are copied to one hang file (returned).
+def dump_stacks(
+    info: NodeInfo, ranks: list[Rank], log_dir: Path, headline: str, attempt: int | None
+) -> Path:
+    """DUMP_SIGNAL to every rank in `ranks`; their dumps are copied to one hang file (returned),
+    named after `attempt` (the status directory's; None: Slurm's restart count).
     A stopped rank (SIGSTOP, state T) gets SIGCONT only once the others have dumped, so their
     stacks show where they waited, not where they went next."""
     offsets = {r.rank: _size(r.log_path) for r in ranks}
@@ -33,8 +36,8 @@ def dump_stacks(info: NodeInfo, ranks: list[Rank], log_dir: Path, headline: str)
     for rank in stopped:
         _kill(pids[rank.rank], signal.SIGCONT)
     wait_for_dumps(stopped, offsets)
-    attempt = os.environ.get("SLURM_RESTART_COUNT", "0")
-    path = files.hang_report(log_dir, attempt, info.node_rank)
+    number = os.environ.get("SLURM_RESTART_COUNT", "0") if attempt is None else str(attempt)
+    path = files.hang_report(log_dir, number, info.node_rank)
     parts = [f"rlflow watchdog: {headline}\n"]
     for rank in ranks:
         state = states[rank.rank]

@@ -73,6 +73,7 @@ class Launcher:
         self.inbox = Inbox({signal.SIGUSR1, warning, signal.SIGTERM, signal.SIGINT, *save_on})
         self.warning = WarningRelay(warning)
         self.save_on, self.saving = save_on, False
+        self.stopped_by: str | None = None  # the signal that asked the ranks to stop
         self.hangs = HangWatch(info, status_dir, self.ranks.all, startup_timeout)
 
     def run(self) -> int:
@@ -124,7 +125,7 @@ class Launcher:
         while self.inbox.pending:
             signum = self.inbox.pending.pop(0)
             if signum in (signal.SIGUSR1, self.warning.signal):
-                name = signal.Signals(signum).name
+                name = self.stopped_by = signal.Signals(signum).name
                 self.info.say(
                     f"time-limit warning ({name}): passing it on to the ranks"
                     + (f" as {self.warning.signal.name}" if signum != self.warning.signal else "")
@@ -132,6 +133,7 @@ class Launcher:
                 self.warning.send(self.ranks.running())
             elif signum in self.save_on and (signum == signal.SIGHUP or not self.saving):
                 self.saving = True  # a second SIGINT or SIGTERM (not a HUP) is "stop now"
+                self.stopped_by = signal.Signals(signum).name
                 self.info.say(
                     f"{signal.Signals(signum).name}: asking the ranks to save and stop "
                     "(SIGINT or SIGTERM again: stop now, without saving)"
@@ -146,7 +148,7 @@ class Launcher:
         this; a rank that saves on SIGTERM gets the full grace rather than being cut short here.
         Recorded first: a node that was told to stop is not a lost node, even if SIGKILL comes
         before the end."""
-        name = signal.Signals(signum).name
+        name = self.stopped_by = signal.Signals(signum).name
         self.ranks.poll()  # a rank that failed just before srun stopped this node is the cause
         failed = root_cause(self.ranks.all)
         if failed is not None:
@@ -173,7 +175,8 @@ class Launcher:
         )
         running = self.ranks.running()
         self.info.say(f"{message}: dumping the stacks of ranks {names(running)}")
-        stacks = dump_stacks(self.info, running, self.log_dir, message)
+        attempt = files.attempt_of(self.books.status_dir)
+        stacks = dump_stacks(self.info, running, self.log_dir, message, attempt)
         message += f"; stacks: {stacks}"
         self.info.say(message, sys.stderr)
         rank.exit_code = EX_HANG
@@ -280,8 +283,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--stop-signal",
         choices=["USR1", "HUP"],
-        default="USR1",
-        help="the time-limit warning as the ranks hear it",
+        required=True,
+        help="the time-limit warning as the ranks hear it (slurm.stop_signal)",
     )
     args = parser.parse_args(argv[:split])
     command = argv[split + 1 :]

@@ -9,11 +9,14 @@ submits nothing and leaves nothing behind.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from rlflow.errors import EXIT_FINDINGS, EXIT_OK, Diagnostic, RlflowError, print_diagnostics
-from rlflow.launch.prepare import Prepared, prepare, shape, unwritable_output
+
+if TYPE_CHECKING:  # submit's pipeline is imported when submit runs: status never needs it
+    from rlflow.launch.prepare import Prepared
 
 SUBMIT_EPILOG = """\b
 Examples:
@@ -27,8 +30,8 @@ Each rank runs `<slurm.rlflow_command> train RUN_DIR/recipe.yaml --run-dir RUN_D
 --command given (split into words like a shell would, but not run through a shell: use
 --command "bash -c '...'" for pipes or variables). Ranks get RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT. Before the time limit they get
-SIGUSR1; a rank that saved and stopped exits 75 and the job requeues itself (at most
-slurm.max_requeues times).
+slurm.stop_signal (SIGHUP by default; its name in RLFLOW_STOP_SIGNAL); a rank that saved and
+stopped exits 75 and the job requeues itself (at most slurm.max_requeues times).
 """
 
 
@@ -116,6 +119,7 @@ def submit(
     top of it, e.g. grpo.max_num_steps=20.
     """
     from rlflow.launch.plan import SubmitFlags
+    from rlflow.launch.prepare import prepare
 
     flags = SubmitFlags(
         nodes=nodes,
@@ -201,6 +205,7 @@ def _worst_case(plan) -> str:
 
 def _summary(plan, loaded) -> str:
     from rlflow.launch import cost
+    from rlflow.launch.prepare import shape
 
     hours = plan.time_limit_seconds / 3600
     return "\n".join(
@@ -220,6 +225,7 @@ def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
     """Write the run directory aside, sbatch it on hold, rename it into place, release the job."""
     from rlflow import slurm
     from rlflow.launch import rundir
+    from rlflow.launch.prepare import unwritable_output
 
     plan = prepared.plan
     files = {
@@ -257,6 +263,8 @@ def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
 
 
 def show_submitted(prepared: Prepared, job_id: str, run_dir: Path, parsable: bool) -> None:
+    from rlflow.launch.prepare import shape
+
     if parsable:
         click.echo(job_id)
         return
@@ -279,6 +287,7 @@ JOB_HELP = "JOB is a job id or a run directory (which holds the job id)."
 @click.command(
     epilog="\b\nExamples:\n  rlflow status 1234\n  rlflow status runs/clevr-20260101-120000-a1b2c3"
     "\n  rlflow status 1234 --watch --interval 5"
+    "\n  rlflow status runs/try --watch            (a local run: rlflow train --run-dir runs/try)"
 )
 @click.argument("job")
 @click.option(
@@ -297,31 +306,43 @@ JOB_HELP = "JOB is a job id or a run directory (which holds the job id)."
 )
 @click.pass_context
 def status(ctx: click.Context, job: str, watch: bool, interval: float) -> None:
-    """Show the state of a submitted job, or of every element of a sweep.
+    """Show the state of a job, a local run, or every element of a sweep.
 
-    JOB is a job id, a run directory (which holds the job id), or a sweep directory (one line
-    per element: state, step, last reward, validation accuracy).
+    JOB is a job id, a run directory (a submitted job's, or a local run's: `rlflow train
+    --run-dir DIR --nproc N`), or a sweep directory (one line per element: state, step, last
+    reward, validation accuracy). A damaged file in the directory is named after what could be
+    read, with exit 2.
     """
     from rlflow.launch import jobs, sweep_jobs
 
-    if sweep_jobs.is_sweep_dir(job) and not ctx.params.get("watch"):
-        click.echo(sweep_jobs.describe(Path(job)))  # one line per element
+    if sweep_jobs.is_sweep_dir(job):
+        if watch:
+            from rlflow.launch import monitor
+
+            ctx.exit(monitor.watch_sweep(Path(job), interval))
+        _show(*sweep_jobs.describe(Path(job)))  # one line per element
         ctx.exit(EXIT_OK)
+    ref = jobs.resolve(job)
     if watch:
         from rlflow.launch import monitor
 
-        if sweep_jobs.is_sweep_dir(job):
-            ctx.exit(monitor.watch_sweep(Path(job), interval))
-        ref = jobs.resolve(job)
+        if ref.local:
+            ctx.exit(monitor.watch_local(ref.run_dir, interval))
         ctx.exit(monitor.watch(ref.job_id, ref.run_dir, interval))
-    ref = jobs.resolve(job)
-    click.echo(jobs.describe(ref))
+    _show(*jobs.describe(ref))
     ctx.exit(EXIT_OK)
+
+
+def _show(text: str, problems: list[Diagnostic]) -> None:
+    """What could be read, then the damaged files (exit 2)."""
+    click.echo(text)
+    if problems:
+        raise RlflowError(problems)
 
 
 @click.command(
     epilog="\b\nExamples:\n  rlflow logs 1234 --follow\n  rlflow logs 1234 --rank 3\n"
-    "  rlflow logs 1234 --batch"
+    "  rlflow logs 1234 --batch\n  rlflow logs runs/try --follow              (a local run)"
 )
 @click.argument("job")
 @click.option(
@@ -340,7 +361,7 @@ def status(ctx: click.Context, job: str, watch: bool, interval: float) -> None:
 def logs(ctx: click.Context, job: str, follow: bool, rank: int, batch: bool) -> None:
     """Print (or follow) a job's training log.
 
-    JOB is a job id or a run directory (which holds the job id).
+    JOB is a job id or a run directory (a submitted job's, or a local run's).
     """
     from rlflow.launch import jobs
 
@@ -349,22 +370,24 @@ def logs(ctx: click.Context, job: str, follow: bool, rank: int, batch: bool) -> 
     if not follow:
         jobs.print_log(path)
         ctx.exit(EXIT_OK)
-    state = jobs.follow(path, ref.job_id)
-    ctx.exit(EXIT_OK if state == "COMPLETED" else EXIT_FINDINGS)
+    ctx.exit(EXIT_OK if jobs.follow(path, ref) else EXIT_FINDINGS)
 
 
 @click.command(
     epilog="\b\nExamples:\n  rlflow cancel 1234\n  rlflow cancel runs/clevr-20260101-120000-a1b2c3"
     "\n  rlflow cancel 1234_3                      (element 3 of a sweep)"
     "\n  rlflow cancel runs/clevr-20260101-120000-a1b2c3   (a sweep directory: every element)"
+    "\n  rlflow cancel runs/try                    (a local run: saves and stops)"
 )
 @click.argument("job")
 @click.pass_context
 def cancel(ctx: click.Context, job: str) -> None:
-    """Cancel a submitted job, a sweep element, or a whole sweep.
+    """Cancel a submitted job, a sweep element, a whole sweep, or stop a local run.
 
-    JOB is a job id (ARRAY_INDEX for one sweep element), a run directory (a job's, or a sweep
-    element's), or a sweep directory (every element).
+    JOB is a job id (ARRAY_INDEX for one sweep element), a run directory (a job's, a sweep
+    element's, or a local run's: its launcher gets SIGTERM, and the ranks save and stop), or a
+    sweep directory (every element). Nothing is cancelled unless the directory's job id (or
+    sweep.json) was read whole and unambiguous.
     """
     from rlflow.launch import jobs, sweep_jobs
 

@@ -1,12 +1,16 @@
 """What `rlflow status`, `logs` and `cancel` do with a job: find it, describe it, follow it.
 
 A job is named by its id or by its run directory (which holds `job_id`). The run directory of
-a job id comes from Slurm's record of the job's output file (RUN_DIR/logs/slurm-<id>.out).
+a job id comes from Slurm's record of the job's output file (RUN_DIR/logs/slurm-<id>.out). A
+run directory without a job (`rlflow train --nproc N` on this machine) is a local run:
+rlflow/launch/local.py.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -22,55 +26,86 @@ FOLLOW_STATE_SECONDS = 2.0
 
 @dataclass(frozen=True)
 class JobRef:
-    job_id: str
+    job_id: str | None  # None: a local run (rlflow/launch/local.py)
     run_dir: Path | None
+
+    @property
+    def local(self) -> bool:
+        return self.job_id is None
 
 
 _JOB_ID = re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")
+JOB_ID_MAX_BYTES = 64  # "<array>_<index>\n" with room to spare; more is not rlflow's file
 
 
 def resolve(text: str) -> JobRef:
     """A job id or a run directory -> the job id and, where it can be found, the run directory."""
+    from rlflow.launch import local
+
     if _JOB_ID.fullmatch(text):
         return JobRef(text, _run_dir_of(text))
     path = Path(text)
+    if path.is_dir() and local.is_local_run(path):
+        return JobRef(None, path.resolve())
     id_file = path / files.JOB_ID
-    if id_file.is_file():
-        return JobRef(_read_job_id(id_file), path.resolve())
+    if os.path.lexists(id_file):
+        return JobRef(read_job_id(id_file), path.resolve())
     raise RlflowError(
         Diagnostic(
             "jobs.unknown",
-            f"`{text}` is neither a job id nor a run directory with a `{files.JOB_ID}` file",
-            help="pass the number `rlflow submit` printed, or the run directory it created",
+            f"`{text}` is neither a job id nor a run directory (one with a `{files.JOB_ID}` file, "
+            f"or a local run's `{files.LAUNCHER}`)",
+            help="pass the number `rlflow submit` printed, or the run directory `rlflow submit` "
+            "or `rlflow train --run-dir` wrote",
         )
     )
 
 
-def _read_job_id(id_file: Path) -> str:
-    """The run directory's `job_id` file, which must hold one job id and nothing else."""
+def read_job_id(id_file: Path) -> str:
+    """A `job_id` file, which must hold one job id and nothing else (a newline may end it).
+    Nothing that holds more is taken for a job id: `cancel` acts on it."""
+    problem = _job_id_problem(id_file)
+    if isinstance(problem, Diagnostic):
+        raise RlflowError(problem)
+    return problem
+
+
+def _job_id_problem(id_file: Path) -> str | Diagnostic:
+    """The job id in the file, or the diagnostic saying why there is none."""
+    help = (
+        "`rlflow submit` writes the job id there; if the file was edited, pass the job id "
+        "itself (the number `rlflow submit` printed)"
+    )
     try:
-        text = id_file.read_bytes()[:200].decode("utf-8", "replace").strip()
+        info = id_file.stat()
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            return Diagnostic(
+                "jobs.job-id-file",
+                f"{id_file} is {kind}, not the job id file",
+                file=str(id_file),
+                help=help,
+            )
+        with open(id_file, "rb") as handle:
+            data = handle.read(JOB_ID_MAX_BYTES + 1)
     except OSError as err:
-        raise RlflowError(
-            Diagnostic(
-                "jobs.job-id-file",
-                f"cannot read {id_file}: {err.strerror or err}",
-                file=str(id_file),
-                help="check the run directory's permissions",
-            )
-        ) from None
-    if not _JOB_ID.fullmatch(text):
-        raise RlflowError(
-            Diagnostic(
-                "jobs.job-id-file",
-                f"{id_file} holds {text[:40]!r}, not a Slurm job id",
-                file=str(id_file),
-                line=1,
-                help="`rlflow submit` writes the job id there; if the file was edited, pass the "
-                "job id itself (the number `rlflow submit` printed)",
-            )
+        return Diagnostic(
+            "jobs.job-id-file",
+            f"cannot read {id_file}: {err.strerror or err}",
+            file=str(id_file),
+            help="check the run directory's permissions",
         )
-    return text
+    text = data.decode("ascii", "replace")
+    body = text.removesuffix("\n").removesuffix("\r")
+    if len(data) > JOB_ID_MAX_BYTES or not _JOB_ID.fullmatch(body):
+        shown = files.short(text if len(data) <= JOB_ID_MAX_BYTES else text + "...", 40)
+        return Diagnostic(
+            "jobs.job-id-file",
+            f"{id_file} holds {shown}, not a Slurm job id",
+            file=str(id_file),
+            help=help,
+        )
+    return body
 
 
 def _run_dir_of(job_id: str) -> Path | None:
@@ -88,8 +123,15 @@ def _run_dir_of(job_id: str) -> Path | None:
     return None
 
 
-def describe(ref: JobRef) -> str:
-    """A few lines: state, time, nodes, restarts, where the logs are, the first failure."""
+def describe(ref: JobRef) -> tuple[str, list[Diagnostic]]:
+    """A few lines: state, time, nodes, restarts, where the logs are, the first failure, the
+    attempts; and the diagnostics of the run directory's damaged files."""
+    from rlflow.launch import local, monitor
+    from rlflow.launch.runfiles import read_run
+
+    if ref.local:
+        return local.describe(ref.run_dir)
+    run = read_run(ref.run_dir) if ref.run_dir is not None else None
     fields = slurm.job_fields(ref.job_id)
     if fields is not None:
         lines = [
@@ -117,51 +159,16 @@ def describe(ref: JobRef) -> str:
             f"{record['Timelimit']}, nodes {record['NodeList']}",
             f"  exit code: {record['ExitCode']}   started {record['Start']}, ended {record['End']}",
         ]
-    if ref.run_dir is not None:
-        lines += [
-            f"  run dir: {ref.run_dir}",
-            f"  logs:    {files.rank_log(ref.run_dir / files.LOGS, 0)} (rank 0), "
-            f"{files.batch_log(ref.run_dir / files.LOGS, ref.job_id)} (batch script)",
-        ]
-        lines += [f"  failure: {line}" for line in _failures(ref.run_dir)]
-        lines += _attempts(ref.run_dir)
-    return "\n".join(lines)
-
-
-def _attempts(run_dir: Path) -> list[str]:
-    """One line per finished attempt (RUN_DIR/attempts.jsonl), then the final word."""
-    records = files.read_attempts(run_dir)
-    if not records:
-        return []
-    lines = ["  attempts:"]
-    for r in records:
-        step = "-" if r.get("step") is None else r["step"]
-        saved = "-" if r.get("checkpoint_step") is None else r["checkpoint_step"]
-        excluded = ",".join(r.get("excluded") or []) if r["outcome"] == "node-failure" else ""
-        lines.append(
-            f"    {r['attempt']}: {r['outcome']} on {r['nodes']} at step {step} (checkpoint "
-            f"{saved}){f', excluding {excluded} next' if excluded else ''} -> {r['action']}"
-        )
-        if r["outcome"] not in ("completed", "time-limit"):
-            lines.append(f"       {r['reason']}")
-    last = records[-1]
-    if last["action"].startswith("stop"):
-        count = len(records)
-        lines.append(
-            f"  final: stopped after {count} attempt{'s' * (count != 1)} with exit code "
-            f"{last['exit_code']}: {last['action'].removeprefix('stop: ')}"
-        )
-    return lines
-
-
-def _failures(run_dir: Path) -> list[str]:
-    """The first failure of each attempt, as the node launcher recorded it."""
-    found = []
-    for attempt in files.attempt_dirs(run_dir):
-        failure = files.first_failure(attempt)
-        if failure is not None and failure[1].message:
-            found.append(f"{attempt.name}: {failure[1].message}")
-    return found
+    if run is None:
+        return "\n".join(lines), []
+    lines += [
+        f"  run dir: {ref.run_dir}",
+        f"  logs:    {files.rank_log(ref.run_dir / files.LOGS, 0)} (rank 0), "
+        f"{files.batch_log(ref.run_dir / files.LOGS, ref.job_id)} (batch script)",
+    ]
+    lines += [f"  failure: attempt-{n}: {f.message}" for n, f in run.failures if f.message]
+    lines += monitor.attempt_records(run.attempts)
+    return "\n".join(lines), run.problems
 
 
 def log_path(ref: JobRef, rank: int, batch: bool) -> Path:
@@ -175,7 +182,7 @@ def log_path(ref: JobRef, rank: int, batch: bool) -> Path:
             ),
             EXIT_FINDINGS,
         )
-    if (ref.run_dir / "sweep.json").is_file():
+    if os.path.lexists(ref.run_dir / "sweep.json"):
         raise RlflowError(
             Diagnostic(
                 "jobs.sweep-dir",
@@ -185,7 +192,26 @@ def log_path(ref: JobRef, rank: int, batch: bool) -> Path:
             )
         )
     logs = ref.run_dir / files.LOGS
-    return files.batch_log(logs, ref.job_id) if batch else files.rank_log(logs, rank)
+    if batch and ref.local:
+        raise RlflowError(
+            Diagnostic(
+                "jobs.no-batch-log",
+                f"{ref.run_dir} is a local run (`rlflow train --nproc`): it has no batch script, "
+                "and its launcher wrote to the terminal it ran in",
+                help="drop --batch: `rlflow logs RUN_DIR --rank N` prints a rank's log",
+            )
+        )
+    path = files.batch_log(logs, ref.job_id) if batch else files.rank_log(logs, rank)
+    if os.path.lexists(path) and not path.is_file():
+        raise RlflowError(
+            Diagnostic(
+                "jobs.log-not-a-file",
+                f"{path} is not a file (a directory or another kind of file is in its place)",
+                file=str(path),
+                help="move it aside: the launcher writes each rank's log there",
+            )
+        )
+    return path
 
 
 def print_log(path: Path) -> None:
@@ -211,21 +237,35 @@ def print_log(path: Path) -> None:
     sys.stdout.flush()
 
 
-def follow(path: Path, job_id: str) -> str:
-    """Print `path` as it grows until the job reaches a final state; that state."""
+def follow(path: Path, ref: JobRef) -> bool:
+    """Print `path` as it grows until the job (or local run) has ended; whether it completed."""
     position = 0
     last_check = 0.0
     while True:
         position = _print_new(path, position)
         if time.monotonic() - last_check >= FOLLOW_STATE_SECONDS:
             last_check = time.monotonic()
-            state = slurm.job_state(job_id)
-            if state is None or state in slurm.FINAL_STATES:
+            state, completed = _end_state(ref)
+            if state is not None:
                 time.sleep(FOLLOW_READ_SECONDS)  # the last lines may still be on their way
                 _print_new(path, position)
-                print(f"rlflow: job {job_id} ended: {state or 'unknown'}", file=sys.stderr)
-                return state or "UNKNOWN"
+                what = f"local run {ref.run_dir.name}" if ref.local else f"job {ref.job_id}"
+                print(f"rlflow: {what} ended: {state}", file=sys.stderr)
+                return completed
         time.sleep(FOLLOW_READ_SECONDS)
+
+
+def _end_state(ref: JobRef) -> tuple[str | None, bool]:
+    """(the final state, whether it completed), or (None, False) while it runs."""
+    if ref.local:
+        from rlflow.launch import local
+
+        state = local.read(ref.run_dir)[0]
+        return (state.state, state.state == "FINISHED") if state.ended else (None, False)
+    state = slurm.job_state(ref.job_id)
+    if state is None or state in slurm.FINAL_STATES:
+        return state or "UNKNOWN", state == "COMPLETED"
+    return None, False
 
 
 def _print_new(path: Path, position: int) -> int:
@@ -247,6 +287,10 @@ def _print_new(path: Path, position: int) -> int:
 
 
 def cancel(ref: JobRef) -> str:
+    if ref.local:
+        from rlflow.launch import local
+
+        return local.cancel(ref.run_dir)
     state = slurm.job_state(ref.job_id)
     if state in slurm.FINAL_STATES:
         return f"job {ref.job_id} has already ended ({state}): nothing to cancel"

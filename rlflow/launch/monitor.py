@@ -2,31 +2,37 @@
 
 The screen is a pure function (`render`) of what Slurm says (scontrol's fields, squeue's start
 estimate) and what the run directory holds (heartbeats, metrics.jsonl, attempts.jsonl, failure
-records), so tests check screens without a cluster; `gather` collects those, `watch` loops.
-Standard library and pyyaml only: it runs on login nodes (no torch, no curses).
+records, read by rlflow/launch/runfiles.py), so tests check screens without a cluster; `gather`
+collects those, `watch` loops. A local run's screen (rlflow/launch/local.py) has the launcher's
+state where a job's has the queue, and the same lines below it. Standard library only: it runs
+on login nodes (no torch, no curses).
 """
 
 from __future__ import annotations
 
-import json
+import math
 import shutil
 import signal
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlflow import slurm
 from rlflow.errors import EXIT_FINDINGS, EXIT_OK, Diagnostic, RlflowError
-from rlflow.job import files
+from rlflow.launch.runfiles import RunFiles, read_run
+
+__all__ = ["JobView", "RunFiles", "read_run", "render", "watch", "watch_sweep", "loop"]
 
 DEFAULT_INTERVAL_SECONDS = 2.0
 EXIT_INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C
-METRICS_TAIL_BYTES = 256 * 1024  # recent steps only: metrics.jsonl grows by ~1.5 kB a step
 RECENT_STEPS = 10  # step times are medians over this many of the newest steps
-# Per-step timings in metrics.jsonl that are not a phase of the step.
+# Per-step timings in metrics.jsonl that are not a phase of the step (tokens_per_second: runs
+# from before the speed/ metrics).
 NOT_PHASES = {"time/step", "time/tokens_per_second"}
+# The step's throughput: prompt + response tokens of all rollouts on all ranks / step time.
+STEP_SPEED = "speed/step_tokens_per_s"
 # Terminal control: the alternate screen keeps the user's scrollback; the cursor is hidden while
 # redrawing. Both are undone on every way out (job end, Ctrl-C, an error).
 ENTER_SCREEN, LEAVE_SCREEN = "\x1b[?1049h\x1b[?25l", "\x1b[?25h\x1b[?1049l"
@@ -46,19 +52,6 @@ class JobView:
         return self.fields.get("JobState", "UNKNOWN").split()[0]
 
 
-@dataclass(frozen=True)
-class RunFiles:
-    """What the run directory holds, read once per refresh."""
-
-    path: Path
-    max_steps: int | None = None  # grpo.max_num_steps of the resolved recipe
-    attempt: int | None = None  # the newest status/attempt-N
-    beats: list[dict] = field(default_factory=list)  # that attempt's heartbeats, with "rank"
-    metrics: list[dict] = field(default_factory=list)  # the newest metrics.jsonl records
-    attempts: list[dict] = field(default_factory=list)  # attempts.jsonl
-    failure: str | None = None  # the newest attempt's first failure
-
-
 # --- the screen ---------------------------------------------------------------------------------
 
 
@@ -69,16 +62,22 @@ def render(job: JobView, run: RunFiles | None, now: float) -> list[str]:
     if run is None:
         lines.append("run dir:    not found (pass the run directory to see the run's progress)")
         return lines
-    lines.append(f"run dir:    {run.path}")
-    lines.append(f"phase:      {_phase(run, now)}")
+    return lines + body(run, now, job.fields.get("Restarts", "0"))
+
+
+def body(run: RunFiles, now: float, restarts: str = "0") -> list[str]:
+    """The screen below the queue (or a local run's launcher line): the run directory's view."""
     recent = [r for r in run.metrics if "time/step" in r][-RECENT_STEPS:]
-    lines.append(f"speed:      {_speed(recent)}")
-    lines.append(f"step time:  {_phases(recent)}")
-    lines.append(f"ETA:        {_eta(run, recent)}")
-    lines.append(f"rewards:    {_rewards(run.metrics)}")
-    lines += _attempt_lines(job, run)
-    lines.append(f"last error: {_last_error(run) or 'none'}")
-    return lines
+    return [
+        f"run dir:    {run.path}",
+        f"phase:      {phase_text(run, now)}",
+        f"speed:      {_speed(recent)}",
+        f"step time:  {_phases(recent)}",
+        f"ETA:        {_eta(run, recent)}",
+        f"rewards:    {_rewards(run.metrics)}",
+        *_attempt_lines(run, restarts),
+        f"last error: {_last_error(run) or 'none'}",
+    ]
 
 
 def _queue(job: JobView) -> str:
@@ -102,29 +101,29 @@ def _queue(job: JobView) -> str:
     return text
 
 
-def _phase(run: RunFiles, now: float) -> str:
+def phase_text(run: RunFiles, now: float) -> str:
     if not run.beats:
         return "not started (no heartbeat yet)"
     head = min(run.beats, key=lambda b: b["rank"])  # rank 0 where it reported
-    step = head.get("step", 0)
+    step = head["step"]
     total = f" of {run.max_steps}" if run.max_steps else ""
-    ages = [now - b["wall"] for b in run.beats if isinstance(b.get("wall"), (int, float))]
-    text = f"{head.get('phase', '?')}, step {step}{total} (attempt {run.attempt}"
+    ages = [now - b["wall"] for b in run.beats if "wall" in b]
+    text = f"{head['phase']}, step {step}{total} (attempt {run.attempt}"
     text += f", {len(run.beats)} rank{'s' * (len(run.beats) != 1)} reporting"
     if ages:
         text += f", oldest report {max(0.0, max(ages)):.0f} s ago"
-    steps = {b.get("step") for b in run.beats}
+    steps = {b["step"] for b in run.beats}
     if len(steps) > 1:
         text += f", ranks at steps {min(steps)}-{max(steps)}"
     return text + ")"
 
 
 def _speed(recent: list[dict]) -> str:
-    tokens = [r["time/tokens_per_second"] for r in recent if "time/tokens_per_second" in r]
+    tokens = [r[STEP_SPEED] for r in recent if STEP_SPEED in r]
     if not recent:
         return "no step logged yet"
     last = recent[-1]
-    text = f"{_median(tokens):,.0f} tokens/s" if tokens else "tokens/s not logged"
+    text = f"{_median(tokens):,.0f} tokens/s per step" if tokens else "tokens/s not logged"
     return text + f" (median of the last {len(recent)} steps; newest step {last['step']})"
 
 
@@ -152,7 +151,7 @@ def _eta(run: RunFiles, recent: list[dict]) -> str:
     if not recent:
         return f"{left} steps to go (no step time yet)"
     seconds = left * _median([r["time/step"] for r in recent])
-    return f"{_duration(seconds)} ({left} steps x median step time, to grpo.max_num_steps={run.max_steps})"
+    return f"{duration(seconds)} ({left} steps x median step time, to grpo.max_num_steps={run.max_steps})"
 
 
 def _rewards(metrics: list[dict]) -> str:
@@ -169,20 +168,21 @@ def _rewards(metrics: list[dict]) -> str:
     return ", ".join(parts) or "-"
 
 
-def _attempt_lines(job: JobView, run: RunFiles) -> list[str]:
+def _attempt_lines(run: RunFiles, restarts: str) -> list[str]:
     records = run.attempts
-    requeues = sum(1 for r in records if r.get("outcome") == "time-limit")
-    retries = sum(1 for r in records if r.get("outcome") == "node-failure")
-    current = run.attempt if run.attempt is not None else job.fields.get("Restarts", "0")
+    requeues = sum(1 for r in records if r["outcome"] == "time-limit")
+    retries = sum(1 for r in records if r["outcome"] == "node-failure")
+    stops = sum(1 for r in records if r["outcome"] == "stopped")  # a local run's
+    current = run.attempt if run.attempt is not None else restarts
     lines = [
         f"attempts:   now attempt {current}; {requeues} time-limit requeue"
         f"{'s' * (requeues != 1)}, {retries} node-failure retr{'ies' if retries != 1 else 'y'}"
+        + (f", {stops} stopped by a signal" if stops else "")
     ]
     for r in records[-3:]:
         step = "-" if r.get("step") is None else r["step"]
         lines.append(
-            f"  {r.get('attempt')}: {r.get('outcome')} at step {step} on {r.get('nodes')} "
-            f"-> {r.get('action')}"
+            f"  {r['attempt']}: {r['outcome']} at step {step} on {r['nodes']} -> {r['action']}"
         )
     return lines
 
@@ -191,17 +191,53 @@ def _last_error(run: RunFiles) -> str | None:
     if run.failure:
         return run.failure
     for r in reversed(run.attempts):
-        if r.get("outcome") not in ("completed", "time-limit"):
-            return f"attempt {r.get('attempt')}: {r.get('reason')}"
+        if r["outcome"] not in ("completed", "time-limit", "stopped"):
+            return f"attempt {r['attempt']}: {r['reason']}"
     return None
+
+
+def attempt_records(records: list[dict]) -> list[str]:
+    """`rlflow status`'s lines for attempts.jsonl: one per attempt, then the final word."""
+    if not records:
+        return []
+    lines = ["  attempts:"]
+    for r in records:
+        step = "-" if r.get("step") is None else r["step"]
+        saved = "-" if r.get("checkpoint_step") is None else r["checkpoint_step"]
+        excluded = ",".join(r.get("excluded") or []) if r["outcome"] == "node-failure" else ""
+        lines.append(
+            f"    {r['attempt']}: {r['outcome']} on {r['nodes']} at step {step} (checkpoint "
+            f"{saved}){f', excluding {excluded} next' if excluded else ''} -> {r['action']}"
+        )
+        if r["outcome"] not in ("completed", "time-limit"):
+            lines.append(f"       {r['reason']}")
+    last = records[-1]
+    if last["action"].startswith("stop"):
+        count = len(records)
+        lines.append(
+            f"  final: stopped after {count} attempt{'s' * (count != 1)} with exit code "
+            f"{last['exit_code']}: {last['action'].removeprefix('stop: ')}"
+        )
+    return lines
+
+
+def progress_text(run: RunFiles) -> str:
+    """One line for `rlflow status`: the newest step logged, its reward, the last validation."""
+    steps = [r for r in run.metrics if "time/step" in r or "train/reward" in r]
+    if not steps:
+        return "no step logged yet"
+    total = f" of {run.max_steps}" if run.max_steps else ""
+    return f"step {steps[-1]['step']}{total} logged; {_rewards(run.metrics)}"
 
 
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     """H:MM:SS, like Slurm's RunTime."""
+    if not math.isfinite(seconds) or abs(seconds) > 1e9:
+        return "?"
     hours, rest = divmod(int(round(seconds)), 3600)
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
 
@@ -227,75 +263,6 @@ def gather(job_id: str, run_dir: Path | None) -> JobView | None:
     return JobView(job_id, fields, estimate)
 
 
-def read_run(run_dir: Path) -> RunFiles:
-    attempts_dirs = files.attempt_dirs(run_dir)
-    newest = attempts_dirs[-1] if attempts_dirs else None
-    return RunFiles(
-        path=run_dir,
-        max_steps=_max_steps(run_dir / files.RECIPE),
-        attempt=files.attempt_of(newest) if newest else None,
-        beats=_beats(newest / files.HEARTBEAT) if newest else [],
-        metrics=_tail_records(run_dir / "metrics.jsonl"),
-        attempts=_tail_records(run_dir / files.ATTEMPTS),
-        failure=_failure(newest) if newest else None,
-    )
-
-
-def _max_steps(recipe: Path) -> int | None:
-    import yaml
-
-    try:
-        value = (yaml.safe_load(recipe.read_text()) or {}).get("grpo", {}).get("max_num_steps")
-    except (OSError, ValueError, AttributeError, yaml.YAMLError):
-        return None
-    return value if isinstance(value, int) else None
-
-
-def _beats(folder: Path) -> list[dict]:
-    beats = []
-    for path in folder.glob("rank-*.json"):
-        try:
-            beat = json.loads(path.read_text())
-            beat["rank"] = int(path.stem.removeprefix("rank-"))
-        except (OSError, ValueError, TypeError):
-            continue  # replaced while read (a rank writes it atomically, but it may vanish)
-        beats.append(beat)
-    return beats
-
-
-def _tail_records(path: Path) -> list[dict]:
-    """The JSON lines in the file's last METRICS_TAIL_BYTES; torn or partial lines skipped."""
-    try:
-        with open(path, "rb") as handle:
-            size = handle.seek(0, 2)
-            handle.seek(max(0, size - METRICS_TAIL_BYTES))
-            data = handle.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    lines = data.splitlines()
-    if size > METRICS_TAIL_BYTES:
-        lines = lines[1:]  # the first line is cut
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
-def _failure(attempt: Path) -> str | None:
-    found = files.first_failure(attempt)
-    if found is None:
-        return None
-    code, message, host = found[1].code, found[1].message, found[1].host
-    return (
-        f"attempt {files.attempt_of(attempt)}: {message} (exit {code}{f', {host}' if host else ''})"
-    )
-
-
 # --- the loop -----------------------------------------------------------------------------------
 
 
@@ -315,23 +282,42 @@ def watch(job_id: str, run_dir: Path | None, interval: float, out=None) -> int:
                 EXIT_FINDINGS,
             )
         run = read_run(run_dir) if run_dir is not None else None
+        if run is not None and run.problems:
+            raise RlflowError(run.problems)  # a damaged file is named, not half shown
         ended = job.state if job.state in slurm.FINAL_STATES else None
         return render(job, run, time.time()), ended
 
     return loop(screen, interval, f"job {job_id}", out)
 
 
+def watch_local(run_dir: Path, interval: float, out=None) -> int:
+    """A local run's screen (rlflow/launch/local.py) until its launcher ends: exit 0 if the run
+    finished, 1 if it stopped, failed or its launcher is gone; Ctrl-C leaves (130)."""
+    from rlflow.launch import local
+
+    def screen() -> tuple[list[str], str | None]:
+        head, run, state = local.screen_head(run_dir)
+        if run.problems:
+            raise RlflowError(run.problems)
+        return head + body(run, time.time()), state.state if state.ended else None
+
+    return loop(screen, interval, f"local run {run_dir.name}", out, success="FINISHED")
+
+
 def watch_sweep(sweep_dir: Path, interval: float, out=None) -> int:
     """The sweep's screen (one line per element, rlflow/launch/sweep_jobs.py) until every
     element has ended (exit 0 if all completed) or Ctrl-C (exit 130)."""
-    from rlflow.launch import sweep, sweep_jobs
+    from rlflow.launch import sweep_jobs
 
     def screen() -> tuple[list[str], str | None]:
         # One query of the states for both the screen and the decision: a task that ends
         # between two queries would otherwise end the monitor on a screen that says RUNNING.
-        manifest = json.loads((sweep_dir / sweep.MANIFEST).read_text())
+        manifest = sweep_jobs.manifest(sweep_dir)
         states = sweep_jobs.task_states(manifest["array_job_id"])
-        lines = sweep_jobs.describe(sweep_dir, states).splitlines()
+        text, problems = sweep_jobs.describe(sweep_dir, states, manifest)
+        if problems:
+            raise RlflowError(problems)
+        lines = text.splitlines()
         elements = [states.get(e["index"], "UNKNOWN") for e in manifest["elements"]]
         if not all(state in slurm.FINAL_STATES for state in elements):
             return lines, None
@@ -340,8 +326,9 @@ def watch_sweep(sweep_dir: Path, interval: float, out=None) -> int:
     return loop(screen, interval, f"sweep {sweep_dir.name}", out)
 
 
-def loop(screen, interval: float, what: str, out=None) -> int:
-    """Draw `screen()` -> (lines, final state or None) every `interval` seconds."""
+def loop(screen, interval: float, what: str, out=None, success: str = "COMPLETED") -> int:
+    """Draw `screen()` -> (lines, final state or None) every `interval` seconds; exit 0 when
+    the final state is `success`."""
     out = out or sys.stdout
     tty = out.isatty()
     lines: list[str] = []
@@ -385,7 +372,7 @@ def loop(screen, interval: float, what: str, out=None) -> int:
             pass
         return 128 + stopped_by[0] if stopped_by else EXIT_INTERRUPTED
     print(f"rlflow: {what} ended: {ended}", file=sys.stderr)
-    return EXIT_OK if ended == "COMPLETED" else EXIT_FINDINGS
+    return EXIT_OK if ended == success else EXIT_FINDINGS
 
 
 def _draw(out, lines: list[str], tty: bool) -> None:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlflow.errors import Diagnostic, RlflowError
+from rlflow.job.files import JOB_ID, short
 
 MANIFEST = "sweep.json"
 # Keys that name the sweep itself (its directory, its one job array) or come from the flags.
@@ -206,25 +208,145 @@ def write_manifest(
 
 
 def read_manifest(directory: Path) -> dict | None:
-    """SWEEP_DIR/sweep.json, or None when `directory` is not a sweep directory."""
+    """SWEEP_DIR/sweep.json, checked whole, or None when `directory` is not a sweep directory.
+
+    `cancel` acts on it, so nothing in it may be ambiguous: every key of the format is present
+    with its type, keys are not repeated, the elements are the indexes 0..N-1 of the array
+    named by `array_job_id` (which SWEEP_DIR/job_id, where present, repeats), and each name is
+    one folder inside the sweep directory."""
     path = directory / MANIFEST
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
-        manifest = json.loads(path.read_text())
-        if not re.fullmatch(r"\d+", str(manifest["array_job_id"])) or not manifest["elements"]:
-            raise ValueError("no array job id or no elements")
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise RlflowError(
-            Diagnostic(
-                "sweep.manifest",
-                f"{path} is not a sweep manifest rlflow can read: {err}",
-                file=str(path),
-                help="`rlflow submit --sweep` writes it; pass an element's directory or its "
-                "job id (ARRAY_INDEX) instead",
-            )
-        ) from None
+        if not path.is_file():
+            raise ValueError("it is not a file (a directory or another kind of file is there)")
+        if path.stat().st_size > MANIFEST_MAX_BYTES:
+            raise ValueError(f"it is over {MANIFEST_MAX_BYTES} bytes")
+        manifest = json.loads(path.read_bytes().decode("utf-8"), object_pairs_hook=_no_repeats)
+        _check_manifest(manifest)
+        _check_job_id_file(directory, manifest["array_job_id"])
+    except OSError as err:
+        raise _unreadable(path, f"cannot be read: {err.strerror or err}") from None
+    except UnicodeDecodeError:
+        raise _unreadable(path, "it is not UTF-8 text") from None
+    except (ValueError, RecursionError) as err:
+        raise _unreadable(path, str(err)) from None
     return manifest
+
+
+MANIFEST_MAX_BYTES = 64 * 1024 * 1024
+_ARRAY_ID = re.compile(r"[0-9]{1,12}")
+
+
+def _no_repeats(pairs: list[tuple[str, object]]) -> dict:
+    keys = [key for key, _ in pairs]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise ValueError(f"key `{repeated[0]}` is given twice")
+    return dict(pairs)
+
+
+def _check_manifest(manifest: object) -> None:
+    """ValueError naming the key (`elements[2].job_id`) that is not what write_manifest writes."""
+    _expect(isinstance(manifest, dict), "", manifest, "a JSON object")
+    for key in ("format", "array_job_id", "max_concurrent", "axes", "elements"):
+        if key not in manifest:
+            raise ValueError(f"key `{key}` is missing")
+    _expect(manifest["format"] == 1 and _int(manifest["format"]), "format", manifest, "1")
+    array = manifest["array_job_id"]
+    _expect(isinstance(array, str) and _ARRAY_ID.fullmatch(array), "array_job_id", manifest,
+            "a job id (a string of digits)")  # fmt: skip
+    limit = manifest["max_concurrent"]
+    _expect(limit is None or (_int(limit) and limit >= 1), "max_concurrent", manifest,
+            "null or a positive integer")  # fmt: skip
+    axes = manifest["axes"]
+    _expect(isinstance(axes, list) and axes, "axes", manifest, "a list of axes")
+    count = 1
+    for i, axis in enumerate(axes):
+        where = f"axes[{i}]"
+        _expect(isinstance(axis, dict) and set(axis) >= {"key", "values"}, where, axes[i],
+                "an object with `key` and `values`", whole=True)  # fmt: skip
+        _expect(isinstance(axis["key"], str), f"{where}.key", axis, "a string")
+        values = axis["values"]
+        _expect(_strings(values) and values, f"{where}.values", axis, "a list of strings")
+        count *= len(values)
+    elements = manifest["elements"]
+    _expect(isinstance(elements, list) and elements, "elements", manifest, "a list of elements")
+    if len(elements) != count:
+        raise ValueError(f"`elements` has {len(elements)} entries, but the axes make {count}")
+    for i, element in enumerate(elements):
+        _check_element(element, i, array)
+
+
+def _check_element(element: object, index: int, array: str) -> None:
+    where = f"elements[{index}]"
+    _expect(isinstance(element, dict), where, element, "an object", whole=True)
+    for key in ("index", "name", "overrides", "job_id"):
+        if key not in element:
+            raise ValueError(f"key `{where}.{key}` is missing")
+    _expect(_int(element["index"]) and element["index"] == index, f"{where}.index", element,
+            f"{index} (its place in the list)")  # fmt: skip
+    name = element["name"]
+    _expect(isinstance(name, str) and _safe_name(name), f"{where}.name", element,
+            "a folder name inside the sweep directory")  # fmt: skip
+    _expect(_strings(element["overrides"]), f"{where}.overrides", element, "a list of strings")
+    _expect(element["job_id"] == f"{array}_{index}", f"{where}.job_id", element,
+            f"{array}_{index} (the array's job id and the index)")  # fmt: skip
+
+
+def _check_job_id_file(directory: Path, array: str) -> None:
+    """SWEEP_DIR/job_id, where present, names the same array."""
+    id_file = directory / JOB_ID
+    if not os.path.lexists(id_file):
+        return
+    try:
+        text = id_file.read_bytes()[:65].decode("ascii")
+    except (OSError, UnicodeDecodeError):
+        text = None
+    if text is None or text.removesuffix("\n") != array:
+        raise ValueError(
+            f"the array's job id is {array}, but {id_file} does not hold exactly that; "
+            "which job is the sweep's cannot be told"
+        )
+
+
+def _expect(ok: object, key: str, where: object, expected: str, whole: bool = False) -> None:
+    if not ok:
+        value = where if whole or not key else where.get(key.rsplit(".", 1)[-1])
+        name = f"`{key}`" if key else "the file"
+        raise ValueError(f"{name} is {short(value)}, not {expected}")
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _safe_name(name: str) -> bool:
+    """One folder name: no separator, not `.` or `..`, nothing a file system refuses."""
+    return (
+        bool(name)
+        and len(name) <= 255
+        and name not in (".", "..")
+        and "/" not in name
+        and ("\0" not in name)
+    )
+
+
+def _unreadable(path: Path, why: str) -> RlflowError:
+    return RlflowError(
+        Diagnostic(
+            "sweep.manifest",
+            f"{path} is not a sweep manifest rlflow can read: {why}",
+            file=str(path),
+            help="`rlflow submit --sweep` writes it, and nothing acts on a sweep whose manifest "
+            "is damaged: pass an element's directory or its job id (ARRAY_INDEX) instead, or "
+            "restore the file",
+        )
+    )
 
 
 def _error(message: str, help: str) -> Diagnostic:

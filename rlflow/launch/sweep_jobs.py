@@ -7,26 +7,40 @@ the Slurm wrappers): this runs on login nodes.
 
 from __future__ import annotations
 
-import json
+import os
 import re
 from pathlib import Path
 
 from rlflow import slurm
 from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
 from rlflow.launch import sweep
+from rlflow.launch.runfiles import RunFiles, read_run
 
 _TASK = re.compile(r"^(\d+)_(\d+)$")  # one array task: ARRAY_INDEX
 _TASKS = re.compile(r"^(\d+)_\[([^\]]+)\]$")  # pending tasks not yet split: ARRAY_[2-5%2]
 
 
 def is_sweep_dir(text: str) -> bool:
-    return (Path(text) / sweep.MANIFEST).is_file()
+    """A directory with a sweep.json (of whatever kind: read_manifest names what is wrong)."""
+    return os.path.lexists(Path(text) / sweep.MANIFEST)
 
 
 def task_states(array_id: str) -> dict[int, str]:
-    """Array index -> Slurm state; squeue (live) wins over sacct (ended)."""
+    """Array index -> Slurm state; squeue (live) wins over sacct (ended). An error when neither
+    answered: "no task is known" must never be taken for "every task has ended"."""
     states: dict[int, str] = {}
-    for lines in slurm.array_task_lines(array_id):
+    answers = slurm.array_task_lines(array_id)
+    if all(lines is None for lines in answers):
+        raise RlflowError(
+            Diagnostic(
+                "slurm.error",
+                f"neither sacct nor squeue answered about job array {array_id}",
+                help="is the controller reachable? `scontrol ping` says; SLURM_CONF picks the "
+                "cluster",
+            ),
+            EXIT_FINDINGS,
+        )
+    for lines in answers:
         if lines is not None:
             states.update(_parse_states(lines, "|"))
     return states
@@ -56,18 +70,23 @@ def _expand(ranges: str) -> list[int]:
     return found
 
 
-def describe(sweep_dir: Path, states: dict[int, str] | None = None) -> str:
-    """A header, then one line per element: state, step, last reward, validation accuracy.
+def describe(
+    sweep_dir: Path, states: dict[int, str] | None = None, found: dict | None = None
+) -> tuple[str, list[Diagnostic]]:
+    """A header, then one line per element: state, step, last reward, validation accuracy; and
+    the diagnostics of the elements' damaged files.
 
-    states: the tasks' states when the caller has just read them (task_states), else read here."""
-    manifest = _manifest(sweep_dir)
-    array_id = manifest["array_job_id"]
+    states, found: the tasks' states and the manifest when the caller has just read them."""
+    found = found or manifest(sweep_dir)
+    array_id = found["array_job_id"]
     if states is None:
         states = task_states(array_id)
     rows = [["element", "job", "state", "step", "reward", "val acc"]]
-    for element in manifest["elements"]:
-        run_dir = sweep_dir / element["name"]
-        step, reward, accuracy = _progress(run_dir)
+    problems: list[Diagnostic] = []
+    for element in found["elements"]:
+        run = read_run(sweep_dir / element["name"])
+        problems += run.problems
+        step, reward, accuracy = _progress(run)
         rows.append(
             [
                 element["name"],
@@ -81,8 +100,8 @@ def describe(sweep_dir: Path, states: dict[int, str] | None = None) -> str:
     counts: dict[str, int] = {}
     for row in rows[1:]:
         counts[row[2]] = counts.get(row[2], 0) + 1
-    limit = manifest.get("max_concurrent")
-    axes = " x ".join(f"{a['key']} ({len(a['values'])})" for a in manifest["axes"])
+    limit = found["max_concurrent"]
+    axes = " x ".join(f"{a['key']} ({len(a['values'])})" for a in found["axes"])
     header = (
         f"sweep {sweep_dir.name}: job array {array_id}, {len(rows) - 1} elements ({axes})"
         + (f", at most {limit} at once" if limit else "")
@@ -91,27 +110,15 @@ def describe(sweep_dir: Path, states: dict[int, str] | None = None) -> str:
     )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    return "\n".join([header] + ["  " + line.rstrip() for line in lines])
+    return "\n".join([header] + ["  " + line.rstrip() for line in lines]), problems
 
 
-def _progress(run_dir: Path) -> tuple[str, str, str]:
+def _progress(run: RunFiles) -> tuple[str, str, str]:
     """(`step/max`, last train reward, `val accuracy @step`) from the element's metrics."""
-    records = []
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text(errors="replace").splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a torn last line (the run was killed mid-write)
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            records.append(record)
-    total = _max_steps(run_dir)
-    step = str(records[-1]["step"]) if records else "-"
-    rewards = [r["train/reward"] for r in records if isinstance(r.get("train/reward"), float)]
-    validated = [r for r in records if isinstance(r.get("val/accuracy"), float)]
+    total = "?" if run.max_steps is None else str(run.max_steps)
+    step = str(run.metrics[-1]["step"]) if run.metrics else "-"
+    rewards = [r["train/reward"] for r in run.metrics if "train/reward" in r]
+    validated = [r for r in run.metrics if "val/accuracy" in r]
     return (
         f"{step}/{total}",
         f"{rewards[-1]:.3f}" if rewards else "-",
@@ -119,20 +126,11 @@ def _progress(run_dir: Path) -> tuple[str, str, str]:
     )
 
 
-def _max_steps(run_dir: Path) -> str:
-    """grpo.max_num_steps from the element's resolved recipe (read as text: no YAML types)."""
-    try:
-        text = (run_dir / "recipe.yaml").read_text(errors="replace")
-    except OSError:
-        return "?"
-    match = re.search(r"^grpo:\n(?:  .*\n)*?  max_num_steps: (\d+)$", text, re.M)
-    return match[1] if match else "?"
-
-
 def cancel(sweep_dir: Path) -> str:
-    """scancel the whole array; says what each element was doing."""
-    manifest = _manifest(sweep_dir)
-    array_id = manifest["array_job_id"]
+    """scancel the whole array; says what each element was doing. The manifest is read whole
+    first (sweep.read_manifest): nothing is cancelled on a damaged or ambiguous one."""
+    found = manifest(sweep_dir)
+    array_id = found["array_job_id"]
     states = task_states(array_id)
     live = {i: s for i, s in states.items() if s not in slurm.FINAL_STATES}
     if not live:
@@ -143,7 +141,7 @@ def cancel(sweep_dir: Path) -> str:
     counts: dict[str, int] = {}
     for state in live.values():
         counts[state] = counts.get(state, 0) + 1
-    ended = len(manifest["elements"]) - len(live)
+    ended = len(found["elements"]) - len(live)
     return (
         f"cancelled sweep {sweep_dir.name} (job array {array_id}): "
         + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
@@ -151,9 +149,10 @@ def cancel(sweep_dir: Path) -> str:
     )
 
 
-def _manifest(sweep_dir: Path) -> dict:
-    manifest = sweep.read_manifest(sweep_dir)
-    if manifest is None:
+def manifest(sweep_dir: Path) -> dict:
+    """SWEEP_DIR/sweep.json, checked (sweep.read_manifest); an error where there is none."""
+    found = sweep.read_manifest(sweep_dir)
+    if found is None:
         raise RlflowError(
             Diagnostic(
                 "sweep.not-a-sweep",
@@ -162,7 +161,7 @@ def _manifest(sweep_dir: Path) -> dict:
             ),
             EXIT_FINDINGS,
         )
-    return manifest
+    return found
 
 
 def element_dir(job_id: str, stdout: Path) -> Path | None:
@@ -171,10 +170,10 @@ def element_dir(job_id: str, stdout: Path) -> Path | None:
     if not match:
         return None
     try:
-        manifest = sweep.read_manifest(stdout.parent.parent)
+        found = sweep.read_manifest(stdout.parent.parent)
     except RlflowError:
         return None
-    for element in (manifest or {}).get("elements", []):
+    for element in (found or {}).get("elements", []):
         if element.get("job_id") == job_id:
             return stdout.parent.parent / element["name"]
     return None

@@ -8,7 +8,10 @@ layer spec (no Transformer Engine needed), split by the tensor/pipeline sizes th
 
 from __future__ import annotations
 
+import json
 import os
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,9 @@ class Policy:
     # Vision features, recomputed on every use unless the trainer shares one per-step cache
     # between the policy and the reference (frozen tower: rlflow.train.setup.share_vision_cache).
     vision_cache: VisionCache
+    # MoE: this step's routing statistics of the trainer's forwards (rlflow.model.routing.Stats;
+    # step_metrics reads and resets them)
+    routing_stats: Any = None
 
     @property
     def core(self):
@@ -109,14 +115,27 @@ def resolve_checkpoint(model_cfg: ModelConfig, cache_dir: Path) -> Path:
 
 
 def _write_builtin_once(target: Path, name: str, seed: int) -> None:
-    """Rank 0 of this rank's world writes it; with separate placement, the generation ranks'
-    world has a rank 0 too, and whichever renames second finds the same files in place."""
+    """Write the built-in model once. A damaged copy (a run killed mid-write long ago, a disk
+    error) is set aside and written again: it is derived data (name and seed), like a damaged
+    checkpoint, which is reported and skipped. Rank 0 of this rank's world writes it; with
+    separate placement, the generation ranks' world has a rank 0 too, and whichever renames
+    second finds the same files in place."""
     import shutil
 
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0
-    if rank == 0 and not (target / "config.json").exists():
+    damage = _builtin_damage(target) if rank == 0 else None
+    if damage is not None and target.exists():
+        aside = target.with_name(f"{target.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(target, aside)
+        print(
+            f"rlflow: the built-in model {target} was damaged ({damage}); set it aside as "
+            f"{aside.name} and writing it again",
+            file=sys.stderr,
+            flush=True,
+        )
+    if damage is not None:
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
         families.by_builtin(name).write_tiny(tmp, name, seed=seed)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +147,20 @@ def _write_builtin_once(target: Path, name: str, seed: int) -> None:
             shutil.rmtree(tmp, ignore_errors=True)  # the other world's copy won
     if dist.is_initialized():
         dist.barrier()
+
+
+def _builtin_damage(target: Path) -> str | None:
+    """Why the built-in model at `target` cannot be used (no config.json, a JSON file that does
+    not parse), or None."""
+    if not (target / "config.json").is_file():
+        return "config.json is missing"
+    for path in sorted(target.glob("*.json")):
+        try:
+            if not isinstance(json.loads(path.read_text(encoding="utf-8")), dict):
+                return f"{path.name} is not a JSON object"
+        except (OSError, ValueError) as exc:
+            return f"{path.name}: {exc}"
+    return None
 
 
 def load_policy(
@@ -168,7 +201,7 @@ def load_policy(
         chunks = [
             DistributedDataParallel(_unwrap(chunk).config, ddp_config, chunk) for chunk in chunks
         ]
-    from rlflow.model import packed_attention
+    from rlflow.model import packed_attention, sequence_parallel
     from rlflow.model.forward import language_model
 
     for chunk in chunks:
@@ -176,6 +209,7 @@ def load_policy(
         core.rlflow_family = family  # forward, packing and generation ask it (family.of_core)
         family.install(core)
         packed_attention.install(language_model(core))
+        sequence_parallel.install(language_model(core))
         chunk.train(trainable)
         if not trainable:
             for param in chunk.parameters():
@@ -197,6 +231,9 @@ def _configure_provider(provider, parallel_cfg: ParallelismConfig, dtype: torch.
     """Settings every family shares (the family adds its own: `ModelFamily.configure_provider`)."""
     from megatron.bridge.models.gpt_provider import local_layer_spec
 
+    from rlflow import parallel
+    from rlflow.model import sequence_parallel
+
     # Always the local (non-TE) spec: identical numerics on CPU and GPU, and rlflow's generation
     # decoder (rlflow/generation/decoder.py) reads this spec's weights directly.
     provider.transformer_layer_spec = local_layer_spec
@@ -204,7 +241,9 @@ def _configure_provider(provider, parallel_cfg: ParallelismConfig, dtype: torch.
     provider.pipeline_model_parallel_size = parallel_cfg.pipeline_parallel_size
     provider.context_parallel_size = parallel_cfg.context_parallel_size
     provider.expert_model_parallel_size = parallel_cfg.expert_parallel_size
-    provider.sequence_parallel = False
+    provider.sequence_parallel = parallel.sequence_parallel(parallel_cfg)
+    if provider.sequence_parallel:
+        sequence_parallel.allow_torch_norms()
     provider.params_dtype = dtype
     provider.bf16 = dtype == torch.bfloat16
     provider.fp16 = False

@@ -1,6 +1,6 @@
 """Model families: what rlflow needs to know about one kind of checkpoint, asked in one place.
 
-A family (one module each: qwen25vl.py, qwen2vl.py, qwen_text.py, qwen3vl.py, qwen3vl_moe.py)
+A family (one module each: qwen25vl.py, qwen2vl.py, qwen_text.py, qwen3vl.py, qwen3vl_moe.py, qwen3_moe.py)
 says whether the model is multimodal, how media become tokens (placeholder ids, merge size, the
 checked prompt ids), the rotary positions of a batch, what the vision tower gives the language
 model, how it loads through megatron-bridge (provider settings, fast paths to install) and how
@@ -36,6 +36,7 @@ _FAMILY_MODULES = (
     "rlflow.model.qwen2vl",
     "rlflow.model.qwen3vl",
     "rlflow.model.qwen3vl_moe",
+    "rlflow.model.qwen3_moe",
 )
 
 
@@ -117,6 +118,10 @@ class ModelFamily:
     def hf_module_name(self, exported: str) -> str:
         """On-disk name (what the bridge exports) -> the HF model's in-memory parameter name."""
         return exported
+
+    def hf_state_dict(self, exported: dict) -> dict:
+        """The bridge's export (on-disk names) as the HF model's in-memory state dict."""
+        return {self.hf_module_name(name): tensor for name, tensor in exported.items()}
 
     def hf_generate_inputs(self, input_ids, tokens: MediaTokens) -> dict[str, Any]:
         """Extra inputs HF's `generate` needs for a padded batch of prompt ids [B, T]."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from rlflow.model import deepstack
+from rlflow.model import deepstack, sequence_parallel
 from rlflow.model.family import of_core
 from rlflow.model.media import Media
 
@@ -67,13 +67,18 @@ def is_multimodal(core) -> bool:
 
 
 def run_language_model(core, positions, attention_mask, inputs: deepstack.Embedded | None, **kw):
-    """The GPT language model on embedded inputs (None on later pipeline stages)."""
-    with deepstack.adding(None if inputs is None else inputs.deepstack):
+    """The GPT language model on embedded inputs (None on later pipeline stages); under
+    sequence parallelism each rank's decoder gets its slice of the sequence."""
+    hidden, added = None, None
+    if inputs is not None:
+        hidden = sequence_parallel.scatter(core, inputs.hidden)
+        added = sequence_parallel.scatter_deepstack(core, inputs.deepstack, inputs.hidden.shape)
+    with deepstack.adding(added):
         return language_model(core)(
             input_ids=None,
             position_ids=positions,
             attention_mask=attention_mask,
-            decoder_input=None if inputs is None else inputs.hidden,
+            decoder_input=hidden,
             **kw,
         )
 
@@ -89,7 +94,16 @@ def policy_logits(
 
     prompt_mask [B, T] marks prompt tokens; media pad tokens outside it are generated text.
     Text-only models take right-padded rows: megatron-core numbers RoPE positions 0..T-1.
+    Under sequence parallelism the rows get masked columns up to a multiple of the TP size.
     """
+    length = input_ids.shape[1]
+    if prompt_mask is None:
+        input_ids, attention_mask = sequence_parallel.pad_columns(core, input_ids, attention_mask)
+    else:
+        input_ids, attention_mask, prompt_mask = sequence_parallel.pad_columns(
+            core, input_ids, attention_mask, prompt_mask
+        )
     positions = of_core(core).positions(core, input_ids, attention_mask, media, prompt_mask)
     inputs = embed(core, input_ids, media, prompt_mask) if core.pre_process else None
-    return run_language_model(core, positions, attention_mask_4d(attention_mask), inputs)
+    logits = run_language_model(core, positions, attention_mask_4d(attention_mask), inputs)
+    return logits[:, :length]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlflow.model import deepstack
+from rlflow.model import deepstack, sequence_parallel
 from rlflow.model.family import of_core
 from rlflow.model.forward import language_model, media_slots, run_language_model
 from rlflow.model.media import Media
@@ -63,9 +63,16 @@ def pack_rows(
     positions = positions[..., valid].unsqueeze(-2)  # [(3,) 1, T]: each row's own positions
     starts = torch.cumsum(lengths_t, 0) - lengths_t
     target_index = (starts[:, None] + columns[None, :-1])[target_mask]
+    ids, prompts = input_ids[valid][None], prompt_mask[valid][None]
+    extra = sequence_parallel.pad_length(core, ids.shape[1])
+    if extra:  # a dummy row of token 0, no targets: the sequence splits evenly over TP ranks
+        lengths = [*lengths, extra]
+        ids, prompts = sequence_parallel.pad_columns(core, ids, prompts)
+        filler = torch.arange(extra, device=positions.device, dtype=positions.dtype)
+        positions = torch.cat([positions, filler.expand(*positions.shape[:-1], extra)], -1)
     return PackedRows(
-        input_ids=input_ids[valid][None],
-        prompt_mask=prompt_mask[valid][None],
+        input_ids=ids,
+        prompt_mask=prompts,
         positions=positions,
         lengths=lengths,
         target_index=target_index,
@@ -84,7 +91,7 @@ def target_logprobs(
     features: (image, video) vision-tower embeddings of the rows, in row order.
     """
     pack = Packing.of(rows.lengths, rows.input_ids.device)
-    context = (rows.target_index, rows.targets, with_entropy)
+    context = (rows.target_index, rows.targets, with_entropy, core)
     inputs = None
     if core.pre_process:
         embeddings = language_model(core).embedding(input_ids=rows.input_ids, position_ids=None)
@@ -111,62 +118,38 @@ def _target_logprobs(
     *, hidden_states, output_layer, output_weight, context, scale_logits, **_
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """megatron-core output_processor: the output layer at the target positions only."""
-    index, targets, with_entropy = context
-    hidden = hidden_states.index_select(0, index)  # [K, 1, H]
+    from rlflow import parallel
+    from rlflow.model.logits import vocab_parallel_logprobs
+
+    index, targets, with_entropy, core = context
+    split = sequence_parallel.enabled(core)
+    hidden = sequence_parallel.gather(core, hidden_states).index_select(0, index)  # [K, 1, H]
     vocab = output_layer.output_size_per_partition
     size = max(1, CHUNK_ELEMENTS // vocab)
+    group = parallel.tensor_parallel_group()
     logprobs, entropies = [], []
     for start in range(0, max(hidden.shape[0], 1), size):
-        logits, _ = output_layer(hidden[start : start + size], weight=output_weight)
+        logits = _output_logits(output_layer, hidden[start : start + size], output_weight, split)
         logits = scale_logits(logits)[:, 0]  # [C, V/tp]
-        chunk_targets = targets[start : start + size]
-        logprobs.append(_chunk_logprobs(logits, chunk_targets))
+        lp, entropy = vocab_parallel_logprobs(
+            logits, targets[start : start + size], with_entropy=with_entropy, group=group
+        )
+        logprobs.append(lp)
         if with_entropy:
-            entropies.append(_chunk_entropy(logits))
+            entropies.append(entropy.detach())
     return torch.cat(logprobs), torch.cat(entropies) if with_entropy else None
 
 
-def _chunk_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    from rlflow import parallel
+def _output_logits(output_layer, hidden, weight, sequence_parallel_on: bool) -> torch.Tensor:
+    """This rank's vocabulary slice of the logits at `hidden` [C, 1, H] (whole positions).
 
-    if parallel.info().tp_size == 1:
-        return TargetLogprob.apply(logits, targets)
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+    Under sequence parallelism the output layer would all-gather its input over the sequence
+    again; the hidden states here are already whole, so its matmul runs without that gather
+    (the input copy sums the gradient over the tensor-parallel ranks, as the layer would).
+    """
+    if not sequence_parallel_on:
+        return output_layer(hidden, weight=weight)[0]
+    from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region
 
-    # A copy: megatron's vocab-parallel cross entropy works in place on its input (and .float()
-    # of fp32 logits would be the logits themselves, which the entropy still needs).
-    fp32 = logits.to(torch.float32, copy=True)
-    return -vocab_parallel_cross_entropy(fp32[:, None], targets[:, None])[:, 0]
-
-
-@torch.no_grad()
-def _chunk_entropy(logits: torch.Tensor) -> torch.Tensor:
-    from rlflow import parallel
-    from rlflow.model.logits import entropy_from_logits
-
-    if parallel.info().tp_size > 1:
-        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
-        logits = gather_from_tensor_model_parallel_region(logits)
-    return entropy_from_logits(logits[None])[0]
-
-
-class TargetLogprob(torch.autograd.Function):
-    """log softmax(logits)[target] in fp32, keeping only the logits (their own dtype) and the
-    log-normaliser for the backward pass: no fp32 copy of a [C, V] tensor outlives the chunk."""
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        full = logits.float()
-        lse = torch.logsumexp(full, dim=-1)
-        picked = full.gather(1, targets[:, None].long())[:, 0]
-        ctx.save_for_backward(logits, targets, lse)
-        return picked - lse
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        logits, targets, lse = ctx.saved_tensors
-        # d/dlogits (logit[y] - lse) = onehot(y) - softmax
-        out = logits.to(torch.float32, copy=True).sub_(lse[:, None]).exp_().neg_()
-        out.scatter_add_(1, targets[:, None].long(), torch.ones_like(out[:, :1]))
-        return out.mul_(grad[:, None]).to(logits.dtype), None
+    weight = output_layer.weight if weight is None else weight
+    return torch.nn.functional.linear(copy_to_tensor_model_parallel_region(hidden), weight)

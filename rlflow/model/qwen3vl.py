@@ -12,7 +12,7 @@ What differs from Qwen2.5-VL, and where it lives:
 - the checkpoint's on-disk weight names are its in-memory names.
 
 Which path runs where: rlflow's own bridge registration (rlflow/model/qwen3vl_model.py: HF
-tower + megatron-core GPT, local layer spec, SequentialMLP experts) runs on every machine, CPU
+tower + megatron-core GPT, local layer spec, grouped experts: rlflow/model/moe.py) runs on every machine, CPU
 and GPU, with or without Transformer Engine. megatron-bridge's own Qwen3-VL provider (its
 Megatron vision model, TE layers and TE grouped experts) needs Transformer Engine, absent here
 and on the lent GPUs; rlflow does not select it even where TE is installed, because rlflow's

@@ -5,8 +5,8 @@ megatron-bridge 0.6.2 converts Qwen3-VL into its own `Qwen3VLModel`, whose provi
 Transformer Engine (`get_gpt_layer_with_transformer_engine_spec`, and `TENorm` in the vision
 patch merger). This module follows the route rlflow took for Qwen2-VL instead: HF's vision tower
 (`Qwen3VLVisionModel`, with its DeepStack mergers) kept as is, megatron-core's GPT language model
-with the local layer spec (dense, or megatron-core's MoE layer with its experts as
-SequentialMLP), and HF Qwen3-VL's feature and rope-index methods bound to the model. Two pieces
+with the local layer spec (dense, or rlflow/model/moe.py's MoE layer with grouped
+experts), and HF Qwen3-VL's feature and rope-index methods bound to the model. Two pieces
 make it Qwen3-VL:
 
 * the language model's rotary module is replaced by `InterleavedMRoPE`: Qwen3-VL spreads the

@@ -2,8 +2,10 @@
 
 Everything but the MLP is Qwen3-VL's (rlflow/model/qwen3vl.py: tower, DeepStack, interleaved
 mrope, the bridge registration and which path runs where). The language model's MoE layers are
-megatron-core's (router, token dispatcher, experts as SequentialMLP); HF stores the experts fused
-(`experts.gate_up_proj`, `experts.down_proj`) and megatron-bridge's mappings split them per expert.
+megatron-core's router and token dispatcher with rlflow's grouped experts and routing hook
+(rlflow/model/moe.py, the same as Qwen3-MoE text: `model.moe` keys, router replay, expert
+parallelism); HF stores the experts fused (`experts.gate_up_proj`, `experts.down_proj`) and
+megatron-bridge's mappings split them per expert.
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ class Qwen3VLMoe(Qwen3VL):
     model_types = ("qwen3_vl_moe",)
     architectures = ("Qwen3VLMoeForConditionalGeneration",)
     builtins = ("tiny-qwen3vl-moe",)
+    builtin_experts = {"tiny-qwen3vl-moe": 4}  # read by the dry run (rlflow.model.moe)
+
+    def configure_provider(self, provider, hf_config, model_cfg) -> None:
+        from rlflow.model import moe
+
+        super().configure_provider(provider, hf_config, model_cfg)
+        moe.configure_provider(provider, hf_config, model_cfg)
 
     def hf_class(self):
         from transformers import Qwen3VLMoeForConditionalGeneration

@@ -6,6 +6,7 @@ input (not a git repository, missing or malformed pyproject.toml/.gitmodules, ba
 
 from __future__ import annotations
 
+import gc
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -102,6 +103,19 @@ class Analysis:
 
 
 def run(repo: Path, options: Options) -> int:
+    """One check (and fix). The cyclic garbage collector is paused meanwhile: the data is
+    acyclic and freed by reference counts, so collections only cost time (a quarter of the
+    CPU with 20,000 requirements: they rescan every object allocated so far)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(repo, options)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _run(repo: Path, options: Options) -> int:
     from rlflow.pins.walk import walk
 
     checkout = walk(repo)

@@ -79,6 +79,8 @@ def package_findings(
     policy: Policy,
     by_path: set[str] = frozenset(),
 ) -> list[Finding]:
+    if len(pins) == 1 and pins[0].kind not in URL_KINDS and package not in policy.lockstep:
+        return []  # one version or index pin, not in lockstep: nothing to compare it with
     url_pins = [p for p in pins if p.kind in URL_KINDS]
     version_pins = [p for p in pins if p.kind == "version"]
     index_pins = [p for p in pins if p.kind == "index"]

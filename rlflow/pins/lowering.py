@@ -22,15 +22,15 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from rlflow.pins import markers
+from rlflow.pins import markers, pep508
 from rlflow.pins.urls import normalize_repo
 
 
@@ -217,19 +217,19 @@ def lower(text: str, project: Project, extra: str | None = None, group: str | No
     return [e for e in out if markers.satisfiable(e[3])]
 
 
-def parse_requirement(text: str) -> Requirement:
+def parse_requirement(text: str) -> pep508.Parsed:
     """PEP 508, plus what uv also accepts: `name @ URL; marker` without the space before `;`."""
     try:
-        return Requirement(text)
-    except InvalidRequirement:
+        return pep508.parse(text)
+    except pep508.InvalidRequirement:
         pass
     try:
-        return Requirement(re.sub(r"(\S);", r"\1 ;", text, count=1))
-    except InvalidRequirement:
+        return pep508.parse(re.sub(r"(\S);", r"\1 ;", text, count=1))
+    except pep508.InvalidRequirement:
         raise Undecidable(f"cannot read the requirement `{text}`") from None
 
 
-def requirement_source(req: Requirement, directory: str) -> tuple:
+def requirement_source(req: pep508.Parsed, directory: str) -> tuple:
     if not req.url:
         return ("registry", spec_key(str(req.specifier)), None)
     return url_source(req.url, directory)
@@ -252,7 +252,7 @@ def url_source(url: str, directory: str) -> tuple:
     return ("url", base, parse_qs(fragment).get("subdirectory", [None])[0])
 
 
-def source_key(source: dict, req: Requirement, project: Project) -> tuple:
+def source_key(source: dict, req: pep508.Parsed, project: Project) -> tuple:
     if "git" in source:
         ref_kind = next((k for k in ("rev", "tag", "branch") if k in source), None)
         return (
@@ -286,6 +286,7 @@ def source_key(source: dict, req: Requirement, project: Project) -> tuple:
 
 
 # -- normal forms -----------------------------------------------------------------------------
+@cache
 def spec_key(text: str) -> tuple:
     try:
         specs = SpecifierSet(text)
@@ -332,6 +333,8 @@ def compare_entries(have: list, want: list, python: str | None) -> tuple[list, l
     added = [k for k in b if k not in a]
     removed = [k for k in a if k not in b]
     for key in set(a) & set(b):
+        if a[key] == b[key]:
+            continue  # the same trees: the same truth tables
         verdict = markers.equivalent_sets(a[key], b[key], python)
         if verdict is False or (
             verdict is None and sorted(map(repr, a[key])) != sorted(map(repr, b[key]))

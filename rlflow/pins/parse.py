@@ -16,15 +16,15 @@ import os
 import re
 import tomllib
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import InvalidRequirement
-from packaging.requirements import Requirement as Pep508
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
 from rlflow.errors import Diagnostic, RlflowError
+from rlflow.pins import pep508
 from rlflow.pins.lines import TomlLines
 from rlflow.pins.model import IndexDef, Location, Manifest, Pin, Requirement
 from rlflow.pins.urls import git_key, normalize_repo, parse_direct_url, path_key
@@ -216,8 +216,8 @@ class _Reader:
 
     def requirement(self, text: str, path: tuple, scope: str, where: Location) -> Requirement:
         try:
-            parsed = Pep508(text)
-        except InvalidRequirement as err:
+            parsed = pep508.parse(text)
+        except pep508.InvalidRequirement as err:
             raise RlflowError(
                 Diagnostic(
                     "RF103",
@@ -235,9 +235,9 @@ class _Reader:
         )
 
     def requirement_pin(
-        self, parsed: Pep508, package: str, text: str, path: tuple, location: Location
+        self, parsed: pep508.Parsed, package: str, text: str, path: tuple, location: Location
     ) -> Pin | None:
-        origin = _origin(path)
+        origin = _origin(path[:-1] if isinstance(path[-1], int) else path)
         common = dict(
             package=package,
             origin=origin,
@@ -447,6 +447,7 @@ def _spec_key(spec: SpecifierSet) -> str:
     return ",".join(sorted(str(s) for s in spec))
 
 
+@cache
 def _origin(path: tuple) -> str:
     """("project", "optional-dependencies", "dev", 3) -> "project.optional-dependencies.dev"."""
     return ".".join(str(p) for p in path if not isinstance(p, int))

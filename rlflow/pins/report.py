@@ -11,7 +11,6 @@ import json
 import sys
 
 from rlflow.errors import Diagnostic, summary_line
-from rlflow.pins.fix import Edit, Refusal, plan
 from rlflow.pins.model import Finding, IndexDef, Pin
 
 UV_SAYS = {
@@ -24,6 +23,8 @@ UV_SAYS = {
 
 
 def to_diagnostic(finding: Finding, findings: list[Finding]) -> Diagnostic:
+    from rlflow.pins.fix import Edit, Refusal, plan  # only when there is a finding to word
+
     message, help_text = _WORDS[finding.code](finding)
     fix = plan(finding, findings)
     if isinstance(fix, Edit):

@@ -6,7 +6,8 @@ shape from the recipe's `cluster` section (which submit fills from the flags) ch
 the ranks it really has (WORLD_SIZE). So a recipe the allocation would refuse is refused on the
 login node, with the same code and message.
 
-Pure: no torch, no Slurm; only the recipe and two numbers.
+Pure: no torch, no Slurm; only the recipe, two numbers and the checkpoint's config.json (the
+expert count of a mixture-of-experts model).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def allocation_diagnostics(
     sizes: the trainer's batch rules do not apply to a smoke test."""
     shape = f"{nodes} node{'s' * (nodes != 1)} x {gpus} GPU{'s' * (gpus != 1)}"
     problems = [p for rule in UNIMPLEMENTED for p in rule(loaded)]
+    problems += _experts(loaded, trains)
     if problems or not trains:
         return problems + _parallel_sizes(loaded, nodes * gpus, shape)
     problems = placement_diagnostics(loaded, nodes, gpus)
@@ -136,27 +138,9 @@ def _context_parallel_unimplemented(loaded: LoadedRecipe) -> list[Diagnostic]:
     ]
 
 
-def _expert_parallel_unimplemented(loaded: LoadedRecipe) -> list[Diagnostic]:
-    """Until the MoE engine lands (issue 18), EP > 1 would be passed to megatron-core and then
-    ignored by rlflow's own forward and decode paths. Its rules replace this one."""
-    size = loaded.recipe.parallelism.expert_parallel_size
-    if size == 1:
-        return []
-    return [
-        loaded.diagnostic(
-            ("parallelism", "expert_parallel_size"),
-            "recipe.expert-parallel",
-            f"rlflow does not implement expert parallelism yet: "
-            f"`parallelism.expert_parallel_size` must be 1 (it is {size})",
-            help="every rank holds all experts; spread the model with tensor_parallel_size",
-        )
-    ]
-
-
 UNIMPLEMENTED = (
     _pipeline_parallel_unimplemented,
     _context_parallel_unimplemented,
-    _expert_parallel_unimplemented,
 )
 
 
@@ -243,6 +227,69 @@ def _parallel_sizes(loaded: LoadedRecipe, world_size: int, shape: str) -> list[D
             f"or change --nodes/--gpus",
         )
     ]
+
+
+def _experts(loaded: LoadedRecipe, trains: bool) -> list[Diagnostic]:
+    """Expert parallelism splits a mixture-of-experts model's experts evenly over EP ranks; a
+    dense model has none to split. Router replay needs the megatron backend (the one that records
+    the experts). The expert count comes from the checkpoint's config.json or the built-in family
+    (rlflow.model.moe.recipe_experts: no torch)."""
+    from rlflow.model.moe import recipe_experts
+
+    recipe = loaded.recipe
+    ep = recipe.parallelism.expert_parallel_size
+    experts = recipe_experts(recipe.model.checkpoint)
+    if experts is None:  # no config.json: the model rules report it
+        return []
+    problems = []
+    where = f"`model.checkpoint` ({recipe.model.checkpoint})"
+    if ep > 1 and experts == 0:
+        problems.append(
+            loaded.diagnostic(
+                ("parallelism", "expert_parallel_size"),
+                "allocation.expert-parallel-dense",
+                f"`parallelism.expert_parallel_size` is {ep}, but {where} is a dense model "
+                "(it has no experts to split)",
+                help="set expert_parallel_size to 1, or train a mixture-of-experts checkpoint",
+            )
+        )
+    elif ep > 1 and recipe.parallelism.tensor_parallel_size > 1:
+        problems.append(
+            loaded.diagnostic(
+                ("parallelism", "expert_parallel_size"),
+                "allocation.expert-and-tensor-parallel",
+                f"`parallelism.expert_parallel_size` ({ep}) together with "
+                f"`tensor_parallel_size` ({recipe.parallelism.tensor_parallel_size}) is not "
+                "implemented yet (the trainer's packed logprob pass fails under TP x EP)",
+                help="use expert parallelism with tensor_parallel_size: 1, or tensor "
+                "parallelism with expert_parallel_size: 1",
+            )
+        )
+    elif ep > 1 and experts % ep:
+        problems.append(
+            loaded.diagnostic(
+                ("parallelism", "expert_parallel_size"),
+                "allocation.expert-parallel-experts",
+                f"`parallelism.expert_parallel_size` ({ep}) does not divide the {experts} "
+                f"experts of {where}",
+                help="each expert-parallel rank holds an equal share of the experts: choose a "
+                f"divisor of {experts}",
+            )
+        )
+    backend = recipe.generation.backend
+    if trains and experts and recipe.loss.router_replay and backend != "megatron":
+        problems.append(
+            loaded.diagnostic(
+                ("loss", "router_replay"),
+                "allocation.router-replay-backend",
+                f"`loss.router_replay` needs the experts each token was generated with, which "
+                f"only the megatron backend records (`generation.backend` is {backend}), and "
+                f"{where} is a mixture-of-experts model",
+                help="set generation.backend: megatron, or loss.router_replay: false (the trainer "
+                "then routes every token itself; moe/routing_agreement shows how often it differs)",
+            )
+        )
+    return problems
 
 
 def _data_parallel(loaded: LoadedRecipe, world_size: int, shape: str) -> list[Diagnostic]:

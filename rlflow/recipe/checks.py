@@ -116,6 +116,12 @@ def _jsonl_needs_path(loaded: LoadedRecipe) -> list[Diagnostic]:
     ]
 
 
+def _jsonl_first_rows(loaded: LoadedRecipe) -> list[Diagnostic]:
+    from rlflow.data.jsonl import first_rows_problems  # reads the files; imports no torch
+
+    return first_rows_problems(loaded.recipe.data)  # the first rows, read as the trainer will
+
+
 def _mix_adds_up(loaded: LoadedRecipe) -> list[Diagnostic]:
     data = loaded.recipe.data
     if "mixed" not in (data.train.kind, data.validation.kind):
@@ -141,6 +147,33 @@ def _gspo_needs_sequence_loss(loaded: LoadedRecipe) -> list[Diagnostic]:
             help="GSPO averages per sequence; set loss.token_level_loss: false (as NeMo-RL "
             "requires with sequence_level_importance_ratios)",
         )
+    ]
+
+
+def _fp8_rollouts(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """`generation.fp8` is the megatron engine's, in bf16 (torch's row-wise scaled matmul writes
+    bf16), on FP8 GPUs: a CPU-only cluster is refused here; a CPU or pre-Ada GPU under `rlflow
+    train` is refused by rlflow/generation/fp8.py's `require` before any model is loaded."""
+    recipe = loaded.recipe
+    if not recipe.generation.fp8:
+        return []
+    needs = [
+        (recipe.generation.backend != "megatron", ("generation", "backend"),
+         f"the megatron backend, not `{recipe.generation.backend}`", "generation.backend=megatron"),
+        (recipe.model.dtype != "bfloat16", ("model", "dtype"),
+         f"`model.dtype: bfloat16`, not `{recipe.model.dtype}`", "model.dtype=bfloat16"),
+        (not recipe.slurm.request_gpus, ("slurm", "request_gpus"),
+         "FP8 GPUs, but `slurm.request_gpus: false` says the job runs on CPUs", None),
+    ]  # fmt: skip
+    return [
+        loaded.diagnostic(
+            path,
+            "recipe.fp8",
+            f"`generation.fp8: true` needs {what}",
+            help=f"set {fix}, or generation.fp8=false" if fix else "set generation.fp8=false",
+        )
+        for failed, path, what, fix in needs
+        if failed
     ]
 
 
@@ -200,6 +233,23 @@ def _collective_outlasts_phase(loaded: LoadedRecipe) -> list[Diagnostic]:
             f"`watchdog.phase_timeout_s` ({watch.phase_timeout_s})",
             help="a collective that times out first ends the job without naming the rank "
             "that stopped: make collective_timeout_s the longer of the two",
+        )
+    ]
+
+
+def _sequence_parallel_needs_tensor_parallel(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """Sequence parallelism splits activations over the tensor-parallel ranks: at TP=1 there
+    is nothing to split, and megatron-core would quietly run without it."""
+    par = loaded.recipe.parallelism
+    if par.sequence_parallel != "on" or par.tensor_parallel_size > 1:
+        return []
+    return [
+        loaded.diagnostic(
+            ("parallelism", "sequence_parallel"),
+            "recipe.sequence-parallel",
+            "`parallelism.sequence_parallel` is on, but `parallelism.tensor_parallel_size` is 1: "
+            "sequence parallelism splits activations over tensor-parallel ranks",
+            help="set tensor_parallel_size > 1, or sequence_parallel: auto (on only when TP > 1)",
         )
     ]
 
@@ -447,6 +497,7 @@ RULES = (
     _video_frames_fill_patches,
     _video_patch_matches_checkpoint,
     _jsonl_needs_path,
+    _jsonl_first_rows,
     _mix_kinds,
     _mix_adds_up,
     _scene_fits,
@@ -454,6 +505,7 @@ RULES = (
     _reward_weights,
     _accuracy_reward,
     _gspo_needs_sequence_loss,
+    _fp8_rollouts,
     _overlong_buffer_fits,
     _mask_below_cap,
     _prompt_template,
@@ -462,6 +514,7 @@ RULES = (
     _runtime_matches_image,
     _apptainer_needs_a_command,
     _collective_outlasts_phase,
+    _sequence_parallel_needs_tensor_parallel,
     _wandb_installed,
     _wandb_needs_a_project,
 )

@@ -45,11 +45,23 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """Mixture-of-experts models only (rlflow/model/moe.py); null: the checkpoint's config."""
+
+    grouped_experts: bool  # experts as grouped matrix products (false: one matmul per expert)
+    router_topk: int | None  # experts per token; None: the checkpoint's num_experts_per_tok
+    router_dtype: Literal["float32", "float64"] | None  # router logits' dtype; None: the model's
+    aux_loss_coeff: float | None  # load-balancing loss weight; None: router_aux_loss_coef
+    z_loss_coeff: float  # router z-loss weight (0: off; HF checkpoints define none)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     checkpoint: str  # an HF checkpoint directory, or "builtin:tiny-qwen25vl"
     dtype: Literal["float32", "bfloat16"]
     freeze_vision: bool
     tiny_seed: int  # weights seed for builtin:tiny-* checkpoints
+    moe: MoEConfig
 
 
 @dataclass(frozen=True)
@@ -154,6 +166,7 @@ class LossConfig:
     ratio_level: Literal["token", "sequence"]  # sequence: GSPO's one ratio per sequence
     overlong_penalty: OverlongPenaltyConfig
     importance_sampling: ImportanceSamplingConfig
+    router_replay: bool  # MoE: the trainer routes each token to the experts that generated it
 
 
 @dataclass(frozen=True)
@@ -241,6 +254,7 @@ class GenerationConfig:
     share_prompts: bool  # megatron backend: one vision pass + prefill per prompt for its samples
     cuda_graphs: bool  # megatron backend on GPUs: replay the decode step as a CUDA graph
     compile_decode: bool  # megatron backend: torch.compile the decode layer (fuses small kernels)
+    fp8: bool  # megatron backend: decode matmuls in FP8 (refused where the GPU has none)
     vllm: VllmConfig
     placement: Literal["colocated", "separate"]  # separate: generation on ranks of its own
     # separate: ranks of every node that generate (the others train)
@@ -267,6 +281,8 @@ class ParallelismConfig:
     pipeline_parallel_size: int = field(metadata=bound(ge=1))
     context_parallel_size: int = field(metadata=bound(ge=1))
     expert_parallel_size: int = field(metadata=bound(ge=1))
+    # auto: on when tensor_parallel_size > 1; "on" needs tensor_parallel_size > 1
+    sequence_parallel: Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,8 @@ def collect_rollouts(t, step: int, timer) -> Rollouts:
                 if not (dynamic.enabled and no_signal):
                     kept.append(group)
             extra_rounds = round_
+        else:  # full: an expert-parallel engine's peers still need this rank in their passes
+            t.backend.generate([], sampling(t, step, recipe.generation.temperature, round_))
         if not dynamic.enabled:
             break
         if not parallel.all_reduce_max(float(len(kept) < want), parallel.data_parallel_group()):
@@ -210,15 +212,17 @@ def shaping_penalty(recipe, completions) -> list[float] | None:
 
 
 def effective_loss(recipe):
-    """recipe.loss with importance_sampling.mode `auto` resolved for the rollouts: tis for vllm
-    and hf (another engine's numerics) and for asynchronous GRPO (rollouts from older weights:
-    async_grpo.max_staleness > 0); off for synchronous megatron (the policy's own tensors: in
-    fp32 the weights would be 1 to ~1e-7, so the loss is left exactly as is)."""
+    """recipe.loss with importance_sampling.mode `auto` resolved for the rollouts: tis for vllm,
+    hf (another engine's numerics), FP8 megatron rollouts (quantized weights) and asynchronous
+    GRPO (rollouts from older weights: async_grpo.max_staleness > 0); off for synchronous
+    megatron in the policy's dtype (the policy's own tensors: in fp32 the weights would be 1 to
+    ~1e-7, so the loss is left exactly as is)."""
     cfg = recipe.loss.importance_sampling
     if cfg.mode != "auto":
         return recipe.loss
+    gen = recipe.generation
     synchronous = recipe.async_grpo.max_staleness == 0
-    mode = "off" if recipe.generation.backend == "megatron" and synchronous else "tis"
+    mode = "off" if gen.backend == "megatron" and not gen.fp8 and synchronous else "tis"
     return dataclasses.replace(recipe.loss, importance_sampling=dataclasses.replace(cfg, mode=mode))
 
 

@@ -67,6 +67,8 @@ def train(recipe, overrides, run_dir, nproc):
                 directory,
                 startup_timeout=watch.startup_timeout_s if watch.enabled else None,
                 stop_signal=checked.slurm.stop_signal,
+                resume_command=["rlflow", "train", recipe, *overrides]
+                + ["--run-dir", str(directory), "--nproc", str(nproc)],
             )
         )
 

@@ -20,16 +20,20 @@ import threading
 
 
 def inject_failure(rank: int, phase: str) -> None:
-    """Act on RLFLOW_TEST_FAIL, _KILL, _HANG and _SIGNAL for this rank and phase."""
-    here = f"{rank}:{phase}"
-    if os.environ.get("RLFLOW_TEST_FAIL") == here:
+    """RLFLOW_TEST_FAIL="RANK:PHASE" (e.g. "1:setup", "1:step2") makes that rank raise there;
+    RLFLOW_TEST_SIGNAL="RANK:PHASE[:NAME]" sends that rank SIGNAME (default SIGUSR1, Slurm's
+    time-limit warning; "0:step2:HUP" sends SIGHUP)."""
+    if os.environ.get("RLFLOW_TEST_FAIL") == f"{rank}:{phase}":
         raise RuntimeError(f"injected failure on rank {rank} during {phase}")
-    if os.environ.get("RLFLOW_TEST_KILL") == here:
+    target, _, name = os.environ.get("RLFLOW_TEST_SIGNAL", "").rpartition(":")
+    if f"SIG{name}" not in signal.Signals.__members__:  # "RANK:PHASE": no signal name
+        target, name = os.environ.get("RLFLOW_TEST_SIGNAL", ""), "USR1"
+    if target == f"{rank}:{phase}":
+        os.kill(os.getpid(), signal.Signals[f"SIG{name}"])
+    if os.environ.get("RLFLOW_TEST_KILL") == f"{rank}:{phase}":
         os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get("RLFLOW_TEST_HANG") == here:
+    if os.environ.get("RLFLOW_TEST_HANG") == f"{rank}:{phase}":
         threading.Event().wait()  # blocks for good, like a rank stuck in a kernel or a collective
-    if os.environ.get("RLFLOW_TEST_SIGNAL") == here:
-        os.kill(os.getpid(), signal.SIGUSR1)
 
 
 def torn(rank: int, phase: str) -> bool:

@@ -60,7 +60,7 @@ def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
     recipe = loaded.recipe
     info = setup.start_rank(loaded, run_dir)
     # The trainers decide when to stop; a time-limit warning here is only noted.
-    stop = StopRequest(enabled=recipe.checkpointing.save_on_signal)
+    stop = StopRequest(recipe.checkpointing.save_on_signal, recipe.slurm.stop_signal)
     checkpoint = resolve_checkpoint(recipe.model, cache_dir=run_dir / "model")
     par = setup.role_parallelism(recipe, "generate")
     policy = load_policy(checkpoint, recipe.model, par, trainable=False)

@@ -15,6 +15,7 @@ import torch
 from rlflow import parallel
 from rlflow.errors import EX_TEMPFAIL, Diagnostic, RlflowError
 from rlflow.generation.base import Completion
+from rlflow.model import routing
 from rlflow.train import grpo, hf_export, watchdog
 from rlflow.train.collect import effective_loss, sampling, sampling_metrics, score_rollouts
 from rlflow.train.faults import inject_failure
@@ -216,13 +217,15 @@ def _resume_or_start(t: Trainer) -> bool:
 
 
 def _train_batch(t: Trainer, prompts, completions, advantages):
-    return build_train_batch(
+    batch = build_train_batch(
         prompts,
         completions,
         advantages,
         prompt_ids=t.policy.prompt_ids,
         pad_token_id=t.encoder.pad_token_id,
     )
+    batch.router_replay = t.recipe.loss.router_replay  # MoE: route as generation did
+    return batch
 
 
 def _step_metrics(
@@ -274,10 +277,12 @@ def _step_metrics(
     out["train/real_tokens"] = totals["train/real_tokens"]
     out.update(sampled)
     out.update({f"train/{k}": v for k, v in update.items()})
+    out.update(routing.step_metrics(t.policy, parallel.data_parallel_group()))
     out.update({f"time/{k}": v for k, v in timer.seconds.items()})
     out.update(t.rollouts.step_metrics(step, rollouts))
     out["time/step"] = step_seconds
-    out["time/tokens_per_second"] = tokens / max(timer.seconds.get("training", 0.0), 1e-9)
+    out.update(speed_metrics(totals["train/real_tokens"], tokens, timer.seconds, step_seconds,
+                             t.info.world_size))  # fmt: skip
     # Memory at the end of the step and the step's peak: flat across steps means generation's
     # caches and the training buffers are reused, not accumulated.
     if t.info.device.type == "cuda":
@@ -288,6 +293,27 @@ def _step_metrics(
         import psutil
 
         out["memory/rss_gib"] = psutil.Process().memory_info().rss / 2**30
+    return out
+
+
+def speed_metrics(real_tokens: float, response_tokens: float, seconds: dict[str, float],
+                  step_seconds: float, gpus: int) -> dict[str, float]:  # fmt: skip
+    """Throughputs that say what they count (all ranks' rollouts, no padding):
+    - speed/step_tokens_per_s(_per_gpu): prompt + response tokens / the whole step's time;
+    - speed/generation_tokens_per_s: response tokens / the generation phase's time;
+    - speed/logprobs_tokens_per_s, speed/training_tokens_per_s: prompt + response tokens (what
+      those passes process) / that phase's time."""
+
+    def rate(tokens: float, phase_seconds: float) -> float:
+        return tokens / max(phase_seconds, 1e-9)
+
+    step = rate(real_tokens, step_seconds)
+    out = {"speed/step_tokens_per_s": step, "speed/step_tokens_per_s_per_gpu": step / gpus}
+    if "generation" in seconds:
+        out["speed/generation_tokens_per_s"] = rate(response_tokens, seconds["generation"])
+    for phase in ("logprobs", "training"):
+        if phase in seconds:
+            out[f"speed/{phase}_tokens_per_s"] = rate(real_tokens, seconds[phase])
     return out
 
 

@@ -50,9 +50,10 @@ def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
 
         prepare_run_dir(directory)  # read-only or uncreatable: a diagnostic, not a traceback
         if rank == 0:
+            from rlflow.job.files import RESOLVED_RECIPE
             from rlflow.recipe.load import dump_recipe
 
-            (directory / "recipe.resolved.yaml").write_text(dump_recipe(loaded.data))
+            (directory / RESOLVED_RECIPE).write_text(dump_recipe(loaded.data))
         inject_failure(rank, "setup")
         from rlflow.train.setup import role_of
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -78,7 +79,8 @@ class MetricsLog:
                 f"left by a run that stopped while writing it"
             )
         kept = [line for line, record in records if record["step"] <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        if torn or len(kept) < len(records):
+            _replace(self.path, "".join(line + "\n" for line in kept))
         if self._bar is not None:
             self._bar.n = step
             self._bar.refresh()
@@ -121,6 +123,17 @@ class MetricsLog:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.close()
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write a new file and rename it over `path`: a process killed meanwhile (a resume's
+    rewrite) leaves the old file whole, never an empty or half-written one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

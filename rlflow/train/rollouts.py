@@ -28,6 +28,10 @@ class TrainBatch:
     gen_logprobs: torch.Tensor  # [N, L-1] generator's logprobs at generated targets, 0 elsewhere
     advantages: torch.Tensor  # [N]
     media: list[Media]  # per row
+    # MoE, megatron backend: each token's experts in generation, [N, L, layers, k], -1 where
+    # none (rlflow/model/routing.py); `router_replay`: the trainer routes tokens to them
+    routing: torch.Tensor | None = None
+    router_replay: bool = False
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -51,6 +55,8 @@ class TrainBatch:
             gen_logprobs=self.gen_logprobs[pick],
             advantages=self.advantages[pick],
             media=[self.media[i] for i in pick],
+            routing=None if self.routing is None else self.routing[pick],
+            router_replay=self.router_replay,
         )
         return batch.trimmed()
 
@@ -67,6 +73,8 @@ class TrainBatch:
             self.gen_logprobs[:, : width - 1],
             self.advantages,
             self.media,
+            None if self.routing is None else self.routing[:, :width],
+            self.router_replay,
         )
 
     def to(self, device) -> TrainBatch:
@@ -78,6 +86,8 @@ class TrainBatch:
             self.gen_logprobs.to(device),
             self.advantages.to(device),
             self.media,
+            None if self.routing is None else self.routing.to(device),
+            self.router_replay,
         )
 
     def stacked_media(self, device) -> Media:
@@ -123,4 +133,16 @@ def build_train_batch(
         gen_logprobs,
         torch.tensor(advantages, dtype=torch.float32),
         [p.media for p in prompts],
+        _routing(completions, width),
     )
+
+
+def _routing(completions: list[Completion], width: int) -> torch.Tensor | None:
+    """The completions' recorded experts as one [N, width, layers, k] tensor (-1: none)."""
+    if not completions or any(c.routing is None for c in completions):
+        return None
+    first = completions[0].routing
+    out = torch.full((len(completions), width, *first.shape[1:]), -1, dtype=first.dtype)
+    for i, c in enumerate(completions):
+        out[i, : c.routing.shape[0]] = c.routing
+    return out

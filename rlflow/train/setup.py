@@ -88,7 +88,7 @@ def role_of(loaded: LoadedRecipe) -> Role:
 def role_parallelism(recipe: Recipe, role: Role) -> ParallelismConfig:
     """The parallel sizes of a role: the recipe's for training, the engine's for generation."""
     if role == "generate":
-        return ParallelismConfig(recipe.generation.tensor_parallel_size, 1, 1, 1)
+        return ParallelismConfig(recipe.generation.tensor_parallel_size, 1, 1, 1, "off")
     return recipe.parallelism
 
 
@@ -147,7 +147,7 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     recipe = loaded.recipe
     info = start_rank(loaded, run_dir)
     check_backend_ready(recipe.generation)
-    stop = StopRequest(enabled=recipe.checkpointing.save_on_signal)
+    stop = StopRequest(recipe.checkpointing.save_on_signal, recipe.slurm.stop_signal)
     checkpoint = resolve_checkpoint(recipe.model, cache_dir=run_dir / "model")
     policy = load_policy(checkpoint, recipe.model, recipe.parallelism, trainable=True)
     reference = None

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlflow import parallel
+from rlflow.model import routing
 from rlflow.model.build import Policy
 from rlflow.model.forward import policy_logits
+from rlflow.model.logits import vocab_parallel_logprobs
 from rlflow.recipe.schema import LossConfig, OptimizerConfig
 from rlflow.train import grpo
 from rlflow.train.rollouts import TrainBatch
@@ -117,32 +119,24 @@ def policy_token_logprobs(
     """
     info = parallel.info()
     batch = batch.to(info.device)
-    if packed:
-        return _packed_token_logprobs(policy, batch, with_entropy)
+    with routing.replayed(policy, batch, packed):  # MoE: router replay (a no-op when dense)
+        if packed:
+            return _packed_token_logprobs(policy, batch, with_entropy)
+        return _padded_token_logprobs(policy, batch, with_entropy)
+
+
+def _padded_token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool):
+    info = parallel.info()
     logits = policy_logits(
         policy.core,
         batch.input_ids,
         batch.attention_mask,
         batch.stacked_media(info.device),
         batch.prompt_mask,
-    )[:, :-1].float()
-    if info.tp_size == 1:
-        logprobs = grpo.token_logprobs(logits, batch.targets)
-        entropy = grpo.entropy_from_logits(logits) if with_entropy else None
-        return logprobs, entropy
-    from megatron.core.tensor_parallel import (
-        gather_from_tensor_model_parallel_region,
-        vocab_parallel_cross_entropy,
+    )[:, :-1]
+    return vocab_parallel_logprobs(
+        logits, batch.targets, with_entropy=with_entropy, group=parallel.tensor_parallel_group()
     )
-
-    logprobs = -vocab_parallel_cross_entropy(
-        logits.transpose(0, 1).contiguous(), batch.targets.transpose(0, 1).contiguous()
-    ).transpose(0, 1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = grpo.entropy_from_logits(gather_from_tensor_model_parallel_region(logits))
-    return logprobs, entropy
 
 
 def _packed_token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool):
@@ -250,7 +244,9 @@ def grpo_update(
         optimizer.zero_grad()
         sums: dict[str, float] = {}
         lengths = batch.lengths
-        for part in batching.split([lengths[i] for i in rows]):
+        parts = batching.split([lengths[i] for i in rows])
+        routing.set_aux_loss_scale(policy, len(parts))  # MoE: the load-balancing loss's share
+        for part in parts:
             pick = [rows[i] for i in part]
             metrics = _grpo_micro_step(
                 policy,
@@ -354,7 +350,9 @@ def sft_update(
     optimizer.zero_grad()
     total = 0.0
     device = parallel.info().device
-    for pick in batching.split(batch.lengths):
+    parts = batching.split(batch.lengths)
+    routing.set_aux_loss_scale(policy, len(parts))
+    for pick in parts:
         micro = batch.rows(pick)
         logprobs, _ = policy_token_logprobs(policy, micro, packed=batching.packed)
         mask = micro.target_mask.to(device)

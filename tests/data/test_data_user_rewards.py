@@ -49,6 +49,20 @@ def short(batch):
 def sleepy(batch):
     time.sleep(30)
     return [0.0] * len(batch)
+
+
+def pairs(batch):
+    import numpy
+    return numpy.ones((len(batch), 2))
+
+
+class Stubborn:
+    def __float__(self):
+        raise ArithmeticError("no float for you")
+
+
+def stubborn(batch):
+    return [0.5, Stubborn(), 0.5][: len(batch)]
 """
 
 
@@ -66,6 +80,9 @@ def user_dir(tmp_path):
     (tmp_path / "starry.py").write_text("from os.path import *\n")
     (tmp_path / "broken.py").write_text("def f(batch):\n    return [\n")
     (tmp_path / "two_args.py").write_text("def score(completion, answer):\n    return 1.0\n")
+    (tmp_path / "lambdas.py").write_text(
+        "score = lambda completion, answer: 1.0\nok = lambda b: []\n"
+    )
     yield tmp_path
     for name in [m for m in sys.modules if m.split(".")[0] in ("my_rewards", "team")]:
         del sys.modules[name]
@@ -92,6 +109,7 @@ def test_existing_functions_pass_without_running_user_code(user_dir):
     assert check_import_path("my_rewards:length", [str(user_dir)]) is None
     assert check_import_path("team.scoring.math_rewards:boxed", [str(user_dir)]) is None
     assert check_import_path("starry:anything", [str(user_dir)]) is None  # star import: unknowable
+    assert check_import_path("lambdas:ok", [str(user_dir)]) is None
     assert "team" not in sys.modules and "my_rewards" not in sys.modules
 
 
@@ -103,6 +121,7 @@ def test_existing_functions_pass_without_running_user_code(user_dir):
         ("team.scoring.nope:f", "no module `team.scoring.nope`", "PYTHONPATH"),
         ("broken:f", "has a syntax error", "fix the module"),
         ("two_args:score", "takes (completion, answer)", "def score(batch: RewardBatch)"),
+        ("lambdas:score", "takes (completion, answer)", "; it is a lambda now"),
         ("my rewards:x", "is not an import path", "package.module:function"),
     ],
 )
@@ -171,7 +190,7 @@ def test_nan_and_wrong_shapes_stop_the_run(user_dir, workers):
 
 def test_a_reward_past_its_timeout_stops_and_leaves_no_worker(user_dir):
     s = scorer(user_dir, {"my_rewards:sleepy": 1.0}, workers=1, timeout=1.0)
-    workers = list(s.pool._pool._pool)
+    workers = [w.process for w in s.pool._workers]
     start = time.monotonic()
     with pytest.raises(RewardError) as caught:
         s.score(batch(["x", "y"]))
@@ -206,3 +225,17 @@ def test_the_contract_is_typed():
     hints = typing.get_type_hints(RewardBatch)
     assert hints["completions"] == list[str] and hints["completion_tokens"] == list[int]
     assert hints["fields"] == list[dict[str, typing.Any]]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_arrays_of_pairs_and_values_that_refuse_float_are_named(user_dir, workers):
+    with scorer(user_dir, {"my_rewards:pairs": 1.0}, workers=workers) as s:
+        with pytest.raises(RewardError, match=r"returned an array of shape \(3, 2\), not a list"):
+            s.score(batch(["x", "y", "z"]))
+    with scorer(user_dir, {"my_rewards:stubborn": 1.0}, workers=workers) as s:
+        with pytest.raises(RewardError) as caught:
+            s.score(batch(["x", "y", "z"]))
+    assert caught.value.diagnostics[0].message == (
+        "reward `my_rewards:stubborn` returned a Stubborn whose float() raised ArithmeticError: "
+        "no float for you on row rows.jsonl:2"
+    )

@@ -50,6 +50,7 @@ def launch(
         f"--log-dir={tmp_path / 'logs'}",
         f"--status-dir={tmp_path / 'status'}",
         f"--stop-grace={stop_grace}",
+        "--stop-signal=USR1",  # these tests send the warning as Slurm does
         "--",
         PYTHON,
         "-c",
@@ -213,6 +214,7 @@ def test_a_command_that_cannot_start_fails_with_127(tmp_path):
         f"--log-dir={tmp_path / 'logs'}",
         f"--status-dir={tmp_path / 'status'}",
         "--stop-grace=5",
+        "--stop-signal=USR1",  # these tests send the warning as Slurm does
         "--",
         "no-such-program-xyz",
         "--flag",

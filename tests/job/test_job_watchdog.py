@@ -44,6 +44,7 @@ def start_launcher(tmp_path: Path, command: list[str], *extra: str, ranks: int =
         f"--log-dir={tmp_path / 'logs'}",
         f"--status-dir={tmp_path / 'status'}",
         "--stop-grace=5",
+        "--stop-signal=USR1",  # these tests send the warning as Slurm does
         *extra,
         "--",
         *command,
@@ -128,7 +129,7 @@ def test_a_rank_that_heard_the_warning_is_not_signalled_again_nor_killed_while_i
         "from rlflow.train import watchdog\n"
         "from rlflow.train.signals import StopRequest\n"
         "watchdog.start()\n"
-        "stop = StopRequest(enabled=True)\n"
+        "stop = StopRequest(True, 'USR1')\n"
         "count = []\n"
         "signal.signal(signal.SIGUSR1, lambda s, f: (count.append(1), stop._handle(s, f)))\n"
         "open(os.environ['READY'] + os.environ['RANK'], 'w').close()\n"

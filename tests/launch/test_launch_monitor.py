@@ -53,7 +53,7 @@ def _trainer_files(run_dir: Path, monkeypatch) -> None:
                 "time/generation": 0.25,
                 "time/logprobs": 0.5,
                 "time/training": 0.25 + step / 10,
-                "time/tokens_per_second": 1000.0 + step,
+                "speed/step_tokens_per_s": 1000.0 + step,
                 "train/reward": 0.5 + step / 100,
                 "train/accuracy": 0.3,
             },
@@ -92,7 +92,7 @@ def test_screen_of_a_running_requeued_job(tmp_path, monkeypatch):
         screen[3],
     )
     assert screen[4:] == [
-        "speed:      1,002 tokens/s (median of the last 4 steps; newest step 4)",
+        "speed:      1,002 tokens/s per step (median of the last 4 steps; newest step 4)",
         "step time:  1.25 s = logprobs 0.50, training 0.50, generation 0.25",
         "ETA:        0:00:20 (16 steps x median step time, to grpo.max_num_steps=20)",
         "rewards:    train reward 0.540, accuracy 0.30 (step 4), validation accuracy 0.250 (step 0)",
@@ -247,7 +247,7 @@ def test_live_monitor_in_a_pty_on_the_real_cluster(tmp_path):
     job, run_dir = tiny_job(200)
     watching = Pty("status", str(run_dir), "--watch", "--interval", "1", cwd=tmp_path)
     try:
-        watching.read_until(lambda t: "tokens/s (median" in t, 600)
+        watching.read_until(lambda t: "tokens/s per step (median" in t, 600)
         first = _step_of(watching.screens()[-1] if watching.screens() else "")
         watching.read_until(lambda t: any(_step_of(s) > first for s in watching.screens()), 300)
         screen = watching.screens()[-1]

@@ -3,13 +3,14 @@ family knows are refused with a diagnostic that lists what is supported."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from rlflow.errors import RlflowError
 from rlflow.model import family
-from rlflow.recipe.schema import ModelConfig
+from tests.tiny import FP32
 
 
 def test_every_family_declares_what_it_is():
@@ -20,6 +21,7 @@ def test_every_family_declares_what_it_is():
         "Qwen2VL",
         "Qwen3VL",
         "Qwen3VLMoe",
+        "Qwen3Moe",
     ]
     for f in shipped:
         assert f.model_types and f.architectures and f.builtins
@@ -37,7 +39,7 @@ def test_an_unknown_architecture_is_refused_naming_the_supported_ones(tmp_path):
     (tmp_path / "config.json").write_text(
         json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
     )
-    cfg = ModelConfig(checkpoint=str(tmp_path), dtype="float32", freeze_vision=True, tiny_seed=0)
+    cfg = dataclasses.replace(FP32, checkpoint=str(tmp_path))
     with pytest.raises(RlflowError) as err:
         resolve_checkpoint(cfg, tmp_path / "cache")
     (diagnostic,) = err.value.diagnostics
@@ -49,9 +51,7 @@ def test_an_unknown_architecture_is_refused_naming_the_supported_ones(tmp_path):
 def test_an_unknown_builtin_is_refused_naming_the_builtins(tmp_path):
     from rlflow.model.build import resolve_checkpoint
 
-    cfg = ModelConfig(
-        checkpoint="builtin:tiny-llama", dtype="float32", freeze_vision=True, tiny_seed=0
-    )
+    cfg = dataclasses.replace(FP32, checkpoint="builtin:tiny-llama")
     with pytest.raises(RlflowError) as err:
         resolve_checkpoint(cfg, tmp_path)
     (diagnostic,) = err.value.diagnostics

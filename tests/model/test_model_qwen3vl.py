@@ -166,16 +166,18 @@ def test_greedy_tokens_and_logprobs_match_hf(qwen3vl, batches):
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["one-row-per-prompt", "shared-prompts"])
-def test_megatron_generation_matches_the_hf_backend(single_rank, family_ckpt, shared):
-    """rlflow's engine on dense Qwen3-VL: DeepStack in the packed prefill, interleaved mrope
-    positions, text decode; tokens identical and logprobs within 1e-4 of HF's generate."""
+@pytest.mark.parametrize("name", NAMES)
+def test_megatron_generation_matches_the_hf_backend(single_rank, family_ckpt, shared, name):
+    """rlflow's engine on Qwen3-VL, dense and MoE (routed experts in prefill and decode):
+    DeepStack in the packed prefill, interleaved mrope positions, text decode; tokens identical
+    and logprobs within 1e-4 of HF's generate."""
     from transformers import AutoProcessor
 
     from rlflow.generation.hf import HFGeneration
     from rlflow.model.build import load_policy
     from rlflow.model.vision_cache import VisionCache
 
-    path = family_ckpt("tiny-qwen3vl")
+    path = family_ckpt(name)
     policy = load_policy(path, FP32, SINGLE, trainable=False)
     processor = AutoProcessor.from_pretrained(str(path))
     unique = mixed_prompts(processor)

@@ -67,6 +67,14 @@ NOT_A_RECIPE_KEY = {
     ("rlflow/pins/markers.py", "equivalent_sets", "python"): "a Python version marker",
     ("rlflow/pins/markers.py", "same", "python"): "a Python version marker",
     ("rlflow/pins/uvlock.py", "UvLock", "packages"): "the packages of a uv.lock",
+    ("rlflow/model/moe.py", "__init__", "name"): "megatron-core's SequentialMLP signature",
+    ("rlflow/model/qwen3_moe.py", "write_tiny_qwen3_moe", "device"): "the torch device to build on",
+    ("rlflow/model/routing.py", "step_metrics", "group"): "a process group",
+    (
+        "rlflow/train/rollouts.py",
+        "TrainBatch",
+        "router_replay",
+    ): "the loop sets it from loss.router_replay (_train_batch); off for batches built elsewhere",
 }
 
 

@@ -39,6 +39,17 @@ READ_BY = {
     "model.dtype": ("rlflow/model/build.py", "model_cfg.dtype"),
     "model.freeze_vision": ("rlflow/train/setup.py", "recipe.model.freeze_vision"),
     "model.tiny_seed": ("rlflow/model/build.py", "model_cfg.tiny_seed"),
+    **{
+        f"model.moe.{key}": ("rlflow/model/moe.py", f"cfg.{key}")
+        for key in (
+            "grouped_experts",
+            "router_topk",
+            "router_dtype",
+            "aux_loss_coeff",
+            "z_loss_coeff",
+        )
+    },  # fmt: skip
+    "loss.router_replay": ("rlflow/train/loop.py", "t.recipe.loss.router_replay"),
     "data.train.kind": ("rlflow/data/dataset.py", "split_cfg.kind"),
     "data.train.num_samples": ("rlflow/data/dataset.py", "split_cfg.num_samples"),
     "data.train.seed": ("rlflow/data/dataset.py", "split_cfg.seed"),
@@ -116,6 +127,7 @@ READ_BY = {
     "generation.share_prompts": ("rlflow/generation/factory.py", "gen_cfg.share_prompts"),
     "generation.cuda_graphs": ("rlflow/generation/factory.py", "gen_cfg.cuda_graphs"),
     "generation.compile_decode": ("rlflow/generation/factory.py", "gen_cfg.compile_decode"),
+    "generation.fp8": ("rlflow/generation/factory.py", "gen_cfg.fp8"),
     "generation.vllm.env_root": ("rlflow/generation/factory.py", "gen_cfg.vllm.env_root"),
     "generation.vllm.device": ("rlflow/envs/spec.py", "vllm_cfg.device"),
     # the cpu and cuda pin sets: vllm_spec picks one by device and reads all five of its keys
@@ -156,6 +168,7 @@ READ_BY = {
     "parallelism.pipeline_parallel_size": ("rlflow/parallel.py", "cfg.pipeline_parallel_size"),
     "parallelism.context_parallel_size": ("rlflow/parallel.py", "cfg.context_parallel_size"),
     "parallelism.expert_parallel_size": ("rlflow/parallel.py", "cfg.expert_parallel_size"),
+    "parallelism.sequence_parallel": ("rlflow/parallel.py", "cfg.sequence_parallel"),
     "cluster.num_nodes": ("rlflow/recipe/allocation.py", "cluster.num_nodes"),
     "cluster.gpus_per_node": ("rlflow/recipe/allocation.py", "cluster.gpus_per_node"),
     "checkpointing.enabled": ("rlflow/train/loop.py", "recipe.checkpointing.enabled"),
@@ -231,7 +244,6 @@ for _key, _read in list(READ_BY.items()):  # the two splits read through the sam
 REFUSED = {
     "parallelism.pipeline_parallel_size": (2, "recipe.pipeline-parallel"),
     "parallelism.context_parallel_size": (2, "recipe.context-parallel"),
-    "parallelism.expert_parallel_size": (2, "recipe.expert-parallel"),
 }
 
 

@@ -66,3 +66,12 @@ def test_train_on_a_bad_recipe_exits_2_with_the_key_and_no_traceback(tmp_path):
     assert "did you mean `grpo.num_generations_per_prompt`?" in result.stderr
     assert f"{bad.name}:3:3" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_sequence_parallel_on_at_tensor_parallel_1_is_refused():
+    text = messages(["parallelism.sequence_parallel=on"])
+    assert "error[recipe.sequence-parallel]" in text
+    assert "`parallelism.tensor_parallel_size` is 1" in text and "sequence_parallel: auto" in text
+    for ok in (["parallelism.sequence_parallel=off"], ["parallelism.sequence_parallel=auto"]):
+        load_checked(TINY, ok)
+    load_checked(TINY, ["parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=on"])

@@ -26,6 +26,8 @@ def messages(overrides: list[str]) -> str:
     "overrides, expected",
     [
         (["loss.ratio_level=sequence"], "needs `loss.token_level_loss: false`"),
+        (["generation.fp8=true", "generation.backend=hf"],
+         "`generation.fp8: true` needs the megatron backend, not `hf`"),
         (["loss.overlong_penalty.enabled=true", "loss.overlong_penalty.buffer_tokens=9"],
          "must be between 1 and generation.max_new_tokens (8)"),
         (["loss.overlong_penalty.penalty=-1"], "must not be negative"),
@@ -66,6 +68,7 @@ def test_the_new_keys_load_together():
     "backend, mode, resolved",
     [
         ("megatron", "auto", "off"),
+        ("megatron-fp8", "auto", "tis"),  # FP8 rollouts: a generator that disagrees
         ("vllm", "auto", "tis"),
         ("hf", "auto", "tis"),
         ("megatron", "tis", "tis"),
@@ -74,7 +77,9 @@ def test_the_new_keys_load_together():
     ],
 )
 def test_auto_importance_sampling_is_on_for_other_engines_only(backend, mode, resolved):
-    recipe = load_checked(
-        TINY, [f"generation.backend={backend}", f"loss.importance_sampling.mode={mode}"]
-    ).recipe
+    backend, _, fp8 = backend.partition("-")
+    overrides = [f"generation.backend={backend}", f"loss.importance_sampling.mode={mode}"]
+    if fp8:  # FP8 rollouts run in bf16
+        overrides += ["generation.fp8=true", "model.dtype=bfloat16"]
+    recipe = load_checked(TINY, overrides).recipe
     assert effective_loss(recipe).importance_sampling.mode == resolved

@@ -99,7 +99,7 @@ def _tensor_parallel_worker(rank: int, port: int, root: str, name: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     library_logs.quiet()
-    layout = ParallelismConfig(2, 1, 1, 1)
+    layout = ParallelismConfig(2, 1, 1, 1, "off")
     timeout_s = base_recipe().watchdog.collective_timeout_s
     parallel.init_parallel(layout, seed=1, timeout_s=timeout_s, placement=None)
     policy = load_policy(Path(root) / "model", FP32, layout, trainable=False)

@@ -72,8 +72,8 @@ def test_hup_int_and_term_save_and_stop_the_run_with_exit_75(tmp_path, signum):
     name = signal.Signals(signum).name
     assert f"{name}: asking the ranks to save and stop" in output
     assert "ranks 0,1 saved and stopped for a requeue (exit 75)" in output
-    assert (tmp_path / "run" / "logs" / "stopped-node-0").is_file()
-    assert not (tmp_path / "run" / "logs" / "first-failure").exists()
+    assert (tmp_path / "run" / "status" / "attempt-0" / "stopped-node-0").is_file()
+    assert not (tmp_path / "run" / "status" / "attempt-0" / "first-failure").exists()
 
 
 def test_a_second_ctrl_c_stops_the_ranks_at_once(tmp_path):
@@ -85,7 +85,7 @@ def test_a_second_ctrl_c_stops_the_ranks_at_once(tmp_path):
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGINT, output
     assert "SIGINT: stopping the ranks" in output
-    assert not (tmp_path / "run" / "logs" / "stopped-node-0").exists()
+    assert not (tmp_path / "run" / "status" / "attempt-0" / "stopped-node-0").exists()
 
 
 def test_a_closed_terminal_saves_and_stops_the_run_which_outlives_its_terminal(tmp_path):
@@ -106,4 +106,4 @@ def test_a_closed_terminal_saves_and_stops_the_run_which_outlives_its_terminal(t
     wait_for([tmp_path / f"mark-ready-{r}" for r in (0, 1)], process)
     os.close(master)
     assert process.wait(timeout=120) == 75
-    assert (tmp_path / "run" / "logs" / "stopped-node-0").is_file()
+    assert (tmp_path / "run" / "status" / "attempt-0" / "stopped-node-0").is_file()

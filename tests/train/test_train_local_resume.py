@@ -133,3 +133,17 @@ def test_a_closed_terminal_ctrl_c_and_sigterm_each_save_and_the_run_resumes(tmp_
         previous = step
     steps = [r["step"] for r in read_metrics(run_dir)]
     assert steps == list(range(1, previous + 1))  # every step once: none lost, none repeated
+    # `rlflow status` sees the local run: three attempts, each stopped by its signal, and how
+    # to resume it.
+    status = subprocess.run(
+        [str(RLFLOW), "status", str(run_dir)], capture_output=True, text=True, env=environment()
+    )
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(
+        "local run run: STOPPED, attempt 2 saved and stopped on SIGTERM"
+    )
+    for attempt, signum in enumerate(("SIGHUP", "SIGINT", "SIGTERM")):
+        assert f"       saved and stopped on {signum}" in status.stdout
+        assert f"    {attempt}: stopped on " in status.stdout
+    assert f"  metrics: step {previous} of 1000 logged; train reward " in status.stdout
+    assert f"continues from checkpoint step {previous}" in status.stdout

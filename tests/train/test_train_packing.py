@@ -231,7 +231,7 @@ def _tensor_parallel_worker(rank: int, port: int, out: str) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     library_logs.quiet()
-    layout = ParallelismConfig(2, 1, 1, 1)
+    layout = ParallelismConfig(2, 1, 1, 1, "off")
     parallel.init_parallel(
         layout, seed=1, timeout_s=base_recipe().watchdog.collective_timeout_s, placement=None
     )

@@ -115,10 +115,11 @@ def test_generator_and_trainer_agree_on_logprobs(reference_run):
 def test_a_run_stopped_by_the_warning_then_killed_resumes_with_identical_metrics(
     reference_run, tmp_path
 ):
-    """SIGUSR1 (Slurm's warning) -> checkpoint at the step boundary, exit 75; the rerun resumes,
-    is killed in step 3 (an injected failure), and the next rerun finishes with the metrics of
-    the uninterrupted run. (One run for both interruptions: each costs a whole run's start.)"""
-    stopped = train(tmp_path, env={"RLFLOW_TEST_SIGNAL": "0:step1"})
+    """The warning (slurm.stop_signal, HUP) -> checkpoint at the step boundary, exit 75; the
+    rerun resumes, is killed in step 3 (an injected failure), and the next rerun finishes with
+    the metrics of the uninterrupted run. (One run for both interruptions: each costs a whole
+    run's start.)"""
+    stopped = train(tmp_path, env={"RLFLOW_TEST_SIGNAL": "0:step1:HUP"})
     assert stopped.returncode == 75, stopped.stderr[-3000:]
     assert (tmp_path / "checkpoints" / "step_000001").is_dir()
     crashed = train(tmp_path, env={"RLFLOW_TEST_FAIL": "0:step3"})

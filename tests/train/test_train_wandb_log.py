@@ -96,7 +96,7 @@ def test_offline_run_has_the_recipe_and_metrics_and_resumes_the_same_run(tmp_pat
     metrics = {r["step"]: r for r in read_metrics(run_dir)}
     assert sorted(history) == sorted(metrics) == [1, 2]
     for step, record in metrics.items():
-        for key in ("train/reward", "train/loss", "time/step", "time/tokens_per_second"):
+        for key in ("train/reward", "train/loss", "time/step", "speed/step_tokens_per_s"):
             assert history[step][key] == pytest.approx(record[key], rel=1e-6), (step, key)
 
     # A requeue runs the trainer again on the same run directory: it resumes from the step-2

@@ -23,6 +23,11 @@ GPU machine it does nothing. Each patch names the megatron-core code it replaces
    That module's `torch.zeros(..., device="cuda")` warm-up buffer gets the same CPU factories
    as the optimizer (point 3).
 
+6. The MoE all-to-all dispatcher (transformer/moe/token_dispatcher.py) turns its split sizes
+   into numpy arrays only when they live on a GPU (moe_utils.maybe_move_tensor_to_cpu); CPU
+   tensors reach `all_to_all_single`, whose binding takes sequences. Bound there: CPU tensors
+   asked for as numpy become numpy too.
+
 rlflow's own generation engine does not use megatron-core's inference controller, so its
 CUDA-only paths (text_generation_controller.py) need no patch.
 """
@@ -56,6 +61,7 @@ def enable() -> bool:
     _patch_causal_mask()
     _patch_grad_clipping()
     _patch_optimizer_allocations()
+    _patch_moe_split_sizes()
     _enabled = True
     return True
 
@@ -181,3 +187,16 @@ def _patch_grad_clipping() -> None:
     for module in (clip_grads, optimizer):
         module.get_grad_norm_fp32 = get_grad_norm_fp32
         module.clip_grad_by_total_norm_fp32 = clip_grad_by_total_norm_fp32
+
+
+def _patch_moe_split_sizes() -> None:
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    original = moe_utils.maybe_move_tensor_to_cpu
+
+    def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu

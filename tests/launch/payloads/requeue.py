@@ -1,8 +1,10 @@
 """Test payload for requeue: stands in for the trainer's checkpoint-on-signal half.
 
-Attempt 0 waits for the time-limit warning (SIGUSR1), records "saved" and exits 75; a later
+Attempt 0 waits for the time-limit warning, records "saved" and exits 75; a later
 attempt (SLURM_RESTART_COUNT > 0) reads that record, appends "resumed" and exits 0. Each rank
-leaves OUT_DIR/rank-R.ready once it listens for the warning (a test may then send it).
+leaves OUT_DIR/rank-R.ready once it listens for the warning (a test may then send it). The
+warning is the signal the launcher names in RLFLOW_STOP_SIGNAL (slurm.stop_signal, HUP by
+default), as the trainer hears it (rlflow/train/signals.py); Slurm sends USR1 to the batch script.
 Usage: python requeue.py OUT_DIR
 """
 
@@ -27,7 +29,8 @@ def main() -> int:
             f.write(f"attempt {attempt}: resumed after '{last}'\n")
         return 0
     warned = []
-    signal.signal(signal.SIGUSR1, lambda *_: warned.append(time.time()))
+    warning = signal.Signals["SIG" + os.environ["RLFLOW_STOP_SIGNAL"]]
+    signal.signal(warning, lambda *_: warned.append(time.time()))
     (out / f"rank-{rank}.ready").touch()
     deadline = time.monotonic() + WAIT_FOR_WARNING_SECONDS
     while not warned and time.monotonic() < deadline:
