@@ -12,6 +12,7 @@ single rank.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -44,7 +45,10 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
     from tests.tiny import greedy, megatron_generation
 
     info = parallel.info()
-    policy = load_policy(checkpoint, FP32, parallel_cfg, trainable=True)
+    # no load-balancing loss: megatron-core computes it over each rank's own tokens, which is
+    # not linear in the split (its gradient would differ from one rank's by ~1e-4)
+    model_cfg = dataclasses.replace(FP32, moe=dataclasses.replace(FP32.moe, aux_loss_coeff=0.0))
+    policy = load_policy(checkpoint, model_cfg, parallel_cfg, trainable=True)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     prompts = []
     for i, question in enumerate(QUESTIONS[info.dp_rank :: info.dp_size]):
