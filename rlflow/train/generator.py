@@ -71,10 +71,11 @@ def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
     backend = MegatronGeneration(
         policy,
         encoder.pad_token_id,
-        gen.max_batch_size,
+        max_batch_size=gen.max_batch_size,
         cuda_graphs=gen.cuda_graphs,
         compile_decode=gen.compile_decode,
         share_prompts=gen.share_prompts,
+        fp8=gen.fp8,
     )
     g = Generator(
         recipe=recipe,
