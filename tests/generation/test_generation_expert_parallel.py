@@ -111,7 +111,7 @@ def _rank(rank: int, world: int, tp: int, ep: int, checkpoint: str, out: str, po
     library_logs.quiet()
     parallel_cfg = ParallelismConfig(tp, 1, 1, ep, "off")
     parallel.init_parallel(
-        parallel_cfg, seed=1, timeout_s=base_recipe().watchdog.collective_timeout_s
+        parallel_cfg, seed=1, timeout_s=base_recipe().watchdog.collective_timeout_s, placement=None
     )
     result = cycle(Path(checkpoint), parallel_cfg)
     if rank == 0:
