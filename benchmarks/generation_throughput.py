@@ -263,7 +263,9 @@ def main() -> None:
     from rlflow.model.compat import library_logs
 
     library_logs.quiet()
-    parallel.init_parallel(ParallelismConfig(1, 1, 1, 1, "off"), seed=0, timeout_s=1800)
+    parallel.init_parallel(
+        ParallelismConfig(1, 1, 1, 1, "off"), seed=0, timeout_s=1800, placement=None
+    )
     results: dict = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,

@@ -830,7 +830,10 @@ def rank_main(args) -> None:
     began = time.perf_counter()
     loaded = load_checked(args.recipe, recipe_overrides(args, args.checkpoint))
     info = parallel.init_parallel(
-        loaded.recipe.parallelism, args.seed, timeout_s=loaded.recipe.watchdog.collective_timeout_s
+        loaded.recipe.parallelism,
+        args.seed,
+        timeout_s=loaded.recipe.watchdog.collective_timeout_s,
+        placement=None,
     )
     device = info.device
 

@@ -435,7 +435,10 @@ def main() -> None:
     checkpoint = bench_checkpoint(args.checkpoint, args.tiny, args.layers, device)
     loaded = load_checked(RECIPE, overrides(args, checkpoint))
     info = parallel.init_parallel(
-        loaded.recipe.parallelism, args.seed, timeout_s=loaded.recipe.watchdog.collective_timeout_s
+        loaded.recipe.parallelism,
+        args.seed,
+        timeout_s=loaded.recipe.watchdog.collective_timeout_s,
+        placement=None,
     )
     dtype = torch.float32 if args.tiny else torch.bfloat16
     counts = model_counts(checkpoint, 4 if args.tiny else 2)

@@ -100,6 +100,7 @@ SLOW_PATHS = (
     "tests/generation/",  # megatron, HF and vLLM generation
     "tests/envs/",  # real venvs built with pip and uv, and the vLLM environment
     "tests/train/test_train_runs.py",  # end-to-end GRPO runs
+    "tests/train/test_train_async.py",  # multi-rank runs with generation ranks of their own
     "tests/train/test_train_user_task.py",
     "tests/train/test_train_signals.py",  # the real trainer stopped by a signal
     "tests/train/test_train_reward_failures.py",  # 2 ranks, a reward worker dies

@@ -43,7 +43,7 @@ def init_single_rank(seed: int = 1):
     from rlflow import parallel
 
     timeout_s = base_recipe().watchdog.collective_timeout_s
-    return parallel.init_parallel(SINGLE, seed=seed, timeout_s=timeout_s)
+    return parallel.init_parallel(SINGLE, seed=seed, timeout_s=timeout_s, placement=None)
 
 
 def megatron_generation(policy, pad_token_id: int, **changes):

@@ -44,14 +44,22 @@ class GenerationBackend(abc.ABC):
     """What the trainer needs from a rollout engine."""
 
     name: str
+    # The weights generate() uses, as the optimizer steps behind them (0: the start of GRPO).
+    # Rollouts carry it, so the trainer can check how stale they are (rlflow.train.remote).
+    weight_version: int = 0
 
     @abc.abstractmethod
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
         """One completion per prompt, in order."""
 
-    def refresh_weights(self) -> float:
-        """Make the next generate() use the policy's current weights; return seconds spent."""
+    def refresh_weights(self, version: int | None = None) -> float:
+        """Make the next generate() use the policy's current weights, which are `version`
+        (None: one step after the last refresh); return seconds spent."""
+        self.weight_version = self.next_version(version)
         return 0.0
+
+    def next_version(self, version: int | None) -> int:
+        return self.weight_version + 1 if version is None else version
 
     def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing to release
         """Release processes and memory; safe to call twice."""

@@ -46,11 +46,12 @@ class HFGeneration(GenerationBackend):
         self.max_batch_size = max_batch_size
         self.device = policy.device
         self.model = load_hf_model(policy.checkpoint, policy.dtype, self.device)
-        self.refresh_weights()
+        self.refresh_weights(0)
 
-    def refresh_weights(self) -> float:
+    def refresh_weights(self, version: int | None = None) -> float:
         start = time.perf_counter()
         copy_policy_into(self.model, self.policy)
+        self.weight_version = self.next_version(version)
         return time.perf_counter() - start
 
     def generate(self, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:

@@ -106,9 +106,10 @@ class MegatronGeneration(GenerationBackend):
         finally:
             core.train(was_training)
 
-    def refresh_weights(self) -> float:
+    def refresh_weights(self, version: int | None = None) -> float:
         """bf16 reads the policy's tensors in place (nothing to do); FP8 copies are re-quantized
         before the next rollout."""
+        self.weight_version = self.next_version(version)
         self._stale = self.fp8
         return 0.0
 

@@ -28,6 +28,7 @@ from rlflow.envs.spec import setup_command_hint, vllm_spec
 from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
 from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
 from rlflow.generation.vllm_process import WorkerError, WorkerProcess
+from rlflow.generation.vllm_worker import weight_key
 from rlflow.model.media import Prompt
 
 # rlflow's datasets give each prompt at most one image or one video; vLLM sizes its encoder
@@ -90,7 +91,7 @@ class VLLMGeneration(GenerationBackend):
                 exit_code=EXIT_FINDINGS,
             ) from None
         self._finalizer = weakref.finalize(self, self.worker.stop)
-        self.refresh_weights()  # the policy may already differ from the checkpoint on disk
+        self.refresh_weights(0)  # the policy may already differ from the checkpoint on disk
 
     @property
     def pid(self) -> int:
@@ -106,13 +107,26 @@ class VLLMGeneration(GenerationBackend):
             },
             "generate",
         )
+        if reply.get("version") != self.weight_version:
+            self._fail("vLLM generated with weights of another version")
+            raise RlflowError(
+                Diagnostic(
+                    "vllm.stale-weights",
+                    f"vLLM generated with weights of version {reply.get('version')}; the trainer "
+                    f"refreshed it to version {self.weight_version}",
+                    help="the run stops rather than train on rollouts of stale weights; resume "
+                    "from the last checkpoint",
+                ),
+                exit_code=EXIT_FINDINGS,
+            )
         return [
             to_completion(prompt, row, self.policy.prompt_ids(prompt))
             for prompt, row in zip(prompts, reply["outputs"], strict=True)
         ]
 
-    def refresh_weights(self) -> float:
-        """Export the policy, write it node-locally, reload in vLLM, reset both caches.
+    def refresh_weights(self, version: int | None = None) -> float:
+        """Export the policy, write it node-locally, reload in vLLM, reset both caches, and
+        check vLLM's weights against the export (rlflow.model.fingerprint).
 
         The file lives only for the reload: in /dev/shm it is RAM, as large as the model.
         """
@@ -120,6 +134,7 @@ class VLLMGeneration(GenerationBackend):
 
         self._check_usable()
         self._refreshes += 1
+        version = self.next_version(version)
         start = time.perf_counter()
         folder = Path(
             tempfile.mkdtemp(prefix=f"rlflow-vllm-weights-{os.getpid()}-", dir=self._weights_root)
@@ -127,18 +142,47 @@ class VLLMGeneration(GenerationBackend):
         try:
             try:
                 state = export_hf_state_dict(self.policy)
+                samples = sampled(state, version)
+                written = state
                 if _fault_requested(f"vllm-refresh{self._refreshes}"):
-                    state = _misshapen(state)
-                path = write_weights(state, folder)
+                    written = _misshapen(state)
+                if _tear_requested(f"vllm-refresh{self._refreshes}"):
+                    written = _torn(state, samples)
+                path = write_weights(written, folder)
             except BaseException as err:
                 self._fail(f"weight refresh failed while writing the weights: {err}")
                 raise
-            self._call(
-                {"op": "reload", "path": str(path), "resets": list(RESETS)}, "weight refresh"
+            reply = self._call(
+                {
+                    "op": "reload",
+                    "path": str(path),
+                    "resets": list(RESETS),
+                    "version": version,
+                    "samples": {k: s.tolist() for k, s in samples.items()},
+                },
+                "weight refresh",
             )
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+        self._verify(state, samples, reply, version)
+        self.weight_version = version
         return time.perf_counter() - start
+
+    def _verify(self, state, samples, reply: dict, version: int) -> None:
+        """vLLM must hold exactly the exported weights of `version`: else the backend stops."""
+        problem = fingerprint_problem(state, samples, reply, version)
+        if problem is not None:
+            self._fail(f"the weight check of version {version} failed")
+            raise RlflowError(
+                Diagnostic(
+                    "vllm.weight-fingerprint",
+                    f"after the weight refresh of version {version}, vLLM's weights are not the "
+                    f"trainer's: {problem}",
+                    help="the run stops rather than sample from stale or torn weights; resume "
+                    "from the last checkpoint once the cause is fixed",
+                ),
+                exit_code=EXIT_FINDINGS,
+            )
 
     def close(self) -> None:
         self._finalizer()
@@ -273,6 +317,69 @@ def _png(image) -> bytes:
 def _fault_requested(phase: str) -> bool:
     """Tests: RLFLOW_TEST_FAIL="RANK:vllm-refreshN" (rlflow.train.faults' format) breaks refresh N."""
     return os.environ.get("RLFLOW_TEST_FAIL") == f"{_rank()}:{phase}"
+
+
+def _tear_requested(phase: str) -> bool:
+    """Tests: RLFLOW_TEST_TEAR="RANK:vllm-refreshN" changes one sampled element of refresh N's
+    file (a load that went wrong without an error: only the fingerprint sees it)."""
+    return os.environ.get("RLFLOW_TEST_TEAR") == f"{_rank()}:{phase}"
+
+
+def _torn(state: dict, samples: dict) -> dict:
+    # an attention output projection: vLLM keeps it unfused, under its HF key
+    name = next(n for n in state if (weight_key(n) or "").endswith("o_proj.weight"))
+    tensor = state[name].clone()
+    flat = tensor.view(-1)
+    position = int(samples[weight_key(name)][-1])
+    flat[position] = flat[position] + 1
+    return {**state, name: tensor}
+
+
+def sampled(state: dict, version: int) -> dict:
+    """The sampled flat positions of every exported language-model tensor, by its vLLM key
+    (rlflow.generation.vllm_worker.weight_key); keys two tensors share are left out."""
+    from rlflow.model.fingerprint import sample_positions
+
+    keys: dict[str, str] = {}
+    for name in state:
+        key = weight_key(name)
+        if key is not None:
+            keys[key] = name if key not in keys else ""
+    return {
+        key: sample_positions(key, state[name].numel(), version)
+        for key, name in keys.items()
+        if name
+    }
+
+
+def fingerprint_problem(state: dict, samples: dict, reply: dict, version: int) -> str | None:
+    """What differs between the exported tensors and vLLM's, or None. Every decoder layer
+    must be checked in at least one tensor: a naming vLLM does not share fails closed."""
+    from rlflow.model.fingerprint import bits
+
+    if reply.get("version") != version:
+        return f"it reports version {reply.get('version')}"
+    names = {weight_key(n): n for n in state}
+    theirs = reply.get("fingerprint") or {}
+    checked, differ = set(), []
+    for key, (shape, got) in theirs.items():
+        tensor = state[names[key]]
+        if tuple(shape) != tuple(tensor.shape):
+            continue  # padded or re-laid-out in vLLM: not comparable element by element
+        checked.add(key)
+        if bits(tensor.reshape(-1)[samples[key]]).tolist() != got:
+            differ.append(key)
+    if differ:
+        more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+        return f"{len(differ)} tensors differ: {', '.join(differ[:3])}{more}"
+    layers = {k.split(".")[1] for k in samples if k.startswith("layers.")}
+    seen = {k.split(".")[1] for k in checked if k.startswith("layers.")}
+    if not checked or layers - seen:
+        return (
+            f"only {len(checked)} of {len(samples)} tensors could be compared (decoder layers "
+            f"without one: {sorted(layers - seen)[:5]})"
+        )
+    return None
 
 
 def _misshapen(state: dict) -> dict:

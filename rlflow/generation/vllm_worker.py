@@ -14,7 +14,9 @@ Messages are length-prefixed pickles of plain values (dict, list, str, bytes, nu
 socketpair inherited from the trainer. Requests and replies:
 
     {"op": "generate", "requests": [...], "params": {...}} -> {"ok": True, "outputs": [...]}
-    {"op": "reload", "path": FILE, "resets": ["encoder", "prefix"]} -> {"ok": True, "seconds": s}
+    {"op": "reload", "path": FILE, "resets": ["encoder", "prefix"], "version": V,
+     "samples": {key: [flat positions]}} -> {"ok": True, "seconds": s, "version": V,
+                                            "fingerprint": {key: [shape, [bits]]}}
     {"op": "ping"} -> {"ok": True};  {"op": "shutdown"} -> {"ok": True}, then exit
     any failure -> {"ok": False, "error": traceback text}
 
@@ -36,6 +38,7 @@ import time
 import traceback
 
 _HEADER = struct.Struct(">Q")
+_LOADED = {"version": None}  # the weights' version of the last reload (generate replies say it)
 
 
 def send_message(sock: socket.socket, message) -> None:
@@ -141,6 +144,45 @@ def sampling_params(params: dict, row: int):
     )
 
 
+def weight_key(name: str) -> str | None:
+    """The part of a language-model weight's name that HF checkpoints and vLLM share, or None:
+    from "layers." on (decoder layers), or the embedding, the final norm and the head. The
+    trainer names the tensors it samples by this key (rlflow.generation.vllm)."""
+    if "layers." in name and not name.startswith(("visual", "model.visual", "vision")):
+        return name[name.index("layers.") :]
+    for tail in ("embed_tokens.weight", "lm_head.weight"):
+        if name.endswith(tail):
+            return tail
+    if name.endswith(("model.norm.weight", "language_model.norm.weight")):
+        return "norm.weight"
+    return None
+
+
+def fingerprint(llm, samples: dict) -> dict:
+    """The bits of the sampled elements of vLLM's own weights, for the keys that name one of
+    them unfused (fused ones, e.g. qkv_proj, are not there under an HF key): {key: [shape, bits]}.
+    Read from the live engine after the reload, so a load that dropped or garbled a tensor shows."""
+
+    def read(worker):
+        import torch
+
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+        out = {}
+        for name, param in worker.model_runner.model.named_parameters():
+            key = weight_key(name)
+            if key is None or key not in samples or key in out:
+                continue
+            flat = param.detach().reshape(-1)
+            index = torch.tensor(samples[key], dtype=torch.long)
+            if len(index) and int(index.max()) < flat.numel():
+                values = flat[index.to(flat.device)].cpu()
+                pattern = values.view(bits[values.element_size()]).to(torch.int64) & 0xFFFFFFFF
+                out[key] = [list(param.shape), pattern.tolist()]
+        return out
+
+    return llm.collective_rpc(read)[0]
+
+
 def generate(llm, message: dict) -> dict:
     inputs = [vllm_input(r) for r in message["requests"]]
     params = [sampling_params(message["params"], row) for row in range(len(inputs))]
@@ -159,7 +201,7 @@ def generate(llm, message: dict) -> dict:
                 "prompt_token_ids": list(output.prompt_token_ids),
             }
         )
-    return {"outputs": rows}
+    return {"outputs": rows, "version": _LOADED["version"]}
 
 
 def reload(llm, message: dict) -> dict:
@@ -181,7 +223,12 @@ def reload(llm, message: dict) -> dict:
         llm.llm_engine.reset_encoder_cache()
     if "prefix" in message["resets"] and not llm.reset_prefix_cache():
         raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?)")
-    return {"seconds": time.perf_counter() - start}
+    _LOADED["version"] = message.get("version")
+    return {
+        "seconds": time.perf_counter() - start,
+        "version": _LOADED["version"],
+        "fingerprint": fingerprint(llm, message.get("samples") or {}),
+    }
 
 
 # --- serving ------------------------------------------------------------------------------------

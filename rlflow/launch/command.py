@@ -216,6 +216,7 @@ def _summary(plan, loaded) -> str:
             f"GPU-hours:  {plan.gpu_hours:.1f} ({shape(plan)} x {hours:.2f} h) per attempt",
             f"worst case: {_worst_case(plan)}; {cost.cap_text(loaded)}",
             f"each rank:  {' '.join(plan.rank_command)}",
+            *([f"placement:  {plan.placement}"] if plan.placement else []),
         ]
     )
 

@@ -117,6 +117,9 @@ class JobPlan:
     rank_command: tuple[str, ...]
     master_port_base: int
     master_port_span: int
+    # generation.placement separate: which ranks train and which generate (logged, and shown
+    # by the dry run); None when every rank does both
+    placement: str | None = None
 
 
 def apply_flags(loaded: LoadedRecipe, flags: SubmitFlags) -> tuple[LoadedRecipe, list[Diagnostic]]:
@@ -219,7 +222,17 @@ def make_plan(
         rank_command=_rank_command(slurm.rlflow_command, flags.command, run_dir),
         master_port_base=MASTER_PORT_BASE,
         master_port_span=MASTER_PORT_SPAN,
+        placement=_placement(loaded, flags),
     )
+
+
+def _placement(loaded: LoadedRecipe, flags: SubmitFlags) -> str | None:
+    from rlflow.recipe.allocation import placement_of
+
+    if flags.command is not None:
+        return None
+    placement = placement_of(loaded.recipe, flags.nodes, flags.gpus)
+    return placement.describe() if placement.separate else None
 
 
 def sbatch_options(slurm, computed: dict[str, object]) -> tuple[tuple[str, str | None], ...]:

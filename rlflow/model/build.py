@@ -117,7 +117,11 @@ def resolve_checkpoint(model_cfg: ModelConfig, cache_dir: Path) -> Path:
 def _write_builtin_once(target: Path, name: str, seed: int) -> None:
     """Write the built-in model once. A damaged copy (a run killed mid-write long ago, a disk
     error) is set aside and written again: it is derived data (name and seed), like a damaged
-    checkpoint, which is reported and skipped."""
+    checkpoint, which is reported and skipped. Rank 0 of this rank's world writes it; with
+    separate placement, the generation ranks' world has a rank 0 too, and whichever renames
+    second finds the same files in place."""
+    import shutil
+
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -135,7 +139,12 @@ def _write_builtin_once(target: Path, name: str, seed: int) -> None:
         tmp = target.with_name(target.name + f".tmp{os.getpid()}")
         families.by_builtin(name).write_tiny(tmp, name, seed=seed)
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # the other world's copy won
     if dist.is_initialized():
         dist.barrier()
 

@@ -12,8 +12,14 @@ expert count of a mixture-of-experts model).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe.load import LoadedRecipe
+from rlflow.recipe.schema import Recipe
+
+Role = Literal["train", "generate"]
 
 PARALLEL_AXES = (
     "tensor_parallel_size",
@@ -21,6 +27,54 @@ PARALLEL_AXES = (
     "context_parallel_size",
     "expert_parallel_size",
 )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which ranks of a job train and which generate (`generation.placement`).
+
+    colocated: every rank trains and generates its own rollouts (`generation` is empty).
+    separate: `generation` ranks run only the generation engine; the others only train. Rank 0
+    always trains (it writes the metrics and the checkpoints).
+    """
+
+    training: tuple[int, ...]
+    generation: tuple[int, ...]
+
+    @property
+    def separate(self) -> bool:
+        return bool(self.generation)
+
+    def role(self, rank: int) -> Role:
+        return "generate" if rank in self.generation else "train"
+
+    def ranks(self, role: Role) -> tuple[int, ...]:
+        return self.generation if role == "generate" else self.training
+
+    def describe(self) -> str:
+        """`ranks 0-1 train, rank 2 generates` (the dry run and the job log show this)."""
+        train = f"rank{'s' * (len(self.training) != 1)} {_spans(self.training)} train"
+        if not self.separate:
+            return f"{train} and generate (placement colocated)"
+        many = len(self.generation) != 1
+        return f"{train}, rank{'s' * many} {_spans(self.generation)} generate{'' if many else 's'}"
+
+
+def placement_of(recipe: Recipe, nodes: int, gpus: int) -> Placement:
+    """The ranks of a `nodes` x `gpus` job by role. Expects `placement_diagnostics` to pass.
+
+    gpus_per_node g: the last g ranks of every node generate. num_nodes m: the ranks of the
+    last m nodes generate. Ranks are numbered node by node (node n holds n*gpus .. n*gpus+gpus-1).
+    """
+    gen = recipe.generation
+    ranks = range(nodes * gpus)
+    if gen.placement != "separate":
+        return Placement(tuple(ranks), ())
+    if gen.gpus_per_node:
+        generates = [r for r in ranks if r % gpus >= gpus - gen.gpus_per_node]
+    else:
+        generates = [r for r in ranks if r // gpus >= nodes - gen.num_nodes]
+    return Placement(tuple(r for r in ranks if r not in generates), tuple(generates))
 
 
 def allocation_diagnostics(
@@ -32,12 +86,21 @@ def allocation_diagnostics(
     `trains=False` (`submit --command`: the ranks run something else) keeps only the parallel
     sizes: the trainer's batch rules do not apply to a smoke test."""
     shape = f"{nodes} node{'s' * (nodes != 1)} x {gpus} GPU{'s' * (gpus != 1)}"
-    world_size = nodes * gpus
     problems = [p for rule in UNIMPLEMENTED for p in rule(loaded)]
-    problems += _parallel_sizes(loaded, world_size, shape) + _experts(loaded, trains)
+    problems += _experts(loaded, trains)
     if problems or not trains:
+        return problems + _parallel_sizes(loaded, nodes * gpus, shape)
+    problems = placement_diagnostics(loaded, nodes, gpus)
+    if problems:
+        return problems
+    placement = placement_of(loaded.recipe, nodes, gpus)
+    world_size = len(placement.training)
+    if placement.separate:
+        shape = f"the {world_size} training ranks of {shape}"
+    problems = _parallel_sizes(loaded, world_size, shape)
+    if problems:
         return problems  # (the data-parallel size is not a whole number)
-    return _data_parallel(loaded, world_size, shape)
+    return _data_parallel(loaded, world_size, shape) + _generation_parallel(loaded, placement, gpus)
 
 
 # --- parallelism rlflow does not implement: refused, never passed to megatron-core -------------
@@ -118,12 +181,14 @@ def job_shape(loaded: LoadedRecipe, world_size: int) -> tuple[int, int, list[Dia
     return nodes or 1, gpus or world_size, [problem]
 
 
-def check_allocation(loaded: LoadedRecipe, world_size: int) -> None:
-    """`rlflow train`'s check at setup (before any process group or model): raise every problem."""
+def check_allocation(loaded: LoadedRecipe, world_size: int) -> Placement:
+    """`rlflow train`'s check at setup (before any process group or model): raise every
+    problem; return which ranks train and which generate."""
     nodes, gpus, problems = job_shape(loaded, world_size)
     problems = problems or allocation_diagnostics(loaded, nodes, gpus)
     if problems:
         raise RlflowError(problems)
+    return placement_of(loaded.recipe, nodes, gpus)
 
 
 def data_parallel_size(loaded: LoadedRecipe, world_size: int) -> int:
@@ -186,6 +251,18 @@ def _experts(loaded: LoadedRecipe, trains: bool) -> list[Diagnostic]:
                 f"`parallelism.expert_parallel_size` is {ep}, but {where} is a dense model "
                 "(it has no experts to split)",
                 help="set expert_parallel_size to 1, or train a mixture-of-experts checkpoint",
+            )
+        )
+    elif ep > 1 and recipe.parallelism.tensor_parallel_size > 1:
+        problems.append(
+            loaded.diagnostic(
+                ("parallelism", "expert_parallel_size"),
+                "allocation.expert-and-tensor-parallel",
+                f"`parallelism.expert_parallel_size` ({ep}) together with "
+                f"`tensor_parallel_size` ({recipe.parallelism.tensor_parallel_size}) is not "
+                "implemented yet (the trainer's packed logprob pass fails under TP x EP)",
+                help="use expert parallelism with tensor_parallel_size: 1, or tensor "
+                "parallelism with expert_parallel_size: 1",
             )
         )
     elif ep > 1 and experts % ep:
@@ -264,3 +341,153 @@ def _data_parallel(loaded: LoadedRecipe, world_size: int, shape: str) -> list[Di
             )
         )
     return problems
+
+
+# ---------------------------------------------------------------- generation.placement
+
+
+def placement_diagnostics(loaded: LoadedRecipe, nodes: int, gpus: int) -> list[Diagnostic]:
+    """generation.placement and async_grpo against the job: what rlflow implements, and a
+    split that leaves ranks on both sides. Settings rlflow does not implement are refused."""
+    gen = loaded.recipe.generation
+    if gen.placement == "colocated":
+        return _colocated_problems(loaded)
+    problems = _separate_unsupported(loaded)
+    if problems:
+        return problems
+    g, m = gen.gpus_per_node, gen.num_nodes  # (not negative: their bounds in the schema)
+    if (g > 0) == (m > 0):
+        said = f"gpus_per_node {g} and num_nodes {m}"
+        return [
+            loaded.diagnostic(
+                ("generation", "gpus_per_node"),
+                "allocation.placement",
+                f"generation.placement is separate, with generation.{said}: set exactly one of "
+                "them above 0",
+                help="gpus_per_node: that many ranks of every node generate; num_nodes: the last "
+                "nodes of the job generate",
+            )
+        ]
+    if g and g >= gpus:
+        return [
+            loaded.diagnostic(
+                ("generation", "gpus_per_node"),
+                "allocation.placement",
+                f"`generation.gpus_per_node` ({g}) leaves no training rank on a node of {gpus}",
+                help=f"use at most {gpus - 1}, or more GPUs per node (--gpus)",
+            )
+        ]
+    if m and m >= nodes:
+        return [
+            loaded.diagnostic(
+                ("generation", "num_nodes"),
+                "allocation.placement",
+                f"`generation.num_nodes` ({m}) leaves no training node in a job of {nodes}",
+                help=f"use at most {nodes - 1}, or more nodes (--nodes)",
+            )
+        ]
+    return []
+
+
+def _colocated_problems(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """Keys that only mean something with separate placement must keep their defaults."""
+    recipe = loaded.recipe
+    gen = recipe.generation
+    set_keys = [
+        (("generation", key), value)
+        for key, value in (
+            ("gpus_per_node", gen.gpus_per_node),
+            ("num_nodes", gen.num_nodes),
+            ("tensor_parallel_size", gen.tensor_parallel_size - 1),
+        )
+        if value
+    ]
+    if recipe.async_grpo.max_staleness:
+        set_keys.append((("async_grpo", "max_staleness"), recipe.async_grpo.max_staleness))
+    return [
+        loaded.diagnostic(
+            path,
+            "allocation.placement",
+            f"`{'.'.join(path)}` is set, but generation.placement is colocated: it applies "
+            "only to generation ranks of their own",
+            help="set generation.placement=separate with generation.gpus_per_node (or "
+            "num_nodes); asynchronous GRPO needs generation ranks of their own",
+        )
+        for path, _ in set_keys
+    ]
+
+
+def _separate_unsupported(loaded: LoadedRecipe) -> list[Diagnostic]:
+    recipe = loaded.recipe
+    gen, par = recipe.generation, recipe.parallelism
+    refused = []
+    if gen.backend != "megatron":
+        refused.append(
+            (("generation", "backend"), f"generation.backend {gen.backend}", "use backend megatron")
+        )
+    if par.expert_parallel_size > 1:
+        refused.append(
+            (
+                ("parallelism", "expert_parallel_size"),
+                f"parallelism.expert_parallel_size {par.expert_parallel_size}",
+                "the weight sync reshards tensor-parallel shards only: use expert_parallel_size 1",
+            )
+        )
+    return [
+        loaded.diagnostic(
+            path,
+            "allocation.placement",
+            f"generation.placement separate does not support {what}",
+            help=fix,
+        )
+        for path, what, fix in refused
+    ]
+
+
+def _generation_parallel(loaded: LoadedRecipe, placement: Placement, gpus: int) -> list[Diagnostic]:
+    """The generation ranks' own tensor-parallel groups stay inside a node, and their
+    data-parallel replicas share the step's prompts evenly."""
+    if not placement.separate:
+        return []
+    recipe = loaded.recipe
+    gen = recipe.generation
+    per_node = gen.gpus_per_node or gpus
+    tp = gen.tensor_parallel_size
+    if per_node % tp:
+        return [
+            loaded.diagnostic(
+                ("generation", "tensor_parallel_size"),
+                "allocation.placement",
+                f"`generation.tensor_parallel_size` ({tp}) does not divide the {per_node} "
+                "generation ranks of a node",
+                help="a tensor-parallel group stays inside one node: choose a divisor of "
+                f"{per_node}",
+            )
+        ]
+    replicas = len(placement.generation) // tp
+    prompts = recipe.grpo.num_prompts_per_step
+    if prompts % replicas:
+        return [
+            loaded.diagnostic(
+                ("grpo", "num_prompts_per_step"),
+                "allocation.placement",
+                f"`grpo.num_prompts_per_step` ({prompts}) is not a multiple of the {replicas} "
+                f"generation replicas ({len(placement.generation)} generation ranks over "
+                f"tensor {tp})",
+                help=f"each generation replica takes an equal share of the prompts: use a "
+                f"multiple of {replicas}",
+            )
+        ]
+    return []
+
+
+def _spans(ranks: tuple[int, ...]) -> str:
+    """(0, 1, 2, 5, 7, 8) -> `0-2, 5, 7-8`."""
+    out, start = [], None
+    for i, rank in enumerate(ranks):
+        if start is None:
+            start = rank
+        if i + 1 == len(ranks) or ranks[i + 1] != rank + 1:
+            out.append(str(start) if start == rank else f"{start}-{rank}")
+            start = None
+    return ", ".join(out)

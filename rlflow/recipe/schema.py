@@ -256,6 +256,23 @@ class GenerationConfig:
     compile_decode: bool  # megatron backend: torch.compile the decode layer (fuses small kernels)
     fp8: bool  # megatron backend: decode matmuls in FP8 (refused where the GPU has none)
     vllm: VllmConfig
+    placement: Literal["colocated", "separate"]  # separate: generation on ranks of its own
+    # separate: ranks of every node that generate (the others train)
+    gpus_per_node: int = field(metadata=bound(ge=0))
+    # separate: whole nodes that only generate
+    num_nodes: int = field(metadata=bound(ge=0))
+    # separate: the generation engine's own tensor-parallel size
+    tensor_parallel_size: int = field(metadata=bound(ge=1))
+    # separate: weights reach the generation ranks in broadcasts of at most this many MiB
+    sync_bucket_mb: int = field(metadata=bound(ge=1))
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    # rollouts at most this many steps older than the weights they train
+    max_staleness: int = field(
+        metadata=bound(ge=0, help="0: synchronous; 1: one-step-off; N: up to N steps stale")
+    )
 
 
 @dataclass(frozen=True)
@@ -463,6 +480,7 @@ class Recipe:
     optimizer: OptimizerConfig
     warm_start: WarmStartConfig
     generation: GenerationConfig
+    async_grpo: AsyncConfig
     parallelism: ParallelismConfig
     cluster: ClusterConfig
     checkpointing: CheckpointConfig

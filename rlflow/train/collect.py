@@ -31,12 +31,12 @@ class Rollouts:
     prompts: list[Prompt]  # one per kept rollout (G per kept prompt)
     completions: list[Completion]
     advantages: list[float]
-    # Every rollout generated this step (all rounds), for metrics: reward, accuracy, length.
-    rewards: list[float] = field(default_factory=list)
-    per_reward: dict[str, list[float]] = field(default_factory=dict)
-    accuracy: list[float] = field(default_factory=list)
-    generated: list[Completion] = field(default_factory=list)
-    stats: dict[str, float] = field(default_factory=dict)  # sums, reduced over ranks by the caller
+    # Sums over every rollout generated this step (all rounds), reduced over ranks by the
+    # caller: train/reward, train/accuracy, train/response_length, train/rollouts (the count),
+    # train/reward_<name> per reward, and the sampling/* statistics.
+    sums: dict[str, float] = field(default_factory=dict)
+    # The weights each rollout was generated with: the number of optimizer steps behind them.
+    weight_versions: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -49,18 +49,21 @@ class _Group:
 
 
 def collect_rollouts(t, step: int, timer) -> Rollouts:
-    """This rank's share of the step's prompt groups, generated, scored, with advantages."""
+    """This rank's share of the step's prompt groups, generated, scored, with advantages.
+
+    `t` is a Trainer, or a generation rank's Generator (rlflow.train.generator): anything with
+    recipe, info, sampler, train_data, encoder, backend and scorer."""
     recipe, info = t.recipe, t.info
     cfg = recipe.grpo
     dynamic = cfg.dynamic_sampling
     want = cfg.num_prompts_per_step // info.dp_size
-    out = Rollouts([], [], [])
+    scored = _Scored()
     kept: list[_Group] = []
     generated_groups = filtered_groups = extra_rounds = 0
     for round_ in range(dynamic.max_extra_rounds + 1 if dynamic.enabled else 1):
         indices = next(t.sampler)[info.dp_rank :: info.dp_size]
         if len(kept) < want:  # a full rank still draws, so every rank's sampler stays in step
-            groups = _generate_and_score(t, step, round_, indices, timer, out)
+            groups = _generate_and_score(t, step, round_, indices, timer, scored)
             generated_groups += len(groups)
             for group in groups:
                 no_signal = _no_signal(group)
@@ -83,30 +86,54 @@ def collect_rollouts(t, step: int, timer) -> Rollouts:
             cfg.use_leave_one_out_baseline,
             cfg.normalize_rewards,
         ).flatten()
-    out.prompts = [g.prompt for g in kept for _ in g.completions]
-    out.completions = [c for g in kept for c in g.completions]
-    out.advantages = advantages.tolist()
-    out.stats = {
+    completions = [c for g in kept for c in g.completions]
+    stats = {
         "sampling/groups_generated": float(generated_groups),
         "sampling/groups_filtered": float(filtered_groups),
-        "sampling/extra_rounds": float(extra_rounds),
-        "sampling/generated_tokens": float(sum(len(c.token_ids) for c in out.generated)),
+        # every rank took the same rounds: counted once, so the sum over ranks is the count
+        "sampling/extra_rounds": float(extra_rounds) if info.dp_rank == 0 else 0.0,
+        "sampling/generated_tokens": float(sum(len(c.token_ids) for c in scored.generated)),
     }
-    return out
+    return Rollouts(
+        prompts=[g.prompt for g in kept for _ in g.completions],
+        completions=completions,
+        advantages=advantages.tolist(),
+        sums={**scored.sums(), **stats},
+        weight_versions=[t.backend.weight_version] * len(completions),
+    )
 
 
-def sampling_metrics(totals: dict[str, float], dp_size: int) -> dict[str, float]:
+@dataclass
+class _Scored:
+    """Everything generated this step, scored (all rounds, kept or not)."""
+
+    rewards: list[float] = field(default_factory=list)
+    per_reward: dict[str, list[float]] = field(default_factory=dict)
+    accuracy: list[float] = field(default_factory=list)
+    generated: list[Completion] = field(default_factory=list)
+
+    def sums(self) -> dict[str, float]:
+        return {
+            "train/reward": sum(self.rewards),
+            "train/accuracy": sum(self.accuracy),
+            "train/response_length": sum(len(c.token_ids) for c in self.generated),
+            "train/rollouts": float(len(self.rewards)),
+            **{f"train/reward_{name}": sum(values) for name, values in self.per_reward.items()},
+        }
+
+
+def sampling_metrics(totals: dict[str, float]) -> dict[str, float]:
     """Step metrics from the rank-summed `sampling/*` sums. filtered_fraction is the share of
     generated groups whose rewards were all equal (dropped when dynamic sampling is on)."""
     generated = max(totals["sampling/groups_generated"], 1.0)
     return {
         "train/filtered_fraction": totals["sampling/groups_filtered"] / generated,
-        "train/extra_rounds": totals["sampling/extra_rounds"] / dp_size,
+        "train/extra_rounds": totals["sampling/extra_rounds"],
         "train/generated_tokens": totals["sampling/generated_tokens"],
     }
 
 
-def _generate_and_score(t, step: int, round_: int, indices, timer, out: Rollouts) -> list[_Group]:
+def _generate_and_score(t, step: int, round_: int, indices, timer, out: _Scored) -> list[_Group]:
     recipe = t.recipe
     G = recipe.grpo.num_generations_per_prompt
     samples = [t.train_data[i] for i in indices]
@@ -185,15 +212,17 @@ def shaping_penalty(recipe, completions) -> list[float] | None:
 
 
 def effective_loss(recipe):
-    """recipe.loss with importance_sampling.mode `auto` resolved for the rollout backend:
-    tis for vllm, hf (another engine's numerics) and FP8 megatron rollouts (quantized weights),
-    off for megatron in the policy's dtype (the policy's own tensors: in fp32 the weights would
-    be 1 to ~1e-7, so the loss is left exactly as is)."""
+    """recipe.loss with importance_sampling.mode `auto` resolved for the rollouts: tis for vllm,
+    hf (another engine's numerics), FP8 megatron rollouts (quantized weights) and asynchronous
+    GRPO (rollouts from older weights: async_grpo.max_staleness > 0); off for synchronous
+    megatron in the policy's dtype (the policy's own tensors: in fp32 the weights would be 1 to
+    ~1e-7, so the loss is left exactly as is)."""
     cfg = recipe.loss.importance_sampling
     if cfg.mode != "auto":
         return recipe.loss
     gen = recipe.generation
-    mode = "off" if gen.backend == "megatron" and not gen.fp8 else "tis"
+    synchronous = recipe.async_grpo.max_staleness == 0
+    mode = "off" if gen.backend == "megatron" and not gen.fp8 and synchronous else "tis"
     return dataclasses.replace(recipe.loss, importance_sampling=dataclasses.replace(cfg, mode=mode))
 
 
@@ -210,3 +239,25 @@ def sampling(t, step: int, temperature: float, round_: int = 0) -> SamplingParam
         stop_token_ids=(t.encoder.eos_token_id,),
         ignore_eos=False,
     )
+
+
+class LocalRollouts:
+    """Colocated placement: every rank generates its own share with the policy's own engine,
+    and after each update the backend is told the weights changed (rlflow.train.remote has the
+    separate placement's counterpart)."""
+
+    def start(self, t) -> None:
+        """Nothing to hand over: the engine reads the policy's weights."""
+
+    def collect(self, t, step: int, timer) -> Rollouts:
+        return collect_rollouts(t, step, timer)
+
+    def after_update(self, t, step: int, timer) -> None:
+        with timer("weight_refresh"):
+            t.backend.refresh_weights(step)
+
+    def step_metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
+        return {}
+
+    def finish(self, exit_code: int) -> None:
+        """Nobody else to tell."""

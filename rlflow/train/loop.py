@@ -17,13 +17,7 @@ from rlflow.errors import EX_TEMPFAIL, Diagnostic, RlflowError
 from rlflow.generation.base import Completion
 from rlflow.model import routing
 from rlflow.train import grpo, hf_export, watchdog
-from rlflow.train.collect import (
-    collect_rollouts,
-    effective_loss,
-    sampling,
-    sampling_metrics,
-    score_rollouts,
-)
+from rlflow.train.collect import effective_loss, sampling, sampling_metrics, score_rollouts
 from rlflow.train.faults import inject_failure
 from rlflow.train.metrics import StepTimer
 from rlflow.train.rollouts import build_train_batch
@@ -35,6 +29,7 @@ def train(t: Trainer) -> int:
     """Run until grpo.max_num_steps; return the exit code (0, or EX_TEMPFAIL on a stop request)."""
     recipe = t.recipe
     resumed = _resume_or_start(t)
+    t.rollouts.start(t)  # separate placement: the generation ranks get the weights and the data
     if not resumed and recipe.grpo.val_at_start:
         t.log.log(0, validate(t))
     while t.step < recipe.grpo.max_num_steps:
@@ -60,7 +55,9 @@ def train(t: Trainer) -> int:
                 f"stopping at step {step} on {t.stop.signal_name or 'a peer signal'}: "
                 f"checkpoint saved, exit {EX_TEMPFAIL} (requeue)"
             )
+            t.rollouts.finish(EX_TEMPFAIL)
             return EX_TEMPFAIL
+    t.rollouts.finish(0)
     _summary(t)
     return 0
 
@@ -87,9 +84,9 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
     timer = StepTimer(sync=_sync_fn(info.device))
     start = time.perf_counter()
     watchdog.beat("prompts", step)
-    inject_failure(info.rank, f"step{step}")
+    inject_failure(info.job_rank, f"step{step}")
     t.policy.vision_cache.clear()  # frozen-tower features live for one step
-    rollouts = collect_rollouts(t, step, timer)
+    rollouts = t.rollouts.collect(t, step, timer)
     batch = _train_batch(t, rollouts.prompts, rollouts.completions, rollouts.advantages)
     batching = Batching.from_config(recipe.optimizer)
     with timer("logprobs"):
@@ -108,10 +105,10 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
             batching=batching,
             num_minibatches=recipe.grpo.num_minibatches,
         )
-    with timer("weight_refresh"):
-        t.backend.refresh_weights()
+    t.rollouts.after_update(t, step, timer)
     return _step_metrics(
         t,
+        step=step,
         rollouts=rollouts,
         batch=batch,
         old_logprobs=old_logprobs,
@@ -195,7 +192,7 @@ def _resume_or_start(t: Trainer) -> bool:
         warm_start(t)
         if t.recipe.warm_start.num_steps:
             t.optimizer.reload_weights()  # GRPO's optimizer starts from the warm-started weights
-            t.backend.refresh_weights()  # backends with their own copy (hf, vllm) must see it
+            t.backend.refresh_weights(0)  # backends with their own copy (hf, vllm) must see it
         if t.reference is not None:
             copy_weights(t.policy, t.reference)  # KL is measured against GRPO's starting policy
             t.checkpointer.save_reference(t.reference.chunks)
@@ -213,7 +210,7 @@ def _resume_or_start(t: Trainer) -> bool:
         )
     t.sampler.load_state_dict(state["sampler"])
     t.step = state["step"]
-    t.backend.refresh_weights()
+    t.backend.refresh_weights(t.step)
     t.log.truncate_after(t.step)
     t.log.write(f"resumed from {latest} (step {t.step})")
     return True
@@ -234,6 +231,7 @@ def _train_batch(t: Trainer, prompts, completions, advantages):
 def _step_metrics(
     t: Trainer,
     *,
+    step: int,
     rollouts,
     batch,
     old_logprobs,
@@ -243,20 +241,20 @@ def _step_metrics(
     step_seconds,
 ) -> dict[str, float]:
     mask = batch.target_mask
-    n_rollouts = len(rollouts.rewards)
+    generated = rollouts.sums
     sums = {
-        "train/reward": sum(rollouts.rewards),
-        "train/accuracy": sum(rollouts.accuracy),
-        "train/response_length": sum(len(c.token_ids) for c in rollouts.generated),
+        "train/reward": generated["train/reward"],
+        "train/accuracy": generated["train/accuracy"],
+        "train/response_length": generated["train/response_length"],
         "train/entropy_sum": float((entropy * mask).sum()),
         "train/tmpe_sum": float(
             grpo.token_mult_prob_error(batch.gen_logprobs, old_logprobs, mask) * mask.sum()
         ),
         "train/tokens": float(mask.sum()),
         "train/real_tokens": float(batch.attention_mask.sum()),
-        "train/rollouts": float(n_rollouts),
-        **{f"train/reward_{name}": sum(values) for name, values in rollouts.per_reward.items()},
-        **rollouts.stats,
+        **{k: v for k, v in generated.items() if k.startswith("train/rollouts")},
+        **{k: v for k, v in generated.items() if k.startswith("train/reward_")},
+        **{k: v for k, v in generated.items() if k.startswith("sampling/")},
     }
     gap = (batch.gen_logprobs - old_logprobs).abs().exp()
     tmpe_max = float(gap[mask].max()) if mask.any() else 1.0
@@ -265,7 +263,7 @@ def _step_metrics(
     )
     tokens = max(totals.pop("train/tokens"), 1.0)
     num_rollouts = totals.pop("train/rollouts")
-    sampled = sampling_metrics(totals, t.info.dp_size)
+    sampled = sampling_metrics(totals)
     out = {
         k: v / num_rollouts
         for k, v in totals.items()
@@ -281,6 +279,7 @@ def _step_metrics(
     out.update({f"train/{k}": v for k, v in update.items()})
     out.update(routing.step_metrics(t.policy, parallel.data_parallel_group()))
     out.update({f"time/{k}": v for k, v in timer.seconds.items()})
+    out.update(t.rollouts.step_metrics(step, rollouts))
     out["time/step"] = step_seconds
     out.update(speed_metrics(totals["train/real_tokens"], tokens, timer.seconds, step_seconds,
                              t.info.world_size))  # fmt: skip

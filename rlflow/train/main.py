@@ -55,12 +55,21 @@ def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
 
             (directory / RESOLVED_RECIPE).write_text(dump_recipe(loaded.data))
         inject_failure(rank, "setup")
-        from rlflow.train.loop import train
-        from rlflow.train.setup import setup
+        from rlflow.train.setup import role_of
 
-        trainer = setup(loaded, directory)
-        code = train(trainer)
-        trainer.close()
+        if role_of(loaded) == "generate":  # generation.placement separate
+            from rlflow.train.generator import serve, setup_generator
+
+            generator = setup_generator(loaded, directory)
+            code = serve(generator)
+            generator.close()
+        else:
+            from rlflow.train.loop import train
+            from rlflow.train.setup import setup
+
+            trainer = setup(loaded, directory)
+            code = train(trainer)
+            trainer.close()
         _shutdown()
         return code
     except PreflightFailed as err:

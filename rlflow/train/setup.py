@@ -12,9 +12,9 @@ import numpy as np
 import torch
 
 from rlflow import parallel
-from rlflow.recipe.allocation import check_allocation
+from rlflow.recipe.allocation import Role, check_allocation
 from rlflow.recipe.load import LoadedRecipe
-from rlflow.recipe.schema import Recipe
+from rlflow.recipe.schema import ParallelismConfig, Recipe
 from rlflow.train import watchdog
 
 if TYPE_CHECKING:  # types only: setup imports these modules when it builds the trainer
@@ -25,7 +25,9 @@ if TYPE_CHECKING:  # types only: setup imports these modules when it builds the 
     from rlflow.model.build import Policy
     from rlflow.model.processor import PromptEncoder
     from rlflow.train.checkpoint import Checkpointer
+    from rlflow.train.collect import LocalRollouts
     from rlflow.train.metrics import MetricsLog
+    from rlflow.train.remote import RemoteRollouts
     from rlflow.train.signals import StopRequest
     from rlflow.train.update import Optimizer
 
@@ -47,6 +49,7 @@ class Trainer:
     stop: StopRequest
     optimizer: Optimizer  # GRPO's (a warm start builds its own, with warm_start.lr)
     scorer: Scorer  # the recipe's rewards; a pool of workers for rewards from user code
+    rollouts: LocalRollouts | RemoteRollouts  # this rank's engine, or the generation ranks
     step: int = 0
 
     def close(self) -> None:
@@ -76,34 +79,75 @@ def share_vision_cache(policy, reference, enabled: bool) -> None:
             p.vision_cache = cache
 
 
-def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
-    from rlflow.data import PromptSampler, build_dataset
-    from rlflow.data.scoring import Scorer
-    from rlflow.data.user_rewards import search_path
-    from rlflow.generation.factory import check_backend_ready, make_backend
+def role_of(loaded: LoadedRecipe) -> Role:
+    """This rank's role in the job (the allocation rules run first: a bad split is refused)."""
+    placement = check_allocation(loaded, int(os.environ.get("WORLD_SIZE", "1")))
+    return placement.role(int(os.environ.get("RANK", "0")))
+
+
+def role_parallelism(recipe: Recipe, role: Role) -> ParallelismConfig:
+    """The parallel sizes of a role: the recipe's for training, the engine's for generation."""
+    if role == "generate":
+        return ParallelismConfig(recipe.generation.tensor_parallel_size, 1, 1, 1, "off")
+    return recipe.parallelism
+
+
+def start_rank(loaded: LoadedRecipe, run_dir: Path) -> parallel.ParallelInfo:
+    """What every rank does first: the allocation rules, the process groups of its role, the
+    node checks and the seeds."""
     from rlflow.job.preflight import run_preflight
-    from rlflow.model.build import load_policy, resolve_checkpoint
-    from rlflow.model.processor import PromptEncoder
-    from rlflow.train.checkpoint import Checkpointer
-    from rlflow.train.metrics import MetricsLog
-    from rlflow.train.signals import StopRequest
-    from rlflow.train.update import Optimizer
 
     recipe = loaded.recipe
     # The dry run's allocation rules, on the ranks this job really has (the launcher's
     # WORLD_SIZE, which init_parallel joins): refused before any process group or model.
-    check_allocation(loaded, int(os.environ.get("WORLD_SIZE", "1")))
+    placement = check_allocation(loaded, int(os.environ.get("WORLD_SIZE", "1")))
+    role = placement.role(int(os.environ.get("RANK", "0")))
     watchdog.beat("startup")  # the process group's rendezvous still counts as start-up
     info = parallel.init_parallel(
-        recipe.parallelism, recipe.run.seed, timeout_s=recipe.watchdog.collective_timeout_s
+        role_parallelism(recipe, role),
+        recipe.run.seed,
+        timeout_s=recipe.watchdog.collective_timeout_s,
+        placement=placement,
     )
     if recipe.preflight.enabled:
         watchdog.beat("preflight")
         run_preflight(recipe.preflight, run_dir, recipe.model.checkpoint, info)
     watchdog.beat("model_load")
+    seed_everything(recipe.run.seed)
+    return info
+
+
+def build_scorer(recipe: Recipe) -> Scorer:
+    from rlflow.data.scoring import Scorer
+    from rlflow.data.user_rewards import search_path
+
+    scoring = recipe.scoring
+    return Scorer(
+        recipe.rewards,
+        accuracy=scoring.accuracy,
+        num_workers=scoring.num_workers,
+        timeout_s=scoring.timeout_s,
+        search_path=search_path(),
+    )
+
+
+def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
+    """A training rank's Trainer, complete: nothing is built later."""
+    from rlflow.data import PromptSampler, build_dataset
+    from rlflow.generation.factory import check_backend_ready, make_backend
+    from rlflow.model.build import load_policy, resolve_checkpoint
+    from rlflow.model.processor import PromptEncoder
+    from rlflow.train.checkpoint import Checkpointer
+    from rlflow.train.collect import LocalRollouts
+    from rlflow.train.metrics import MetricsLog
+    from rlflow.train.remote import Link, RemoteRollouts
+    from rlflow.train.signals import StopRequest
+    from rlflow.train.update import Optimizer
+
+    recipe = loaded.recipe
+    info = start_rank(loaded, run_dir)
     check_backend_ready(recipe.generation)
     stop = StopRequest(recipe.checkpointing.save_on_signal, recipe.slurm.stop_signal)
-    seed_everything(recipe.run.seed)
     checkpoint = resolve_checkpoint(recipe.model, cache_dir=run_dir / "model")
     policy = load_policy(checkpoint, recipe.model, recipe.parallelism, trainable=True)
     reference = None
@@ -114,6 +158,7 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     train_data = build_dataset(recipe.data.train, recipe.data)
     val_data = build_dataset(recipe.data.validation, recipe.data)
     sampler = PromptSampler(len(train_data), recipe.grpo.num_prompts_per_step, recipe.run.seed)
+    # Separate placement: this engine (the policy's own) only validates.
     backend = make_backend(
         recipe.generation, policy, encoder.pad_token_id, run_dir, recipe.data.max_prompt_tokens
     )
@@ -126,14 +171,8 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
         wandb=recipe.logging.wandb,
         config=loaded.data,
     )
-    scoring = recipe.scoring
-    scorer = Scorer(
-        recipe.rewards,
-        accuracy=scoring.accuracy,
-        num_workers=scoring.num_workers,
-        timeout_s=scoring.timeout_s,
-        search_path=search_path(),
-    )
+    separate = parallel.placement() is not None
+    rollouts = RemoteRollouts(Link(policy, recipe), recipe) if separate else LocalRollouts()
     watchdog.beat("setup")
     return Trainer(
         recipe=recipe,
@@ -150,5 +189,6 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
         log=log,
         stop=stop,
         optimizer=Optimizer.from_config(policy, recipe.optimizer),
-        scorer=scorer,
+        scorer=build_scorer(recipe),
+        rollouts=rollouts,
     )

@@ -12,6 +12,7 @@ single rank.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -44,7 +45,10 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
     from tests.tiny import greedy, megatron_generation
 
     info = parallel.info()
-    policy = load_policy(checkpoint, FP32, parallel_cfg, trainable=True)
+    # no load-balancing loss: megatron-core computes it over each rank's own tokens, which is
+    # not linear in the split (its gradient would differ from one rank's by ~1e-4)
+    model_cfg = dataclasses.replace(FP32, moe=dataclasses.replace(FP32.moe, aux_loss_coeff=0.0))
+    policy = load_policy(checkpoint, model_cfg, parallel_cfg, trainable=True)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
     prompts = []
     for i, question in enumerate(QUESTIONS[info.dp_rank :: info.dp_size]):
@@ -58,7 +62,8 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
     # a stop token that ends some rows early: the engine retires them, the lockstep follows
     completions = engine.generate(rows, greedy(12, eos=107, ignore_eos=False))
     engine.generate([], greedy(4, eos=107))  # a rank with nothing to do still joins its peers
-    advantages = torch.linspace(-1, 1, len(rows)).tolist()
+    # advantages by row identity (question, sample): the same on any split of the prompts
+    advantages = [(int(row.sample_id[1:]) - 2) / 2 + 0.1 * (i % G) for i, row in enumerate(rows)]
     batch = build_train_batch(
         rows,
         completions,
@@ -106,7 +111,7 @@ def _rank(rank: int, world: int, tp: int, ep: int, checkpoint: str, out: str, po
     library_logs.quiet()
     parallel_cfg = ParallelismConfig(tp, 1, 1, ep, "off")
     parallel.init_parallel(
-        parallel_cfg, seed=1, timeout_s=base_recipe().watchdog.collective_timeout_s
+        parallel_cfg, seed=1, timeout_s=base_recipe().watchdog.collective_timeout_s, placement=None
     )
     result = cycle(Path(checkpoint), parallel_cfg)
     if rank == 0:
@@ -128,7 +133,7 @@ def reference(single_rank, checkpoint):
     return cycle(checkpoint, SINGLE)
 
 
-@pytest.mark.parametrize(("world", "tp", "ep"), [(2, 1, 2), (4, 2, 2)])
+@pytest.mark.parametrize(("world", "tp", "ep"), [(2, 1, 2)])
 def test_expert_parallel_equals_one_rank(reference, checkpoint, tmp_path, world, tp, ep):
     import torch.multiprocessing as mp
 

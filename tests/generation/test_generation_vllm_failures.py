@@ -114,6 +114,28 @@ def test_a_failed_weight_refresh_stops_the_backend(
         backend.generate([prompt], greedy(4, eos))
 
 
+def test_a_refresh_that_loads_other_weights_fails_the_fingerprint_check(
+    start_vllm, tiny_policy, tiny_processor, monkeypatch
+):
+    """Refresh 2's file differs from the export in one sampled element (vLLM loads it without
+    complaint): the fingerprint read back from vLLM's own weights stops the backend. Refresh 1
+    (at start) passed the same check, and vLLM says which version it generated with."""
+    eos = tiny_processor.tokenizer.eos_token_id
+    prompt = make_prompt(tiny_processor, "text", "How many?", seed=1)
+    backend = start_vllm(tiny_policy)
+    assert backend.weight_version == 0
+    backend.generate([prompt], greedy(4, eos))
+    monkeypatch.setenv("RLFLOW_TEST_TEAR", "0:vllm-refresh2")
+    with pytest.raises(RlflowError) as failed:
+        backend.refresh_weights(1)
+    text = str(failed.value)
+    assert "vllm.weight-fingerprint" in text
+    assert "after the weight refresh of version 1, vLLM's weights are not the trainer's" in text
+    assert "1 tensors differ" in text
+    with pytest.raises(RlflowError, match="its weights may be stale"):
+        backend.generate([prompt], greedy(4, eos))
+
+
 _ORPHAN_SCRIPT = """
 import json, os, sys, time
 from pathlib import Path

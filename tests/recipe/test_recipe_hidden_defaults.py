@@ -50,8 +50,9 @@ NOT_A_RECIPE_KEY = {
     ("rlflow/envs/spec.py", "vllm_spec", "device"): "None: generation.vllm.device decides",
     ("rlflow/parallel.py", "all_reduce_sum", "group"): "a process group",
     ("rlflow/parallel.py", "all_reduce_max", "group"): "a process group",
-    ("rlflow/train/collect.py", "Rollouts", "rewards"): "a step's accumulated rewards",
-    ("rlflow/train/collect.py", "Rollouts", "accuracy"): "a step's accumulated accuracy",
+    ("rlflow/train/collect.py", "_Scored", "rewards"): "a step's accumulated rewards",
+    ("rlflow/train/collect.py", "_Scored", "accuracy"): "a step's accumulated accuracy",
+    ("rlflow/launch/plan.py", "JobPlan", "placement"): "the dry run's line; None: colocated",
     ("rlflow/train/watchdog.py", "_State", "path"): "the heartbeat file (module state)",
     ("rlflow/train/watchdog.py", "_State", "enabled"): "module state, set from the recipe",
     (

@@ -153,6 +153,17 @@ READ_BY = {
         "rlflow/generation/vllm.py",
         "self.cfg.request_timeout_s",
     ),
+    # Which ranks generate: the allocation rules compute the split (Placement), which
+    # parallel.py and setup act on; the dry run prints it.
+    "generation.placement": ("rlflow/recipe/allocation.py", "gen.placement"),
+    "generation.gpus_per_node": ("rlflow/recipe/allocation.py", "gen.gpus_per_node"),
+    "generation.num_nodes": ("rlflow/recipe/allocation.py", "gen.num_nodes"),
+    "generation.tensor_parallel_size": (
+        "rlflow/train/setup.py",
+        "recipe.generation.tensor_parallel_size",
+    ),
+    "generation.sync_bucket_mb": ("rlflow/train/remote.py", "recipe.generation.sync_bucket_mb"),
+    "async_grpo.max_staleness": ("rlflow/train/remote.py", "self.recipe.async_grpo.max_staleness"),
     "parallelism.tensor_parallel_size": ("rlflow/parallel.py", "cfg.tensor_parallel_size"),
     "parallelism.pipeline_parallel_size": ("rlflow/parallel.py", "cfg.pipeline_parallel_size"),
     "parallelism.context_parallel_size": ("rlflow/parallel.py", "cfg.context_parallel_size"),
@@ -269,7 +280,13 @@ def test_the_named_module_reads_the_key(key):
     assert (
         not module.startswith("rlflow/recipe/")
         or key.startswith("cluster.")
-        or key in {"data.video.temporal_patch_size"}
+        or key
+        in {
+            "data.video.temporal_patch_size",
+            "generation.placement",
+            "generation.gpus_per_node",
+            "generation.num_nodes",
+        }
     ), f"{key}: a rule is not the code that acts on it"
     assert expression in expressions(module), f"{module} does not read {expression} ({key})"
 

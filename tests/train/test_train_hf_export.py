@@ -101,7 +101,7 @@ def _tensor_parallel_worker(rank: int, port: int, root: str, name: str) -> None:
     library_logs.quiet()
     layout = ParallelismConfig(2, 1, 1, 1, "off")
     timeout_s = base_recipe().watchdog.collective_timeout_s
-    parallel.init_parallel(layout, seed=1, timeout_s=timeout_s)
+    parallel.init_parallel(layout, seed=1, timeout_s=timeout_s, placement=None)
     policy = load_policy(Path(root) / "model", FP32, layout, trainable=False)
     hf_export.export_step(policy, Path(root) / "run", step=1, keep_last=1)
     shard = policy.core.language_model.decoder.layers[0].self_attention.linear_qkv.weight

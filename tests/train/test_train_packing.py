@@ -232,7 +232,9 @@ def _tensor_parallel_worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     library_logs.quiet()
     layout = ParallelismConfig(2, 1, 1, 1, "off")
-    parallel.init_parallel(layout, seed=1, timeout_s=base_recipe().watchdog.collective_timeout_s)
+    parallel.init_parallel(
+        layout, seed=1, timeout_s=base_recipe().watchdog.collective_timeout_s, placement=None
+    )
     checkpoint = tiny_checkpoint(os.path.join(out, "model"))
     policy = load_policy(checkpoint, FP32, layout, trainable=False)
     processor = AutoProcessor.from_pretrained(str(checkpoint))
