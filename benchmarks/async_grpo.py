@@ -109,7 +109,7 @@ def sync_rank(args) -> None:
     import torch
 
     from rlflow import parallel
-    from rlflow.recipe.allocation import Placement
+    from rlflow.recipe.placement import Placement
     from rlflow.recipe.schema import ParallelismConfig
     from rlflow.train.weight_sync import WeightSync, synced_layouts
 

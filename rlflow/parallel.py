@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from rlflow.recipe.allocation import Placement, Role
+from rlflow.recipe.placement import Placement, Role
 from rlflow.recipe.schema import ParallelismConfig
 
 

@@ -162,6 +162,7 @@ LAYERS = [
         "rlflow.recipe.schema",
         "rlflow.recipe.bounds",
         "rlflow.recipe.scalars",
+        "rlflow.recipe.placement",
         "rlflow.job.files",
         "rlflow.slurm",
         "rlflow.optional",

@@ -25,3 +25,29 @@ def test_every_test_file_is_named_after_the_package_folder_it_mirrors():
     assert not misnamed, (
         f"test files must be tests/<pkg>/test_<pkg>_<topic>.py for a package in rlflow/: {misnamed}"
     )
+
+
+MAX_MODULE_LINES = 500
+MAX_CLASS_METHODS = 12
+
+
+def test_no_module_is_over_500_lines_and_no_class_over_12_methods():
+    """Size limits that keep a module readable in one sitting (issue 21): a module that grows
+    past them is split by what it does, not by line count (docs/where-does-my-change-go.md)."""
+    import ast
+
+    too_long, too_wide = [], []
+    for path in sorted((ROOT / "rlflow").rglob("*.py")):
+        text = path.read_text()
+        name = str(path.relative_to(ROOT))
+        if (lines := text.count("\n")) > MAX_MODULE_LINES:
+            too_long.append(f"{name} ({lines} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                methods = [
+                    n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+                ]
+                if len(methods) > MAX_CLASS_METHODS:
+                    too_wide.append(f"{name}: {node.name} ({len(methods)} methods)")
+    assert not too_long, f"modules over {MAX_MODULE_LINES} lines: {too_long}"
+    assert not too_wide, f"classes over {MAX_CLASS_METHODS} methods: {too_wide}"

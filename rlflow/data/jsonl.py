@@ -33,12 +33,12 @@ from rlflow.data.lines import bounded_lines
 from rlflow.data.prompts import format_answer, render_question, template_fields
 from rlflow.data.rewards import extract_answer
 from rlflow.data.sample import Sample
+from rlflow.data.video_files import read_video, uniform_frames
 from rlflow.errors import Diagnostic, RlflowError
 
 IMAGE_KEYS = ("image", "image_path", "images")
 QUESTION_KEYS = ("problem", "question", "prompt")
 ANSWER_KEYS = ("solution", "answer")
-FRAME_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 MAX_REPORTED = 10  # problems listed before the rest are summarised as a count
 MAX_SCANNED_PROBLEMS = 100  # reading stops after this many bad lines: the file is the problem
 DRY_RUN_ROWS = 100  # rows of each split the dry run reads (and whose image headers it opens)
@@ -118,7 +118,7 @@ class JsonlDataset:
             raise _read_error(row, key, f"cannot read image {path}: {exc}") from exc
 
     def _video(self, row: JsonlRow) -> tuple:
-        frames = read_video(row, self._open)
+        frames = read_video(row, self._open, _read_error)
         if not frames:
             raise _read_error(row, "video", f"video {row.video} has no frames")
         return uniform_frames(frames, self.num_frames or len(frames))
@@ -140,47 +140,6 @@ def _read_error(row: JsonlRow, key: str, message: str) -> RlflowError:
             help=help,
         )
     )
-
-
-def read_video(row: JsonlRow, open_image) -> list:
-    """A row's video as RGB PIL frames, all the size of the first."""
-    from PIL import Image, ImageSequence
-
-    if isinstance(row.video, tuple):
-        frames = [open_image(row, p, "video") for p in row.video]
-    elif row.video.is_dir():
-        files = sorted(p for p in row.video.iterdir() if p.suffix.lower() in FRAME_SUFFIXES)
-        frames = [open_image(row, p, "video") for p in files]
-    else:
-        try:
-            with Image.open(row.video) as clip:
-                frames = [f.convert("RGB") for f in ImageSequence.Iterator(clip)]
-        except OSError as exc:
-            frames = _decode_with_av(row, exc)
-    size = frames[0].size if frames else None
-    return [f if f.size == size else f.resize(size) for f in frames]
-
-
-def _decode_with_av(row: JsonlRow, pil_error: Exception) -> list:
-    try:
-        import av  # optional: rlflow does not depend on it
-    except ImportError:
-        raise _read_error(
-            row, "video", f"cannot read video {row.video}: {pil_error} (and PyAV is not installed)"
-        ) from pil_error
-    try:
-        with av.open(str(row.video)) as container:
-            return [frame.to_image().convert("RGB") for frame in container.decode(video=0)]
-    except Exception as exc:  # PyAV raises its own error types per codec problem
-        raise _read_error(row, "video", f"cannot read video {row.video}: {exc}") from exc
-
-
-def uniform_frames(frames: list, num_frames: int) -> tuple:
-    """num_frames frames spread evenly over the clip (repeating frames of a short clip)."""
-    if num_frames == len(frames):
-        return tuple(frames)
-    step = len(frames) / num_frames
-    return tuple(frames[min(int(i * step), len(frames) - 1)] for i in range(num_frames))
 
 
 def jsonl_files(path: Path) -> list[Path]:

@@ -360,10 +360,13 @@ class MegatronGeneration(GenerationBackend):
         device = self.device
         if prompts:
             pack = Packing.of([len(i) for i in ids], device)
-            inputs, cos, sin, next_pos = self._prefill_inputs(core, prompts, ids, pack)
+            inputs, cos, sin, next_pos = _prefill_inputs(
+                core, prompts, ids, pack, decoder=self._decoder, policy=self.policy,
+                pad_token_id=self.pad_token_id, device=device,
+            )  # fmt: skip
         else:  # an expert-parallel rank with nothing left to generate joins its peers
             pack, next_pos = Packing.of([0], device), torch.zeros(0, dtype=torch.long)
-            hidden, cos, sin = self._no_tokens()
+            hidden, cos, sin = _no_tokens(self._decoder, self.policy.dtype, device)
             inputs = Embedded(hidden)
         attend = pack
         if tokens > pack.total:
@@ -372,40 +375,41 @@ class MegatronGeneration(GenerationBackend):
             attend = Packing.of([*[len(i) for i in ids], tokens - pack.total], device)
         return pack, attend, inputs, cos, sin, next_pos
 
-    def _no_tokens(self):
-        """Empty packed inputs: hidden [0, H], cos/sin [0, 1, D]."""
-        dtype, d = self.policy.dtype, self._decoder.dims
-        hidden = torch.zeros(0, self._decoder.final_norm.shape[0], dtype=dtype, device=self.device)
-        cos = torch.zeros(0, 1, d.head_dim, dtype=dtype, device=self.device)
-        return hidden, cos, cos
 
-    def _prefill_inputs(self, core, prompts, ids, pack: Packing):
-        """Packed inputs (embeddings [T, H], DeepStack features), cos/sin [T, 1, D] and each
-        prompt's next text position.
+def _no_tokens(decoder, dtype, device):
+    """Empty packed inputs: hidden [0, H], cos/sin [0, 1, D]."""
+    hidden = torch.zeros(0, decoder.final_norm.shape[0], dtype=dtype, device=device)
+    cos = torch.zeros(0, 1, decoder.dims.head_dim, dtype=dtype, device=device)
+    return hidden, cos, cos
 
-        A right-padded batch of the unique prompts gives the family's positions and the vision
-        features per prompt; then only the real tokens are kept (the LM never sees padding)."""
-        device, dtype, decoder = self.device, self.policy.dtype, self._decoder
-        width = pack.max_len
-        padded = torch.full((len(ids), width), self.pad_token_id, dtype=torch.long)
-        valid = torch.zeros((len(ids), width), dtype=torch.bool)
-        for i, row in enumerate(ids):
-            padded[i, : len(row)] = torch.tensor(row)
-            valid[i, : len(row)] = True
-        padded, valid = padded.to(device), valid.to(device)
-        media_rows = [p.media for p in prompts]
-        media = Media.concat(media_rows).to(device)
-        positions = of_core(core).positions(core, padded, valid, media)  # [(3,) P, W]
-        features = None
-        if media.num_images or media.num_videos:
-            features = self.policy.vision_cache.features(core, media_rows)
-        inputs = embed(core, padded, media, features=features)  # [W, P, H]
-        inputs.hidden = inputs.hidden.transpose(0, 1)[valid]  # [T, H]
-        if inputs.deepstack is not None:
-            inputs.deepstack = inputs.deepstack.packed(valid)
-        cos, sin = decoder.rotary(positions[..., valid], dtype)
-        last = positions.masked_fill(~valid, 0).reshape(-1, *valid.shape).amax(dim=(0, 2))
-        return inputs, cos, sin, last + 1
+
+def _prefill_inputs(core, prompts, ids, pack: Packing, *, decoder, policy, pad_token_id, device):
+    """Packed inputs (embeddings [T, H], DeepStack features), cos/sin [T, 1, D] and each
+    prompt's next text position.
+
+    A right-padded batch of the unique prompts gives the family's positions and the vision
+    features per prompt; then only the real tokens are kept (the LM never sees padding)."""
+    dtype = policy.dtype
+    width = pack.max_len
+    padded = torch.full((len(ids), width), pad_token_id, dtype=torch.long)
+    valid = torch.zeros((len(ids), width), dtype=torch.bool)
+    for i, row in enumerate(ids):
+        padded[i, : len(row)] = torch.tensor(row)
+        valid[i, : len(row)] = True
+    padded, valid = padded.to(device), valid.to(device)
+    media_rows = [p.media for p in prompts]
+    media = Media.concat(media_rows).to(device)
+    positions = of_core(core).positions(core, padded, valid, media)  # [(3,) P, W]
+    features = None
+    if media.num_images or media.num_videos:
+        features = policy.vision_cache.features(core, media_rows)
+    inputs = embed(core, padded, media, features=features)  # [W, P, H]
+    inputs.hidden = inputs.hidden.transpose(0, 1)[valid]  # [T, H]
+    if inputs.deepstack is not None:
+        inputs.deepstack = inputs.deepstack.packed(valid)
+    cos, sin = decoder.rotary(positions[..., valid], dtype)
+    last = positions.masked_fill(~valid, 0).reshape(-1, *valid.shape).amax(dim=(0, 2))
+    return inputs, cos, sin, last + 1
 
 
 def _expert_parallel(core) -> bool:

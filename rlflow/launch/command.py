@@ -327,7 +327,9 @@ def status(ctx: click.Context, job: str, watch: bool, interval: float) -> None:
         from rlflow.launch import monitor
 
         if ref.local:
-            ctx.exit(monitor.watch_local(ref.run_dir, interval))
+            from rlflow.launch import local
+
+            ctx.exit(local.watch_local(ref.run_dir, interval))
         ctx.exit(monitor.watch(ref.job_id, ref.run_dir, interval))
     _show(*jobs.describe(ref))
     ctx.exit(EXIT_OK)

@@ -222,3 +222,17 @@ def _duration(seconds: float) -> str:
     from rlflow.launch.monitor import duration
 
     return duration(seconds)
+
+
+def watch_local(run_dir: Path, interval: float, out=None) -> int:
+    """A local run's screen (`status --watch RUN_DIR`) until its launcher ends: exit 0 if the run
+    finished, 1 if it stopped, failed or its launcher is gone; Ctrl-C leaves (130)."""
+    from rlflow.launch import monitor
+
+    def screen() -> tuple[list[str], str | None]:
+        head, run, state = screen_head(run_dir)
+        if run.problems:
+            raise RlflowError(run.problems)
+        return head + monitor.body(run, time.time()), state.state if state.ended else None
+
+    return monitor.loop(screen, interval, f"local run {run_dir.name}", out, success="FINISHED")

@@ -290,20 +290,6 @@ def watch(job_id: str, run_dir: Path | None, interval: float, out=None) -> int:
     return loop(screen, interval, f"job {job_id}", out)
 
 
-def watch_local(run_dir: Path, interval: float, out=None) -> int:
-    """A local run's screen (rlflow/launch/local.py) until its launcher ends: exit 0 if the run
-    finished, 1 if it stopped, failed or its launcher is gone; Ctrl-C leaves (130)."""
-    from rlflow.launch import local
-
-    def screen() -> tuple[list[str], str | None]:
-        head, run, state = local.screen_head(run_dir)
-        if run.problems:
-            raise RlflowError(run.problems)
-        return head + body(run, time.time()), state.state if state.ended else None
-
-    return loop(screen, interval, f"local run {run_dir.name}", out, success="FINISHED")
-
-
 def watch_sweep(sweep_dir: Path, interval: float, out=None) -> int:
     """The sweep's screen (one line per element, rlflow/launch/sweep_jobs.py) until every
     element has ended (exit 0 if all completed) or Ctrl-C (exit 130)."""

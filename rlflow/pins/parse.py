@@ -152,18 +152,18 @@ class _Reader:
 
     def manifest(self) -> Manifest:
         name = self.get(("project", "name"), str, None)
-        indexes = self.indexes()
+        indexes = _indexes(self)
         urls = {i.name: i.url for i in indexes}
         return Manifest(
             project=self.project,
             file=self.doc.file,
             name=canonicalize_name(name) if name else None,
-            version_pin=None if self.is_root else self.version_pin(name),
+            version_pin=None if self.is_root else _version_pin(self, name),
             requirements=tuple(self.requirements()),
-            sources=tuple(self.sources(urls)),
+            sources=tuple(_sources(self, urls)),
             indexes=tuple(indexes),
-            metadata_pins=tuple(self.metadata_pins()) if self.is_root else (),
-            conflicts=tuple(self.conflicts()) if self.is_root else (),
+            metadata_pins=tuple(_metadata_pins(self)) if self.is_root else (),
+            conflicts=tuple(_conflicts(self)) if self.is_root else (),
             directory=os.path.normpath(self.abs_dir),
         )
 
@@ -275,172 +275,184 @@ class _Reader:
         except ValueError as err:
             raise self.doc.bad_value(path, f"`{text[:200]}` is not a valid URL: {err}") from None
 
-    # -- [tool.uv.sources] ----------------------------------------------------------------
-    def sources(self, index_urls: dict[str, str]) -> list[tuple[Pin, str | None]]:
-        out = []
-        for raw_name, value in self.get(("tool", "uv", "sources"), dict, {}).items():
-            base = ("tool", "uv", "sources", raw_name)
-            entries = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
-            for i, source in entries:
-                path = base if i is None else base + (i,)
-                source = self.check(source, dict, path)
-                pin = self.source_pin(canonicalize_name(raw_name), source, path, index_urls)
-                if pin is not None:
-                    out.append((pin, self.source_scope(source, path)))
-        return out
 
-    def source_scope(self, source: dict, path: tuple) -> str | None:
-        if "extra" in source:
-            return f"extra:{canonicalize_name(self.check(source['extra'], str, path + ('extra',)))}"
-        if "group" in source:
-            return f"group:{canonicalize_name(self.check(source['group'], str, path + ('group',)))}"
-        return None
+# -- [tool.uv.sources] (functions of a _Reader) ----------------------------------------------------------------
+def _sources(reader, index_urls: dict[str, str]) -> list[tuple[Pin, str | None]]:
+    out = []
+    for raw_name, value in reader.get(("tool", "uv", "sources"), dict, {}).items():
+        base = ("tool", "uv", "sources", raw_name)
+        entries = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+        for i, source in entries:
+            path = base if i is None else base + (i,)
+            source = reader.check(source, dict, path)
+            pin = _source_pin(reader, canonicalize_name(raw_name), source, path, index_urls)
+            if pin is not None:
+                out.append((pin, _source_scope(reader, source, path)))
+    return out
 
-    def source_pin(
-        self, package: str, source: dict, path: tuple, index_urls: dict[str, str]
-    ) -> Pin | None:
-        for key in ("git", "url", "path", "index", "subdirectory", "marker", *_GIT_REFS):
-            if key in source:
-                self.check(source[key], str, path + (key,))
-        marker = source.get("marker")
-        common = dict(
-            package=package,
-            origin="tool.uv.sources",
-            project=self.project,
-            doc_path=path,
-            marker=marker,
-        )
-        if "git" in source:
-            return self.git_source(source, path, common)
-        if "url" in source:
-            url = self.url(parse_direct_url, path + ("url",), source["url"], self.abs_dir)
-            return Pin(
-                kind=url.kind,
-                key=url.key,
-                display=source["url"],
-                url=source["url"],
-                location=self.value_loc(path, "url"),
-                **common,
-            )
-        if "path" in source:
-            return Pin(
-                kind="path",
-                key=path_key(source["path"], self.abs_dir),
-                display=source["path"],
-                location=self.value_loc(path, "path"),
-                **common,
-            )
-        if "index" in source:
-            name = source["index"]
-            key = f"index:{index_urls[name]}" if name in index_urls else f"index-name:{name}"
-            return Pin(
-                kind="index",
-                key=key,
-                display=name,
-                location=self.value_loc(path, "index"),
-                **common,
-            )
-        if "workspace" in source:
-            return None  # a workspace member is built from this checkout: nothing to drift
-        raise self.doc.bad_value(
-            path, "a source needs one of `git`, `url`, `path`, `index` or `workspace`"
-        )
 
-    def git_source(self, source: dict, path: tuple, common: dict) -> Pin:
-        refs = [k for k in _GIT_REFS if k in source]
-        if len(refs) > 1:
-            raise self.doc.bad_value(
-                path, f"a git source takes one of rev, tag or branch, not {' and '.join(refs)}"
-            )
-        ref_key = refs[0] if refs else None
-        ref = source[ref_key] if ref_key else None
-        repo = self.url(normalize_repo, path + ("git",), source["git"])
-        subdirectory = source.get("subdirectory")
+def _source_scope(reader, source: dict, path: tuple) -> str | None:
+    if "extra" in source:
+        return f"extra:{canonicalize_name(reader.check(source['extra'], str, path + ('extra',)))}"
+    if "group" in source:
+        return f"group:{canonicalize_name(reader.check(source['group'], str, path + ('group',)))}"
+    return None
+
+
+def _source_pin(
+    reader, package: str, source: dict, path: tuple, index_urls: dict[str, str]
+) -> Pin | None:
+    for key in ("git", "url", "path", "index", "subdirectory", "marker", *_GIT_REFS):
+        if key in source:
+            reader.check(source[key], str, path + (key,))
+    marker = source.get("marker")
+    common = dict(
+        package=package,
+        origin="tool.uv.sources",
+        project=reader.project,
+        doc_path=path,
+        marker=marker,
+    )
+    if "git" in source:
+        return _git_source(reader, source, path, common)
+    if "url" in source:
+        url = reader.url(parse_direct_url, path + ("url",), source["url"], reader.abs_dir)
         return Pin(
-            kind="git",
-            key=git_key(repo, ref, subdirectory),
-            display=ref or source["git"],
-            url=source["git"],
-            repo=repo,
-            ref_key=ref_key,
-            ref=ref,
-            subdirectory=subdirectory,
-            location=self.value_loc(path, ref_key or "git"),
+            kind=url.kind,
+            key=url.key,
+            display=source["url"],
+            url=source["url"],
+            location=_value_loc(reader, path, "url"),
             **common,
         )
-
-    def value_loc(self, path: tuple, key: str) -> Location:
-        """The value of `key` inside the source at `path` (inline table or [table] form)."""
-        where = self.doc.loc(path + (key,), re.compile(rf"\b{re.escape(key)}\s*=\s*(?P<at>)"))
-        if key in ("url", "git"):  # a caret under `"https` helps nobody: underline the line
-            return Location(where.file, where.line)
-        return where
-
-    # -- indexes, metadata, versions, conflicts -------------------------------------------
-    def indexes(self) -> list[IndexDef]:
-        out = []
-        for i, entry in enumerate(self.get(("tool", "uv", "index"), list, [])):
-            path = ("tool", "uv", "index", i)
-            entry = self.check(entry, dict, path)
-            name = self.check(entry["name"], str, path + ("name",)) if "name" in entry else None
-            if "url" not in entry:
-                raise self.doc.bad_value(path, "an index needs a `url`")
-            url = self.check(entry["url"], str, path + ("url",))
-            if name:
-                out.append(
-                    IndexDef(name, url, self.value_loc(path, "url"), self.project, path + ("url",))
-                )
-        return out
-
-    def metadata_pins(self) -> list[Pin]:
-        out = []
-        for i, entry in enumerate(self.get(("tool", "uv", "dependency-metadata"), list, [])):
-            path = ("tool", "uv", "dependency-metadata", i)
-            entry = self.check(entry, dict, path)
-            if "name" not in entry or "version" not in entry:
-                continue
-            name = self.check(entry["name"], str, path + ("name",))
-            version = self.check(entry["version"], str, path + ("version",))
-            out.append(
-                self.exact_pin(name, version, path + ("version",), "tool.uv.dependency-metadata")
-            )
-        return out
-
-    def version_pin(self, name: str | None) -> Pin | None:
-        version = self.get(("project", "version"), str, None)
-        if not name or version is None:
-            return None  # dynamic versions are computed at build time: nothing to compare
-        return self.exact_pin(name, version, ("project", "version"), "project.version")
-
-    def exact_pin(self, name: str, version: str, path: tuple, origin: str) -> Pin:
-        try:
-            spec = SpecifierSet(f"=={version}")
-        except InvalidSpecifier:
-            raise self.doc.bad_value(path, f"`{version}` is not a valid version") from None
+    if "path" in source:
         return Pin(
-            package=canonicalize_name(name),
-            kind="version",
-            key=_spec_key(spec),
-            display=str(spec),
-            origin=origin,
-            project=self.project,
-            doc_path=path,
-            location=self.doc.loc(path, re.compile(r"=\s*(?P<at>)")),
+            kind="path",
+            key=path_key(source["path"], reader.abs_dir),
+            display=source["path"],
+            location=_value_loc(reader, path, "path"),
+            **common,
         )
+    if "index" in source:
+        name = source["index"]
+        key = f"index:{index_urls[name]}" if name in index_urls else f"index-name:{name}"
+        return Pin(
+            kind="index",
+            key=key,
+            display=name,
+            location=_value_loc(reader, path, "index"),
+            **common,
+        )
+    if "workspace" in source:
+        return None  # a workspace member is built from this checkout: nothing to drift
+    raise reader.doc.bad_value(
+        path, "a source needs one of `git`, `url`, `path`, `index` or `workspace`"
+    )
 
-    def conflicts(self) -> list[frozenset[str]]:
-        out = []
-        for i, group in enumerate(self.get(("tool", "uv", "conflicts"), list, [])):
-            items = self.check(group, list, ("tool", "uv", "conflicts", i))
-            scopes = set()
-            for j, item in enumerate(items):
-                item = self.check(item, dict, ("tool", "uv", "conflicts", i, j))
-                if "extra" in item and isinstance(item["extra"], str):
-                    scopes.add(f"extra:{canonicalize_name(item['extra'])}")
-                elif "group" in item and isinstance(item["group"], str):
-                    scopes.add(f"group:{canonicalize_name(item['group'])}")
-            out.append(frozenset(scopes))
-        return out
+
+def _git_source(reader, source: dict, path: tuple, common: dict) -> Pin:
+    refs = [k for k in _GIT_REFS if k in source]
+    if len(refs) > 1:
+        raise reader.doc.bad_value(
+            path, f"a git source takes one of rev, tag or branch, not {' and '.join(refs)}"
+        )
+    ref_key = refs[0] if refs else None
+    ref = source[ref_key] if ref_key else None
+    repo = reader.url(normalize_repo, path + ("git",), source["git"])
+    subdirectory = source.get("subdirectory")
+    return Pin(
+        kind="git",
+        key=git_key(repo, ref, subdirectory),
+        display=ref or source["git"],
+        url=source["git"],
+        repo=repo,
+        ref_key=ref_key,
+        ref=ref,
+        subdirectory=subdirectory,
+        location=_value_loc(reader, path, ref_key or "git"),
+        **common,
+    )
+
+
+def _value_loc(reader, path: tuple, key: str) -> Location:
+    """The value of `key` inside the source at `path` (inline table or [table] form)."""
+    where = reader.doc.loc(path + (key,), re.compile(rf"\b{re.escape(key)}\s*=\s*(?P<at>)"))
+    if key in ("url", "git"):  # a caret under `"https` helps nobody: underline the line
+        return Location(where.file, where.line)
+    return where
+
+
+# -- indexes, metadata, versions, conflicts -------------------------------------------
+def _indexes(reader) -> list[IndexDef]:
+    out = []
+    for i, entry in enumerate(reader.get(("tool", "uv", "index"), list, [])):
+        path = ("tool", "uv", "index", i)
+        entry = reader.check(entry, dict, path)
+        name = reader.check(entry["name"], str, path + ("name",)) if "name" in entry else None
+        if "url" not in entry:
+            raise reader.doc.bad_value(path, "an index needs a `url`")
+        url = reader.check(entry["url"], str, path + ("url",))
+        if name:
+            out.append(
+                IndexDef(
+                    name, url, _value_loc(reader, path, "url"), reader.project, path + ("url",)
+                )
+            )
+    return out
+
+
+def _metadata_pins(reader) -> list[Pin]:
+    out = []
+    for i, entry in enumerate(reader.get(("tool", "uv", "dependency-metadata"), list, [])):
+        path = ("tool", "uv", "dependency-metadata", i)
+        entry = reader.check(entry, dict, path)
+        if "name" not in entry or "version" not in entry:
+            continue
+        name = reader.check(entry["name"], str, path + ("name",))
+        version = reader.check(entry["version"], str, path + ("version",))
+        out.append(
+            _exact_pin(reader, name, version, path + ("version",), "tool.uv.dependency-metadata")
+        )
+    return out
+
+
+def _version_pin(reader, name: str | None) -> Pin | None:
+    version = reader.get(("project", "version"), str, None)
+    if not name or version is None:
+        return None  # dynamic versions are computed at build time: nothing to compare
+    return _exact_pin(reader, name, version, ("project", "version"), "project.version")
+
+
+def _exact_pin(reader, name: str, version: str, path: tuple, origin: str) -> Pin:
+    try:
+        spec = SpecifierSet(f"=={version}")
+    except InvalidSpecifier:
+        raise reader.doc.bad_value(path, f"`{version}` is not a valid version") from None
+    return Pin(
+        package=canonicalize_name(name),
+        kind="version",
+        key=_spec_key(spec),
+        display=str(spec),
+        origin=origin,
+        project=reader.project,
+        doc_path=path,
+        location=reader.doc.loc(path, re.compile(r"=\s*(?P<at>)")),
+    )
+
+
+def _conflicts(reader) -> list[frozenset[str]]:
+    out = []
+    for i, group in enumerate(reader.get(("tool", "uv", "conflicts"), list, [])):
+        items = reader.check(group, list, ("tool", "uv", "conflicts", i))
+        scopes = set()
+        for j, item in enumerate(items):
+            item = reader.check(item, dict, ("tool", "uv", "conflicts", i, j))
+            if "extra" in item and isinstance(item["extra"], str):
+                scopes.add(f"extra:{canonicalize_name(item['extra'])}")
+            elif "group" in item and isinstance(item["group"], str):
+                scopes.add(f"group:{canonicalize_name(item['group'])}")
+        out.append(frozenset(scopes))
+    return out
 
 
 def _spec_key(spec: SpecifierSet) -> str:

@@ -12,14 +12,10 @@ expert count of a mixture-of-experts model).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe.load import LoadedRecipe
+from rlflow.recipe.placement import Placement
 from rlflow.recipe.schema import Recipe
-
-Role = Literal["train", "generate"]
 
 PARALLEL_AXES = (
     "tensor_parallel_size",
@@ -27,37 +23,6 @@ PARALLEL_AXES = (
     "context_parallel_size",
     "expert_parallel_size",
 )
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Which ranks of a job train and which generate (`generation.placement`).
-
-    colocated: every rank trains and generates its own rollouts (`generation` is empty).
-    separate: `generation` ranks run only the generation engine; the others only train. Rank 0
-    always trains (it writes the metrics and the checkpoints).
-    """
-
-    training: tuple[int, ...]
-    generation: tuple[int, ...]
-
-    @property
-    def separate(self) -> bool:
-        return bool(self.generation)
-
-    def role(self, rank: int) -> Role:
-        return "generate" if rank in self.generation else "train"
-
-    def ranks(self, role: Role) -> tuple[int, ...]:
-        return self.generation if role == "generate" else self.training
-
-    def describe(self) -> str:
-        """`ranks 0-1 train, rank 2 generates` (the dry run and the job log show this)."""
-        train = f"rank{'s' * (len(self.training) != 1)} {_spans(self.training)} train"
-        if not self.separate:
-            return f"{train} and generate (placement colocated)"
-        many = len(self.generation) != 1
-        return f"{train}, rank{'s' * many} {_spans(self.generation)} generate{'' if many else 's'}"
 
 
 def placement_of(recipe: Recipe, nodes: int, gpus: int) -> Placement:
@@ -479,15 +444,3 @@ def _generation_parallel(loaded: LoadedRecipe, placement: Placement, gpus: int) 
             )
         ]
     return []
-
-
-def _spans(ranks: tuple[int, ...]) -> str:
-    """(0, 1, 2, 5, 7, 8) -> `0-2, 5, 7-8`."""
-    out, start = [], None
-    for i, rank in enumerate(ranks):
-        if start is None:
-            start = rank
-        if i + 1 == len(ranks) or ranks[i + 1] != rank + 1:
-            out.append(str(start) if start == rank else f"{start}-{rank}")
-            start = None
-    return ", ".join(out)

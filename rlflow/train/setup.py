@@ -12,8 +12,9 @@ import numpy as np
 import torch
 
 from rlflow import parallel
-from rlflow.recipe.allocation import Role, check_allocation
+from rlflow.recipe.allocation import check_allocation
 from rlflow.recipe.load import LoadedRecipe
+from rlflow.recipe.placement import Role
 from rlflow.recipe.schema import ParallelismConfig, Recipe
 from rlflow.train import watchdog
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlflow.errors import Diagnostic, RlflowError
-from rlflow.recipe import checks, load_checked, schema
+from rlflow.recipe import checks, elsewhere, load_checked, schema
 from rlflow.recipe.bounds import Bound, bound, bounded_values
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,8 +106,12 @@ def _rule_names() -> set[str]:
 def test_every_rule_is_listed_once_and_none_calls_another():
     """`RULES` is the whole list: each function that takes the loaded recipe is in it once, and
     no rule runs another one in its body or its `return` (no hidden sub-rules)."""
-    tree = ast.parse(Path(checks.__file__).read_text())
-    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    functions = {
+        n.name: n
+        for module in (checks, elsewhere)
+        for n in ast.parse(Path(module.__file__).read_text()).body
+        if isinstance(n, ast.FunctionDef)
+    }
     takes_recipe = {
         name
         for name, node in functions.items()

@@ -17,7 +17,8 @@ from rlflow.errors import RlflowError
 from rlflow.launch.plan import SubmitFlags
 from rlflow.launch.prepare import prepare
 from rlflow.recipe import load_checked
-from rlflow.recipe.allocation import Placement, check_allocation, placement_of
+from rlflow.recipe.allocation import check_allocation, placement_of
+from rlflow.recipe.placement import Placement
 
 ROOT = Path(__file__).resolve().parents[2]
 RLFLOW = str(ROOT / ".venv" / "bin" / "rlflow")
