@@ -64,15 +64,49 @@ def train(
     )
 
 
+# Measured, not computed: wall-clock times, tokens per wall-clock second, process memory.
+MEASURED = ("time/", "speed/", "memory/")
+
+
 def comparable(records: list[dict]) -> list[dict]:
-    """Metrics without wall-clock times, which legitimately differ between runs."""
-    return [{k: v for k, v in r.items() if not k.startswith(("time/", "memory/"))} for r in records]
+    """Metrics without the measured ones (MEASURED), which legitimately differ between runs."""
+    return [{k: v for k, v in r.items() if not k.startswith(MEASURED)} for r in records]
+
+
+def same_checkpoint(a: Path, b: Path) -> None:
+    """Two checkpoints of one step hold the same trainer.json and, tensor for tensor, the same
+    weights, optimizer state and RNG states (what a resume continues from)."""
+    import torch
+
+    assert json.loads((a / "trainer.json").read_text()) == json.loads(
+        (b / "trainer.json").read_text()
+    )
+    for name in ("model_tp0_pp0.pt", "optim_tp0_pp0.pt", "rng_rank0.pt"):
+        want, got = (torch.load(d / name, weights_only=False) for d in (a, b))
+        assert _flat(got) == _flat(want), f"{b.name}/{name} differs from {a}"
+
+
+def _flat(obj, prefix: str = "") -> dict:
+    """{path: value} with tensors and arrays as bytes, so == compares them exactly."""
+    if isinstance(obj, dict):
+        return {k: v for key, val in obj.items() for k, v in _flat(val, f"{prefix}/{key}").items()}
+    if isinstance(obj, (list, tuple)):
+        return {k: v for i, val in enumerate(obj) for k, v in _flat(val, f"{prefix}/{i}").items()}
+    import numpy as np
+    import torch
+
+    if torch.is_tensor(obj):
+        raw = obj.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+        return {prefix: (str(obj.dtype), tuple(obj.shape), raw)}
+    if isinstance(obj, np.ndarray):
+        return {prefix: (str(obj.dtype), obj.shape, obj.tobytes())}
+    return {prefix: obj}
 
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("reference")
-    result = train(run_dir)
+    result = train(run_dir, env={"PYTHONHASHSEED": "0"})
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir
 
@@ -119,17 +153,22 @@ def test_a_run_stopped_by_the_warning_then_killed_resumes_with_identical_metrics
     rerun resumes, is killed in step 3 (an injected failure), and the next rerun finishes with
     the metrics of the uninterrupted run. (One run for both interruptions: each costs a whole
     run's start.)"""
-    stopped = train(tmp_path, env={"RLFLOW_TEST_SIGNAL": "0:step1:HUP"})
+    # Each process salts str hashes differently (as separate requeues do): state that depends
+    # on set or hash order differs between them every time, not only now and then.
+    stopped = train(tmp_path, env={"RLFLOW_TEST_SIGNAL": "0:step1:HUP", "PYTHONHASHSEED": "1"})
     assert stopped.returncode == 75, stopped.stderr[-3000:]
     assert (tmp_path / "checkpoints" / "step_000001").is_dir()
-    crashed = train(tmp_path, env={"RLFLOW_TEST_FAIL": "0:step3"})
+    crashed = train(tmp_path, env={"RLFLOW_TEST_FAIL": "0:step3", "PYTHONHASHSEED": "2"})
     assert crashed.returncode != 0
     assert "resumed from" in crashed.stderr
     assert "injected failure on rank 0 during step3" in crashed.stderr
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 1, 2]
-    resumed = train(tmp_path)
+    # step 2 was written by a resumed run: the next resume starts from it
+    same_checkpoint(reference_run / "checkpoints/step_000002", tmp_path / "checkpoints/step_000002")
+    resumed = train(tmp_path, env={"PYTHONHASHSEED": "3"})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
+    same_checkpoint(reference_run / "checkpoints/step_000004", tmp_path / "checkpoints/step_000004")
     assert comparable(read_metrics(tmp_path)) == comparable(read_metrics(reference_run))
 
 
