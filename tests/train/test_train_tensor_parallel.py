@@ -76,7 +76,7 @@ def _worker(rank: int, port: int, out: str, name: str, checkpoint: str) -> None:
     for layout_name in FAMILIES[name]:
         tp, sp = LAYOUTS[layout_name]
         layout = ParallelismConfig(tp, 1, 1, 1, sp)
-        parallel.init_parallel(layout, seed=1, timeout_s=timeout_s)
+        parallel.init_parallel(layout, seed=1, timeout_s=timeout_s, placement=None)
         policy = load_policy(Path(checkpoint), FP32, layout, trainable=True)
         processor = AutoProcessor.from_pretrained(checkpoint)
         batch = rollout_batch(policy, processor.tokenizer.pad_token_id, mixed_prompts(processor))
