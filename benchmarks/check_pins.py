@@ -362,7 +362,7 @@ def report(
 def lock_only(root: Path, runs: int = 20) -> None:
     import tomllib
 
-    from rlflow.pins.command import _read_root
+    from rlflow.pins.check import _read_root
     from rlflow.pins.locks import lock_findings
     from rlflow.pins.parse import parse_document, read_manifest
     from rlflow.pins.walk import walk

@@ -4,17 +4,15 @@ Login nodes are slow and have no GPU, so `rlflow --help`, `rlflow check-pins` an
 `rlflow submit --dry-run` must never import torch, megatron or transformers. Each subcommand
 lives in a light module (heavy imports inside its callback), imported when it runs or when
 `rlflow --help` lists its one-line help, which is the first line of its docstring: one source.
+The group itself (cli_group.py) is imported only when click parses the line: `check-pins` runs
+on every commit as a pre-commit hook, and reads its usual command lines without click
+(rlflow/pins/check.py), which would be a fifth of its time.
 """
 
 from __future__ import annotations
 
-import importlib
+import os
 import sys
-
-import click
-
-from rlflow import __version__
-from rlflow.errors import RlflowError, print_diagnostics
 
 # name -> module:attribute. Heavy imports live inside the callbacks, so listing the commands
 # may import these modules: each command's help (its docstring) is its only source.
@@ -33,56 +31,27 @@ COMMANDS: dict[str, str] = {
 }
 
 
-class LazyGroup(click.Group):
-    """Commands are imported when named, or listed for their one-line help."""
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
-
-    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS:
-            return None
-        module_name, attr = COMMANDS[name].split(":")
-        return getattr(importlib.import_module(module_name), attr)
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """Each command's whole first docstring line, wrapped (click would cut it at 45)."""
-        rows = [
-            (name, self.get_command(ctx, name).get_short_help_str(limit=200))
-            for name in self.list_commands(ctx)
-        ]
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
-
-
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="rlflow")
-def cli() -> None:
-    """Slurm-native GRPO post-training of vision-language models on megatron-core.
-
-    \b
-    Three jobs:
-      check-pins   prove submodule pins agree with the root pyproject (pre-commit, pre-launch)
-      submit       recipe -> sbatch script -> Slurm (--dry-run checks everything, submits nothing)
-      train        the GRPO trainer that runs on the allocation
-    """
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become diagnostics and an exit code, not tracebacks."""
-    try:
-        # With standalone_mode=False, `ctx.exit(code)` inside a command comes back as the return value.
-        code = cli.main(args=argv, prog_name="rlflow", standalone_mode=False)
-    except RlflowError as err:
-        print_diagnostics(err.diagnostics)
-        sys.exit(err.exit_code)
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        sys.exit(130)
-    except click.ClickException as err:
-        err.show()
-        sys.exit(err.exit_code)
-    sys.exit(code if isinstance(code, int) else 0)
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["check-pins"] and "_RLFLOW_COMPLETE" not in os.environ:
+        from rlflow.pins.check import main as check_pins  # no click: None if click must parse
+
+        code = check_pins(args[1:])
+        if code is not None:
+            sys.exit(code)
+    from rlflow.cli_group import main as click_main
+
+    click_main(args)
+
+
+def __getattr__(name: str):
+    """`rlflow.cli.cli`: the Click group (cli_group.py), imported on first use."""
+    if name == "cli":
+        from rlflow.cli_group import cli
+
+        return cli
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 if __name__ == "__main__":

@@ -281,7 +281,7 @@ def pin_diagnostics(start: Path) -> list[Diagnostic]:
 
     try:
         checkout = walk(start)
-        from rlflow.pins.command import analyse
+        from rlflow.pins.check import analyse
 
         analysis = analyse(
             checkout, (checkout.root / "pyproject.toml").read_text(encoding="utf-8"), strict=False

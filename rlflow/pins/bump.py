@@ -266,7 +266,7 @@ class Plan:
 
 def _plan(root: Path, path: str, before: dict[str, str | None]) -> Plan:
     from rlflow.pins import fix
-    from rlflow.pins.command import _read_root, analyse
+    from rlflow.pins.check import _read_root, analyse
     from rlflow.pins.walk import walk
 
     checkout = walk(root)
@@ -310,7 +310,7 @@ def _plan(root: Path, path: str, before: dict[str, str | None]) -> Plan:
 
 def _apply(root: Path, path: str, plan: Plan) -> None:
     from rlflow.pins import fix
-    from rlflow.pins.command import _read_root, analyse
+    from rlflow.pins.check import _read_root, analyse
     from rlflow.pins.report import print_text
     from rlflow.pins.walk import walk
 
