@@ -37,6 +37,8 @@ LOCAL_ENV_VARS = (
 # A work tree whose repository lives elsewhere (`GIT_DIR=... GIT_WORK_TREE=... git commit`, no
 # `.git` in the work tree): work tree -> git dir, so calls there keep pointing at it.
 SEPARATE_GIT_DIRS: dict[str, str] = {}
+# Processes begun by `start`; `reap` waits for any left unread.
+STARTED: list[subprocess.Popen] = []
 
 
 def clean_env(index_file: str | None = None, cwd: Path | None = None) -> dict[str, str]:
@@ -68,21 +70,44 @@ def run(cwd: Path, *args: str, index_file: str | None = None, check: bool = True
 
 
 def run_raw(cwd: Path, *args: str, index_file: str | None = None) -> subprocess.CompletedProcess:
+    return finish(start(cwd, *args, index_file=index_file))
+
+
+def start(cwd: Path, *args: str, index_file: str | None = None) -> subprocess.Popen:
+    """`git ARGS` begun in `cwd`, not waited for: the walk starts a level's calls at once and
+    reads them in order (`finish`), so independent git processes overlap."""
     try:
-        return subprocess.run(
+        process = subprocess.Popen(
             ["git", *args],
             cwd=cwd,
             env=clean_env(index_file, cwd),
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             encoding="utf-8",
             errors="surrogateescape",
-            check=False,
         )
     except FileNotFoundError:
         raise RlflowError(
             Diagnostic("RF106", "cannot run git: it is not installed", help="install git")
         ) from None
+    STARTED.append(process)
+    return process
+
+
+def reap() -> None:
+    """Stop and wait for every process `start` began that nobody read (the walk stopped early)."""
+    while STARTED:
+        process = STARTED.pop()
+        if process.returncode is None:
+            process.kill()
+            process.communicate()
+
+
+def finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
+    """What `subprocess.run` returns for a process begun by `start`."""
+    stdout, stderr = process.communicate()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def failed(cwd: Path, args: tuple, stderr: str) -> RlflowError:

@@ -5,7 +5,9 @@ a staged submodule bump checks clean in a pre-commit hook; inside a hook, the ro
 index that git is committing (`commit -a` and `commit <paths>` use a temporary one). Every git
 call runs with a clean environment (gitcmd.py). Each level costs one `git ls-files` in the
 parent, one `git config` to read .gitmodules the way git does, and one `git status` per
-initialized submodule; all of it is linear in the number of submodules.
+initialized submodule; all of it is linear in the number of submodules. A level's calls, and
+every submodule's `git status` and its own level's calls, start together before any is read
+(they are independent), so the processes overlap instead of running one after another.
 
 Anything that hides submodules from the check is unusable input (exit 2), never a silent "ok":
 a .gitmodules git cannot read, a gitlink with no .gitmodules entry, a submodule pyproject.toml
@@ -18,6 +20,7 @@ import errno
 import posixpath
 import re
 import stat
+import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from rlflow.pins.model import Checkout, Location, Submodule
 _SECTION = re.compile(r'^\s*\[\s*submodule\s+"(?P<name>(?:[^"\\]|\\.)*)"\s*\]', re.IGNORECASE)
 _PATH_KEY = re.compile(r"^\s*path\s*=", re.IGNORECASE)
 _BAD_LINE = re.compile(r"bad config line (\d+)")
+WINDOW = 16  # submodules whose git calls run at once
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,10 @@ def walk(start: Path) -> Checkout:
         )
     pyprojects, submodules = [""], []
     index = _hook_index(root)
-    _walk_level(root, "", pyprojects, submodules, seen=set(), index_file=index)
+    try:
+        _walk_level(root, "", pyprojects, submodules, seen=set(), index_file=index)
+    finally:
+        gitcmd.reap()
     return Checkout(root, tuple(pyprojects), tuple(submodules))
 
 
@@ -150,24 +157,44 @@ def _walk_level(
     submodules: list[Submodule],
     seen: set[Path],
     index_file: str | None = None,
+    begun: tuple | None = None,
 ) -> None:
     parent_abs = root / parent_rel
     if parent_abs.resolve() in seen:
         return
     seen.add(parent_abs.resolve())
-    declared = read_gitmodules(root, parent_rel)
-    gitlinks = _gitlinks(parent_abs, index_file)
-    committed = _committed_gitlinks(parent_abs, list(gitlinks)) if parent_rel and gitlinks else {}
+    config, ls_files = begun or _begin_level(root, parent_rel, index_file)
+    declared = read_gitmodules(root, parent_rel, config)
+    gitlinks = _gitlinks(parent_abs, ls_files)
     by_path = {d.path: d for d in declared}
     rel_file = posixpath.join(parent_rel, ".gitmodules") if parent_rel else ".gitmodules"
     for path in gitlinks:
         if path not in by_path:
             raise _unlisted_gitlink(root, rel_file, path, gitlinks[path])
-    for entry in declared:
-        if entry.path not in gitlinks:
-            continue  # listed in .gitmodules but not a submodule in the index: git ignores it too
-        rel = posixpath.join(parent_rel, entry.path) if parent_rel else entry.path
-        submodule = _inspect(root, rel, entry, gitlinks[entry.path])
+    entries = [e for e in declared if e.path in gitlinks]  # else git ignores the entry too
+    listed = (
+        gitcmd.start(parent_abs, "ls-tree", "-z", "HEAD", "--", *gitlinks)
+        if parent_rel and gitlinks
+        else None
+    )
+    committed = None
+    for first in range(0, len(entries), WINDOW):
+        # These submodules' `git status` and their own levels' calls start now, before any is
+        # read; WINDOW at a time, so a tree of thousands of submodules stays within fd limits.
+        started = [
+            (entry, *_begin_submodule(root, parent_rel, entry))
+            for entry in entries[first : first + WINDOW]
+        ]
+        if committed is None:
+            committed = _committed_gitlinks(listed) if listed is not None else {}
+        _read_submodules(
+            root, parent_rel, started, gitlinks, committed, pyprojects, submodules, seen
+        )
+
+
+def _read_submodules(root, parent_rel, started, gitlinks, committed, pyprojects, submodules, seen):
+    for entry, rel, status, below in started:
+        submodule = _inspect(root, rel, entry, gitlinks[entry.path], status)
         if parent_rel:  # what the parent submodule's own commit records (the hook compares)
             submodule = replace(submodule, committed=committed.get(entry.path, ""))
         submodules.append(submodule)
@@ -175,14 +202,38 @@ def _walk_level(
             continue
         if _submodule_pyproject(root, rel, entry):
             pyprojects.append(rel)
-        _walk_level(root, rel, pyprojects, submodules, seen)
+        _walk_level(root, rel, pyprojects, submodules, seen, begun=below)
 
 
-def _inspect(root: Path, rel: str, entry: _Declared, gitlink: str) -> Submodule:
-    sub_abs = root / rel
-    if not (sub_abs / ".git").exists():
+def _begin_level(root: Path, rel: str, index_file: str | None = None) -> tuple:
+    """The git calls that read one repository of the tree, begun together (gitcmd.start):
+    `git config` of its .gitmodules (None when it has none) and `git ls-files` of its index."""
+    path = root / (posixpath.join(rel, ".gitmodules") if rel else ".gitmodules")
+    config = (
+        gitcmd.start(root, "config", "-f", str(path), "-z", "--list")
+        if _file_kind(path) == "file"
+        else None
+    )
+    return config, gitcmd.start(root / rel, "ls-files", "--stage", "-z", index_file=index_file)
+
+
+def _begin_submodule(root: Path, parent_rel: str, entry: _Declared):
+    """(rel, its `git status`, its level) started; (rel, None, None) when not initialized."""
+    rel = posixpath.join(parent_rel, entry.path) if parent_rel else entry.path
+    if not (root / rel / ".git").exists():
+        return rel, None, None
+    status = gitcmd.start(
+        root / rel, "status", "--porcelain=v2", "--branch", "--", "pyproject.toml"
+    )
+    return rel, status, _begin_level(root, rel)
+
+
+def _inspect(
+    root: Path, rel: str, entry: _Declared, gitlink: str, status: subprocess.Popen | None
+) -> Submodule:
+    if status is None:
         return Submodule(rel, entry.location, gitlink, head=None, url=entry.url)
-    done = gitcmd.run_raw(sub_abs, "status", "--porcelain=v2", "--branch", "--", "pyproject.toml")
+    done = gitcmd.finish(status)
     if done.returncode != 0:
         raise RlflowError(
             Diagnostic(
@@ -204,9 +255,9 @@ def _inspect(root: Path, rel: str, entry: _Declared, gitlink: str) -> Submodule:
     return Submodule(rel, entry.location, gitlink, head=head, pyproject_dirty=dirty, url=entry.url)
 
 
-def _committed_gitlinks(repo: Path, paths: list[str]) -> dict[str, str]:
-    """path -> commit that the repository's HEAD records for each gitlink path."""
-    done = gitcmd.run_raw(repo, "ls-tree", "-z", "HEAD", "--", *paths)
+def _committed_gitlinks(listed: subprocess.Popen) -> dict[str, str]:
+    """path -> commit that the repository's HEAD records for each gitlink path (`git ls-tree`)."""
+    done = gitcmd.finish(listed)
     links = {}
     for record in done.stdout.split("\0") if done.returncode == 0 else []:
         meta, _, path = record.partition("\t")
@@ -215,11 +266,13 @@ def _committed_gitlinks(repo: Path, paths: list[str]) -> dict[str, str]:
     return links
 
 
-def _gitlinks(repo: Path, index_file: str | None) -> dict[str, str]:
+def _gitlinks(repo: Path, ls_files: subprocess.Popen) -> dict[str, str]:
     """path -> commit for every path the repository's index records as a submodule."""
-    out = gitcmd.run(repo, "ls-files", "--stage", "-z", index_file=index_file)
+    done = gitcmd.finish(ls_files)
+    if done.returncode != 0:
+        raise gitcmd.failed(repo, ("ls-files", "--stage"), done.stderr)
     links = {}
-    for record in out.split("\0"):
+    for record in done.stdout.split("\0"):
         if record.startswith("160000 "):
             meta, _, path = record.partition("\t")
             links[path] = meta.split()[1]
@@ -257,7 +310,9 @@ def _submodule_pyproject(root: Path, rel: str, entry: _Declared) -> bool:
     )
 
 
-def read_gitmodules(root: Path, parent_rel: str) -> list[_Declared]:
+def read_gitmodules(
+    root: Path, parent_rel: str, config: subprocess.Popen | None = None
+) -> list[_Declared]:
     """The submodules a .gitmodules declares, with the line of each `path =`; bad file -> exit 2.
 
     Values come from git itself (`git config -f`), so quoting, escapes and case rules are git's;
@@ -274,7 +329,9 @@ def read_gitmodules(root: Path, parent_rel: str) -> list[_Declared]:
         text = path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise _bad_gitmodules(rel_file, None, str(err)) from None
-    done = gitcmd.run_raw(root, "config", "-f", str(path), "-z", "--list")
+    if config is None:
+        config = gitcmd.start(root, "config", "-f", str(path), "-z", "--list")
+    done = gitcmd.finish(config)
     if done.returncode != 0:
         match = _BAD_LINE.search(done.stderr)
         line = int(match.group(1)) if match else None
