@@ -147,13 +147,18 @@ def analyse(checkout, root_text: str, strict: bool) -> Analysis:
         read_manifest(doc, project, checkout.root / project, is_root=project == "")
         for doc, project in zip(docs, checkout.pyprojects, strict=True)
     ]
-    from rlflow.pins.locks import lock_findings
-    from rlflow.pins.refs import ref_findings
-
     policy = load_policy(docs[0])
     findings = compare(manifests, checkout.submodules, policy)
-    findings += lock_findings(checkout.root, manifests, docs, policy)
-    findings += ref_findings(checkout, policy)
+    # The lock level and the refs policy are imported only when there is something for them
+    # to read (a uv.lock, `submodule-refs`): their modules are a twentieth of a check.
+    if policy.lock_level and (policy.deployed_locks or (checkout.root / "uv.lock").is_file()):
+        from rlflow.pins.locks import lock_findings
+
+        findings += lock_findings(checkout.root, manifests, docs, policy)
+    if policy.submodule_refs:
+        from rlflow.pins.refs import ref_findings
+
+        findings += ref_findings(checkout, policy)
     findings, allowed = apply_allowlist(findings, policy)
     if strict:
         findings = [replace(f, severity="error") for f in findings]
