@@ -55,6 +55,12 @@ class Stale:
 def lock_findings(root: Path, manifests: list, documents: list, policy) -> list[Finding]:
     if not policy.lock_level:
         return []
+    parsed = {str(root / m.project): d.data for m, d in zip(manifests, documents, strict=True)}
+    with lowering.reusing(parsed):
+        return _lock_findings(root, manifests, documents, policy)
+
+
+def _lock_findings(root: Path, manifests: list, documents: list, policy) -> list[Finding]:
     findings: list[Finding] = []
     root_lock = uvlock.read(root, LOCK, full=bool(policy.deployed_locks))
     if root_lock is not None:

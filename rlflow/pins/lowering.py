@@ -21,6 +21,7 @@ import glob
 import os
 import re
 import tomllib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -67,7 +68,24 @@ class Project:
         return canonicalize_name(name) if isinstance(name, str) else None
 
 
+# Pyprojects the caller has parsed already (directory -> data, set by `reusing`): check-pins
+# read every submodule's pyproject before the lock level, which would parse them again.
+_PARSED: dict[str, dict] = {}
+
+
+@contextmanager
+def reusing(parsed: dict[str, dict]):
+    _PARSED.update({os.path.normpath(k): v for k, v in parsed.items()})
+    try:
+        yield
+    finally:
+        _PARSED.clear()
+
+
 def load_project(directory: str) -> Project:
+    data = _PARSED.get(os.path.normpath(directory))
+    if data is not None:
+        return project_from(directory, data)
     path = Path(directory) / "pyproject.toml"
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8").removeprefix("\ufeff"))
