@@ -92,9 +92,15 @@ def satisfiable(tree, python: str | None = None) -> bool:
 
 def equivalent_sets(left: list, right: list, python: str | None = None) -> bool | None:
     """Do the two lists of markers hold the same *set* of truth tables? None: too many to tell."""
+    return _equivalent_sets(tuple(left), tuple(right), python)
+
+
+@lru_cache(maxsize=4096)
+def _equivalent_sets(left: tuple, right: tuple, python: str | None) -> bool | None:
+    # A workspace repeats its markers: on the NeMo-RL lock 176 comparisons are 65 distinct.
     if not left or not right:
         return not left and not right
-    grid = _grid(left + right, python)
+    grid = _grid([*left, *right], python)
     if grid is None:
         return None
     table = lambda tree: tuple(_eval(tree, env) for env in grid)  # noqa: E731
