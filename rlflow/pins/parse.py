@@ -260,12 +260,8 @@ class _Reader:
                 **common,
             )
         if len(parsed.specifier):
-            return Pin(
-                kind="version",
-                key=_spec_key(parsed.specifier),
-                display=str(parsed.specifier),
-                **common,
-            )
+            key, display = pep508.spec_words(parsed)
+            return Pin(kind="version", key=key, display=display, **common)
         return None
 
     def url(self, parse, path: tuple, text: str, *args):

@@ -31,14 +31,16 @@ _COMMA = re.compile(rf"{_B},{_B}")
 
 
 class Plain:
-    """What packaging's `Requirement` holds for a requirement without URL or marker."""
+    """What packaging's `Requirement` holds for a requirement without URL or marker, and the
+    words of its specifier (`spec_words`)."""
 
-    __slots__ = ("name", "extras", "specifier")
+    __slots__ = ("name", "extras", "specifier", "words")
     url = None
     marker = None
 
-    def __init__(self, name: str, extras: set[str], specifier: SpecifierSet):
-        self.name, self.extras, self.specifier = name, extras, specifier
+    def __init__(self, name: str, extras: set[str], spec: tuple[SpecifierSet, str, str]):
+        self.name, self.extras = name, extras
+        self.specifier, self.words = spec[0], spec[1:]
 
     def __str__(self) -> str:
         extras = f"[{','.join(sorted(self.extras))}]" if self.extras else ""
@@ -55,11 +57,29 @@ def parse(text: str) -> Parsed:
     if match is not None:
         extras = match.group("extras")
         try:
-            specifier = SpecifierSet(match.group("spec") or "")
+            spec = _specifier(match.group("spec") or "")
         except InvalidSpecifier:
             pass  # packaging's own parser words the error
         else:
-            return Plain(
-                match.group("name"), set(_COMMA.split(extras)) if extras else set(), specifier
-            )
+            return Plain(match.group("name"), set(_COMMA.split(extras)) if extras else set(), spec)
     return Requirement(text)
+
+
+def spec_words(parsed: Parsed) -> tuple[str, str]:
+    """(key, display) of the requirement's specifier: the sorted specifiers, and packaging's
+    text of the set."""
+    if isinstance(parsed, Plain):
+        return parsed.words
+    return _words(parsed.specifier)
+
+
+@cache
+def _specifier(text: str) -> tuple[SpecifierSet, str, str]:
+    """One shared (read-only) SpecifierSet and its words per text: a tree repeats its
+    specifiers, and 20,000 requirements spent a third of their time building them."""
+    spec = SpecifierSet(text)
+    return (spec, *_words(spec))
+
+
+def _words(spec: SpecifierSet) -> tuple[str, str]:
+    return ",".join(sorted(str(s) for s in spec)), str(spec)
