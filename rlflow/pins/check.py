@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import gc
 import sys
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlflow.errors import EXIT_FINDINGS, EXIT_OK, RlflowError, print_diagnostics
+from rlflow.pins.records import record, replace
 
 FLAGS = {"--strict": "strict", "--fix": "fix", "--example": "example"}
 FORMATS = ("text", "json")
@@ -79,14 +79,14 @@ def _is_file(value: str) -> bool:
         return False  # click.Path(exists=False) passes a path that does not exist
 
 
-@dataclass(frozen=True)
+@record
 class Options:
     strict: bool = False
     fmt: str = "text"
     fix: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class Analysis:
     checkout: object  # model.Checkout
     root_text: str

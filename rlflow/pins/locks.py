@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -35,6 +34,7 @@ from packaging.utils import canonicalize_name
 from rlflow.pins import lowering, markers, uvlock
 from rlflow.pins.lowering import Undecidable
 from rlflow.pins.model import Finding, Location
+from rlflow.pins.records import record
 
 LOCK = "uv.lock"
 SCHEMA = 1
@@ -46,7 +46,7 @@ _OPTIONS = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class Stale:
     what: str
     where: Location | None = None

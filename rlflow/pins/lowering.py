@@ -22,7 +22,6 @@ import os
 import re
 import tomllib
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -31,7 +30,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from rlflow.pins import markers, pep508
+from rlflow.pins import markers, pep508, records
 from rlflow.pins.urls import normalize_repo
 
 
@@ -39,7 +38,7 @@ class Undecidable(Exception):
     """rlflow cannot tell offline what uv would record (dynamic metadata, a missing project)."""
 
 
-@dataclass
+@records.record(frozen=False)
 class Project:
     """One local project as uv reads it."""
 
@@ -47,9 +46,9 @@ class Project:
     data: dict
     sources: dict[str, list[dict]]
     indexes: dict[str, str]
-    workspace_sources: dict[str, list[dict]] = field(default_factory=dict)
-    workspace_indexes: dict[str, str] = field(default_factory=dict)
-    members: dict[str, str] = field(default_factory=dict)  # workspace member name -> directory
+    workspace_sources: dict[str, list[dict]] = records.factory(dict)
+    workspace_indexes: dict[str, str] = records.factory(dict)
+    members: dict[str, str] = records.factory(dict)  # workspace member name -> directory
 
     @property
     def table(self) -> dict:
@@ -138,7 +137,7 @@ def workspace_members(root: Project) -> dict[str, Project]:
 
 
 # -- the record of one project ----------------------------------------------------------------
-@dataclass(frozen=True)
+@records.record
 class Record:
     version: str | None  # None: dynamic
     requires_dist: list

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
+
+from rlflow.pins.records import factory, record
 
 # The root scope that is always installed ("" sorts first and never conflicts with anything).
 ALWAYS = ""
 
 
-@dataclass(frozen=True)
+@record
 class Location:
     """A place in a file: path relative to the repository root ("/"-separated), 1-based."""
 
@@ -21,7 +22,7 @@ class Location:
         return f"{self.file}:{self.line}" if self.line else self.file
 
 
-@dataclass(frozen=True)
+@record
 class Pin:
     """One statement that fixes where or which version a package comes from.
 
@@ -53,7 +54,7 @@ class Pin:
         return self.project == ""
 
 
-@dataclass(frozen=True)
+@record
 class Requirement:
     """A PEP 508 requirement in one scope of a project ("dependencies", "extra:x", "group:y",
     "constraint", "override"); `pin` is its version or URL pin, if it has one."""
@@ -64,7 +65,7 @@ class Requirement:
     pin: Pin | None
 
 
-@dataclass(frozen=True)
+@record
 class IndexDef:
     """A `[[tool.uv.index]]` entry: name -> URL (uv compares URLs verbatim: a trailing slash counts)."""
 
@@ -83,7 +84,7 @@ class IndexDef:
         return self.project == ""
 
 
-@dataclass(frozen=True)
+@record
 class Manifest:
     """What check-pins reads from one pyproject.toml."""
 
@@ -99,7 +100,7 @@ class Manifest:
     directory: str = ""  # absolute directory of the project (path pins resolve against it)
 
 
-@dataclass(frozen=True)
+@record
 class Submodule:
     """A submodule as git sees it: where it is declared, what the parent records, what is there."""
 
@@ -116,16 +117,16 @@ class Submodule:
         return self.head is not None
 
 
-@dataclass(frozen=True)
+@record
 class Checkout:
     """The repository and every initialized submodule that has a pyproject.toml."""
 
     root: Path
     pyprojects: tuple[str, ...]  # project directories relative to root, root ("") first
-    submodules: tuple[Submodule, ...] = field(default_factory=tuple)
+    submodules: tuple[Submodule, ...] = factory(tuple)
 
 
-@dataclass(frozen=True)
+@record
 class Finding:
     """One problem. `ours` is what to edit (the root side, when there is one); `theirs` the
     value(s) it disagrees with. compare.py fills the data, report.py writes the words."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from rlflow.errors import Diagnostic, RlflowError
 from rlflow.pins import pep508
 from rlflow.pins.lines import TomlLines
 from rlflow.pins.model import IndexDef, Location, Manifest, Pin, Requirement
+from rlflow.pins.records import record
 from rlflow.pins.urls import git_key, normalize_repo, parse_direct_url, path_key
 
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)$|\s*\(at end of document\)$")
@@ -34,7 +34,7 @@ _GIT_REFS = ("rev", "tag", "branch")
 BOM = "\ufeff"
 
 
-@dataclass(frozen=True)
+@record
 class Document:
     """A parsed TOML file that can say where each key is."""
 

@@ -20,12 +20,11 @@ cannot go stale.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from packaging.utils import canonicalize_name
 
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.pins.model import Finding, Location
+from rlflow.pins.records import factory, record
 
 TABLE = ("tool", "rlflow", "pins")
 FINDING_CODES = tuple(f"RF{n:03d}" for n in range(1, 15))
@@ -33,7 +32,7 @@ _POLICY_KEYS = ("lockstep", "allow", "submodule-refs", "lock-level", "deployed-l
 _ALLOW_KEYS = ("package", "reason", "code", "submodule")
 
 
-@dataclass(frozen=True)
+@record
 class AllowEntry:
     package: str | None
     reason: str
@@ -68,13 +67,13 @@ def _places(finding: Finding) -> list[str]:
     return places
 
 
-@dataclass(frozen=True)
+@record
 class Policy:
     lockstep: dict[str, Location]  # package -> where it is listed
     allow: tuple[AllowEntry, ...]
-    submodule_refs: dict[str, tuple[str, Location]] = field(default_factory=dict)  # path -> ref
+    submodule_refs: dict[str, tuple[str, Location]] = factory(dict)  # path -> ref
     lock_level: bool = True
-    deployed_locks: dict[str, Location] = field(default_factory=dict)  # submodule -> where
+    deployed_locks: dict[str, Location] = factory(dict)  # submodule -> where
 
 
 def load_policy(doc) -> Policy:

@@ -15,9 +15,9 @@ in the root's `[tool.uv] conflicts` (uv resolves those in separate forks).
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import replace
 
 from rlflow.pins.model import ALWAYS, Manifest, Pin
+from rlflow.pins.records import replace
 
 _INSTALLS = "dependencies"
 

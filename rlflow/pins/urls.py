@@ -11,13 +11,14 @@ uv compares them verbatim, and a trailing slash alone makes "conflicting indexes
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from rlflow.pins.records import record
 
 _ARCHIVE_SUFFIXES = (".whl", ".tar.gz", ".tgz", ".zip", ".tar.bz2", ".tar.xz")
 
 
-@dataclass(frozen=True)
+@record
 class DirectUrl:
     kind: str  # "git" | "url" | "path"
     key: str  # what is compared

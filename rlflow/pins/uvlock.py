@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlsplit
 
 from packaging.utils import canonicalize_name
@@ -23,6 +22,7 @@ from packaging.utils import canonicalize_name
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.pins import markers
 from rlflow.pins.lowering import index_url, spec_key
+from rlflow.pins.records import factory, record
 from rlflow.pins.urls import normalize_repo
 
 LOCAL_KINDS = ("editable", "directory", "virtual")
@@ -33,7 +33,7 @@ _HEAD = re.compile(
 _PAIR = re.compile(r'([A-Za-z-]+) = "((?:[^"\\]|\\.)*)"')
 
 
-@dataclass
+@record(frozen=False)
 class Package:
     name: str
     version: str | None
@@ -46,12 +46,12 @@ class Package:
         return next((k for k in LOCAL_KINDS if k in self.source), None)
 
 
-@dataclass
+@record(frozen=False)
 class UvLock:
     file: str  # relative to the repository root
     directory: str  # absolute
     header: dict
-    packages: list[Package] = field(default_factory=list)
+    packages: list[Package] = factory(list)
 
     @property
     def manifest(self) -> dict:

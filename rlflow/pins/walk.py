@@ -21,11 +21,10 @@ import posixpath
 import re
 import stat
 import subprocess
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlflow.errors import Diagnostic, RlflowError
-from rlflow.pins import gitcmd
+from rlflow.pins import gitcmd, records
 from rlflow.pins.model import Checkout, Location, Submodule
 
 _SECTION = re.compile(r'^\s*\[\s*submodule\s+"(?P<name>(?:[^"\\]|\\.)*)"\s*\]', re.IGNORECASE)
@@ -34,7 +33,7 @@ _BAD_LINE = re.compile(r"bad config line (\d+)")
 WINDOW = 16  # submodules whose git calls run at once
 
 
-@dataclass(frozen=True)
+@records.record
 class _Declared:
     name: str
     path: str  # relative to the parent repository
@@ -196,7 +195,7 @@ def _read_submodules(root, parent_rel, started, gitlinks, committed, pyprojects,
     for entry, rel, status, below in started:
         submodule = _inspect(root, rel, entry, gitlinks[entry.path], status)
         if parent_rel:  # what the parent submodule's own commit records (the hook compares)
-            submodule = replace(submodule, committed=committed.get(entry.path, ""))
+            submodule = records.replace(submodule, committed=committed.get(entry.path, ""))
         submodules.append(submodule)
         if not submodule.initialized:
             continue
