@@ -35,9 +35,14 @@ def main(argv: list[str]) -> int | None:
         except RlflowError as err:
             print_usage_error(err, options.fmt)
             return err.exit_code
-    except KeyboardInterrupt:  # what click prints for it (an Abort): a blank line, "Aborted."
+    except (KeyboardInterrupt, EOFError):  # what click prints for an Abort
         print("\nAborted.", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `check-pins | head`: as click does, no traceback, exit 1
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush
+        return 1
 
 
 def parse_argv(argv: list[str]) -> tuple[Path, bool, Options] | None:
