@@ -11,7 +11,6 @@ Standard library only: the node launcher imports it on every node.
 
 from __future__ import annotations
 
-import json
 import stat
 import sys
 from dataclasses import asdict, dataclass, field
@@ -222,6 +221,8 @@ def print_diagnostics(
     """Print all diagnostics then a count (text), or one JSON document (json)."""
     stream = stream or sys.stderr
     if fmt == "json":
+        import json  # only here: login-node commands start faster without it
+
         doc = {
             "diagnostics": [d.to_json() for d in diagnostics],
             "summary": summary_line(diagnostics),

@@ -7,7 +7,6 @@ with the fix: `help: set rev = "v0.3.0" at pyproject.toml:12`.
 
 from __future__ import annotations
 
-import json
 import sys
 
 from rlflow.errors import Diagnostic, summary_line
@@ -106,6 +105,8 @@ def json_document(findings: list[Finding], allowed: list, checked: str, exit_cod
 
 
 def print_json(document: dict, stream=None) -> None:
+    import json  # only for --format json: a text check never imports it
+
     print(json.dumps(document, indent=2), file=stream or sys.stdout)
 
 
