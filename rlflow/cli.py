@@ -35,14 +35,28 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become diagnostics and an exit code, not tracebacks."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["check-pins"] and "_RLFLOW_COMPLETE" not in os.environ:
-        from rlflow.pins.check import main as check_pins  # no click: None if click must parse
-
-        code = check_pins(args[1:])
+        code = _check_pins(args[1:])
         if code is not None:
             sys.exit(code)
     from rlflow.cli_group import main as click_main
 
     click_main(args)
+
+
+def _check_pins(argv: list[str]) -> int | None:
+    """check-pins without click; None when click must parse `argv`. The cyclic garbage
+    collector is paused from the first import on (rlflow/pins/check.py says why)."""
+    import gc
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        from rlflow.pins.check import main
+
+        return main(argv)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def __getattr__(name: str):
