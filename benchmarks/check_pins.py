@@ -412,6 +412,14 @@ def real_tree(args) -> None:
                 base / f"big{n}", {"pyproject.toml": text}
             )
         commands = {name: (check, root, env) for name, root in cases.items()}
+        if args.baseline:  # the same check-pins calls on another checkout's code, interleaved
+            base_env = {
+                **env,
+                "PYTHONPATH": args.baseline,
+                "PYTHONPYCACHEPREFIX": str(base / "pyc-baseline"),
+            }
+            for name, root in list(cases.items()):
+                commands[f"{name} [baseline]"] = (check, root, base_env)
         if args.uv_python:
             uv_env = {**env, "UV_PYTHON_DOWNLOADS": "never"}
             if args.uv_cache:
@@ -468,6 +476,11 @@ def main() -> None:
     )
     parser.add_argument("--uv-python", help="a Python >=3.13.14 for uv (NeMo-RL requires it)")
     parser.add_argument("--uv-cache", help="UV_CACHE_DIR holding the tree's metadata (warm)")
+    parser.add_argument(
+        "--baseline",
+        help="with --real-tree: a directory holding another version's `rlflow` package (e.g. "
+        "`git archive main rlflow | tar -x -C DIR`), run the same way, interleaved",
+    )
     args = parser.parse_args()
     if args.real_tree:
         real_tree(args)
