@@ -62,3 +62,67 @@ def test_pep508_parse_agrees_with_packaging():
         assert str(got.specifier) == str(want.specifier), text
         assert str(got.marker) == str(want.marker), text
     assert plain > 500, plain  # the fast path was exercised, not only the fallback
+
+
+VARIABLES = [
+    "python_version",
+    "sys_platform",
+    "platform_machine",
+    "extra",
+    "os.name",
+    "python_implementation",
+    "implementation_name",
+    "platform_python_implementation",
+]
+MARKER_OPS = ["==", "!=", ">=", "<", "===", "~=", "in", "not in", "not  in", "=", "is"]
+VALUES = [
+    "'linux'",
+    '"3.12"',
+    "'x86_64'",
+    "''",
+    "'a b'",
+    "'Foo_Bar'",
+    "'it\"s'",
+    "'\\x41'",
+    "'3.*'",
+]
+
+
+def markers(pick, depth: int = 0) -> str:
+    """A random marker expression: items, and/or, parentheses, blanks; valid and not."""
+    if depth < 2 and pick((True, False, False)):
+        inner = markers(pick, depth + 1)
+        return pick(["(", "( ", "(("]) + inner + pick([")", " )", "))", ""])
+    left, right = pick(VARIABLES), pick(VALUES)
+    if pick((True, False, False, False)):
+        left, right = right, left
+    item = left + pick(BLANKS[:4]) + pick(MARKER_OPS) + pick(BLANKS[:4]) + right
+    if depth < 3 and pick((True, False)):
+        item += pick([" and ", " or ", "and ", " or", " AND "]) + markers(pick, depth + 1)
+    return item
+
+
+def test_pep508_markers_and_urls_agree_with_packaging():
+    """The marker and URL forms the fast path reads, and their near misses."""
+    pick = random.Random(685).choice
+    fast = 0
+    for _ in range(10_000):
+        head = pick(["a", "Foo_Bar[x]", "torch>=2.6", "t [a,b] ==1.0", "flash-attn"])
+        if pick((True, False)):
+            head = head.split(">")[0].split("=")[0] + pick([" @ ", "@", " @"])
+            head += pick(["https://x/y.whl", "git+https://g/r.git@v1#egg=r", "file:///a b"])
+        text = head + pick(["", " ", "\t"]) + pick([";", " ;", "; ", ""]) + markers(pick)
+        text += pick(["", " ", "\n", "\t"])
+        want = packaging_says(text)
+        try:
+            got = pep508.parse(text)
+        except InvalidRequirement as err:
+            got = str(err)
+        if isinstance(want, str) or isinstance(got, str):
+            assert want == got, text
+            continue
+        fast += isinstance(got, pep508.Plain) and got.marker is not None
+        assert (got.name, got.extras, got.url) == (want.name, want.extras, want.url), text
+        assert (str(got.specifier), str(got.marker)) == (str(want.specifier), str(want.marker))
+        assert str(got) == str(want), text
+    assert fast > 500, fast  # the fast path read markers, not only the fallback
