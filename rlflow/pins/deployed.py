@@ -12,10 +12,9 @@ import os
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from packaging.utils import canonicalize_name
-
 from rlflow.pins import uvlock
 from rlflow.pins.model import Finding, Location
+from rlflow.pins.pep508 import canonicalize_name
 from rlflow.pins.urls import normalize_repo
 
 

@@ -29,11 +29,11 @@ import re
 from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.utils import canonicalize_name
 
 from rlflow.pins import lowering, markers, uvlock
 from rlflow.pins.lowering import Undecidable
 from rlflow.pins.model import Finding, Location
+from rlflow.pins.pep508 import canonicalize_name
 from rlflow.pins.records import record
 
 LOCK = "uv.lock"

@@ -27,10 +27,10 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from rlflow.pins import markers, pep508, records
+from rlflow.pins.pep508 import canonicalize_name
 from rlflow.pins.urls import normalize_repo
 
 

@@ -18,8 +18,9 @@ import re
 from functools import lru_cache
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
+
+from rlflow.pins.pep508 import canonicalize_name
 
 TRUE = ("and", ())
 FALSE = ("or", ())

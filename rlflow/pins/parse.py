@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.utils import canonicalize_name
 
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.pins import pep508
 from rlflow.pins.lines import TomlLines
 from rlflow.pins.model import IndexDef, Location, Manifest, Pin, Requirement
+from rlflow.pins.pep508 import canonicalize_name
 from rlflow.pins.records import record
 from rlflow.pins.urls import git_key, normalize_repo, parse_direct_url, path_key
 

@@ -20,10 +20,9 @@ cannot go stale.
 
 from __future__ import annotations
 
-from packaging.utils import canonicalize_name
-
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.pins.model import Finding, Location
+from rlflow.pins.pep508 import canonicalize_name
 from rlflow.pins.records import factory, record
 
 TABLE = ("tool", "rlflow", "pins")

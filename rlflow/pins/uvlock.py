@@ -17,11 +17,10 @@ import re
 import tomllib
 from urllib.parse import parse_qs, urlsplit
 
-from packaging.utils import canonicalize_name
-
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.pins import markers
 from rlflow.pins.lowering import index_url, spec_key
+from rlflow.pins.pep508 import canonicalize_name
 from rlflow.pins.records import factory, record
 from rlflow.pins.urls import normalize_repo
 
