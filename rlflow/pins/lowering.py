@@ -236,10 +236,11 @@ def lower(text: str, project: Project, extra: str | None = None, group: str | No
 
 def parse_requirement(text: str) -> pep508.Parsed:
     """PEP 508, plus what uv also accepts: `name @ URL; marker` without the space before `;`."""
-    try:
-        return pep508.parse(text)
-    except pep508.InvalidRequirement:
-        pass
+    if not pep508.rejects_url_marker(text):  # else packaging refuses it: skip asking it
+        try:
+            return pep508.parse(text)
+        except pep508.InvalidRequirement:
+            pass
     try:
         return pep508.parse(re.sub(r"(\S);", r"\1 ;", text, count=1))
     except pep508.InvalidRequirement:

@@ -194,6 +194,16 @@ def _format(tree, first: bool = True) -> str:
     return inner if first else f"({inner})"
 
 
+_URL_THEN_WORDS = re.compile(rf"{_HEAD}@{_B}\S+[ \t]+[^;\s]", re.DOTALL)
+
+
+def rejects_url_marker(text: str) -> bool:
+    """True for `name @ URL; marker` with the `;` against the URL, which packaging refuses
+    (its URL is every non-blank character, so `;` is part of it and a marker must follow
+    another `;`) and uv accepts; the caller then reads it as uv does, without packaging."""
+    return _URL_THEN_WORDS.match(text) is not None
+
+
 def spec_words(parsed: Plain | Requirement) -> tuple[str, str]:
     """(key, display) of the requirement's specifier: the sorted specifiers, and packaging's
     text of the set."""
