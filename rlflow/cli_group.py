@@ -1,4 +1,4 @@
-"""The Click group behind `rlflow` (cli.py is the console entry and the command table).
+"""The Click group behind `rlflow` and its command table (cli.py is the console entry).
 
 Commands are imported when named, or when `rlflow --help` lists their one-line help.
 """
@@ -11,8 +11,23 @@ import sys
 import click
 
 from rlflow import __version__
-from rlflow.cli import COMMANDS
 from rlflow.errors import RlflowError, print_diagnostics
+
+# name -> module:attribute. Heavy imports live inside the callbacks, so listing the commands
+# may import these modules: each command's help (its docstring) is its only source.
+COMMANDS: dict[str, str] = {
+    "check-pins": "rlflow.pins.command:check_pins",
+    "bump": "rlflow.pins.bump:bump",
+    "check-tests": "rlflow.cicheck.command:check_tests",
+    "submit": "rlflow.launch.command:submit",
+    "status": "rlflow.launch.command:status",
+    "logs": "rlflow.launch.command:logs",
+    "cancel": "rlflow.launch.command:cancel",
+    "train": "rlflow.train.command:train",
+    "init-tiny-model": "rlflow.model.command:init_tiny_model",
+    "report": "rlflow.train.command:report",
+    "setup-env": "rlflow.envs.command:setup_env",
+}
 
 
 class LazyGroup(click.Group):
