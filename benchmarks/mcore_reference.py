@@ -157,7 +157,7 @@ def _dynamic(policy, ids, params, device) -> int:
         termination_id=-1, return_log_probs=True, skip_prompt_log_probs=True,
     )  # fmt: skip
     records = engine.generate([list(i) for i in ids], sampling)
-    return sum(len(getattr(r, "generated_tokens", []) or []) for r in records) or len(records)
+    return sum(_generated(r) for r in records)
 
 
 def _static(policy, ids, params, device) -> int:
@@ -195,7 +195,15 @@ def _static(policy, ids, params, device) -> int:
         for n, i in enumerate(ids)
     ]
     done = engine.generate(inference_requests=requests)
-    return sum(len(getattr(r, "generated_tokens", []) or []) for r in done)
+    return sum(_generated(r) for r in done)
+
+
+def _generated(record) -> int:
+    """Tokens a finished request generated (megatron-core keeps a list or a tensor)."""
+    tokens = getattr(record, "generated_tokens", None)
+    if tokens is None:
+        return 0
+    return int(tokens.numel()) if hasattr(tokens, "numel") else len(tokens)
 
 
 class _Tokenizer:
