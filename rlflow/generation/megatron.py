@@ -186,12 +186,13 @@ class MegatronGeneration(GenerationBackend):
             held = 0  # the kept cache is freed before a larger one is made
             if self._cache is not None:
                 held = self._cache.rows * self._cache.length * per_row // length
+            # Only what the driver has free: blocks PyTorch's allocator holds but no tensor
+            # uses now are the trainer's logprob and update buffers, which the next update
+            # needs again (the cache stays allocated through it, for the CUDA graphs).
+            # Counting them grew the cache at step 2 and ran the update out of memory.
             free, _ = torch.cuda.mem_get_info(self.device)
-            # blocks PyTorch's allocator holds but no tensor uses (training's freed buffers)
-            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(
-                self.device
-            )
-            limit = min(limit, max(1, int((free + held) * _CACHE_MEMORY_SHARE) // per_row))
+            rows = int((free + held) * _CACHE_MEMORY_SHARE) // per_row
+            limit = min(limit, max(1, held // per_row, rows))
         return limit
 
     def _cache_for(self, rows: int, length: int) -> KVCache:
