@@ -72,6 +72,7 @@ class MegatronGeneration(GenerationBackend):
         compile_decode: bool,
         share_prompts: bool,
         fp8: bool,
+        keep_cache: bool = True,
     ):
         self.policy = policy
         self.pad_token_id = pad_token_id
@@ -87,6 +88,12 @@ class MegatronGeneration(GenerationBackend):
         self._stale = False  # FP8 copies older than the policy's weights
         self._decoder: Decoder | None = None
         self._cache: KVCache | None = None  # GPU: kept across calls (the graphs point into it)
+        # False where the trainer shares the GPU (its own engine): the cache and its graphs are
+        # freed after every call, so the logprob passes and the update get that memory back.
+        # Kept, the update of a long-response step (3B, cap 4096, one H200) ran out of memory
+        # at step 2, once Adam's state existed beside the cache. The cost: the graphs are
+        # captured again at the next call (compiled code is reused).
+        self.keep_cache = keep_cache
         self._graphs: dict[int, DecodeGraph] = {}
         self._step_routing: torch.Tensor | None = None  # MoE: experts per row, every step
         self._pool = None
@@ -105,6 +112,9 @@ class MegatronGeneration(GenerationBackend):
                 return self._generate(core, prompts, params)
         finally:
             core.train(was_training)
+            if not self.keep_cache and self._cache is not None:
+                self.close()
+                torch.cuda.empty_cache()
 
     def refresh_weights(self, version: int | None = None) -> float:
         """bf16 reads the policy's tensors in place (nothing to do); FP8 copies are re-quantized
@@ -116,6 +126,7 @@ class MegatronGeneration(GenerationBackend):
     def close(self) -> None:
         self._graphs.clear()
         self._cache = None
+        self._step_routing = None
 
     # --- planning ---------------------------------------------------------------------------------
 
