@@ -72,7 +72,7 @@ class MegatronGeneration(GenerationBackend):
         compile_decode: bool,
         share_prompts: bool,
         fp8: bool,
-        keep_cache: bool = True,
+        keep_cache: bool,
     ):
         self.policy = policy
         self.pad_token_id = pad_token_id
@@ -88,7 +88,7 @@ class MegatronGeneration(GenerationBackend):
         self._stale = False  # FP8 copies older than the policy's weights
         self._decoder: Decoder | None = None
         self._cache: KVCache | None = None  # GPU: kept across calls (the graphs point into it)
-        # False where the trainer shares the GPU (its own engine): the cache and its graphs are
+        # False (`generation.release_cache`, the trainer's engine): the cache and its graphs are
         # freed after every call, so the logprob passes and the update get that memory back.
         # Kept, the update of a long-response step (3B, cap 4096, one H200) ran out of memory
         # at step 2, once Adam's state existed beside the cache. The cost: the graphs are
