@@ -110,7 +110,9 @@ def test_hf_round_trip_is_exact(moe_model):
 
 def test_moe_recipe_trains_with_router_replay(tmp_path):
     """The CPU recipe through the console script: GRPO steps with router replay, and the MoE
-    metrics in the run's metrics file (routing agreement, load spread, load-balancing loss)."""
+    metrics in the run's metrics file (routing agreement, load spread, load-balancing loss), and
+    the HF export of its last step (`checkpointing.hf_export_period`), which transformers loads
+    and generates from."""
     import os
     import subprocess
     import sys
@@ -129,7 +131,8 @@ def test_moe_recipe_trains_with_router_replay(tmp_path):
             "recipes/tiny-qwen3-moe-text-1n1g-cpu.yaml",
             "grpo.max_num_steps=2", "grpo.num_prompts_per_step=4",
             "grpo.num_generations_per_prompt=4", "warm_start.num_steps=1",
-            "grpo.max_val_samples=4", "logging.progress_bar=false", "--run-dir", str(tmp_path),
+            "grpo.max_val_samples=4", "logging.progress_bar=false",
+            "checkpointing.hf_export_period=2", "--run-dir", str(tmp_path),
         ],
         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2], env=env,
         timeout=600,
@@ -141,3 +144,11 @@ def test_moe_recipe_trains_with_router_replay(tmp_path):
         assert row["moe/routing_agreement"] > 0.99  # fp32: generation routes as the trainer
         assert 1.0 <= row["moe/load_spread"] and "moe/load_spread_layer1" in row
         assert row["moe/aux_loss"] > 0
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    exported = tmp_path / "hf" / "step_000002"
+    model, info = AutoModelForCausalLM.from_pretrained(str(exported), output_loading_info=True)
+    assert type(model).__name__ == "Qwen3MoeForCausalLM" and not any(info.values()), info
+    ids = AutoTokenizer.from_pretrained(str(exported))("How many?", return_tensors="pt").input_ids
+    new = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    assert new.shape[1] == ids.shape[1] + 3

@@ -38,21 +38,28 @@ def test_an_export_loads_in_transformers_with_the_policys_weights_and_generates(
             param.add_(torch.randn_like(param) * 0.01)
     out = hf_export.export_step(policy, tmp_path, step=3, keep_last=1)
     assert out == tmp_path / "hf" / "step_000003" and not list((tmp_path / "hf").glob("*.tmp"))
-    hf = policy.family.hf_class().from_pretrained(str(out), dtype=torch.float32).eval()
+    hf, info = policy.family.hf_class().from_pretrained(
+        str(out), dtype=torch.float32, output_loading_info=True
+    )
+    hf.eval()  # every tensor came from the export: none missing (HF would draw it), none unused
+    assert not any(info.values()), (name, info)
     processor = AutoProcessor.from_pretrained(str(out))
     for prompt in _prompts(processor, policy.family.multimodal):
         ids = torch.tensor([policy.prompt_ids(prompt)])
         media = {k: v for k, v in vars(prompt.media).items() if v is not None}
         extra = policy.family.hf_generate_inputs(ids, policy.media_tokens)
         with torch.no_grad():
-            ref = hf(input_ids=ids, **extra, **media).logits
-            ours = policy_logits(policy.core, ids, torch.ones_like(ids, dtype=torch.bool),
+            new = hf.generate(input_ids=ids, **extra, **media, max_new_tokens=4, min_new_tokens=4,
+                              do_sample=False)  # fmt: skip
+            extra = policy.family.hf_generate_inputs(new, policy.media_tokens)
+            ref = hf(input_ids=new, **extra, **media).logits
+            ours = policy_logits(policy.core, new, torch.ones_like(new, dtype=torch.bool),
                                  prompt.media)  # fmt: skip
-        assert float((ours - ref).abs().max()) < 1e-4, (name, prompt.sample_id)
-        new = hf.generate(input_ids=ids, **extra, **media, max_new_tokens=4, min_new_tokens=4,
-                          do_sample=False)  # fmt: skip
         assert new.shape[1] == ids.shape[1] + 4
-        assert new[0, ids.shape[1]] == ours[0, -1].argmax()
+        # the prompt and HF's 4 greedy tokens: the Megatron model's logits, and its greedy choices
+        assert float((ours - ref).abs().max()) < 1e-4, (name, prompt.sample_id)
+        greedy = ours[0, ids.shape[1] - 1 : -1].argmax(-1)
+        assert torch.equal(new[0, ids.shape[1] :], greedy), (name, prompt.sample_id)
 
 
 def test_exports_are_kept_as_asked_and_a_torn_one_is_replaced(single_rank, family_ckpt, tmp_path):
