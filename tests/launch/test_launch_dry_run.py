@@ -106,6 +106,32 @@ def _expected_recipe(args: list[str]) -> dict:
     return data
 
 
+def test_the_compiled_template_cache_changes_nothing(tmp_path):
+    """The sbatch template's compiled code is cached the way Python caches a module's
+    (rlflow/launch/render.py): never written with PYTHONDONTWRITEBYTECODE set, written without
+    it, and a damaged cache file is compiled again. The script is the same every time."""
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in NO_CLUSTER.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["XDG_CACHE_HOME"] = str(cache)
+
+    def script(**more: str) -> str:
+        result = rlflow(
+            "submit", *GOLDEN_CASES["tiny-8n4g"], "--dry-run", cwd=tmp_path, env={**env, **more}
+        )
+        assert result.returncode == 0, result.stderr
+        return normalize(result.stdout.split(RECIPE_MARK)[0], tmp_path)
+
+    golden = script(PYTHONDONTWRITEBYTECODE="1")
+    assert not cache.exists()
+    assert script() == golden  # compiles, writes the cache
+    (written,) = (cache / "rlflow" / "templates").iterdir()
+    assert script() == golden  # from the cache
+    for damage in (b"j2 not a cache", written.read_bytes()[:40], b""):
+        written.write_bytes(damage)
+        assert script() == golden
+    assert written.stat().st_size > 1000  # compiled and written again
+
+
 def test_dry_run_warns_about_a_missing_checkpoint(tmp_path):
     result = rlflow("submit", *GOLDEN_CASES["qwen25vl-3b-4n8g"], "--dry-run", cwd=tmp_path)
     assert (
