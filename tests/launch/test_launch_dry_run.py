@@ -183,7 +183,7 @@ def test_every_template_value_is_quoted():
 
 
 def test_a_new_sbatch_option_is_a_schema_field_a_base_yaml_line_and_a_table_row(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, request
 ):
     """`slurm.reservation`, added in memory the way a real change would add it: a field in the
     schema's slurm section, its line in (a copy of) base.yaml, one row in plan.SBATCH_OPTIONS.
@@ -193,12 +193,16 @@ def test_a_new_sbatch_option_is_a_schema_field_a_base_yaml_line_and_a_table_row(
     from rlflow.launch import plan
     from rlflow.launch.prepare import prepare
     from rlflow.recipe import schema
+    from rlflow.recipe.values import hints
 
     @dataclass(frozen=True)
     class SlurmWithReservation(schema.SlurmConfig):
         reservation: str | None  # the new field
 
     monkeypatch.setattr(schema, "SlurmConfig", SlurmWithReservation)
+    # The loader reads each class's type hints once per process: forget them now and after.
+    hints.cache_clear()
+    request.addfinalizer(hints.cache_clear)
     row = plan.SbatchOption("--reservation", "slurm.reservation", from_recipe=True)
     monkeypatch.setattr(plan, "SBATCH_OPTIONS", (*plan.SBATCH_OPTIONS, row))
     base = (REPO / "recipes" / "base.yaml").read_text()
