@@ -155,11 +155,10 @@ def _device() -> tuple[torch.device, str]:
 
 
 def sequence_parallel(cfg: ParallelismConfig) -> bool:
-    """Whether the trainer splits activations over the TP ranks (`parallelism.sequence_parallel`;
-    the recipe rules refuse "on" at TP=1)."""
-    if cfg.sequence_parallel == "auto":
-        return cfg.tensor_parallel_size > 1
-    return cfg.sequence_parallel == "on"
+    """Whether the trainer splits activations over the TP ranks (the recipe rule's answer)."""
+    from rlflow.recipe.allocation import splits_sequence
+
+    return splits_sequence(cfg)
 
 
 def info() -> ParallelInfo:

@@ -168,7 +168,7 @@ READ_BY = {
     "parallelism.pipeline_parallel_size": ("rlflow/parallel.py", "cfg.pipeline_parallel_size"),
     "parallelism.context_parallel_size": ("rlflow/parallel.py", "cfg.context_parallel_size"),
     "parallelism.expert_parallel_size": ("rlflow/parallel.py", "cfg.expert_parallel_size"),
-    "parallelism.sequence_parallel": ("rlflow/parallel.py", "cfg.sequence_parallel"),
+    "parallelism.sequence_parallel": ("rlflow/recipe/allocation.py", "par.sequence_parallel"),
     "cluster.num_nodes": ("rlflow/recipe/allocation.py", "cluster.num_nodes"),
     "cluster.gpus_per_node": ("rlflow/recipe/allocation.py", "cluster.gpus_per_node"),
     "checkpointing.enabled": ("rlflow/train/loop.py", "recipe.checkpointing.enabled"),
@@ -286,6 +286,7 @@ def test_the_named_module_reads_the_key(key):
             "generation.placement",
             "generation.gpus_per_node",
             "generation.num_nodes",
+            "parallelism.sequence_parallel",  # allocation.splits_sequence: parallel.py acts on it
         }
     ), f"{key}: a rule is not the code that acts on it"
     assert expression in expressions(module), f"{module} does not read {expression} ({key})"
