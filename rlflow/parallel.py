@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from rlflow.recipe.placement import Placement, Role
+from rlflow.recipe.placement import Placement, Role, splits_sequence
 from rlflow.recipe.schema import ParallelismConfig
 
 
@@ -156,8 +156,6 @@ def _device() -> tuple[torch.device, str]:
 
 def sequence_parallel(cfg: ParallelismConfig) -> bool:
     """Whether the trainer splits activations over the TP ranks (the recipe rule's answer)."""
-    from rlflow.recipe.allocation import splits_sequence
-
     return splits_sequence(cfg)
 
 

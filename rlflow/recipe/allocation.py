@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe.load import LoadedRecipe
-from rlflow.recipe.placement import Placement
-from rlflow.recipe.schema import ParallelismConfig, Recipe
+from rlflow.recipe.placement import Placement, splits_sequence
+from rlflow.recipe.schema import Recipe
 
 PARALLEL_AXES = (
     "tensor_parallel_size",
@@ -154,14 +154,6 @@ def check_allocation(loaded: LoadedRecipe, world_size: int) -> Placement:
     if problems:
         raise RlflowError(problems)
     return placement_of(loaded.recipe, nodes, gpus)
-
-
-def splits_sequence(par: ParallelismConfig) -> bool:
-    """Whether the trainer splits activations over the TP ranks (`parallelism.sequence_parallel`:
-    auto is on when TP > 1; the recipe rules refuse "on" at TP=1). rlflow.parallel asks this."""
-    if par.sequence_parallel == "auto":
-        return par.tensor_parallel_size > 1
-    return par.sequence_parallel == "on"
 
 
 def expert_layout(loaded: LoadedRecipe, world_size: int) -> str | None:

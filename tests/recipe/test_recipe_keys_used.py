@@ -287,7 +287,7 @@ def test_the_named_module_reads_the_key(key):
             "generation.placement",
             "generation.gpus_per_node",
             "generation.num_nodes",
-            "parallelism.sequence_parallel",  # allocation.splits_sequence: parallel.py acts on it
+            "parallelism.sequence_parallel",  # placement.splits_sequence: parallel.py acts on it
         }
     ), f"{key}: a rule is not the code that acts on it"
     assert expression in expressions(module), f"{module} does not read {expression} ({key})"
