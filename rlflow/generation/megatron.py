@@ -88,11 +88,9 @@ class MegatronGeneration(GenerationBackend):
         self._stale = False  # FP8 copies older than the policy's weights
         self._decoder: Decoder | None = None
         self._cache: KVCache | None = None  # GPU: kept across calls (the graphs point into it)
-        # False (`generation.release_cache`, the trainer's engine): the cache and its graphs are
-        # freed after every call, so the logprob passes and the update get that memory back.
-        # Kept, the update of a long-response step (3B, cap 4096, one H200) ran out of memory
-        # at step 2, once Adam's state existed beside the cache. The cost: the graphs are
-        # captured again at the next call (compiled code is reused).
+        # False (`generation.release_cache`, the trainer's engine): cache and graphs are freed
+        # after every call, so logprobs and the update get that memory back (recipes/base.yaml
+        # says why); the graphs are captured again at the next call.
         self.keep_cache = keep_cache
         self._graphs: dict[int, DecodeGraph] = {}
         self._step_routing: torch.Tensor | None = None  # MoE: experts per row, every step
