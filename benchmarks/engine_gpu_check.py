@@ -167,7 +167,8 @@ def tiny_engine_check(work: Path) -> dict:
     rows = [p for p in mixed_prompts(processor) for _ in range(6)]
     pad = processor.tokenizer.pad_token_id
     free = SamplingParams(32, 1.0, 1.0, 0, 5, (-1,), True)
-    knobs = dict(max_batch_size=0, compile_decode=False, share_prompts=True, fp8=False)
+    knobs = dict(max_batch_size=0, compile_decode=False, share_prompts=True, fp8=False,
+                 keep_cache=True)  # fmt: skip
     graphs = MegatronGeneration(policy, pad, cuda_graphs=True, **knobs)
     eager = MegatronGeneration(policy, pad, cuda_graphs=False, **knobs)
     a, b = graphs.generate(rows, free), eager.generate(rows, free)

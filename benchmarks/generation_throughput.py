@@ -302,6 +302,7 @@ def main() -> None:
             compile_decode="compile" in variant,
             share_prompts=True,
             fp8=False,
+            keep_cache=True,
         )
         try:
             start = time.perf_counter()

@@ -364,6 +364,7 @@ def run_rollout(policy, prompts, params, args, ceil, counts, gpus, device, log, 
         compile_decode=args.compile_decode,
         share_prompts=True,
         fp8=fp8,
+        keep_cache=True,  # a rollout-only process: the engine keeps its cache and graphs
     )
     warm_s, _ = timed_generate(backend, prompts, warm_params or params, device)
     log(f"{name}: warm-up {warm_s:.1f} s (graph capture / compile included)")
@@ -547,6 +548,11 @@ def run_rollout_parts(policy, prompts, params, long_params, samples, encoder, ar
             if part not in args.parts or (fp8 and part not in args.fp8_parts):
                 continue
             name = part if variant == "bf16" else f"{part}_{variant}"
+            # Each part builds a fresh engine, as a training process does once. torch.compile's
+            # per-function cache would otherwise carry every earlier part's graphs: at its
+            # recompile limit (8) dynamo falls back to eager for the rest of the process, which
+            # slowed the second variant of one call (an FP8 run after a bf16 one)
+            torch._dynamo.reset()
             attempt(name, run_rollout, policy, rows, part_params, args, ceil, counts, gpus,
                     device, log, name=name, fp8=fp8, warm_params=warm,
                     profile_params=profiled if profile and not fp8 else None)  # fmt: skip

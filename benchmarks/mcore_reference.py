@@ -18,6 +18,7 @@ same lengths, the language model's cost without the vision tower.
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import sys
 import time
@@ -66,7 +67,8 @@ def run(policy, prompts, params, device, log, max_rows: int = 64) -> dict:
     for name, attempt in (("dynamic", _dynamic), ("static", _static)):
         start = time.perf_counter()
         try:
-            tokens = attempt(policy, ids, params, device)
+            with _plain_rope(_language_model(policy)):
+                tokens = attempt(policy, ids, params, device)
             torch.cuda.synchronize(device) if device.type == "cuda" else None
             seconds = time.perf_counter() - start
             out[name] = {"ran": True, "seconds": seconds, "tokens": tokens,
@@ -82,6 +84,34 @@ def run(policy, prompts, params, device, log, max_rows: int = 64) -> dict:
             _language_model(policy).train()
         log(f"megatron-core {name} engine: {_short(out[name])}")
     return out
+
+
+@contextlib.contextmanager
+def _plain_rope(lm):
+    """Qwen2/2.5-VL's language model uses multimodal rope (positions [3, batch, seq]), which
+    megatron-core's inference wrappers do not build (they pass [batch, seq]). On the text-only
+    rows this reference runs, the three position streams are equal, and mrope with equal streams
+    is exactly 1-D rope with the same inverse frequencies: swap that in for the reference's
+    calls, then put the model back."""
+    if getattr(lm, "position_embedding_type", None) != "mrope":
+        yield
+        return
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    mrope = lm.rotary_pos_emb
+    plain = RotaryEmbedding(
+        kv_channels=lm.config.kv_channels,
+        rotary_percent=1.0,
+        rotary_interleaved=lm.config.rotary_interleaved,
+        rotary_base=10000,  # replaced by the model's own inverse frequencies just below
+        use_cpu_initialization=lm.config.use_cpu_initialization,
+    )
+    plain.inv_freq = mrope.inv_freq
+    lm.position_embedding_type, lm.rotary_pos_emb = "rope", plain
+    try:
+        yield
+    finally:
+        lm.position_embedding_type, lm.rotary_pos_emb = "mrope", mrope
 
 
 def _short(result: dict) -> str:
@@ -124,10 +154,10 @@ def _dynamic(policy, ids, params, device) -> int:
     engine = DynamicInferenceEngine(controller, context)
     sampling = SamplingParams(
         temperature=1.0, top_k=0, top_p=0.0, num_tokens_to_generate=params.max_new_tokens,
-        termination_id=-1, return_log_probs=True,
+        termination_id=-1, return_log_probs=True, skip_prompt_log_probs=True,
     )  # fmt: skip
     records = engine.generate([list(i) for i in ids], sampling)
-    return sum(len(getattr(r, "generated_tokens", []) or []) for r in records) or len(records)
+    return sum(_generated(r) for r in records)
 
 
 def _static(policy, ids, params, device) -> int:
@@ -165,7 +195,15 @@ def _static(policy, ids, params, device) -> int:
         for n, i in enumerate(ids)
     ]
     done = engine.generate(inference_requests=requests)
-    return sum(len(getattr(r, "generated_tokens", []) or []) for r in done)
+    return sum(_generated(r) for r in done)
+
+
+def _generated(record) -> int:
+    """Tokens a finished request generated (megatron-core keeps a list or a tensor)."""
+    tokens = getattr(record, "generated_tokens", None)
+    if tokens is None:
+        return 0
+    return int(tokens.numel()) if hasattr(tokens, "numel") else len(tokens)
 
 
 class _Tokenizer:

@@ -2,9 +2,16 @@
 
 Each sample is a fresh process, as a user runs it: the `rlflow` console script, the recipe
 loaded and checked, the script rendered, `bash -n`, the pin check, the output printed. The
-median of --runs samples is reported (wall and CPU time), with the interpreter's own
-start-up as a baseline.
+median of --runs samples is reported (wall and CPU time), with the physical floor beside it:
+the interpreter's own start-up and `import click` (every subcommand needs click).
 
+Each command runs twice over: with bytecode (the .pyc files of rlflow and its dependencies,
+and the compiled sbatch template in ~/.cache/rlflow/templates, written by one run first) and
+without (PYTHONPYCACHEPREFIX and XDG_CACHE_HOME pointing at empty directories, nothing
+written: every module is compiled from source on every run, as in a fresh install without
+`uv sync --compile-bytecode`).
+
+    uv run python -m compileall -q .venv/lib rlflow   # once: uv installs no .pyc files
     uv run python benchmarks/submit_dry_run.py [--runs 15]
 """
 
@@ -42,14 +49,16 @@ CASES = {
 }
 
 
-def sample(argv: list[str], cwd: Path, runs: int) -> tuple[list[float], list[float]]:
+def sample(
+    argv: list[str], cwd: Path, runs: int, env: dict[str, str]
+) -> tuple[list[float], list[float]]:
     """Wall seconds and CPU seconds (user + system, the process and its children) per run.
     CPU time barely moves when other work shares the machine; wall time does."""
     walls, cpus = [], []
     for _ in range(runs):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=env)
         walls.append(time.perf_counter() - start)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
@@ -57,12 +66,39 @@ def sample(argv: list[str], cwd: Path, runs: int) -> tuple[list[float], list[flo
     return walls, cpus
 
 
-def row(name: str, where: str, times: tuple[list[float], list[float]]) -> str:
+def row(name: str, where: str, mode: str, times: tuple[list[float], list[float]]) -> str:
     walls, cpus = times
     return (
-        f"| {name} | {where} | {statistics.median(walls) * 1000:.0f} | "
+        f"| {name} | {where} | {mode} | {statistics.median(walls) * 1000:.0f} | "
         f"{min(walls) * 1000:.0f} | {max(walls) * 1000:.0f} | {statistics.median(cpus) * 1000:.0f} |"
     )
+
+
+def commands(outside: Path) -> list[tuple[str, str, list[str], Path]]:
+    """(name, where, argv, working directory) of every timed command."""
+    rows = [
+        ("python -c pass (interpreter start-up)", "-", [sys.executable, "-c", "pass"], REPO),
+        ("python -c 'import click' (the floor)", "-", [sys.executable, "-c", "import click"], REPO),
+        ("rlflow --help", "-", [*RLFLOW, "--help"], REPO),
+    ]
+    for name, args in CASES.items():
+        argv = [*RLFLOW, "submit", *args, "--dry-run"]
+        rows.append(
+            (f"rlflow submit {name} --dry-run", "this repository (pin check runs)", argv, REPO)
+        )
+        rows.append(
+            (f"rlflow submit {name} --dry-run", "outside git (no pin check)", argv, outside)
+        )
+    run = local_run(outside / "run")
+    rows.append(
+        (
+            "rlflow status RUN_DIR",
+            "a stopped local run, 500 steps",
+            [*RLFLOW, "status", str(run)],
+            REPO,
+        )
+    )
+    return rows
 
 
 def main() -> None:
@@ -73,38 +109,23 @@ def main() -> None:
         f"{runs} runs each; times in ms; rlflow = {' '.join(RLFLOW)}; "
         f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n"
     )
-    print("| command | working directory | wall median | wall min | wall max | CPU median |")
-    print("| --- | --- | --- | --- | --- | --- |")
     print(
-        row(
-            "python -c pass (interpreter start-up)",
-            "-",
-            sample([sys.executable, "-c", "pass"], REPO, runs),
-        )
+        "| command | working directory | bytecode | wall median | wall min | wall max | CPU median |"
     )
-    print(row("rlflow --help", "-", sample([*RLFLOW, "--help"], REPO, runs)))
-    with tempfile.TemporaryDirectory() as outside:
-        for name, args in CASES.items():
-            argv = [*RLFLOW, "submit", *args, "--dry-run"]
-            print(
-                row(
-                    f"rlflow submit {name} --dry-run",
-                    "this repository (pin check runs)",
-                    sample(argv, REPO, runs),
-                )
-            )
-            print(
-                row(
-                    f"rlflow submit {name} --dry-run",
-                    "outside git (no pin check)",
-                    sample(argv, Path(outside), runs),
-                )
-            )
-        run = local_run(Path(outside) / "run")
-        argv = [*RLFLOW, "status", str(run)]
-        print(
-            row("rlflow status RUN_DIR", "a stopped local run, 500 steps", sample(argv, REPO, runs))
-        )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    with tempfile.TemporaryDirectory() as scratch:
+        outside, empty = Path(scratch) / "outside", Path(scratch) / "empty"
+        outside.mkdir()
+        empty.mkdir()
+        cached = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        bare = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        bare.update(PYTHONPYCACHEPREFIX=str(empty), XDG_CACHE_HOME=str(empty))
+        for name, where, argv, cwd in commands(outside):
+            subprocess.run(argv, cwd=cwd, capture_output=True, env=cached)  # writes what is missing
+            for mode, env in (("yes", os.environ.copy()), ("no", bare)):
+                print(row(name, where, mode, sample(argv, cwd, runs, env)), flush=True)
+        assert not any(empty.iterdir()), "the no-bytecode runs wrote a cache"
+        print(f"\nload average after: {os.getloadavg()[0]:.1f}")
 
 
 def local_run(run: Path) -> Path:

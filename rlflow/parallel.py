@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from rlflow.recipe.placement import Placement, Role
+from rlflow.recipe.placement import Placement, Role, splits_sequence
 from rlflow.recipe.schema import ParallelismConfig
 
 
@@ -155,11 +155,8 @@ def _device() -> tuple[torch.device, str]:
 
 
 def sequence_parallel(cfg: ParallelismConfig) -> bool:
-    """Whether the trainer splits activations over the TP ranks (`parallelism.sequence_parallel`;
-    the recipe rules refuse "on" at TP=1)."""
-    if cfg.sequence_parallel == "auto":
-        return cfg.tensor_parallel_size > 1
-    return cfg.sequence_parallel == "on"
+    """Whether the trainer splits activations over the TP ranks (the recipe rule's answer)."""
+    return splits_sequence(cfg)
 
 
 def info() -> ParallelInfo:

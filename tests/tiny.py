@@ -57,6 +57,7 @@ def megatron_generation(policy, pad_token_id: int, **changes):
         "compile_decode": gen.compile_decode,
         "share_prompts": gen.share_prompts,
         "fp8": gen.fp8,
+        "keep_cache": not gen.release_cache,
     }
     return MegatronGeneration(policy, pad_token_id, **{**knobs, **changes})
 

@@ -37,6 +37,8 @@ def make_backend(
             compile_decode=gen_cfg.compile_decode,
             share_prompts=gen_cfg.share_prompts,
             fp8=gen_cfg.fp8,
+            # the trainer's own engine (rollouts when colocated, validation when separate)
+            keep_cache=not gen_cfg.release_cache,
         )
     if gen_cfg.backend == "hf":
         from rlflow.generation.hf import HFGeneration

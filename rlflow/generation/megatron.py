@@ -72,6 +72,7 @@ class MegatronGeneration(GenerationBackend):
         compile_decode: bool,
         share_prompts: bool,
         fp8: bool,
+        keep_cache: bool,
     ):
         self.policy = policy
         self.pad_token_id = pad_token_id
@@ -87,6 +88,10 @@ class MegatronGeneration(GenerationBackend):
         self._stale = False  # FP8 copies older than the policy's weights
         self._decoder: Decoder | None = None
         self._cache: KVCache | None = None  # GPU: kept across calls (the graphs point into it)
+        # False (`generation.release_cache`, the trainer's engine): cache and graphs are freed
+        # after every call, so logprobs and the update get that memory back (recipes/base.yaml
+        # says why); the graphs are captured again at the next call.
+        self.keep_cache = keep_cache
         self._graphs: dict[int, DecodeGraph] = {}
         self._step_routing: torch.Tensor | None = None  # MoE: experts per row, every step
         self._pool = None
@@ -105,6 +110,9 @@ class MegatronGeneration(GenerationBackend):
                 return self._generate(core, prompts, params)
         finally:
             core.train(was_training)
+            if not self.keep_cache and self._cache is not None:
+                self.close()
+                torch.cuda.empty_cache()
 
     def refresh_weights(self, version: int | None = None) -> float:
         """bf16 reads the policy's tensors in place (nothing to do); FP8 copies are re-quantized
@@ -116,6 +124,7 @@ class MegatronGeneration(GenerationBackend):
     def close(self) -> None:
         self._graphs.clear()
         self._cache = None
+        self._step_routing = None
 
     # --- planning ---------------------------------------------------------------------------------
 
@@ -186,12 +195,13 @@ class MegatronGeneration(GenerationBackend):
             held = 0  # the kept cache is freed before a larger one is made
             if self._cache is not None:
                 held = self._cache.rows * self._cache.length * per_row // length
+            # Only what the driver has free: blocks PyTorch's allocator holds but no tensor
+            # uses now are the trainer's logprob and update buffers, which the next update
+            # needs again (the cache stays allocated through it, for the CUDA graphs).
+            # Counting them grew the cache at step 2 and ran the update out of memory.
             free, _ = torch.cuda.mem_get_info(self.device)
-            # blocks PyTorch's allocator holds but no tensor uses (training's freed buffers)
-            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(
-                self.device
-            )
-            limit = min(limit, max(1, int((free + held) * _CACHE_MEMORY_SHARE) // per_row))
+            rows = int((free + held) * _CACHE_MEMORY_SHARE) // per_row
+            limit = min(limit, max(1, held // per_row, rows))
         return limit
 
     def _cache_for(self, rows: int, length: int) -> KVCache:

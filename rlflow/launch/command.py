@@ -206,8 +206,10 @@ def _worst_case(plan) -> str:
 def _summary(plan, loaded) -> str:
     from rlflow.launch import cost
     from rlflow.launch.prepare import shape
+    from rlflow.recipe.allocation import expert_layout
 
     hours = plan.time_limit_seconds / 3600
+    experts = expert_layout(loaded, plan.world_size)
     return "\n".join(
         [
             f"run dir:    {plan.run_dir}",
@@ -217,6 +219,7 @@ def _summary(plan, loaded) -> str:
             f"worst case: {_worst_case(plan)}; {cost.cap_text(loaded)}",
             f"each rank:  {' '.join(plan.rank_command)}",
             *([f"placement:  {plan.placement}"] if plan.placement else []),
+            *([f"experts:    {experts}"] if experts else []),
         ]
     )
 

@@ -3,11 +3,19 @@
 StrictUndefined turns a misspelled field into an error instead of an empty string, and the
 `q` filter (shlex.quote) is how every value reaches the script: a job name such as
 `x"; touch /tmp/pwned; "` stays one word and never runs.
+
+Compiling the template takes longer than rendering it, so its compiled code is cached the way
+Python caches a module's (jinja2's bytecode cache, in ~/.cache/rlflow/templates): checked
+against the template's text, rebuilt when it changes, never written with
+PYTHONDONTWRITEBYTECODE set, and skipped where the cache directory cannot be written.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shlex
+import sys
 from pathlib import Path
 
 from rlflow.errors import JOB_EXIT_CODES, Diagnostic, RlflowError
@@ -49,13 +57,47 @@ def _environment():
                 "installed with `uv sync`",
             )
         )
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+    options = dict(
         undefined=jinja2.StrictUndefined,
         autoescape=False,  # shell, not HTML: quoting is the `q` filter's job
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        bytecode_cache=_bytecode_cache(jinja2, options),
+        **options,
+    )
     env.filters["q"] = quote
     return env
+
+
+def _bytecode_cache(jinja2, options: dict):
+    """A cache of compiled templates, or None. Its file names hold the jinja2 version and the
+    environment's options, which the compiled code depends on and jinja2 does not check."""
+
+    class Cache(jinja2.FileSystemBytecodeCache):
+        def load_bytecode(self, bucket) -> None:
+            try:
+                super().load_bytecode(bucket)
+            except Exception:  # a damaged file (jinja2 reads its checksum unguarded): recompile
+                bucket.reset()
+
+        def dump_bytecode(self, bucket) -> None:
+            if sys.dont_write_bytecode:
+                return
+            try:
+                os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                super().dump_bytecode(bucket)
+            except OSError:
+                pass  # a cache only: rendering goes on without it
+
+    cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if not os.path.isabs(cache_home):  # `~` unresolved (no HOME) or a relative setting
+        return None
+    flavour = repr(
+        (getattr(jinja2, "__version__", ""), sorted((k, repr(v)) for k, v in options.items()))
+    )
+    tag = hashlib.sha1(flavour.encode()).hexdigest()[:12]
+    return Cache(os.path.join(cache_home, "rlflow", "templates"), f"{tag}-%s.cache")

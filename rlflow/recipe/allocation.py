@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe.load import LoadedRecipe
-from rlflow.recipe.placement import Placement
+from rlflow.recipe.placement import Placement, splits_sequence
 from rlflow.recipe.schema import Recipe
 
 PARALLEL_AXES = (
@@ -156,6 +156,23 @@ def check_allocation(loaded: LoadedRecipe, world_size: int) -> Placement:
     return placement_of(loaded.recipe, nodes, gpus)
 
 
+def expert_layout(loaded: LoadedRecipe, world_size: int) -> str | None:
+    """How a mixture-of-experts model's experts spread over `world_size` training ranks (the
+    dry run prints it), or None for a dense model or one whose config.json is not there."""
+    from rlflow.model.moe import recipe_experts
+
+    experts = recipe_experts(loaded.recipe.model.checkpoint)
+    if not experts:
+        return None
+    par = loaded.recipe.parallelism
+    ep, tp = par.expert_parallel_size, par.tensor_parallel_size
+    split = f", each split over tensor parallel {tp}" if tp > 1 else ""
+    return (
+        f"{experts} per layer over expert parallel {ep} ({experts // ep} per rank{split}); "
+        f"tensor {tp} x data {data_parallel_size(loaded, world_size)}"
+    )
+
+
 def data_parallel_size(loaded: LoadedRecipe, world_size: int) -> int:
     """megatron-core's data-parallel size: the ranks left after tensor x pipeline x context."""
     par = loaded.recipe.parallelism
@@ -218,18 +235,6 @@ def _experts(loaded: LoadedRecipe, trains: bool) -> list[Diagnostic]:
                 help="set expert_parallel_size to 1, or train a mixture-of-experts checkpoint",
             )
         )
-    elif ep > 1 and recipe.parallelism.tensor_parallel_size > 1:
-        problems.append(
-            loaded.diagnostic(
-                ("parallelism", "expert_parallel_size"),
-                "allocation.expert-and-tensor-parallel",
-                f"`parallelism.expert_parallel_size` ({ep}) together with "
-                f"`tensor_parallel_size` ({recipe.parallelism.tensor_parallel_size}) is not "
-                "implemented yet (the trainer's packed logprob pass fails under TP x EP)",
-                help="use expert parallelism with tensor_parallel_size: 1, or tensor "
-                "parallelism with expert_parallel_size: 1",
-            )
-        )
     elif ep > 1 and experts % ep:
         problems.append(
             loaded.diagnostic(
@@ -239,6 +244,23 @@ def _experts(loaded: LoadedRecipe, trains: bool) -> list[Diagnostic]:
                 f"experts of {where}",
                 help="each expert-parallel rank holds an equal share of the experts: choose a "
                 f"divisor of {experts}",
+            )
+        )
+    par = recipe.parallelism
+    if trains and experts and splits_sequence(par):
+        said = par.sequence_parallel
+        if said == "auto":
+            said = f"auto (on: tensor_parallel_size is {par.tensor_parallel_size})"
+        problems.append(
+            loaded.diagnostic(
+                ("parallelism", "sequence_parallel"),
+                "allocation.moe-sequence-parallel",
+                f"`parallelism.sequence_parallel` is {said}, but sequence parallelism is not "
+                f"implemented for mixture-of-experts models ({where} has {experts} experts): "
+                "each TP rank's router would see only its slice of the tokens, which the "
+                "whole-sequence routes of router replay do not match",
+                help="set parallelism.sequence_parallel: off (rlflow's MoE layer then splits the "
+                "tokens over the TP ranks itself)",
             )
         )
     backend = recipe.generation.backend

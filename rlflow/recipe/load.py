@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from rlflow.recipe.reader import diagnostic as _diag
 from rlflow.recipe.schema import Recipe
 from rlflow.recipe.values import (
     check_value,
+    hints,
     holds_text,
     is_mapping_key,
     origin_of,
@@ -332,10 +332,10 @@ def _build(tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Dia
                 )
             )
             return None
-        hints = typing.get_type_hints(tp)
+        types_of = hints(tp)
         fields = [f.name for f in dataclasses.fields(tp)]
         for key in value:
-            if key not in hints:
+            if key not in types_of:
                 problems.append(_unknown_key(path + (key,), fields, origins.get(path + (key,))))
         missing = [f for f in fields if f not in value]
         if missing:
@@ -351,7 +351,7 @@ def _build(tp: Any, value: Any, path: KeyPath, origins: dict, problems: list[Dia
             )
         problems += _unquoted_names(tp, value, path, origins)
         kwargs = {
-            f: _build(hints[f], value[f], path + (f,), origins, problems)
+            f: _build(types_of[f], value[f], path + (f,), origins, problems)
             for f in fields
             if f in value
         }

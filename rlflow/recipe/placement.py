@@ -1,13 +1,18 @@
-"""Which ranks of a job train and which generate: the `Placement` of `generation.placement`.
+"""Which ranks of a job train and which generate: the `Placement` of `generation.placement`,
+and whether the trainer splits activations over its TP ranks (`splits_sequence`).
 
-A plain type, below everything that reads it (rlflow.parallel builds each role's process groups
-from it); rlflow.recipe.allocation decides it from the recipe and the job's nodes x GPUs.
+Plain types and answers, below everything that reads them (rlflow.parallel builds each role's
+process groups from them); rlflow.recipe.allocation decides the placement from the recipe and
+the job's nodes x GPUs, and refuses what cannot run.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from rlflow.recipe.schema import ParallelismConfig
 
 Role = Literal["train", "generate"]
 
@@ -53,3 +58,11 @@ def _spans(ranks: tuple[int, ...]) -> str:
             out.append(str(start) if start == rank else f"{start}-{rank}")
             start = None
     return ", ".join(out)
+
+
+def splits_sequence(par: ParallelismConfig) -> bool:
+    """Whether the trainer splits activations over the TP ranks (`parallelism.sequence_parallel`:
+    auto is on when TP > 1; the recipe rules refuse "on" at TP=1). rlflow.parallel and the allocation rules ask this."""
+    if par.sequence_parallel == "auto":
+        return par.tensor_parallel_size > 1
+    return par.sequence_parallel == "on"

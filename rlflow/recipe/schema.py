@@ -255,6 +255,7 @@ class GenerationConfig:
     cuda_graphs: bool  # megatron backend on GPUs: replay the decode step as a CUDA graph
     compile_decode: bool  # megatron backend: torch.compile the decode layer (fuses small kernels)
     fp8: bool  # megatron backend: decode matmuls in FP8 (refused where the GPU has none)
+    release_cache: bool  # megatron, the trainer's engine: free the KV cache after each rollout
     vllm: VllmConfig
     placement: Literal["colocated", "separate"]  # separate: generation on ranks of its own
     # separate: ranks of every node that generate (the others train)

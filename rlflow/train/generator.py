@@ -76,6 +76,7 @@ def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
         compile_decode=gen.compile_decode,
         share_prompts=gen.share_prompts,
         fp8=gen.fp8,
+        keep_cache=True,  # a generation rank holds nothing else: keep the cache and graphs
     )
     g = Generator(
         recipe=recipe,

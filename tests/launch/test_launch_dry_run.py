@@ -106,6 +106,32 @@ def _expected_recipe(args: list[str]) -> dict:
     return data
 
 
+def test_the_compiled_template_cache_changes_nothing(tmp_path):
+    """The sbatch template's compiled code is cached the way Python caches a module's
+    (rlflow/launch/render.py): never written with PYTHONDONTWRITEBYTECODE set, written without
+    it, and a damaged cache file is compiled again. The script is the same every time."""
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in NO_CLUSTER.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["XDG_CACHE_HOME"] = str(cache)
+
+    def script(**more: str) -> str:
+        result = rlflow(
+            "submit", *GOLDEN_CASES["tiny-8n4g"], "--dry-run", cwd=tmp_path, env={**env, **more}
+        )
+        assert result.returncode == 0, result.stderr
+        return normalize(result.stdout.split(RECIPE_MARK)[0], tmp_path)
+
+    golden = script(PYTHONDONTWRITEBYTECODE="1")
+    assert not cache.exists()
+    assert script() == golden  # compiles, writes the cache
+    (written,) = (cache / "rlflow" / "templates").iterdir()
+    assert script() == golden  # from the cache
+    for damage in (b"j2 not a cache", written.read_bytes()[:40], b""):
+        written.write_bytes(damage)
+        assert script() == golden
+    assert written.stat().st_size > 1000  # compiled and written again
+
+
 def test_dry_run_warns_about_a_missing_checkpoint(tmp_path):
     result = rlflow("submit", *GOLDEN_CASES["qwen25vl-3b-4n8g"], "--dry-run", cwd=tmp_path)
     assert (
@@ -157,7 +183,7 @@ def test_every_template_value_is_quoted():
 
 
 def test_a_new_sbatch_option_is_a_schema_field_a_base_yaml_line_and_a_table_row(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, request
 ):
     """`slurm.reservation`, added in memory the way a real change would add it: a field in the
     schema's slurm section, its line in (a copy of) base.yaml, one row in plan.SBATCH_OPTIONS.
@@ -167,12 +193,16 @@ def test_a_new_sbatch_option_is_a_schema_field_a_base_yaml_line_and_a_table_row(
     from rlflow.launch import plan
     from rlflow.launch.prepare import prepare
     from rlflow.recipe import schema
+    from rlflow.recipe.values import hints
 
     @dataclass(frozen=True)
     class SlurmWithReservation(schema.SlurmConfig):
         reservation: str | None  # the new field
 
     monkeypatch.setattr(schema, "SlurmConfig", SlurmWithReservation)
+    # The loader reads each class's type hints once per process: forget them now and after.
+    hints.cache_clear()
+    request.addfinalizer(hints.cache_clear)
     row = plan.SbatchOption("--reservation", "slurm.reservation", from_recipe=True)
     monkeypatch.setattr(plan, "SBATCH_OPTIONS", (*plan.SBATCH_OPTIONS, row))
     base = (REPO / "recipes" / "base.yaml").read_text()

@@ -128,6 +128,7 @@ READ_BY = {
     "generation.cuda_graphs": ("rlflow/generation/factory.py", "gen_cfg.cuda_graphs"),
     "generation.compile_decode": ("rlflow/generation/factory.py", "gen_cfg.compile_decode"),
     "generation.fp8": ("rlflow/generation/factory.py", "gen_cfg.fp8"),
+    "generation.release_cache": ("rlflow/generation/factory.py", "gen_cfg.release_cache"),
     "generation.vllm.env_root": ("rlflow/generation/factory.py", "gen_cfg.vllm.env_root"),
     "generation.vllm.device": ("rlflow/envs/spec.py", "vllm_cfg.device"),
     # the cpu and cuda pin sets: vllm_spec picks one by device and reads all five of its keys
@@ -168,7 +169,7 @@ READ_BY = {
     "parallelism.pipeline_parallel_size": ("rlflow/parallel.py", "cfg.pipeline_parallel_size"),
     "parallelism.context_parallel_size": ("rlflow/parallel.py", "cfg.context_parallel_size"),
     "parallelism.expert_parallel_size": ("rlflow/parallel.py", "cfg.expert_parallel_size"),
-    "parallelism.sequence_parallel": ("rlflow/parallel.py", "cfg.sequence_parallel"),
+    "parallelism.sequence_parallel": ("rlflow/recipe/allocation.py", "par.sequence_parallel"),
     "cluster.num_nodes": ("rlflow/recipe/allocation.py", "cluster.num_nodes"),
     "cluster.gpus_per_node": ("rlflow/recipe/allocation.py", "cluster.gpus_per_node"),
     "checkpointing.enabled": ("rlflow/train/loop.py", "recipe.checkpointing.enabled"),
@@ -286,6 +287,7 @@ def test_the_named_module_reads_the_key(key):
             "generation.placement",
             "generation.gpus_per_node",
             "generation.num_nodes",
+            "parallelism.sequence_parallel",  # placement.splits_sequence: parallel.py acts on it
         }
     ), f"{key}: a rule is not the code that acts on it"
     assert expression in expressions(module), f"{module} does not read {expression} ({key})"

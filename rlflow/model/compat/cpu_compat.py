@@ -27,6 +27,14 @@ GPU machine it does nothing. Each patch names the megatron-core code it replaces
    into numpy arrays only when they live on a GPU (moe_utils.maybe_move_tensor_to_cpu); CPU
    tensors reach `all_to_all_single`, whose binding takes sequences. Bound there: CPU tensors
    asked for as numpy become numpy too.
+7. Under expert parallelism combined with expert-tensor parallelism (TP x EP), that dispatcher
+   all-gathers each TP rank's received tokens and reduce-scatters their outputs with unequal
+   counts per rank (tensor_parallel/mappings.py: `_gather_along_first_dim` with
+   `output_split_sizes`, `_reduce_scatter_along_first_dim` with `input_split_sizes`, through
+   the list forms of `all_gather`/`reduce_scatter`). NCCL takes unequal sizes; gloo refuses them
+   (pytorch/pytorch#156627). On gloo groups both run as the equal-size collectives over chunks
+   padded with zeros to the largest count (every rank knows the counts: no extra collective),
+   then the padding is cut off. The sums are the same: only zeros are added.
 
 rlflow's own generation engine does not use megatron-core's inference controller, so its
 CUDA-only paths (text_generation_controller.py) need no patch.
@@ -62,6 +70,7 @@ def enable() -> bool:
     _patch_grad_clipping()
     _patch_optimizer_allocations()
     _patch_moe_split_sizes()
+    _patch_uneven_collectives()
     _enabled = True
     return True
 
@@ -200,3 +209,47 @@ def _patch_moe_split_sizes() -> None:
         return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
 
     token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+
+
+def _patch_uneven_collectives() -> None:
+    import torch.distributed as dist
+    from megatron.core.tensor_parallel import mappings
+
+    gather, reduce_scatter = (
+        mappings._gather_along_first_dim,
+        mappings._reduce_scatter_along_first_dim,
+    )
+
+    def on_gloo(group, sizes) -> bool:
+        return sizes is not None and group.size() > 1 and dist.get_backend(group) == "gloo"
+
+    def _gather_along_first_dim(input_, group, output_split_sizes=None, use_global_buffer=False):
+        if not on_gloo(group, output_split_sizes):
+            return gather(input_, group, output_split_sizes, use_global_buffer)
+        sizes, width = list(output_split_sizes), max(output_split_sizes)
+        if width == 0:  # (gloo divides by the element count)
+            return input_.new_empty((0, *input_.shape[1:]))
+        padded = input_.new_zeros((width, *input_.shape[1:]))
+        padded[: input_.shape[0]] = input_
+        out = input_.new_empty((width * len(sizes), *input_.shape[1:]))
+        dist.all_gather_into_tensor(out, padded, group=group)
+        return torch.cat([out[i * width : i * width + n] for i, n in enumerate(sizes)])
+
+    def _reduce_scatter_along_first_dim(
+        input_, group, input_split_sizes=None, use_global_buffer=False
+    ):
+        if not on_gloo(group, input_split_sizes):
+            return reduce_scatter(input_, group, input_split_sizes, use_global_buffer)
+        sizes, width = list(input_split_sizes), max(input_split_sizes)
+        mine = sizes[group.rank()]
+        if width == 0:
+            return input_.new_empty((0, *input_.shape[1:]))
+        padded = input_.new_zeros((width * len(sizes), *input_.shape[1:]))
+        for i, chunk in enumerate(torch.split(input_, sizes, dim=0)):
+            padded[i * width : i * width + chunk.shape[0]] = chunk
+        out = input_.new_empty((width, *input_.shape[1:]))
+        dist.reduce_scatter_tensor(out, padded, group=group)
+        return out[:mine].clone()
+
+    mappings._gather_along_first_dim = _gather_along_first_dim
+    mappings._reduce_scatter_along_first_dim = _reduce_scatter_along_first_dim

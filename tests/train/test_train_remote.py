@@ -1,0 +1,62 @@
+"""The async protocol's rules, in-process (rlflow/train/remote.py): which weights generate which
+batch, when the weights move, and the trainer's tripwire for rollouts off that schedule. The
+runs that follow the protocol end to end: test_train_async.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlflow.errors import RlflowError
+from rlflow.recipe.load import load_recipe
+from rlflow.train.remote import RemoteRollouts, RolloutBatch, Schedule
+from tests.train.test_train_runs import RECIPE
+
+ONE_STEP_OFF = [
+    "generation.placement=separate",
+    "generation.gpus_per_node=1",
+    "async_grpo.max_staleness=1",
+    "grpo.max_num_steps=4",
+]
+
+
+@pytest.mark.parametrize(
+    "staleness, versions, synced",
+    [
+        (0, [0, 1, 2, 3], [True, True, True, False]),
+        (1, [0, 0, 1, 2], [True, True, False, False]),
+        (2, [0, 0, 0, 1], [True, False, False, False]),
+    ],
+    ids=["synchronous", "one-step-off", "two-steps"],
+)
+def test_the_schedule_gives_each_batch_weights_at_most_max_staleness_old(
+    staleness, versions, synced
+):
+    schedule = Schedule(staleness, start=0, last=4)
+    assert [schedule.version_for(batch) for batch in (1, 2, 3, 4)] == versions
+    # the weights of a step move only if a later batch is generated with them
+    assert [schedule.sync_after(step) for step in (1, 2, 3, 4)] == synced
+    # a resumed run starts from its checkpoint's weights: fresher, never older
+    assert Schedule(staleness, start=2, last=4).version_for(3) == 2
+
+
+@pytest.mark.parametrize(
+    "batch_step, version", [(4, 1), (3, 2), (3, 0)], ids=["wrong-batch", "too-new", "too-stale"]
+)
+def test_the_trainer_refuses_rollouts_off_the_schedule(batch_step, version):
+    """Step 3 of a one-step-off run wants batch 3 from the weights of version 1; a batch of
+    another step, or from newer or staler weights, stops the run naming both versions."""
+    recipe = load_recipe(RECIPE, ONE_STEP_OFF).recipe
+    remote = RemoteRollouts(link=None, recipe=recipe)
+    remote.schedule = Schedule(1, start=0, last=4)
+    remote._check(RolloutBatch(step=3, weight_version=1, groups=[], sums={}, sampler_state={}), 3)
+    batch = RolloutBatch(
+        step=batch_step, weight_version=version, groups=[], sums={}, sampler_state={}
+    )
+    with pytest.raises(RlflowError) as error:
+        remote._check(batch, 3)
+    (diagnostic,) = error.value.diagnostics
+    assert diagnostic.code == "async.stale-rollouts"
+    assert f"rollouts of batch {batch_step} generated with weights of version {version}" in (
+        diagnostic.message
+    )
+    assert "async_grpo.max_staleness is 1, the schedule says version 1" in diagnostic.message
