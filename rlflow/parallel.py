@@ -170,6 +170,15 @@ def data_parallel_group():
     return parallel_state.get_data_parallel_group()
 
 
+def expert_parallel_size() -> int:
+    """megatron-core's expert-model-parallel size (1 before init_parallel, or without experts)."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1
+    return parallel_state.get_expert_model_parallel_world_size()
+
+
 def tensor_parallel_group():
     """The tensor-parallel group of this rank, or None when the model is not split (TP=1)."""
     from megatron.core import parallel_state

@@ -170,6 +170,26 @@ def replayed(policy, batch, packed: bool):
     policy.routing_stats.add(current)
 
 
+@contextlib.contextmanager
+def uncounted(policy):
+    """Forwards inside add nothing to the step's routing statistics (expert-parallel fillers:
+    rlflow/train/update.py `lockstep_parts`)."""
+    kept, policy.routing_stats = policy.routing_stats, Stats()
+    try:
+        yield
+    finally:
+        policy.routing_stats = kept
+
+
+def mute_aux_loss(policy) -> None:
+    """No load-balancing-loss gradient from the next backwards (fillers) until the next
+    `set_aux_loss_scale`."""
+    if is_moe(policy.core):
+        from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+        MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(0.0))
+
+
 def set_aux_loss_scale(policy, micro_batches: int) -> None:
     """The load-balancing loss's gradient share per micro-batch of one optimizer step: 1/n, so
     the step trains on its mean (megatron-core's own schedule sets the same scale)."""

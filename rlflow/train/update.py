@@ -165,6 +165,20 @@ def _packed_token_logprobs(policy: Policy, batch: TrainBatch, with_entropy: bool
     return unpack(logprobs), None if entropy is None else unpack(entropy)
 
 
+def lockstep_parts(policy: Policy, parts: list[list[int]]) -> list[tuple[list[int], bool]]:
+    """(rows, filler) for each forward of this rank. Under expert parallelism every forward's
+    token all-to-all spans data-parallel ranks, so all of them must run as many forwards and
+    backwards as the rank with the most micro-batches (token budgets cut ranks' rows into
+    different counts; a missing one hung every peer). A rank with fewer repeats its last part
+    as a filler: its logprobs are dropped, its loss is scaled by zero and its load-balancing
+    loss muted. Dense models and EP = 1 run their own parts only."""
+    real = [(part, False) for part in parts]
+    if not parts or not routing.is_moe(policy.core) or parallel.expert_parallel_size() == 1:
+        return real
+    most = int(parallel.all_reduce_max(float(len(parts)), parallel.data_parallel_group()))
+    return real + [(parts[-1], True)] * (most - len(parts))
+
+
 def micro_batches(
     lengths: list[int], micro_batch_size: int, *, max_tokens: int, packed: bool
 ) -> list[list[int]]:
@@ -202,8 +216,12 @@ def rollout_logprobs(
     was_training = policy.core.training
     policy.core.eval()
     try:
-        for pick in batching.split(batch.lengths):
+        for pick, filler in lockstep_parts(policy, batching.split(batch.lengths)):
             micro = batch.rows(pick)
+            if filler:  # joins the peers' collectives; its results are not this rank's
+                with routing.uncounted(policy):
+                    policy_token_logprobs(policy, micro, packed=batching.packed)
+                continue
             lp, ent = policy_token_logprobs(
                 policy, micro, with_entropy=with_entropy, packed=batching.packed
             )
@@ -246,8 +264,10 @@ def grpo_update(
         lengths = batch.lengths
         parts = batching.split([lengths[i] for i in rows])
         routing.set_aux_loss_scale(policy, len(parts))  # MoE: the load-balancing loss's share
-        for part in parts:
+        for part, filler in lockstep_parts(policy, parts):
             pick = [rows[i] for i in part]
+            if filler:
+                routing.mute_aux_loss(policy)
             metrics = _grpo_micro_step(
                 policy,
                 batch.rows(pick),
@@ -258,7 +278,10 @@ def grpo_update(
                 num_tokens=num_tokens,
                 num_seqs=num_seqs,
                 packed=batching.packed,
+                weight=0.0 if filler else 1.0,
             )
+            if filler:
+                continue
             for key, value in metrics.items():
                 _add_metric(sums, key, value)
         maxima = {
@@ -299,7 +322,9 @@ def _grpo_micro_step(
     num_tokens: float,
     num_seqs: float,
     packed: bool,
+    weight: float,
 ) -> dict[str, float]:
+    """One forward and backward of `micro`'s share of the loss, times `weight` (0: a filler)."""
     device = parallel.info().device
     width = micro.input_ids.shape[1] - 1
     logprobs, _ = policy_token_logprobs(policy, micro, packed=packed)
@@ -320,7 +345,7 @@ def _grpo_micro_step(
         kl_BT=kl,
         is_weights_BT=is_weights,
     )
-    _backward(loss)
+    _backward(loss * weight)
     return {key: float(value) for key, value in {**metrics, **is_metrics}.items()}
 
 
@@ -352,13 +377,15 @@ def sft_update(
     device = parallel.info().device
     parts = batching.split(batch.lengths)
     routing.set_aux_loss_scale(policy, len(parts))
-    for pick in parts:
+    for pick, filler in lockstep_parts(policy, parts):
         micro = batch.rows(pick)
+        if filler:
+            routing.mute_aux_loss(policy)
         logprobs, _ = policy_token_logprobs(policy, micro, packed=batching.packed)
         mask = micro.target_mask.to(device)
         loss = -(logprobs * mask).sum() / num_tokens
-        _backward(loss)
-        total += float(loss.detach())
+        _backward(loss * (0.0 if filler else 1.0))
+        total += 0.0 if filler else float(loss.detach())
     optimizer.step()
     return parallel.all_reduce_sum([total], parallel.data_parallel_group())[0]
 
