@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import stat
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
+
+from rlflow.frozen import frozen
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -50,7 +52,7 @@ CATEGORIES = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class Diagnostic:
     """One finding. `code` is stable (scripts and docs refer to it); the rest is for humans.
 

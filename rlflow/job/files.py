@@ -41,8 +41,10 @@ import json
 import math
 import os
 import socket
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
+
+from rlflow.frozen import frozen
 
 JOB_ID = "job_id"
 LAUNCHER = "launcher.json"
@@ -131,7 +133,7 @@ def hang_report(log_dir: Path, attempt: str, node_rank: int) -> Path:
     return log_dir / f"hang-attempt{attempt}-node{node_rank}.txt"
 
 
-@dataclass(frozen=True)
+@frozen
 class Failure:
     """A failure record (first-failure, peer-failure, failure-node-K) as its three lines."""
 
@@ -215,7 +217,7 @@ def append_attempt(run_dir: Path, record: dict) -> None:
 # --- a local run's launcher --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class LauncherRecord:
     """RUN_DIR/launcher.json: the launcher of a local run (`rlflow train --nproc N`), written
     when it starts. Its end is the attempt's record in attempts.jsonl; a launcher that is gone
