@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -286,6 +285,7 @@ _LAUNCHER_KEYS = {
 
 def this_launcher(*, attempt: int, nproc: int, command: list[str]) -> LauncherRecord:
     """The record of the calling process, as the launcher of `attempt`."""
+    import socket  # here, not at the top: `submit` imports this module for its names only
     import time
 
     return LauncherRecord(
@@ -311,6 +311,8 @@ def write_launcher(run_dir: Path, record: LauncherRecord) -> None:
 def launcher_running(record: LauncherRecord) -> bool | None:
     """Whether the record's launcher still runs; None where this machine cannot tell (the
     launcher ran on another host)."""
+    import socket
+
     if record.host != socket.gethostname():
         return None
     if record.boot_id and boot_id() and record.boot_id != boot_id():
