@@ -154,7 +154,7 @@ def test_the_family_registry_is_login_node_safe():
 # the rest of it (the recipe's types below everything that reads them, the library patches below
 # parallel.py).
 LAYERS = [
-    # the ground: exit codes and diagnostics, and the frozen dataclasses they are made of
+    # the ground: exit codes and diagnostics; `@frozen`, the cheaper frozen dataclass
     ("rlflow.errors", "rlflow.frozen"),
     # leaves: the recipe's types (with their bounds and scalar parsers), the run directory's file
     # names, every Slurm call, optional packages, third-party patches

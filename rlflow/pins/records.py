@@ -81,7 +81,7 @@ def _init(cls, names: tuple, defaults: dict, frozen: bool):
     return init
 
 
-def _values(obj) -> tuple:
+def _values(obj) -> tuple:  # by getattr: a hand-written record may compute a field
     return tuple(getattr(obj, n) for n in obj.__record_fields__)
 
 
@@ -102,3 +102,7 @@ def _hash(self) -> int:
 
 def _frozen(self, name, *value):
     raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+# For classes written by hand that behave as records (model.Location): the same methods.
+record_repr, record_eq, record_hash, refuse_assignment = _repr, _eq, _hash, _frozen

@@ -11,7 +11,7 @@ larger than MAX_BYTES, more than one document.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -119,7 +119,7 @@ def read_value(text: str, origin: Origin, text_key: bool = False) -> Any:
         if " #" not in stripped:
             raise
         raise RlflowError(
-            [replace(d, help=_COMMENT_HELP) for d in err.diagnostics], err.exit_code
+            [d.replace(help=_COMMENT_HELP) for d in err.diagnostics], err.exit_code
         ) from None
     rest = stripped[end:].strip()
     if rest:
