@@ -1,12 +1,12 @@
 """`@frozen`: `@dataclass(frozen=True)` that compiles three methods per class instead of six.
 
 The login-node commands build ~50 frozen dataclasses on every start (the recipe's sections,
-the job plan, the reader's origins), and Python 3.12's `dataclass` compiles each generated method from
-source: six a class, about a millisecond, a tenth of `submit --dry-run`. `@frozen` lets
-`dataclass` make only `__init__` and the frozen `__setattr__`/`__delattr__`, and gives every
-class the same `__repr__`, `__eq__` and `__hash__` functions, which return what dataclasses'
-would (by value, over the fields in order). A method the class defines itself is kept. The
-result is a dataclass like any other: `dataclasses.fields`, `replace`, `asdict` work.
+the job plan, the reader's origins), and Python 3.12's `dataclass` compiles each generated
+method from source: six a class, about a millisecond, a tenth of `submit --dry-run`. `@frozen`
+lets `dataclass` make only `__init__` and the frozen `__setattr__`/`__delattr__`, and gives
+every class the same `__repr__`, `__eq__` and `__hash__` functions, which return what
+dataclasses' would (by value, over the fields in order). A method the class defines itself is
+kept. The result is a dataclass like any other: `dataclasses.fields`, `replace`, `asdict` work.
 """
 
 from __future__ import annotations
