@@ -11,6 +11,7 @@ lines without click (rlflow/pins/check.py), which would be a fifth of its time.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
 import sys
@@ -24,9 +25,11 @@ def main(argv: list[str] | None = None) -> None:
         if code is not None:
             sys.exit(code)
     if args[:1] == ["submit"]:
-        # A submission lasts a fraction of a second and makes little cyclic garbage: the
-        # collector's passes over every object imported so far were ~2% of a dry run.
+        # A submission lasts a fraction of a second and makes little cyclic garbage: no
+        # collections while it runs, and at exit the interpreter's last one skips what
+        # gc.freeze() set aside. Their passes over every object imported were ~6% of a dry run.
         gc.disable()
+        atexit.register(gc.freeze)
     from rlflow.cli_group import main as click_main
 
     click_main(args)
