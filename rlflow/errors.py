@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import stat
 import sys
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 EXIT_OK = 0
@@ -50,28 +49,80 @@ CATEGORIES = (
 )
 
 
-@dataclass(frozen=True)
+_FIELDS = ("code", "message", "severity", "file", "line", "column", "help", "notes", "category")
+
+
 class Diagnostic:
     """One finding. `code` is stable (scripts and docs refer to it); the rest is for humans.
 
     `category` (see CATEGORIES) defaults to the code's namespace (`recipe.range` -> recipe;
     check-pins' RFnnn -> pins); set it where the namespace says something else.
+
+    A frozen value, like a frozen dataclass (equality, hash, repr by its fields; `replace`
+    for a changed copy), written by hand: `dataclasses` and the `inspect` it imports were a
+    tenth of `rlflow check-pins`' start-up, which runs on every commit.
     """
+
+    __slots__ = _FIELDS
+    __match_args__ = _FIELDS
 
     code: str
     message: str
-    severity: str = "error"  # "error" | "warning"
-    file: str | None = None
-    line: int | None = None
-    column: int | None = None
-    help: str | None = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    category: str = ""
+    severity: str  # "error" | "warning"
+    file: str | None
+    line: int | None
+    column: int | None
+    help: str | None
+    notes: tuple[str, ...]
+    category: str
 
-    def __post_init__(self) -> None:
-        if not self.category:
-            object.__setattr__(self, "category", _default_category(self.code))
-        assert self.category in CATEGORIES, f"unknown diagnostic category {self.category!r}"
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        severity: str = "error",
+        file: str | None = None,
+        line: int | None = None,
+        column: int | None = None,
+        help: str | None = None,  # noqa: A002 (the field's name in JSON and in every caller)
+        notes: tuple[str, ...] = (),
+        category: str = "",
+    ) -> None:
+        category = category or _default_category(code)
+        assert category in CATEGORIES, f"unknown diagnostic category {category!r}"
+        values = (code, message, severity, file, line, column, help, notes, category)
+        for name, value in zip(_FIELDS, values, strict=True):
+            object.__setattr__(self, name, value)
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, name) for name in _FIELDS)
+
+    def replace(self, **changes) -> Diagnostic:
+        """A copy with some fields changed (what `dataclasses.replace` does)."""
+        values = dict(zip(_FIELDS, self._values(), strict=True))
+        values.update(changes)
+        return Diagnostic(**values)
+
+    def __eq__(self, other):
+        if other.__class__ is self.__class__:
+            return self._values() == other._values()
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={value!r}" for name, value in zip(_FIELDS, self._values()))
+        return f"Diagnostic({fields})"
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"cannot assign to field {name!r}: a Diagnostic is frozen")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"cannot delete field {name!r}: a Diagnostic is frozen")
+
+    def __reduce__(self):  # pickle and copy rebuild it through __init__ (it refuses setattr)
+        return (Diagnostic, self._values())
 
     @property
     def location(self) -> str | None:
@@ -102,7 +153,7 @@ class Diagnostic:
         return "\n".join(out)
 
     def to_json(self) -> dict:
-        data = asdict(self)
+        data = dict(zip(_FIELDS, self._values(), strict=True))
         data["notes"] = list(self.notes)
         return data
 

@@ -154,8 +154,8 @@ def test_the_family_registry_is_login_node_safe():
 # the rest of it (the recipe's types below everything that reads them, the library patches below
 # parallel.py).
 LAYERS = [
-    # the ground: exit codes and diagnostics
-    ("rlflow.errors",),
+    # the ground: exit codes and diagnostics; `@frozen`, the cheaper frozen dataclass
+    ("rlflow.errors", "rlflow.frozen"),
     # leaves: the recipe's types (with their bounds and scalar parsers), the run directory's file
     # names, every Slurm call, optional packages, third-party patches
     (
@@ -182,7 +182,7 @@ LAYERS = [
 ]
 # Modules the login node imports: `--help`, submit --dry-run, status, check-pins. No torch.
 LOGIN_NODE = ("rlflow.cli", "rlflow.launch", "rlflow.pins", "rlflow.cicheck", "rlflow.recipe")
-LOGIN_NODE += ("rlflow.job", "rlflow.slurm", "rlflow.errors", "rlflow.optional")
+LOGIN_NODE += ("rlflow.job", "rlflow.slurm", "rlflow.errors", "rlflow.frozen", "rlflow.optional")
 LOGIN_NODE += ("rlflow.model.family",)
 HEAVY = ("torch", "megatron", "transformers", "vllm")
 

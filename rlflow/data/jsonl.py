@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -461,4 +461,4 @@ def _capped(problems: list[Diagnostic]) -> list[Diagnostic]:
     rest = len(problems) - MAX_REPORTED
     last = problems[MAX_REPORTED - 1]
     note = f"{rest} more problem{'s' * (rest != 1)} in this file not shown"
-    return problems[: MAX_REPORTED - 1] + [replace(last, notes=(*last.notes, note))]
+    return problems[: MAX_REPORTED - 1] + [last.replace(notes=(*last.notes, note))]

@@ -18,11 +18,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from rlflow.data.prompts import ANSWER_RE
 from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
+from rlflow.frozen import frozen
 
 if TYPE_CHECKING:
     from rlflow.data.sample import Sample
@@ -37,7 +38,7 @@ NUMBER_RE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)")
 SHOWN_CHARS = 160  # how much of a completion an error message quotes
 
 
-@dataclass(frozen=True)
+@frozen
 class RewardBatch:
     """What a reward sees: rollouts column by column, all lists of the same length.
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Literal
+
+from rlflow.frozen import frozen
 
 if TYPE_CHECKING:  # PIL stays out of the import path of login-node code
     from PIL.Image import Image
@@ -13,7 +15,7 @@ if TYPE_CHECKING:  # PIL stays out of the import path of login-node code
 Media = Literal["image", "video", "text"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Sample:
     """A question with a checkable answer and its media.
 

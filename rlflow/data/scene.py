@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 
 from rlflow.errors import Diagnostic, RlflowError
+from rlflow.frozen import frozen
 
 COLORS: dict[str, tuple[int, int, int]] = {
     "gray": (128, 128, 128),
@@ -46,7 +46,7 @@ COGENT: dict[str, dict[str, tuple[str, ...]]] = {
 Combo = tuple[str, str]  # (colour, shape)
 
 
-@dataclass(frozen=True)
+@frozen
 class SceneObject:
     color: str
     shape: str
@@ -55,7 +55,7 @@ class SceneObject:
     frame: int = 0  # video: the one frame the object is shown in
 
 
-@dataclass(frozen=True)
+@frozen
 class Scene:
     grid: int  # cells per side
     cell_pixels: int
@@ -63,7 +63,7 @@ class Scene:
     num_frames: int = 1
 
 
-@dataclass(frozen=True)
+@frozen
 class Query:
     """Which objects a question asks about; None matches any value."""
 
@@ -173,7 +173,7 @@ def describe(scene: Scene) -> str:
     return ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-@dataclass(frozen=True)
+@frozen
 class SceneSpec:
     """What every synthetic row of one dataset shares (from the recipe's `data` section)."""
 

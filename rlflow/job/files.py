@@ -40,9 +40,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
+
+from rlflow.frozen import frozen
 
 JOB_ID = "job_id"
 LAUNCHER = "launcher.json"
@@ -131,7 +132,7 @@ def hang_report(log_dir: Path, attempt: str, node_rank: int) -> Path:
     return log_dir / f"hang-attempt{attempt}-node{node_rank}.txt"
 
 
-@dataclass(frozen=True)
+@frozen
 class Failure:
     """A failure record (first-failure, peer-failure, failure-node-K) as its three lines."""
 
@@ -215,7 +216,7 @@ def append_attempt(run_dir: Path, record: dict) -> None:
 # --- a local run's launcher --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class LauncherRecord:
     """RUN_DIR/launcher.json: the launcher of a local run (`rlflow train --nproc N`), written
     when it starts. Its end is the attempt's record in attempts.jsonl; a launcher that is gone
@@ -284,6 +285,7 @@ _LAUNCHER_KEYS = {
 
 def this_launcher(*, attempt: int, nproc: int, command: list[str]) -> LauncherRecord:
     """The record of the calling process, as the launcher of `attempt`."""
+    import socket  # here, not at the top: `submit` imports this module for its names only
     import time
 
     return LauncherRecord(
@@ -309,6 +311,8 @@ def write_launcher(run_dir: Path, record: LauncherRecord) -> None:
 def launcher_running(record: LauncherRecord) -> bool | None:
     """Whether the record's launcher still runs; None where this machine cannot tell (the
     launcher ran on another host)."""
+    import socket
+
     if record.host != socket.gethostname():
         return None
     if record.boot_id and boot_id() and record.boot_id != boot_id():

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 
 import rlflow.launch.plan as planning
@@ -289,7 +288,7 @@ def pin_diagnostics(start: Path) -> list[Diagnostic]:
     except RlflowError as err:
         if all(d.category == "pins-unchecked" for d in err.diagnostics):
             return [
-                replace(d, severity="warning", message=f"pin check not run: {d.message}")
+                d.replace(severity="warning", message=f"pin check not run: {d.message}")
                 for d in err.diagnostics
             ]
         return err.diagnostics
@@ -317,7 +316,7 @@ def _rooted(diagnostic: Diagnostic, root: Path) -> Diagnostic:
     """Pin findings name files relative to the repository; submit may run elsewhere."""
     if diagnostic.file is None or Path(diagnostic.file).is_absolute():
         return diagnostic
-    return replace(diagnostic, file=str(root / diagnostic.file))
+    return diagnostic.replace(file=str(root / diagnostic.file))
 
 
 def check_script_syntax(script: str) -> list[Diagnostic]:

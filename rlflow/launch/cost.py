@@ -9,8 +9,6 @@ of one submission (a job, or a whole sweep).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from rlflow.errors import Diagnostic
 from rlflow.launch.plan import JobPlan
 from rlflow.recipe.load import LoadedRecipe
@@ -52,16 +50,13 @@ def cap_problems(
         return []
     sweep_help = ", fewer sweep values" if what.startswith("this sweep") else ""
     return [
-        replace(
-            loaded.diagnostic(
-                CAP_KEY,
-                "submit.gpu-hours-cap",
-                f"{what} may use {worst:.4g} GPU-hours in the worst case, over the cap of "
-                f"{cap:g} (slurm.max_gpu_hours); nothing was submitted",
-                help="fewer --nodes or --gpus, a shorter slurm.time_limit, fewer slurm.max_requeues "
-                f"or slurm.max_failure_retries{sweep_help}; or raise slurm.max_gpu_hours to "
-                f"{worst:.4g} if you mean it",
-            ),
-            notes=notes,
-        )
+        loaded.diagnostic(
+            CAP_KEY,
+            "submit.gpu-hours-cap",
+            f"{what} may use {worst:.4g} GPU-hours in the worst case, over the cap of "
+            f"{cap:g} (slurm.max_gpu_hours); nothing was submitted",
+            help="fewer --nodes or --gpus, a shorter slurm.time_limit, fewer slurm.max_requeues "
+            f"or slurm.max_failure_retries{sweep_help}; or raise slurm.max_gpu_hours to "
+            f"{worst:.4g} if you mean it",
+        ).replace(notes=notes)
     ]

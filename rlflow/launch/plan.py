@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from dataclasses import dataclass
 from datetime import datetime
 
 from rlflow.errors import Diagnostic
+from rlflow.frozen import frozen
 from rlflow.job import files
 from rlflow.recipe.load import LoadedRecipe, Origin, with_values
 from rlflow.recipe.scalars import parse_time_limit
@@ -29,7 +29,7 @@ DEPENDENCY_TYPES = ("afterok", "afterany", "afternotok")
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
 
 
-@dataclass(frozen=True)
+@frozen
 class SbatchOption:
     """An #SBATCH option rlflow sets. It and its `spellings` (short forms, and options that would
     clash with it) are refused in slurm.extra_sbatch_args, where a second copy would silently
@@ -70,7 +70,7 @@ SBATCH_OPTIONS = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class SubmitFlags:
     """The command-line half of a submission (the recipe is the other half)."""
 
@@ -82,7 +82,7 @@ class SubmitFlags:
     command: str | None = None  # a custom per-rank command instead of `rlflow train`
 
 
-@dataclass(frozen=True)
+@frozen
 class JobPlan:
     """Everything the template places. Strings and numbers only; the template computes nothing."""
 

@@ -10,19 +10,19 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlflow.errors import EXIT_FINDINGS, EXIT_USAGE, Diagnostic, RlflowError
+from rlflow.frozen import frozen
 
 if TYPE_CHECKING:  # types only: plan and load are imported when prepare runs
     from rlflow.launch.plan import JobPlan
     from rlflow.recipe.load import LoadedRecipe
 
 
-@dataclass(frozen=True)
+@frozen
 class Prepared:
     loaded: LoadedRecipe
     plan: JobPlan

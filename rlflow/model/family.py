@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import importlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from rlflow.errors import Diagnostic, RlflowError
+from rlflow.frozen import frozen
 
 if TYPE_CHECKING:
     from rlflow.model.media import Media, Prompt
@@ -40,7 +40,7 @@ _FAMILY_MODULES = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class MediaTokens:
     """The model's media placeholder ids; -1 (never a token) for text-only models."""
 

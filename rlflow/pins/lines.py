@@ -13,6 +13,7 @@ items of an array are located in one pass over it (`item`), not searched for one
 from __future__ import annotations
 
 import re
+from functools import cached_property
 
 _BARE_KEY = r"[A-Za-z0-9_-]+"
 _KEY_PART = rf"(?:{_BARE_KEY}|\"(?:[^\"\\]|\\.)*\"|'[^']*')"
@@ -47,12 +48,16 @@ class TomlLines:
     """Line index of one TOML document: `locate(path)` -> (line, column) or (None, None)."""
 
     def __init__(self, text: str):
-        self.lines = split_lines(text)
+        self._text = text  # split into lines on the first lookup (most documents get none)
         self._index: dict[Path, _Entry] = {}  # the first entry of a path wins
         self._open: list[_Entry] = []  # entries whose end line is not known yet
         self._items: dict[Path, list[tuple[int, int]]] = {}  # a key's array -> its items
         self._scanner = self._scan()
         self._scanned = False
+
+    @cached_property
+    def lines(self) -> list[str]:
+        return split_lines(self._text)
 
     @staticmethod
     def deepest_line(text: str) -> int:

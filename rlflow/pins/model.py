@@ -4,22 +4,59 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlflow.pins import records
 from rlflow.pins.records import factory, record
+
+_set = object.__setattr__
 
 # The root scope that is always installed ("" sorts first and never conflicts with anything).
 ALWAYS = ""
 
 
-@record
 class Location:
-    """A place in a file: path relative to the repository root ("/"-separated), 1-based."""
+    """A place in a file: path relative to the repository root ("/"-separated), 1-based.
 
-    file: str
-    line: int | None = None
-    column: int | None = None
+    `Location.lazy(file, find)` leaves the line and column to `find() -> (line, column)`, called
+    the first time either is read: every requirement has a location, and only the few that a
+    finding reports are ever read (finding them lexes the file). A frozen value like a record.
+    """
+
+    __slots__ = ("file", "_place", "_find")
+    __record_fields__ = __match_args__ = ("file", "line", "column")
+
+    def __init__(self, file: str, line: int | None = None, column: int | None = None):
+        _set(self, "file", file)
+        _set(self, "_place", (line, column))
+        _set(self, "_find", None)
+
+    @classmethod
+    def lazy(cls, file: str, find) -> Location:
+        where = cls(file)
+        _set(where, "_find", find)
+        return where
+
+    @property
+    def line(self) -> int | None:
+        return self._resolved()[0]
+
+    @property
+    def column(self) -> int | None:
+        return self._resolved()[1]
+
+    def _resolved(self) -> tuple[int | None, int | None]:
+        if self._find is not None:
+            _set(self, "_place", tuple(self._find()))
+            _set(self, "_find", None)
+        return self._place
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}" if self.line else self.file
+
+    def __reduce__(self):  # pickle and copy: through __init__ (assignment is refused)
+        return (Location, (self.file, self.line, self.column))
+
+    __repr__, __eq__, __hash__ = records.record_repr, records.record_eq, records.record_hash
+    __setattr__ = __delattr__ = records.refuse_assignment
 
 
 @record

@@ -43,15 +43,19 @@ class Document:
     lines: TomlLines
 
     def loc(self, path: tuple, needle: re.Pattern | None = None) -> Location:
-        line, column = self.lines.locate(path, needle)
-        return Location(self.file, line, column)
+        """Where `path` is set (found when first read: model.Location.lazy)."""
+        return Location.lazy(self.file, lambda: self.lines.locate(path, needle))
 
     def item_loc(self, path: tuple, count: int, text: str) -> Location:
         """Where the string `text`, item `path[-1]` of a `count`-item array, is written."""
+        return Location.lazy(self.file, lambda: self._item_place(path, count, text))
+
+    def _item_place(self, path: tuple, count: int, text: str) -> tuple:
         found = self.lines.item(path, count)
         if found is None:  # an array inside an inline table: search its line(s) for the text
-            return self.loc(path, re.compile(r"[\"']\s*(?P<at>)" + re.escape(text.strip()[:60])))
-        return Location(self.file, *found)
+            needle = re.compile(r"[\"']\s*(?P<at>)" + re.escape(text.strip()[:60]))
+            return self.lines.locate(path, needle)
+        return found
 
     def bad_value(self, path: tuple, message: str, help: str | None = None) -> RlflowError:
         where = self.loc(path)
@@ -372,10 +376,11 @@ def _git_source(reader, source: dict, path: tuple, common: dict) -> Pin:
 
 def _value_loc(reader, path: tuple, key: str) -> Location:
     """The value of `key` inside the source at `path` (inline table or [table] form)."""
-    where = reader.doc.loc(path + (key,), re.compile(rf"\b{re.escape(key)}\s*=\s*(?P<at>)"))
-    if key in ("url", "git"):  # a caret under `"https` helps nobody: underline the line
-        return Location(where.file, where.line)
-    return where
+    needle = re.compile(rf"\b{re.escape(key)}\s*=\s*(?P<at>)")
+    if key not in ("url", "git"):
+        return reader.doc.loc(path + (key,), needle)
+    lines = reader.doc.lines  # a caret under `"https` helps nobody: underline the line
+    return Location.lazy(reader.doc.file, lambda: (lines.locate(path + (key,), needle)[0], None))
 
 
 # -- indexes, metadata, versions, conflicts -------------------------------------------

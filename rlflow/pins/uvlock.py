@@ -5,9 +5,9 @@ uv writes its lock in one canonical layout (`[[package]]` blocks that start with
 `version`, `source`), so a lock of 550 packages is split on its block headers and tomllib
 (pure Python, ~0.3 s for the 900 kB NeMo-RL lock) parses only the header and the few blocks that
 describe local projects, and of those only their `[package.metadata]` tables, which are what
-`uv lock --check` compares. `full=True` parses every block whole (the dependency edges
-`deployed-locks` needs). A block that does not look like uv wrote it
-falls back to parsing the whole file.
+`uv lock --check` compares (locktables.py reads those tables in uv's own layout faster, with
+tomllib's result). `full=True` parses every block whole (the dependency edges `deployed-locks`
+needs). A block that does not look like uv wrote it falls back to parsing the whole file.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import tomllib
 from urllib.parse import parse_qs, urlsplit
 
 from rlflow.errors import Diagnostic, RlflowError
-from rlflow.pins import markers
+from rlflow.pins import locktables, markers
 from rlflow.pins.lowering import index_url, spec_key
 from rlflow.pins.pep508 import canonicalize_name
 from rlflow.pins.records import factory, record
@@ -97,7 +97,9 @@ def _split(rel: str, directory: str, text: str, full: bool) -> UvLock:
             canonicalize_name(match.group("name")), match.group("version"), source, line + 2
         )
         if full or package.local_kind:
-            data = tomllib.loads(_without_artifacts(chunk if full else _metadata_tables(chunk)))
+            tables = _without_artifacts(chunk if full else _metadata_tables(chunk))
+            data = None if full else locktables.read(tables)  # tomllib's result, faster
+            data = tomllib.loads(tables) if data is None else data
             tables = data.pop("package", {})  # `[package.metadata]` etc. inside the block
             package.data = {**data, **(tables if isinstance(tables, dict) else {})}
         lock.packages.append(package)

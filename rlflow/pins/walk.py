@@ -4,10 +4,11 @@ The gitlink is read from the parent's index (what the next commit records), not 
 a staged submodule bump checks clean in a pre-commit hook; inside a hook, the root reads the
 index that git is committing (`commit -a` and `commit <paths>` use a temporary one). Every git
 call runs with a clean environment (gitcmd.py). Each level costs one `git ls-files` in the
-parent, one `git config` to read .gitmodules the way git does, and one `git status` per
-initialized submodule; all of it is linear in the number of submodules. A level's calls, and
-every submodule's `git status` and its own level's calls, start together before any is read
-(they are independent), so the processes overlap instead of running one after another.
+parent and one `git status` per initialized submodule; a .gitmodules is read the way git reads
+it, by gitconfig.py where it keeps to git's plain form, else by `git config`. All of it is
+linear in the number of submodules. A level's calls, and every submodule's `git status` and
+its own level's calls, start together before any is read (they are independent), so the
+processes overlap instead of running one after another.
 
 Anything that hides submodules from the check is unusable input (exit 2), never a silent "ok":
 a .gitmodules git cannot read, a gitlink with no .gitmodules entry, a submodule pyproject.toml
@@ -24,7 +25,7 @@ import subprocess
 from pathlib import Path
 
 from rlflow.errors import Diagnostic, RlflowError
-from rlflow.pins import gitcmd, records
+from rlflow.pins import gitcmd, gitconfig, records
 from rlflow.pins.model import Checkout, Location, Submodule
 
 _SECTION = re.compile(r'^\s*\[\s*submodule\s+"(?P<name>(?:[^"\\]|\\.)*)"\s*\]', re.IGNORECASE)
@@ -206,14 +207,23 @@ def _read_submodules(root, parent_rel, started, gitlinks, committed, pyprojects,
 
 def _begin_level(root: Path, rel: str, index_file: str | None = None) -> tuple:
     """The git calls that read one repository of the tree, begun together (gitcmd.start):
-    `git config` of its .gitmodules (None when it has none) and `git ls-files` of its index."""
+    its .gitmodules (None when it has none; its records when gitconfig.py reads it, else
+    `git config` begun) and `git ls-files` of its index."""
     path = root / (posixpath.join(rel, ".gitmodules") if rel else ".gitmodules")
-    config = (
-        gitcmd.start(root, "config", "-f", str(path), "-z", "--list")
-        if _file_kind(path) == "file"
-        else None
-    )
+    config = _begin_config(root, path) if _file_kind(path) == "file" else None
     return config, gitcmd.start(root / rel, "ls-files", "--stage", "-z", index_file=index_file)
+
+
+def _begin_config(root: Path, path: Path) -> list | subprocess.Popen | None:
+    try:
+        records = gitconfig.plain_records(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None  # read_gitmodules says why
+    return records if records is not None else _start_config(root, path)
+
+
+def _start_config(root: Path, path: Path) -> subprocess.Popen:
+    return gitcmd.start(root, "config", "-f", str(path), "-z", "--list")
 
 
 def _begin_submodule(root: Path, parent_rel: str, entry: _Declared):
@@ -310,12 +320,14 @@ def _submodule_pyproject(root: Path, rel: str, entry: _Declared) -> bool:
 
 
 def read_gitmodules(
-    root: Path, parent_rel: str, config: subprocess.Popen | None = None
+    root: Path, parent_rel: str, config: list | subprocess.Popen | None = None
 ) -> list[_Declared]:
     """The submodules a .gitmodules declares, with the line of each `path =`; bad file -> exit 2.
 
-    Values come from git itself (`git config -f`), so quoting, escapes and case rules are git's;
-    the line numbers from one pass over the text.
+    Values are git's: read by gitconfig.py when the file keeps to git's plain form (`config`
+    may hold those records already), else by git itself (`git config -f`, begun as `config`
+    or here), so quoting, escapes and case rules are git's; the line numbers come from one pass
+    over the text.
     """
     rel_file = posixpath.join(parent_rel, ".gitmodules") if parent_rel else ".gitmodules"
     path = root / rel_file
@@ -328,17 +340,12 @@ def read_gitmodules(
         text = path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise _bad_gitmodules(rel_file, None, str(err)) from None
-    if config is None:
-        config = gitcmd.start(root, "config", "-f", str(path), "-z", "--list")
-    done = gitcmd.finish(config)
-    if done.returncode != 0:
-        match = _BAD_LINE.search(done.stderr)
-        line = int(match.group(1)) if match else None
-        raise _bad_gitmodules(rel_file, line, _last_line(done.stderr).removeprefix("fatal: "))
+    records = config if isinstance(config, list) else gitconfig.plain_records(text)
+    if records is None:
+        records = _git_config(config or _start_config(root, path), rel_file)
     paths: dict[str, str] = {}
     urls: dict[str, str] = {}
-    for record in done.stdout.split("\0"):
-        key, _, value = record.partition("\n")
+    for key, value in records:
         if key.startswith("submodule.") and key.endswith(".path"):
             paths[key[len("submodule.") : -len(".path")]] = value
         elif key.startswith("submodule.") and key.endswith(".url"):
@@ -356,6 +363,16 @@ def read_gitmodules(
             )
         )
     return out
+
+
+def _git_config(config: subprocess.Popen, rel_file: str) -> list[tuple[str, str]]:
+    """The (key, value) records `git config -z --list` printed; its error -> exit 2."""
+    done = gitcmd.finish(config)
+    if done.returncode != 0:
+        match = _BAD_LINE.search(done.stderr)
+        line = int(match.group(1)) if match else None
+        raise _bad_gitmodules(rel_file, line, _last_line(done.stderr).removeprefix("fatal: "))
+    return [tuple(record.partition("\n")[::2]) for record in done.stdout.split("\0")]
 
 
 def _path_lines(text: str) -> dict[str, int]:

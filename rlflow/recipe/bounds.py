@@ -22,15 +22,15 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
+from rlflow.frozen import frozen
 from rlflow.recipe import scalars
 
 INT64_MAX = 2**63 - 1
 
 
-@dataclass(frozen=True)
+@frozen
 class Bound:
     gt: float | None = None
     ge: float | None = None

@@ -126,6 +126,9 @@ def _jsonl_needs_path(loaded: LoadedRecipe) -> list[Diagnostic]:
 
 
 def _jsonl_first_rows(loaded: LoadedRecipe) -> list[Diagnostic]:
+    data = loaded.recipe.data
+    if "jsonl" not in (data.train.kind, data.validation.kind):
+        return []  # no JSONL split: the reader's modules (~12 ms) are not imported
     from rlflow.data.jsonl import first_rows_problems  # reads the files; imports no torch
 
     return first_rows_problems(loaded.recipe.data)  # the first rows, read as the trainer will

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from rlflow.errors import Diagnostic, RlflowError
+from rlflow.frozen import frozen
 from rlflow.recipe import scalars
 from rlflow.recipe.reader import MAX_BYTES, KeyPath, Origin, Scalar, read_tree, read_value
 from rlflow.recipe.reader import diagnostic as _diag
@@ -39,7 +39,7 @@ from rlflow.recipe.values import (
 __all__ = ["KeyPath", "LoadedRecipe", "Origin", "dump_recipe", "load_recipe", "with_values"]
 
 
-@dataclass(frozen=True)
+@frozen
 class LoadedRecipe:
     recipe: Recipe
     data: dict  # the typed values as plain dicts (what gets written to the run directory)

@@ -8,8 +8,9 @@ the job's nodes x GPUs, and refuses what cannot run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
+
+from rlflow.frozen import frozen
 
 if TYPE_CHECKING:
     from rlflow.recipe.schema import ParallelismConfig
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 Role = Literal["train", "generate"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Placement:
     """Which ranks of a job train and which generate (`generation.placement`).
 

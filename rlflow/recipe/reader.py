@@ -11,12 +11,13 @@ larger than MAX_BYTES, more than one document.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from rlflow.errors import Diagnostic, RlflowError
+from rlflow.frozen import frozen
 
 MAX_DEPTH = 32  # recipes nest 4 deep; 5,000 would overflow the stack of any recursive reader
 MAX_BYTES = 1 << 20
@@ -29,7 +30,7 @@ _COMMENT_HELP = (
 KeyPath = tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@frozen
 class Origin:
     """Where a value was set: a file position or a command-line override."""
 
@@ -47,7 +48,7 @@ class Origin:
         return self.file.startswith("command line")
 
 
-@dataclass(frozen=True)
+@frozen
 class Scalar:
     """A scalar as written. `plain` (unquoted) scalars mean null/true/a number/text depending on
     the key's type; quoted ones (and `!!str`) are always text."""
@@ -118,7 +119,7 @@ def read_value(text: str, origin: Origin, text_key: bool = False) -> Any:
         if " #" not in stripped:
             raise
         raise RlflowError(
-            [replace(d, help=_COMMENT_HELP) for d in err.diagnostics], err.exit_code
+            [d.replace(help=_COMMENT_HELP) for d in err.diagnostics], err.exit_code
         ) from None
     rest = stripped[end:].strip()
     if rest:

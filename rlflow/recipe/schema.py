@@ -12,9 +12,10 @@ bound touches this file only. Rules between keys (parallel sizes, video keys, ..
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
 
+from rlflow.frozen import frozen
 from rlflow.recipe import scalars
 from rlflow.recipe.bounds import ENV_NAMES, Bound, bound, command_line
 
@@ -37,14 +38,14 @@ def slurm_name(help: str) -> dict[str, Bound]:
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class RunConfig:
     name: str  # job name and run-directory prefix
     output_dir: str  # run directories are created under it (relative to the working directory)
     seed: int
 
 
-@dataclass(frozen=True)
+@frozen
 class MoEConfig:
     """Mixture-of-experts models only (rlflow/model/moe.py); null: the checkpoint's config."""
 
@@ -55,7 +56,7 @@ class MoEConfig:
     z_loss_coeff: float  # router z-loss weight (0: off; HF checkpoints define none)
 
 
-@dataclass(frozen=True)
+@frozen
 class ModelConfig:
     checkpoint: str  # an HF checkpoint directory, or "builtin:tiny-qwen25vl"
     dtype: Literal["float32", "bfloat16"]
@@ -64,7 +65,7 @@ class ModelConfig:
     moe: MoEConfig
 
 
-@dataclass(frozen=True)
+@frozen
 class VideoConfig:
     # frames per video after sampling; all three set, or none
     num_frames: int | None = field(metadata=bound(ge=1))
@@ -74,7 +75,7 @@ class VideoConfig:
     fps: float | None = field(metadata=bound(gt=0))
 
 
-@dataclass(frozen=True)
+@frozen
 class DatasetConfig:
     kind: Literal["clevr", "video", "text", "mixed", "jsonl"]
     num_samples: int = field(metadata=bound(ge=1))
@@ -83,7 +84,7 @@ class DatasetConfig:
     image_root: str | None  # jsonl only: image paths are relative to this directory
 
 
-@dataclass(frozen=True)
+@frozen
 class DataConfig:
     train: DatasetConfig
     validation: DatasetConfig
@@ -100,14 +101,14 @@ class DataConfig:
     video: VideoConfig
 
 
-@dataclass(frozen=True)
+@frozen
 class DynamicSamplingConfig:
     enabled: bool  # DAPO: drop groups whose rewards are all equal, generate more to refill
     # extra generation rounds per step before the run stops with an error
     max_extra_rounds: int = field(metadata=bound(ge=0))
 
 
-@dataclass(frozen=True)
+@frozen
 class GRPOConfig:
     num_prompts_per_step: int = field(metadata=bound(ge=1))
     num_generations_per_prompt: int = field(
@@ -135,14 +136,14 @@ class GRPOConfig:
     dynamic_sampling: DynamicSamplingConfig
 
 
-@dataclass(frozen=True)
+@frozen
 class OverlongPenaltyConfig:
     enabled: bool  # DAPO's soft overlong punishment, added to the reward
     buffer_tokens: int  # the penalty ramps over the last buffer_tokens before max_new_tokens
     penalty: float = field(metadata=bound(ge=0))  # reward subtracted at max_new_tokens
 
 
-@dataclass(frozen=True)
+@frozen
 class ImportanceSamplingConfig:
     mode: Literal["auto", "off", "tis", "mis"]  # auto: tis for vllm/hf rollouts, off for megatron
     # tis: weights truncated at cap; mis: sequences above cap are masked
@@ -150,7 +151,7 @@ class ImportanceSamplingConfig:
     mask_below: float  # mis: sequences whose weight is below this are masked too
 
 
-@dataclass(frozen=True)
+@frozen
 class LossConfig:
     # ratio clipped to [1 - low, 1 + high]
     ratio_clip_low: float = field(
@@ -169,7 +170,7 @@ class LossConfig:
     router_replay: bool  # MoE: the trainer routes each token to the experts that generated it
 
 
-@dataclass(frozen=True)
+@frozen
 class OptimizerConfig:
     lr: float = field(metadata=bound(gt=0))
     weight_decay: float = field(metadata=bound(ge=0))
@@ -184,7 +185,7 @@ class OptimizerConfig:
     sequence_packing: bool  # micro-batches as one packed sequence of real tokens (no padding)
 
 
-@dataclass(frozen=True)
+@frozen
 class WarmStartConfig:
     # supervised steps on (prompt, reference answer) before GRPO; 0 skips
     num_steps: int = field(metadata=bound(ge=0))
@@ -192,7 +193,7 @@ class WarmStartConfig:
     batch_size: int = field(metadata=bound(ge=1))
 
 
-@dataclass(frozen=True)
+@frozen
 class VllmPins:
     # interpreter version of vLLM's own environment, e.g. "3.11"
     python: str = field(
@@ -215,7 +216,7 @@ class VllmPins:
     patch_torchvision: bool  # make PyPI's CUDA torchvision importable next to a +cpu torch
 
 
-@dataclass(frozen=True)
+@frozen
 class VllmConfig:
     env_root: str  # per-pin-set environments live in folders under it (`rlflow setup-env vllm`)
     device: Literal[
@@ -240,7 +241,7 @@ class VllmConfig:
     request_timeout_s: int = field(metadata=VLLM_TIMEOUT)
 
 
-@dataclass(frozen=True)
+@frozen
 class GenerationConfig:
     backend: Literal["megatron", "hf", "vllm"]
     max_new_tokens: int = field(metadata=bound(ge=1))
@@ -270,7 +271,7 @@ class GenerationConfig:
     sync_bucket_mb: int = field(metadata=bound(ge=1))
 
 
-@dataclass(frozen=True)
+@frozen
 class AsyncConfig:
     # rollouts at most this many steps older than the weights they train
     max_staleness: int = field(
@@ -278,7 +279,7 @@ class AsyncConfig:
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class ParallelismConfig:
     tensor_parallel_size: int = field(metadata=bound(ge=1))
     pipeline_parallel_size: int = field(metadata=bound(ge=1))
@@ -288,7 +289,7 @@ class ParallelismConfig:
     sequence_parallel: Literal["auto", "on", "off"]
 
 
-@dataclass(frozen=True)
+@frozen
 class ClusterConfig:
     """The job's shape: the allocation rules (rlflow.recipe.allocation) read it, in the dry run
     from the flags and in `rlflow train` from the run's recipe.yaml, checked against WORLD_SIZE."""
@@ -301,7 +302,7 @@ class ClusterConfig:
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class CheckpointConfig:
     enabled: bool
     save_period: int = field(metadata=bound(ge=1))  # save every N steps
@@ -311,7 +312,7 @@ class CheckpointConfig:
     hf_export_keep_last: int = field(metadata=bound(ge=1))  # keep the newest k HF exports
 
 
-@dataclass(frozen=True)
+@frozen
 class WatchdogConfig:
     enabled: bool  # the node launcher ends a job whose rank stops making progress
     # rank start -> recipe read, torch imported, process group up
@@ -328,7 +329,7 @@ class WatchdogConfig:
     collective_timeout_s: int = field(metadata=TIMEOUT)
 
 
-@dataclass(frozen=True)
+@frozen
 class PreflightConfig:
     enabled: bool  # check every node before any model is loaded
     # n of the n x n matrix product compared with the CPU (GPU nodes)
@@ -354,7 +355,7 @@ class PreflightConfig:
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class WandbConfig:
     enabled: bool  # log to Weights & Biases too (the optional extra rlflow[wandb])
     project: str = field(metadata=bound(quote_numbers=True))
@@ -368,14 +369,14 @@ class WandbConfig:
     mode: Literal["online", "offline", "disabled"]  # offline: files only, `wandb sync` later
 
 
-@dataclass(frozen=True)
+@frozen
 class LoggingConfig:
     tensorboard: bool
     progress_bar: bool
     wandb: WandbConfig
 
 
-@dataclass(frozen=True)
+@frozen
 class ContainerConfig:
     runtime: Literal["pyxis", "apptainer", "none"]  # how ranks run in slurm.container_image
     # apptainer: the executable on the nodes (apptainer or singularity)
@@ -388,7 +389,7 @@ class ContainerConfig:
     apptainer_args: list[str]  # apptainer: more `exec` options, e.g. ["--cleanenv"]
 
 
-@dataclass(frozen=True)
+@frozen
 class SlurmConfig:
     partition: str | None = field(
         metadata=slurm_name(
@@ -460,7 +461,7 @@ class SlurmConfig:
     request_gpus: bool  # false on CPU-only clusters: no GPU request; --gpus is then ranks per node
 
 
-@dataclass(frozen=True)
+@frozen
 class ScoringConfig:
     accuracy: str  # the reward (or reward/component) whose mean is reported as accuracy
     # processes that run rewards from user code; 0 runs them in the trainer
@@ -471,7 +472,7 @@ class ScoringConfig:
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class Recipe:
     run: RunConfig
     model: ModelConfig

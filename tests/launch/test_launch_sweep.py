@@ -22,6 +22,7 @@ from tests.slurm.jobs import (
     PYTHON,
     RECIPES,
     REPO,
+    assert_printed,
     batch_log,
     job_fields,
     payload_command,
@@ -209,12 +210,12 @@ def test_a_sweep_dry_run_imports_no_torch(tmp_path):
 def test_gpu_hours_worst_case_and_the_cap(tmp_path):
     args = [str(TINY), "slurm.max_requeues=3", "--nodes", "2", "--gpus", "4", "--time", "2:00:00"]
     dry = cli("submit", *args, "--dry-run", cwd=tmp_path)
-    assert dry.returncode == 0, dry.stderr
-    assert "GPU-hours:  16.0 (2 nodes x 4 GPUs x 2.00 h) per attempt\n" in dry.stdout
-    assert (
+    assert_printed(
+        dry,
+        "GPU-hours:  16.0 (2 nodes x 4 GPUs x 2.00 h) per attempt\n",
         "worst case: 96.0 GPU-hours (6 attempts: the first + slurm.max_requeues 3 + "
-        "slurm.max_failure_retries 2); no cap (slurm.max_gpu_hours)\n"
-    ) in dry.stdout
+        "slurm.max_failure_retries 2); no cap (slurm.max_gpu_hours)\n",
+    )
     capped = cli("submit", *args, "slurm.max_gpu_hours=50", "--dry-run", cwd=tmp_path)
     assert capped.returncode == 2
     assert (

@@ -46,21 +46,27 @@ def packaging_says(text: str):
         return str(err)
 
 
+def parse_agreeing(text: str, want=None):
+    """pep508.parse(text), asserted to give what packaging gives: the same error (then None),
+    or the same name, extras, URL, specifier, marker and text."""
+    want = packaging_says(text) if want is None else want
+    try:
+        got = pep508.parse(text)
+    except InvalidRequirement as err:
+        got = str(err)
+    if isinstance(want, str) or isinstance(got, str):
+        assert want == got, text
+        return None
+    assert (got.name, got.extras, got.url) == (want.name, want.extras, want.url), text
+    assert (str(got.specifier), str(got.marker)) == (str(want.specifier), str(want.marker)), text
+    assert str(got) == str(want), text
+    return got
+
+
 def test_pep508_parse_agrees_with_packaging():
     plain = 0
     for text in sorted(corpus()):
-        want = packaging_says(text)
-        try:
-            got = pep508.parse(text)
-        except InvalidRequirement as err:
-            got = str(err)
-        if isinstance(want, str) or isinstance(got, str):
-            assert want == got, text
-            continue
-        plain += isinstance(got, pep508.Plain)
-        assert (got.name, got.extras, got.url) == (want.name, want.extras, want.url), text
-        assert str(got.specifier) == str(want.specifier), text
-        assert str(got.marker) == str(want.marker), text
+        plain += isinstance(parse_agreeing(text), pep508.Plain)
     assert plain > 500, plain  # the fast path was exercised, not only the fallback
 
 
@@ -116,15 +122,6 @@ def test_pep508_markers_and_urls_agree_with_packaging():
         want = packaging_says(text)
         if pep508.rejects_url_marker(text):  # lowering.py then skips asking packaging
             assert isinstance(want, str), text
-        try:
-            got = pep508.parse(text)
-        except InvalidRequirement as err:
-            got = str(err)
-        if isinstance(want, str) or isinstance(got, str):
-            assert want == got, text
-            continue
+        got = parse_agreeing(text, want)
         fast += isinstance(got, pep508.Plain) and got.marker is not None
-        assert (got.name, got.extras, got.url) == (want.name, want.extras, want.url), text
-        assert (str(got.specifier), str(got.marker)) == (str(want.specifier), str(want.marker))
-        assert str(got) == str(want), text
     assert fast > 500, fast  # the fast path read markers, not only the fallback

@@ -13,6 +13,7 @@ import pytest
 from rlflow.errors import RlflowError
 from rlflow.recipe import load_checked
 from rlflow.recipe.allocation import allocation_diagnostics, check_allocation
+from tests.slurm.jobs import assert_printed
 
 ROOT = Path(__file__).resolve().parents[2]
 RLFLOW = str(ROOT / ".venv" / "bin" / "rlflow")
@@ -145,12 +146,12 @@ def test_the_30b_a3b_recipe_passes_the_dry_run_at_4_nodes_x_8_gpus(tmp_path):
         )
 
     ok = dry_run()
-    assert ok.returncode == 0, ok.stderr
-    assert "4 nodes x 8 GPUs = 32 ranks" in ok.stdout
-    assert (
+    assert_printed(
+        ok,
+        "4 nodes x 8 GPUs = 32 ranks",
         "experts:    128 per layer over expert parallel 8 (16 per rank, each split over tensor "
-        "parallel 2); tensor 2 x data 16"
-    ) in ok.stdout
+        "parallel 2); tensor 2 x data 16",
+    )
     assert "error" not in ok.stderr
     refused = dry_run("parallelism.expert_parallel_size=6")
     assert refused.returncode == 2

@@ -45,6 +45,13 @@ def rlflow(
     )
 
 
+def assert_printed(result: subprocess.CompletedProcess, *texts: str) -> None:
+    """The command succeeded and printed each of `texts` on stdout (its stderr when it failed)."""
+    assert result.returncode == 0, result.stderr
+    for text in texts:
+        assert text in result.stdout, f"{text!r} is not in the output:\n{result.stdout}"
+
+
 def write_recipe(path: Path, data: dict, defaults: Path = BASE_RECIPE) -> Path:
     """A recipe file extending `defaults`; yaml.safe_dump quotes hostile values correctly."""
     text = f"defaults: {os.path.relpath(defaults, path.parent)}\n" + yaml.safe_dump(
