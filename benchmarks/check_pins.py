@@ -387,6 +387,11 @@ def lock_only(root: Path, runs: int = 20) -> None:
         )
 
 
+# What any check-pins run must import (the standard library's TOML parser, git processes,
+# paths, packaging's specifiers): with the interpreter's start-up, the floor of a run in Python.
+FLOOR = "import pathlib, subprocess, tomllib; from packaging.specifiers import SpecifierSet"
+
+
 def real_tree(args) -> None:
     """Issue 24's workload: the real NeMo-RL tree (tests/pins/real_tree.py) without its uv.lock
     files ("case A") and with them, this repository, and 20,000 requirements in one array;
@@ -435,6 +440,7 @@ def real_tree(args) -> None:
             base,
             env,
         )
+        commands[f"the floor: `python -c '{FLOOR}'`"] = ([sys.executable, "-c", FLOOR], base, env)
         for command, cwd, run_env in commands.values():  # warm caches; each must pass
             run_once(command, cwd, run_env)
         samples: dict[str, list[float]] = {name: [] for name in commands}

@@ -186,11 +186,19 @@ def _collect(tree, out: dict[str, set[str]]) -> None:
 
 
 def _eval(tree, env: dict) -> bool:
+    """The marker's value in `env`; loops, not all()/any() over generators: a lock's markers
+    are evaluated over their whole grid, thousands of calls a check."""
     kind = tree[0]
     if kind == "and":
-        return all(_eval(c, env) for c in tree[1])
+        for child in tree[1]:
+            if not _eval(child, env):
+                return False
+        return True
     if kind == "or":
-        return any(_eval(c, env) for c in tree[1])
+        for child in tree[1]:
+            if _eval(child, env):
+                return True
+        return False
     if kind == "not":
         return not _eval(tree[1], env)
     _, var, op, value, flipped = tree
@@ -206,9 +214,13 @@ def _eval(tree, env: dict) -> bool:
         return have == value
     if op == "!=":
         return have != value
-    return {"<": have < value, "<=": have <= value, ">": have > value, ">=": have >= value}.get(
-        op, False
-    )
+    if op == "<":
+        return have < value
+    if op == "<=":
+        return have <= value
+    if op == ">":
+        return have > value
+    return op == ">=" and have >= value
 
 
 @lru_cache(maxsize=65536)
