@@ -5,8 +5,8 @@ in bf16 the engine takes two other kernels, checked here against those reference
 data, plus the CUDA-graph decode against eager decode on the tiny model:
 
 1. decode attention: the fused Triton kernel (rlflow/generation/flash_decode.py: rotary, q/k
-   norm, cache write, split-KV attention at 1, 2, 4 and 16 splits) vs the engine's exact path
-   in fp32 (split, rotate, index_copy, masked SDPA), output and cache;
+   norm, paged cache write, split-KV attention at 1, 2, 4 and 16 splits) vs the engine's exact
+   path in fp32 (split, rotate, index_copy, gather the blocks, masked SDPA), output and cache;
 2. packed prefill attention: FlashAttention varlen (causal) vs grouped per-length SDPA;
 3. FP8 matmul (rlflow/generation/fp8.py): torch._scaled_mm with rowwise scales vs the same
    arithmetic on dequantized operands, and vs the bf16 matmul;
@@ -29,6 +29,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def paged(keys: torch.Tensor, values: torch.Tensor):
+    """A contiguous cache [rows, T, kv, D] (T a multiple of BLOCK) as the engine's paged one:
+    (keys, values [blocks, BLOCK, kv, D], table [rows, T / BLOCK + 1]), each row's blocks at
+    shuffled places of the pool, block 0 and the table's last column scratch."""
+    from rlflow.generation.kv_cache import BLOCK
+
+    rows, length = keys.shape[:2]
+    per_row = length // BLOCK
+    order = torch.randperm(rows * per_row, device=keys.device)
+    table = torch.zeros(rows, per_row + 1, dtype=torch.int32, device=keys.device)
+    table[:, :per_row] = (order + 1).view(rows, per_row).to(torch.int32)
+
+    def pool(t):
+        out = torch.zeros(1 + rows * per_row, BLOCK, *t.shape[2:], dtype=t.dtype, device=t.device)
+        out[order + 1] = t.reshape(rows * per_row, BLOCK, *t.shape[2:])
+        return out
+
+    return pool(keys), pool(values), table
+
+
 def decode_attention_check() -> dict:
     import dataclasses
 
@@ -36,18 +56,17 @@ def decode_attention_check() -> dict:
     from rlflow.generation.decoder import Dims, LayerWeights, _reference_attention
 
     torch.manual_seed(0)
-    rows, length, kv, group, dim = 37, 661, 2, 8, 128
+    rows, length, kv, group, dim = 37, 704, 2, 8, 128  # (661 tokens used in the longest row)
     dims = Dims(kv * group, kv, dim, 1e-6, dim**-0.5, None)
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
-    keys = torch.randn(rows, length, kv, dim, **bf16)
-    values = torch.randn_like(keys)
+    keys, values, table = paged(torch.randn(rows, length, kv, dim, **bf16),
+                                torch.randn(rows, length, kv, dim, **bf16))  # fmt: skip
     qkv = torch.randn(rows, kv * (group + 2) * dim, **bf16)
     angles = torch.rand(rows, 1, dim // 2, device="cuda") * 6
     cos = torch.cat((angles, angles), -1).cos().to(torch.bfloat16)
     sin = torch.cat((angles, angles), -1).sin().to(torch.bfloat16)
-    lengths = torch.randint(2, length + 1, (rows,), device="cuda")
-    lengths[:3] = torch.tensor([2, 3, length])  # one cached key, two, a full row
-    slots = torch.arange(rows, device="cuda") * length + lengths - 1
+    lengths = torch.randint(2, 662, (rows,), device="cuda")
+    lengths[:3] = torch.tensor([2, 3, 661])  # one cached key, two, the longest row
     out = {}
     for qk_norm in (False, True):
         norms = (torch.rand(dim, **bf16) + 0.5, torch.rand(dim, **bf16) + 0.5)
@@ -57,10 +76,11 @@ def decode_attention_check() -> dict:
                                   k_norm=None if w.k_norm is None else w.k_norm.float())  # fmt: skip
         ref_k, ref_v = keys.float(), values.float()
         ref = _reference_attention(qkv.float(), w32, cos.float(), sin.float(), ref_k, ref_v,
-                                   slots, lengths, dims)  # fmt: skip
+                                   table, lengths, dims)  # fmt: skip
         for splits in (1, 2, 4, 16):
             k, v = keys.clone(), values.clone()
-            fast = flash_decode.attention(qkv, cos[:, 0], sin[:, 0], k, v, lengths, group=group,
+            fast = flash_decode.attention(qkv, cos[:, 0], sin[:, 0], k, v, table, lengths,
+                                          group=group,
                                           scale=dims.scale, splits=splits, q_norm=w.q_norm,
                                           k_norm=w.k_norm, eps=dims.eps)  # fmt: skip
             tag = f"{'qknorm_' if qk_norm else ''}splits_{splits}"
@@ -90,13 +110,14 @@ def _time_decode(rows: int, context: int) -> dict:
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     keys = torch.randn(rows, length, kv, dim, **bf16)
     values = torch.randn_like(keys)
+    pool_k, pool_v, table = paged(keys, values)
     qkv = torch.randn(rows, kv * (group + 2) * dim, **bf16)
     cos, sin = torch.ones(rows, dim, **bf16), torch.zeros(rows, dim, **bf16)
     lengths = torch.full((rows,), context, device="cuda")
     splits = flash_decode.num_splits(rows, kv, sms)
 
     def fused():
-        flash_decode.attention(qkv, cos, sin, keys, values, lengths, group=group,
+        flash_decode.attention(qkv, cos, sin, pool_k, pool_v, table, lengths, group=group,
                                scale=dim**-0.5, splits=splits)  # fmt: skip
 
     q = torch.randn(rows * group, kv, dim, **bf16)
@@ -168,7 +189,7 @@ def tiny_engine_check(work: Path) -> dict:
     pad = processor.tokenizer.pad_token_id
     free = SamplingParams(32, 1.0, 1.0, 0, 5, (-1,), True)
     knobs = dict(max_batch_size=0, compile_decode=False, share_prompts=True, fp8=False,
-                 keep_cache=True)  # fmt: skip
+                 keep_cache=True, cache_tokens=0)  # fmt: skip
     graphs = MegatronGeneration(policy, pad, cuda_graphs=True, **knobs)
     eager = MegatronGeneration(policy, pad, cuda_graphs=False, **knobs)
     a, b = graphs.generate(rows, free), eager.generate(rows, free)

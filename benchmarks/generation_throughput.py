@@ -303,6 +303,7 @@ def main() -> None:
             share_prompts=True,
             fp8=False,
             keep_cache=True,
+            cache_tokens=0,
         )
         try:
             start = time.perf_counter()

@@ -365,6 +365,7 @@ def run_rollout(policy, prompts, params, args, ceil, counts, gpus, device, log, 
         share_prompts=True,
         fp8=fp8,
         keep_cache=True,  # a rollout-only process: the engine keeps its cache and graphs
+        cache_tokens=0,
     )
     warm_s, _ = timed_generate(backend, prompts, warm_params or params, device)
     log(f"{name}: warm-up {warm_s:.1f} s (graph capture / compile included)")

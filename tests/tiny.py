@@ -58,6 +58,7 @@ def megatron_generation(policy, pad_token_id: int, **changes):
         "share_prompts": gen.share_prompts,
         "fp8": gen.fp8,
         "keep_cache": not gen.release_cache,
+        "cache_tokens": gen.kv_cache_tokens,
     }
     return MegatronGeneration(policy, pad_token_id, **{**knobs, **changes})
 

@@ -7,8 +7,9 @@ ops, which is what makes the decode step fast and CUDA-graph capturable:
 * prefill is *packed*: the unique prompts laid end to end, causal attention within each
   (rlflow/model/packed_attention.py), no compute on padding; each prompt's keys and values are
   then copied into the cache rows of all of its samples;
-* keys are stored *rotated* in a static cache [rows, T, kv_heads, head_dim]: a decode step
-  applies RoPE to the new token only, and each row attends to its own `lengths[row]` keys;
+* keys are stored *rotated* in a paged cache (blocks of 64 tokens handed to rows as they
+  grow: rlflow/generation/kv_cache.py): a decode step applies RoPE to the new token only, and
+  each row attends to its own `lengths[row]` keys through its block table;
 * on a GPU in bf16 a decode step's attention is one Triton kernel per layer
   (rlflow/generation/flash_decode.py): it takes the fused QKV projection as it comes, applies the
   q/k norm and RoPE, writes the new key and value into the cache, and attends over each row's
@@ -38,6 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from rlflow.generation import flash_decode, fp8
+from rlflow.generation.kv_cache import KVCache
 from rlflow.generation.moe_decode import MoEWeights, moe_mlp, moe_weights
 from rlflow.model.deepstack import DeepStack
 from rlflow.model.packed_attention import Packing, varlen_causal
@@ -73,32 +75,6 @@ class Dims:
     @property
     def group(self) -> int:
         return self.heads // self.kv_heads
-
-
-class KVCache:
-    """Per-layer key/value buffers [rows, T, kv_heads, head_dim]; keys are stored rotated.
-
-    Row r's keys live at slots 0..lengths[r]-1: its prompt, then its generated tokens.
-    """
-
-    def __init__(
-        self, num_layers: int, rows: int, length: int, kv_heads: int, head_dim: int, dtype, device
-    ):
-        shape = (rows, length, kv_heads, head_dim)
-        self.rows, self.length = rows, length
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-
-    @staticmethod
-    def bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype) -> int:
-        return 2 * num_layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
-
-    def compact(self, order: torch.Tensor) -> None:
-        """Rows order[0..n-1] move to the front (rows that finished make way for live ones)."""
-        n = order.shape[0]
-        for buffers in (self.keys, self.values):
-            for buffer in buffers:
-                buffer[:n].copy_(buffer.index_select(0, order))
 
 
 class Decoder:
@@ -172,9 +148,12 @@ class Decoder:
             if w.quantized is not None:
                 fp8.requantize_layer_(w.quantized, w)
 
-    def new_cache(self, rows: int, length: int, dtype, device) -> KVCache:
+    def new_cache(self, *, blocks: int, rows: int, max_len: int, dtype, device) -> KVCache:
         d = self.dims
-        return KVCache(len(self.layers), rows, length, d.kv_heads, d.head_dim, dtype, device)
+        return KVCache(
+            len(self.layers), blocks=blocks, rows=rows, max_len=max_len, kv_heads=d.kv_heads,
+            head_dim=d.head_dim, dtype=dtype, device=device,
+        )  # fmt: skip
 
     # --- pieces ----------------------------------------------------------------------------------
 
@@ -216,7 +195,8 @@ class Decoder:
         """Packed prompts hidden [T, H] -> hidden [T, H] (before the final norm).
 
         Each layer's keys/values of token src[i] are written to flat cache slot dest[i]
-        (row * cache.length + position): one prompt fills the rows of all of its samples.
+        (KVCache.slots: a block of the row's table, a slot in it): one prompt fills the rows of
+        all of its samples.
         routing [T, layers, k]: receives each token's experts (MoE models).
         deepstack: vision features added to the first layers' outputs (Qwen3-VL), packed.
         """
@@ -258,18 +238,18 @@ class Decoder:
         qkv = self._first(hidden, layers[0], self.dims)
         fused = flash_decode.available(qkv, self.dims.head_dim)
         splits = self._splits(rows) if fused else 1
-        slots = None if fused else torch.arange(rows, device=tokens.device) * cache.length
+        table = cache.table[:rows]
         for index, w in enumerate(layers):
-            keys, values = cache.keys[index][:rows], cache.values[index][:rows]
+            keys, values = cache.keys[index], cache.values[index]
             if fused:
                 out = flash_decode.attention(
-                    qkv, cos[:, 0], sin[:, 0], keys, values, lengths, group=self.dims.group,
-                    scale=self.dims.scale, splits=splits, q_norm=w.q_norm, k_norm=w.k_norm,
-                    eps=self.dims.eps,
+                    qkv, cos[:, 0], sin[:, 0], keys, values, table, lengths,
+                    group=self.dims.group, scale=self.dims.scale, splits=splits,
+                    q_norm=w.q_norm, k_norm=w.k_norm, eps=self.dims.eps,
                 )  # fmt: skip
             else:
-                out = _reference_attention(qkv, w, cos, sin, keys, values, slots + lengths - 1,
-                                           lengths, self.dims)  # fmt: skip
+                out = _reference_attention(qkv, w, cos, sin, keys, values, table, lengths,
+                                           self.dims)  # fmt: skip
             following = layers[index + 1] if index + 1 < len(layers) else None
             if w.moe is None:
                 hidden, qkv = self._between(hidden, out, w, following, self.dims)
@@ -314,19 +294,27 @@ def _between_attention(hidden, out, w: LayerWeights, following: LayerWeights | N
     return hidden, None if following is None else _first_qkv(hidden, following, dims)
 
 
-def _reference_attention(qkv, w: LayerWeights, cos, sin, keys, values, slots, lengths, dims):
-    """The exact path (CPU, fp32): split and rotate the projection, write the new keys/values at
-    flat `slots` of keys/values [rows, T, kv, D], attend over each row's first lengths[row]
-    keys with a length-masked SDPA -> [rows, heads*D]."""
+def _reference_attention(qkv, w: LayerWeights, cos, sin, keys, values, table, lengths, dims):
+    """The exact path (CPU, fp32): split and rotate the projection, write the new keys/values
+    at token lengths - 1 of each row's blocks (pools [blocks, BLOCK, kv, D], block table
+    [rows, max_blocks]: rlflow/generation/kv_cache.py), gather each row's blocks and attend
+    over its first lengths[row] keys with a length-masked SDPA -> [rows, heads*D]."""
     q, k, v = _split_qkv(qkv, w, cos, sin, dims)
-    rows, length = keys.shape[0], keys.shape[1]
-    keys.view(rows * length, dims.kv_heads, dims.head_dim).index_copy_(0, slots, k)
-    values.view(rows * length, dims.kv_heads, dims.head_dim).index_copy_(0, slots, v)
-    allowed = torch.arange(length, device=q.device)[None] < lengths[:, None]  # [rows, T]
+    rows, block = qkv.shape[0], keys.shape[1]
+    new = lengths - 1
+    rows_index = torch.arange(rows, device=q.device)
+    slots = table[rows_index, new // block].long() * block + new % block
+    flat = (-1, dims.kv_heads, dims.head_dim)
+    keys.view(flat).index_copy_(0, slots, k)
+    values.view(flat).index_copy_(0, slots, v)
+    span = table.shape[1] * block
+    row_keys = keys[table.long()].view(rows, span, *flat[1:])  # [rows, span, kv, D]
+    row_values = values[table.long()].view(rows, span, *flat[1:])
+    allowed = torch.arange(span, device=q.device)[None] < lengths[:, None]  # [rows, span]
     out = F.scaled_dot_product_attention(
         q.view(rows, dims.kv_heads, dims.group, dims.head_dim),
-        keys.transpose(1, 2),
-        values.transpose(1, 2),
+        row_keys.transpose(1, 2),
+        row_values.transpose(1, 2),
         attn_mask=allowed[:, None, None, :],
         scale=dims.scale,
     )

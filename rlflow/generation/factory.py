@@ -39,6 +39,7 @@ def make_backend(
             fp8=gen_cfg.fp8,
             # the trainer's own engine (rollouts when colocated, validation when separate)
             keep_cache=not gen_cfg.release_cache,
+            cache_tokens=gen_cfg.kv_cache_tokens,
         )
     if gen_cfg.backend == "hf":
         from rlflow.generation.hf import HFGeneration

@@ -10,8 +10,9 @@ benchmarks/grpo_shaped.md). Here one program per (row, KV head, split):
 1. reads the new token's query group and key/value straight from the QKV projection's output
    (megatron's fused layout per query group: [q_1..q_group, k, v] x head_dim), applies the
    optional per-head q/k RMSNorm (Qwen3) and RoPE (non-interleaved halves);
-2. attends over its share of the row's cached keys (each row's keys are cut into `splits`
-   equal chunks at run time, from the row's own length: graph-safe); the last split also
+2. attends over its share of the row's cached keys, block by block through the row's block
+   table (each row's keys are cut into `splits` equal chunks of whole blocks at run time, from
+   the row's own length: graph-safe); the last split also
    takes the new key, from registers, and writes the new key and value into the cache
    (no program reads that slot in this step, so nothing races);
 3. with one split, writes the output [rows, heads * head_dim] directly; with several, writes
@@ -29,7 +30,9 @@ import importlib.util
 
 import torch
 
-BLOCK_N = 64  # keys per tile
+from rlflow.generation.kv_cache import BLOCK
+
+BLOCK_N = BLOCK  # keys per tile: one block of the paged cache (rlflow/generation/kv_cache.py)
 MAX_SPLITS = 16
 TARGET_PROGRAMS_PER_SM = 2  # split until rows x KV heads x splits fill every SM about twice
 
@@ -64,6 +67,7 @@ def attention(
     sin: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
+    table: torch.Tensor,
     lengths: torch.Tensor,
     *,
     group: int,
@@ -76,13 +80,17 @@ def attention(
     """One decode step's attention for `rows` rows.
 
     qkv [rows, kv * (group + 2) * D]: the QKV projection of the new tokens (bias included);
-    cos/sin [rows, D]; keys/values [>= rows, T, kv, D] (keys stored rotated); lengths [rows]:
-    each row's keys including the new one, which is written at slot lengths - 1.
-    Returns [rows, kv * group * D] in qkv's dtype.
+    cos/sin [rows, D]; keys/values: the block pools [blocks, BLOCK_N, kv, D] (keys stored
+    rotated); table [>= rows, max_blocks] int32: row r's token j is in block table[r, j //
+    BLOCK_N] (rlflow/generation/kv_cache.py); lengths [rows]: each row's keys including the
+    new one, which is written at token lengths - 1. Returns [rows, kv * group * D] in qkv's
+    dtype.
     """
     rows = qkv.shape[0]
     kv, dim = keys.shape[2], keys.shape[3]
+    assert keys.shape[1] == BLOCK_N, "a cache block must be one key tile"
     assert keys.stride(3) == 1 and keys.stride() == values.stride()
+    assert table.dtype == torch.int32 and table.stride(1) == 1
     assert qkv.is_contiguous() and qkv.shape[1] == kv * (group + 2) * dim
     out = torch.empty(rows, kv * group * dim, dtype=qkv.dtype, device=qkv.device)
     padded_group = max(16, 1 << (group - 1).bit_length())  # a power of two, >= 16
@@ -97,8 +105,9 @@ def attention(
     kernels[0][(rows, kv, splits)](
         qkv, cos.contiguous(), sin.contiguous(),
         q_norm if has_norm else qkv, k_norm if has_norm else qkv,
-        keys, values, lengths, out, part, lse,
-        scale * 1.4426950408889634, eps, qkv.stride(0), keys.stride(0), keys.stride(1),
+        keys, values, table, lengths, out, part, lse,
+        scale * 1.4426950408889634, eps, qkv.stride(0), table.stride(0), keys.stride(0),
+        keys.stride(1),
         GROUP=group, PADDED_GROUP=padded_group, DIM=dim, SPLITS=splits, BLOCK_N=BLOCK_N,
         QK_NORM=has_norm, **_launch(qkv.is_cuda),
     )  # fmt: skip

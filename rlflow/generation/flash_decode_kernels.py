@@ -14,9 +14,9 @@ import triton.language as tl
 
 @triton.jit
 def attend(
-    qkv_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, keys_ptr, values_ptr, lengths_ptr,
-    out_ptr, part_ptr, lse_ptr, qk_scale, eps, qkv_row_stride, cache_row_stride,
-    cache_token_stride, GROUP: tl.constexpr, PADDED_GROUP: tl.constexpr, DIM: tl.constexpr,
+    qkv_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, keys_ptr, values_ptr, table_ptr,
+    lengths_ptr, out_ptr, part_ptr, lse_ptr, qk_scale, eps, qkv_row_stride, table_row_stride,
+    cache_block_stride, cache_token_stride, GROUP: tl.constexpr, PADDED_GROUP: tl.constexpr, DIM: tl.constexpr,
     SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QK_NORM: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)  # row * cache_row_stride can pass 2^31
@@ -60,18 +60,19 @@ def attend(
     per_split = tl.cdiv(tl.cdiv(new, SPLITS), BLOCK_N) * BLOCK_N
     start = split * per_split
     stop = tl.minimum(start + per_split, new)
-    row_keys = keys_ptr + row * cache_row_stride + head * DIM
-    row_values = values_ptr + row * cache_row_stride + head * DIM
+    row_table = table_ptr + row * table_row_stride  # the row's blocks (BLOCK_N tokens each)
+    head_keys = keys_ptr + head * DIM
+    head_values = values_ptr + head * DIM
     m_i = tl.full([PADDED_GROUP], float("-inf"), tl.float32)
     l_i = tl.zeros([PADDED_GROUP], tl.float32)
     acc = tl.zeros([PADDED_GROUP, DIM], tl.float32)
     n = tl.arange(0, BLOCK_N)
-    for first in range(start, stop, BLOCK_N):
-        slot = first + n
-        valid = slot < stop
-        at = slot[:, None] * cache_token_stride + d[None, :]
-        kt = tl.load(row_keys + at, mask=valid[:, None], other=0.0)
-        vt = tl.load(row_values + at, mask=valid[:, None], other=0.0)
+    for first in range(start, stop, BLOCK_N):  # one tile = one block (first is a multiple)
+        valid = first + n < stop
+        block = tl.load(row_table + first // BLOCK_N).to(tl.int64)
+        at = block * cache_block_stride + n[:, None] * cache_token_stride + d[None, :]
+        kt = tl.load(head_keys + at, mask=valid[:, None], other=0.0)
+        vt = tl.load(head_values + at, mask=valid[:, None], other=0.0)
         s = tl.dot(q, tl.trans(kt)) * qk_scale
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -88,8 +89,10 @@ def attend(
         l_i = l_i * alpha + p_new
         acc = acc * alpha[:, None] + p_new[:, None] * v.to(tl.float32)[None, :]
         m_i = m_new
-        tl.store(row_keys + new * cache_token_stride + d, k)
-        tl.store(row_values + new * cache_token_stride + d, v)
+        block = tl.load(row_table + new // BLOCK_N).to(tl.int64)
+        at = block * cache_block_stride + (new % BLOCK_N) * cache_token_stride + d
+        tl.store(head_keys + at, k)
+        tl.store(head_values + at, v)
 
     # 3. the output (one split), or this split's part for the merge
     if SPLITS == 1:

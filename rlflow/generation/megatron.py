@@ -14,10 +14,13 @@ stopping well before the cap; the engine is built around that shape:
    positions per prompt (3-D for the mrope families);
 3. decode: one token per live row per step; on a GPU the step is a CUDA graph replayed for the
    current batch bucket;
-4. retire: every few steps, rows that stopped leave the batch: the live rows move to the front
-   of the cache and the next smaller bucket's graph takes over, so finished rows stop costing;
-5. size: the whole rollout set runs in one pass when its KV cache fits in free memory
-   (`generation.max_batch_size` can cap it), else in passes of whole prompt groups.
+4. retire: every few steps, rows that stopped leave the batch and give their cache blocks
+   back: the live rows move to the front of the block table and the next smaller bucket's
+   graph takes over, so finished rows stop costing;
+5. size: the KV cache is paged (rlflow/generation/kv_cache.py): it holds what rows use, not
+   their worst case, so the whole rollout set usually runs in one pass. Where it does not fit,
+   rlflow/generation/schedule.py admits whole prompt groups per pass and preempts rows that
+   outgrow the cache (they run again in a later pass, with the same tokens).
 
 Sampling is per row and counter-based (rlflow/generation/sampling.py): a row's tokens depend on
 its seed only, so sharing, retiring and resizing never change them. Logprobs are of the
@@ -32,15 +35,14 @@ import torch
 
 from rlflow.generation import fp8 as fp8_ops
 from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
-from rlflow.generation.decoder import DecodeGraph, Decoder, KVCache
+from rlflow.generation.decoder import DecodeGraph, Decoder
+from rlflow.generation.kv_cache import BLOCK, KVCache, blocks_for
 from rlflow.generation.lockstep import Lockstep
 from rlflow.generation.moe_decode import RoutingRecord
+from rlflow.generation.prefill import packed_prompts, prefill_slots
 from rlflow.generation.sampling import row_seeds, sample_tokens
-from rlflow.model.deepstack import Embedded
-from rlflow.model.family import of_core
-from rlflow.model.forward import embed
-from rlflow.model.media import Media, Prompt
-from rlflow.model.packed_attention import Packing
+from rlflow.generation.schedule import RESERVE_SHARE, Batch, admit
+from rlflow.model.media import Prompt
 
 # Check "which rows have stopped?" every few steps: each check is a device->host sync.
 _STOP_CHECK_EVERY = 8
@@ -73,6 +75,7 @@ class MegatronGeneration(GenerationBackend):
         share_prompts: bool,
         fp8: bool,
         keep_cache: bool,
+        cache_tokens: int,
     ):
         self.policy = policy
         self.pad_token_id = pad_token_id
@@ -92,6 +95,7 @@ class MegatronGeneration(GenerationBackend):
         # after every call, so logprobs and the update get that memory back (recipes/base.yaml
         # says why); the graphs are captured again at the next call.
         self.keep_cache = keep_cache
+        self.cache_tokens = cache_tokens  # 0: sized from free GPU memory (CPU: worst case)
         self._graphs: dict[int, DecodeGraph] = {}
         self._step_routing: torch.Tensor | None = None  # MoE: experts per row, every step
         self._pool = None
@@ -140,26 +144,35 @@ class MegatronGeneration(GenerationBackend):
         self._stale = False
         unique, row_prompt = _share(prompts) if self.share_prompts else _unshared(prompts)
         ids = [self.policy.prompt_ids(p) for p in unique]
-        length = max((len(i) for i in ids), default=1) + params.max_new_tokens
-        if self.cuda_graphs:
-            # +1: the last slot is the graphs' warm-up scratch; round up so one cache (and its
-            # graphs) serves many steps
-            length = -(-(length + 1) // 256) * 256
+        max_len = max((len(i) for i in ids), default=1) + params.max_new_tokens
+        if self.cuda_graphs:  # round up, so one cache (and its graphs) serves many calls
+            max_len = -(-max_len // 256) * 256
         seeds = row_seeds(params.seed, len(prompts), self.device)
         results: list[Completion | None] = [None] * len(prompts)
         t0 = time.perf_counter()
-        self.last_timings = {"prefill_s": 0.0, "steps": 0, "passes": 0}
+        self.last_timings = {"prefill_s": 0.0, "steps": 0, "passes": 0, "preempted": 0}
         lockstep = Lockstep.of(self._decoder, self.device)
-        groups = self._passes(row_prompt, len(unique), length)
-        (passes,) = lockstep.max(len(groups))
-        for group in groups + [set()] * (passes - len(groups)):
-            rows = [r for r in range(len(prompts)) if row_prompt[r] in group]
-            completions = self._run(
-                core, unique, ids, group, rows, row_prompt, seeds, params, length, lockstep
+        (most,) = lockstep.max(len(prompts))  # expert parallelism: the busiest rank's rows
+        cache = self._cache_for(max(most, 1), max_len)
+        prompt_len = [len(ids[p]) for p in row_prompt]
+        reserve = max(params.max_new_tokens // RESERVE_SHARE, _STOP_CHECK_EVERY + 1)
+        pending = list(range(len(prompts)))
+        while True:  # passes, until no rank has rows left
+            (more,) = lockstep.max(len(pending))
+            if not more:
+                break
+            rows = admit(
+                pending, prompt_len, row_prompt, free_blocks=cache.blocks - 1,
+                max_rows=self.max_batch_size, reserve=min(reserve, max_len),
+            )  # fmt: skip
+            done, preempted = self._run(
+                core, unique, ids, rows, row_prompt, seeds, params, cache, lockstep
             )
-            for r, c in zip(rows, completions):
+            for r, c in done.items():
                 results[r] = c
+            pending = sorted(preempted + [r for r in pending if r not in set(rows)])
             self.last_timings["passes"] += 1
+            self.last_timings["preempted"] += len(preempted)
         _sync(self.device)
         total = time.perf_counter() - t0
         self.last_timings["total_s"] = total
@@ -169,51 +182,51 @@ class MegatronGeneration(GenerationBackend):
         )
         return results  # type: ignore[return-value]
 
-    def _passes(self, row_prompt: list[int], num_unique: int, length: int) -> list[set[int]]:
-        """Unique prompts per pass: whole prompt groups, as many rows as memory allows."""
-        limit = self._row_limit(length)
-        per_prompt = [0] * num_unique
-        for p in row_prompt:
-            per_prompt[p] += 1
-        passes, current, rows = [], set(), 0
-        for p in range(num_unique):
-            if current and rows + per_prompt[p] > limit:
-                passes.append(current)
-                current, rows = set(), 0
-            current.add(p)
-            rows += per_prompt[p]
-        passes.append(current)
-        return passes
+    def _pool_blocks(self, worst: int) -> int:
+        """Cache blocks: `generation.kv_cache_tokens`, else what half of the free GPU memory
+        holds (the whole worst case on a CPU), never more than the worst case."""
+        if self.cache_tokens:
+            return min(worst, blocks_for(self.cache_tokens) + 1)
+        if self.device.type != "cuda":
+            return worst
+        d = self._decoder.dims
+        per_block = BLOCK * KVCache.bytes_per_token(
+            len(self._decoder.layers), d.kv_heads, d.head_dim, self.policy.dtype
+        )
+        held = 0  # a kept cache is freed before a larger one is made
+        if self._cache is not None:
+            held = self._cache.blocks * per_block
+        if not self.keep_cache:
+            # The trainer's engine: blocks the allocator caches belong to no tensor now (the
+            # cache is freed before logprobs and the update run, which allocate them again).
+            torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return min(worst, int((free + held) * _CACHE_MEMORY_SHARE) // per_block)
 
-    def _row_limit(self, length: int) -> int:
-        limit = self.max_batch_size or 1 << 30
-        if self.device.type == "cuda":
-            d = self._decoder.dims
-            per_row = length * KVCache.bytes_per_token(
-                len(self._decoder.layers), d.kv_heads, d.head_dim, self.policy.dtype
-            )
-            held = 0  # the kept cache is freed before a larger one is made
-            if self._cache is not None:
-                held = self._cache.rows * self._cache.length * per_row // length
-            # Only what the driver has free: blocks PyTorch's allocator holds but no tensor
-            # uses now are the trainer's logprob and update buffers, which the next update
-            # needs again (the cache stays allocated through it, for the CUDA graphs).
-            # Counting them grew the cache at step 2 and ran the update out of memory.
-            free, _ = torch.cuda.mem_get_info(self.device)
-            rows = int((free + held) * _CACHE_MEMORY_SHARE) // per_row
-            limit = min(limit, max(1, held // per_row, rows))
-        return limit
-
-    def _cache_for(self, rows: int, length: int) -> KVCache:
+    def _cache_for(self, rows: int, max_len: int) -> KVCache:
+        """A cache with a block table for `rows` batch positions and rows up to max_len tokens."""
         decoder, dtype = self._decoder, self.policy.dtype
+        blocks = self._pool_blocks(rows * blocks_for(max_len) + 1)
+        if blocks - 1 < blocks_for(max_len):
+            raise RuntimeError(
+                f"the KV cache ({blocks} blocks of {BLOCK} tokens) cannot hold one row of "
+                f"{max_len} tokens (longest prompt + generation.max_new_tokens): raise "
+                "generation.kv_cache_tokens, or lower max_new_tokens"
+            )
+        make = dict(blocks=blocks, rows=rows, max_len=max_len, dtype=dtype, device=self.device)
         if not self.cuda_graphs:
-            return decoder.new_cache(rows, length, dtype, self.device)
+            return decoder.new_cache(**make)
         cache = self._cache
-        if cache is None or cache.rows < rows or cache.length < length:
+        if (
+            cache is None
+            or cache.rows < rows
+            or cache.max_blocks < blocks_for(max_len) + 1
+            or cache.blocks < blocks
+        ):
             self._graphs.clear()
             self._cache = None
             torch.cuda.empty_cache()
-            self._cache = cache = decoder.new_cache(rows, length, dtype, self.device)
+            self._cache = cache = decoder.new_cache(**make)
             self._pool = torch.cuda.graph_pool_handle()
             self._step_routing = None
         return cache
@@ -238,30 +251,32 @@ class MegatronGeneration(GenerationBackend):
 
     # --- one pass ---------------------------------------------------------------------------------
 
-    def _run(self, core, unique, ids, group, rows, row_prompt, seeds, params, length, lockstep):
-        """One pass: the unique prompts in `group` prefilled once, then their `rows` decoded."""
+    def _run(self, core, unique, ids, rows, row_prompt, seeds, params, cache, lockstep):
+        """One pass: the unique prompts of `rows` prefilled once, then the rows decoded ->
+        ({row: completion}, rows preempted: they run again in a later pass)."""
         device, decoder = self.device, self._decoder
-        order = sorted(group)  # unique prompts of this pass, packed in this order
+        order = sorted({row_prompt[r] for r in rows})  # unique prompts, packed in this order
         slot_of = {p: i for i, p in enumerate(order)}
         n = len(rows)
         lengths_p = [len(ids[p]) for p in order]
         tokens, rows_agreed = lockstep.max(sum(lengths_p), n)  # (expert parallelism)
         if rows_agreed == 0:  # no EP rank has rows in this pass
-            return []
+            return {}, []
         buckets = batch_buckets(rows_agreed) if self.cuda_graphs else None
         capacity = buckets[-1] if buckets else rows_agreed
-        cache = self._cache_for(capacity, length)
-        length = cache.length  # a kept cache may be longer than this call needs
+        batch = Batch([len(ids[row_prompt[r]]) for r in rows], capacity, _STOP_CHECK_EVERY + 1)
+        batch.first_blocks(cache)
         t0 = time.perf_counter()
 
         # 1. prefill the unique prompts once, packed; copy their keys/values to their rows
-        pack, attend, inputs, cos, sin, next_pos = self._packed_prompts(
-            core, [unique[p] for p in order], [ids[p] for p in order], tokens
-        )
+        pack, attend, inputs, cos, sin, next_pos = packed_prompts(
+            core, [unique[p] for p in order], [ids[p] for p in order], tokens,
+            decoder=decoder, policy=self.policy, pad_token_id=self.pad_token_id, device=device,
+        )  # fmt: skip
         row_slot = torch.tensor(
             [slot_of[row_prompt[r]] for r in rows], dtype=torch.long, device=device
         )
-        dest, src = _prefill_slots(pack, row_slot, length)
+        dest, src = prefill_slots(pack, row_slot, cache)
         record = None
         if decoder.topk:  # MoE: every token's experts, for router replay
             record = RoutingRecord(decoder, n, params.max_new_tokens, device)
@@ -284,23 +299,27 @@ class MegatronGeneration(GenerationBackend):
         positions = next_pos.to(device).index_select(0, row_slot)
         seeds_live = seeds.index_select(0, torch.tensor(rows, dtype=torch.long, device=device))
         completions = self._decode(
-            cache, logits, lengths, positions, seeds_live, buckets, params, record,
-            capacity, lockstep,
+            cache, batch, logits, lengths, positions, seeds_live, buckets, params, record,
+            lockstep,
         )  # fmt: skip
-        if record is None:
-            return completions
-        return record.attach(completions, pack.cu_seqlens, row_slot)
+        if record is not None:
+            completions = record.attach(completions, pack.cu_seqlens, row_slot)
+        gone = set(batch.preempted)
+        done = {r: c for i, (r, c) in enumerate(zip(rows, completions)) if i not in gone}
+        return done, [rows[i] for i in batch.preempted]
 
     def _decode(
-        self, cache, logits, lengths, positions, seeds_live, buckets, params, record, capacity,
+        self, cache, batch, logits, lengths, positions, seeds_live, buckets, params, record,
         lockstep,
     ):  # fmt: skip
         """Sample and decode until every row stopped, retiring finished rows at every check.
 
-        The batch is padded up to `capacity` (its bucket); output row n is a sink for the
-        padding rows (it starts finished), so no step needs a host sync.
+        The batch is padded up to its bucket; output row n is a sink for the padding rows (it
+        starts finished), so no step needs a host sync. `batch` (rlflow/generation/schedule.py)
+        keeps the host's copy of the positions and their cache blocks.
         """
         device, n = self.device, logits.shape[0]
+        capacity = len(batch.out)
         trash, pad = n, capacity - n
         live_ids = torch.arange(capacity, device=device).clamp_(max=trash)
         lengths = torch.cat([lengths, torch.ones(pad, dtype=torch.long, device=device)])
@@ -321,7 +340,7 @@ class MegatronGeneration(GenerationBackend):
         sampled_stops = [t for t in params.stop_token_ids if 0 <= t < vocab]
         is_stop[torch.tensor(sampled_stops, dtype=torch.long, device=device)] = True
         step_fn = self._step_fn(cache)
-        batch = capacity
+        size = capacity
         trace: list[tuple[int, int, int, float]] = []
         t0 = time.perf_counter()
         for step in range(params.max_new_tokens):
@@ -336,90 +355,37 @@ class MegatronGeneration(GenerationBackend):
                 finished[live_ids] = was_finished | is_stop[token]
             if step + 1 == params.max_new_tokens:
                 break
-            if not params.ignore_eos and (step + 1) % _STOP_CHECK_EVERY == 0:
-                alive = ~finished.index_select(0, live_ids)
-                count = int(alive.sum())
-                trace.append((step + 1, batch, count, round(time.perf_counter() - t0, 4)))
+            if (step + 1) % _STOP_CHECK_EVERY == 0:
+                if params.ignore_eos:  # nothing stops: the host knows who is alive
+                    alive = batch.alive
+                else:
+                    alive = (~finished.index_select(0, live_ids)).tolist()
+                victims = batch.check(cache, step, alive)
+                if victims:  # out of cache blocks: these rows leave and run again later
+                    gone = torch.tensor([batch.out[p] for p in victims], device=device)
+                    finished[gone] = True
+                count = sum(batch.alive)
+                trace.append((step + 1, size, count, round(time.perf_counter() - t0, 4)))
                 (agreed,) = lockstep.max(count)  # expert parallelism: the busiest rank's rows
                 if agreed == 0:
                     break
                 smaller = _bucket(buckets, agreed) if buckets else agreed
-                if smaller < batch:
-                    order = torch.cat([alive.nonzero()[:, 0], (~alive).nonzero()[:, 0]])[:smaller]
-                    cache.compact(order)
+                if smaller < size:
+                    order = torch.tensor(batch.compact(cache, smaller), device=device)
                     live_ids, lengths, positions, seeds_live, token = (
                         t.index_select(0, order)
                         for t in (live_ids, lengths, positions, seeds_live, token)
                     )
-                    batch = smaller
+                    size = smaller
+                batch.grow(cache, step)
             lengths = lengths + 1
-            logits = step_fn(token, positions + step, lengths, batch)
+            logits = step_fn(token, positions + step, lengths, size)
             if record is not None:
                 live = ~finished.index_select(0, live_ids)
                 record.record_step(step, live_ids, live, self._step_routing)
         self.last_timings["steps"] = max(self.last_timings["steps"], step + 1)
         self.last_timings["trace"] = trace  # (step, batch, live rows, seconds since prefill)
         return _completions(out_tokens[:, :n].T, out_logprobs[:, :n].T, steps_done[:n], params)
-
-    def _packed_prompts(self, core, prompts, ids, tokens: int):
-        """(pack, attend, inputs, cos, sin, next positions) of this rank's prompts, packed.
-
-        Expert parallelism: every EP rank of a pass runs `tokens` prefill tokens (the group's
-        most), so their all-to-alls line up: `attend` adds one padding sequence where this rank
-        has fewer (or none at all)."""
-        device = self.device
-        if prompts:
-            pack = Packing.of([len(i) for i in ids], device)
-            inputs, cos, sin, next_pos = _prefill_inputs(
-                core, prompts, ids, pack, decoder=self._decoder, policy=self.policy,
-                pad_token_id=self.pad_token_id, device=device,
-            )  # fmt: skip
-        else:  # an expert-parallel rank with nothing left to generate joins its peers
-            pack, next_pos = Packing.of([0], device), torch.zeros(0, dtype=torch.long)
-            hidden, cos, sin = _no_tokens(self._decoder, self.policy.dtype, device)
-            inputs = Embedded(hidden)
-        attend = pack
-        if tokens > pack.total:
-            hidden, cos, sin = _pad_tokens(inputs.hidden, cos, sin, tokens - pack.total)
-            inputs = Embedded(hidden, inputs.deepstack)  # (features address real positions)
-            attend = Packing.of([*[len(i) for i in ids], tokens - pack.total], device)
-        return pack, attend, inputs, cos, sin, next_pos
-
-
-def _no_tokens(decoder, dtype, device):
-    """Empty packed inputs: hidden [0, H], cos/sin [0, 1, D]."""
-    hidden = torch.zeros(0, decoder.final_norm.shape[0], dtype=dtype, device=device)
-    cos = torch.zeros(0, 1, decoder.dims.head_dim, dtype=dtype, device=device)
-    return hidden, cos, cos
-
-
-def _prefill_inputs(core, prompts, ids, pack: Packing, *, decoder, policy, pad_token_id, device):
-    """Packed inputs (embeddings [T, H], DeepStack features), cos/sin [T, 1, D] and each
-    prompt's next text position.
-
-    A right-padded batch of the unique prompts gives the family's positions and the vision
-    features per prompt; then only the real tokens are kept (the LM never sees padding)."""
-    dtype = policy.dtype
-    width = pack.max_len
-    padded = torch.full((len(ids), width), pad_token_id, dtype=torch.long)
-    valid = torch.zeros((len(ids), width), dtype=torch.bool)
-    for i, row in enumerate(ids):
-        padded[i, : len(row)] = torch.tensor(row)
-        valid[i, : len(row)] = True
-    padded, valid = padded.to(device), valid.to(device)
-    media_rows = [p.media for p in prompts]
-    media = Media.concat(media_rows).to(device)
-    positions = of_core(core).positions(core, padded, valid, media)  # [(3,) P, W]
-    features = None
-    if media.num_images or media.num_videos:
-        features = policy.vision_cache.features(core, media_rows)
-    inputs = embed(core, padded, media, features=features)  # [W, P, H]
-    inputs.hidden = inputs.hidden.transpose(0, 1)[valid]  # [T, H]
-    if inputs.deepstack is not None:
-        inputs.deepstack = inputs.deepstack.packed(valid)
-    cos, sin = decoder.rotary(positions[..., valid], dtype)
-    last = positions.masked_fill(~valid, 0).reshape(-1, *valid.shape).amax(dim=(0, 2))
-    return inputs, cos, sin, last + 1
 
 
 def _expert_parallel(core) -> bool:
@@ -430,32 +396,11 @@ def _expert_parallel(core) -> bool:
     return parallel_state.get_expert_model_parallel_world_size() > 1 and is_moe(core)
 
 
-def _pad_tokens(hidden, cos, sin, count: int):
-    """`count` padding tokens after the packed prompts: zero states, no rotation."""
-    return (
-        torch.cat([hidden, hidden.new_zeros(count, hidden.shape[-1])]),
-        torch.cat([cos, cos.new_ones(count, *cos.shape[1:])]),
-        torch.cat([sin, sin.new_zeros(count, *sin.shape[1:])]),
-    )
-
-
 def _first_row(t: torch.Tensor, count: int) -> torch.Tensor:
     """`count` copies of t's first row (zeros when t has none: an EP rank without rows)."""
     if t.shape[0]:
         return t[:1].expand(count, *t.shape[1:])
     return t.new_zeros(count, *t.shape[1:])
-
-
-def _prefill_slots(pack: Packing, row_slot: torch.Tensor, length: int):
-    """(dest, src): cache slot row*length + j <- packed token start(prompt of row) + j."""
-    lengths = torch.tensor(pack.lengths, device=row_slot.device)[row_slot]  # per row
-    starts = pack.cu_seqlens[:-1].long()[row_slot]
-    row_of_token = torch.repeat_interleave(
-        torch.arange(len(row_slot), device=row_slot.device), lengths
-    )
-    first = torch.cumsum(lengths, 0) - lengths  # each row's first entry in the flat list
-    offset = torch.arange(int(lengths.sum()), device=row_slot.device) - first[row_of_token]
-    return row_of_token * length + offset, starts[row_of_token] + offset
 
 
 def _share(prompts: list[Prompt]) -> tuple[list[Prompt], list[int]]:

@@ -257,6 +257,8 @@ class GenerationConfig:
     compile_decode: bool  # megatron backend: torch.compile the decode layer (fuses small kernels)
     fp8: bool  # megatron backend: decode matmuls in FP8 (refused where the GPU has none)
     release_cache: bool  # megatron, the trainer's engine: free the KV cache after each rollout
+    # megatron backend: KV cache tokens per rank; 0: from free GPU memory (CPU: worst case)
+    kv_cache_tokens: int = field(metadata=bound(ge=0, help="0 sizes it from free GPU memory"))
     vllm: VllmConfig
     placement: Literal["colocated", "separate"]  # separate: generation on ranks of its own
     # separate: ranks of every node that generate (the others train)

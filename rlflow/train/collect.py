@@ -93,6 +93,7 @@ def collect_rollouts(t, step: int, timer) -> Rollouts:
         # every rank took the same rounds: counted once, so the sum over ranks is the count
         "sampling/extra_rounds": float(extra_rounds) if info.dp_rank == 0 else 0.0,
         "sampling/generated_tokens": float(sum(len(c.token_ids) for c in scored.generated)),
+        "sampling/preempted_rows": float(scored.preempted),
     }
     return Rollouts(
         prompts=[g.prompt for g in kept for _ in g.completions],
@@ -111,6 +112,7 @@ class _Scored:
     per_reward: dict[str, list[float]] = field(default_factory=dict)
     accuracy: list[float] = field(default_factory=list)
     generated: list[Completion] = field(default_factory=list)
+    preempted: int = 0  # rows the engine preempted (rlflow/generation/schedule.py)
 
     def sums(self) -> dict[str, float]:
         return {
@@ -130,6 +132,8 @@ def sampling_metrics(totals: dict[str, float]) -> dict[str, float]:
         "train/filtered_fraction": totals["sampling/groups_filtered"] / generated,
         "train/extra_rounds": totals["sampling/extra_rounds"],
         "train/generated_tokens": totals["sampling/generated_tokens"],
+        # rows the megatron engine's KV cache could not hold: generated again, same tokens
+        "train/preempted_rows": totals["sampling/preempted_rows"],
     }
 
 
@@ -144,6 +148,7 @@ def _generate_and_score(t, step: int, round_: int, indices, timer, out: _Scored)
         completions = t.backend.generate(
             rollout_prompts, sampling(t, step, recipe.generation.temperature, round_)
         )
+    out.preempted += getattr(t.backend, "last_timings", {}).get("preempted", 0)
     with timer("reward"):
         rewards, per_reward, accuracy = score_rollouts(t, rollout_samples, completions)
         penalty = shaping_penalty(recipe, completions)

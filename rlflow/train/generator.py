@@ -77,6 +77,7 @@ def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
         share_prompts=gen.share_prompts,
         fp8=gen.fp8,
         keep_cache=True,  # a generation rank holds nothing else: keep the cache and graphs
+        cache_tokens=gen.kv_cache_tokens,
     )
     g = Generator(
         recipe=recipe,

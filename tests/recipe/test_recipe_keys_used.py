@@ -129,6 +129,7 @@ READ_BY = {
     "generation.compile_decode": ("rlflow/generation/factory.py", "gen_cfg.compile_decode"),
     "generation.fp8": ("rlflow/generation/factory.py", "gen_cfg.fp8"),
     "generation.release_cache": ("rlflow/generation/factory.py", "gen_cfg.release_cache"),
+    "generation.kv_cache_tokens": ("rlflow/generation/factory.py", "gen_cfg.kv_cache_tokens"),
     "generation.vllm.env_root": ("rlflow/generation/factory.py", "gen_cfg.vllm.env_root"),
     "generation.vllm.device": ("rlflow/envs/spec.py", "vllm_cfg.device"),
     # the cpu and cuda pin sets: vllm_spec picks one by device and reads all five of its keys

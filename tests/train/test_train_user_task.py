@@ -85,6 +85,7 @@ def test_dapo_gspo_and_tis_as_recipe_keys(tmp_path):
         assert -1 <= r["train/reward_overlong_penalty"] <= 0
         assert 0 <= r["train/filtered_fraction"] < 1
         assert r["train/extra_rounds"] >= 0 and r["train/generated_tokens"] > 0
+        assert r["train/preempted_rows"] == 0  # the CPU cache holds every row's worst case
         # the generator is the policy itself in fp32: weights are 1 up to rounding, none clipped
         assert math.isclose(r["train/is_weight_mean"], 1.0, abs_tol=1e-5)
         assert r["train/is_weight_max"] <= 1 + 1e-5 and r["train/is_clipped_fraction"] == 0
