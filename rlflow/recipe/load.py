@@ -94,8 +94,18 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
 
 def dump_recipe(data: dict) -> str:
     """The resolved recipe as YAML, keys in schema order (what `--dry-run` prints and runs keep).
-    Strings that would read back as something else unquoted are quoted."""
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
+    Strings that would read back as something else unquoted are quoted.
+
+    libyaml's emitter writes it (~3x faster than PyYAML's pure-Python one) where the two write
+    the same text: every string printable ASCII, every key 1 to 99 characters (a differential
+    test holds this: tests/recipe/test_recipe_typed_yaml.py). Elsewhere PyYAML's writes it: the
+    two fold long double-quoted strings (non-ASCII, control characters) apart, and write empty
+    or long keys differently."""
+    return _dump(data, _CDumper if _CDumper is not None and _emits_alike(data) else _Dumper)
+
+
+def _dump(data: dict, dumper: type) -> str:
+    return yaml.dump(data, Dumper=dumper, sort_keys=False, default_flow_style=False, width=100)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -108,6 +118,27 @@ def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
 
 
 _Dumper.add_representer(str, _represent_str)
+_CDumper = None
+if hasattr(yaml, "CSafeDumper"):  # PyYAML built with libyaml
+
+    class _CDumper(yaml.CSafeDumper):
+        pass
+
+    _CDumper.add_representer(str, _represent_str)
+
+
+def _emits_alike(value) -> bool:
+    """Whether libyaml's and PyYAML's emitters write `value` the same (see dump_recipe)."""
+    if isinstance(value, str):
+        return value.isascii() and value.isprintable()
+    if isinstance(value, dict):
+        return all(
+            isinstance(key, str) and 0 < len(key) < 100 and _emits_alike(key) and _emits_alike(item)
+            for key, item in value.items()
+        )
+    if isinstance(value, list):
+        return all(_emits_alike(item) for item in value)
+    return value is None or isinstance(value, (bool, int, float))  # the representer's words
 
 
 def with_values(loaded: LoadedRecipe, values: dict[KeyPath, Any], origin: Origin) -> LoadedRecipe:
@@ -241,12 +272,17 @@ def _deep_merge(
         if isinstance(value, dict) and isinstance(into.get(key), dict):
             _deep_merge(into[key], into_origins, value, new_origins, key_path)
         else:
+            # The origins under `key_path` go with the value they describe. (Only a key `into`
+            # holds has old ones, only a mapping or list new ones below it: scanning every origin
+            # for each of base.yaml's ~400 keys was most of a recipe's load.)
+            if key in into:
+                for p in [p for p in into_origins if p[: len(key_path)] == key_path]:
+                    del into_origins[p]
+            if isinstance(value, (dict, list)):
+                into_origins.update(
+                    {p: o for p, o in new_origins.items() if p[: len(key_path)] == key_path}
+                )
             into[key] = _deepcopy(value)
-            for p in [p for p in into_origins if p[: len(key_path)] == key_path]:
-                del into_origins[p]
-            into_origins.update(
-                {p: o for p, o in new_origins.items() if p[: len(key_path)] == key_path}
-            )
         if key_path in new_origins:
             into_origins[key_path] = new_origins[key_path]
 

@@ -4,12 +4,16 @@ the exact value; and the resolved recipe reads back as itself."""
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlflow.errors import RlflowError
+from rlflow.recipe import load as load_module
 from rlflow.recipe import load_checked
 from rlflow.recipe.load import dump_recipe, load_recipe
 
@@ -255,3 +259,37 @@ def test_dumped_recipe_reads_back_as_itself(tmp_path, text):
     again = load_recipe(path)
     assert again.recipe.run.name == text and again.recipe.slurm.env == {"X": text}
     assert again.data == data
+
+
+# Strings that stress the emitters: quoting, folding at the width (100), key lengths around the
+# 128 characters of a simple key, and (for the fallback) non-ASCII and control characters.
+_PRINTABLE = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=300)
+_WORDS = st.sampled_from(["yes", "null", "~", "1e3", "0x1F", "12:00:00", "#x", "a: b", "- x", "'"])
+_ANY = st.text(st.characters(blacklist_categories=("Cs",)), max_size=150)
+_TEXT = _PRINTABLE | _WORDS | st.lists(_WORDS, max_size=40).map(" ".join) | _ANY
+_SCALAR = _TEXT | st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+_TREE = st.recursive(
+    _SCALAR,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            _PRINTABLE | _ANY | st.text("ab'", min_size=95, max_size=140), inner, max_size=4
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_TREE)
+def test_libyaml_writes_the_resolved_recipe_as_pyyaml_does(tree):
+    """dump_recipe uses libyaml's emitter only where it writes PyYAML's text to the byte."""
+    data = {"run": {"name": tree, "list": [copy.deepcopy(tree)]}}  # (no YAML aliases)
+    assert dump_recipe(data) == load_module._dump(data, load_module._Dumper)
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_recipe_dumps_alike_with_libyaml(recipe):
+    data = load_recipe(recipe).data
+    assert load_module._emits_alike(data)  # libyaml writes these
+    assert dump_recipe(data) == load_module._dump(data, load_module._Dumper)
