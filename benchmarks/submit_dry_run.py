@@ -3,7 +3,8 @@
 Each sample is a fresh process, as a user runs it: the `rlflow` console script, the recipe
 loaded and checked, the script rendered, `bash -n`, the pin check, the output printed. The
 median of --runs samples is reported (wall and CPU time), with the physical floor beside it:
-the interpreter's own start-up and `import click` (every subcommand needs click).
+the interpreter's own start-up and `import click` (every subcommand needs click), and the load
+average after each row (other work on the machine inflates wall time: compare on an idle one).
 
 Each command runs twice over: with bytecode (the .pyc files of rlflow and its dependencies,
 and the compiled sbatch template in ~/.cache/rlflow/templates, written by one run first) and
@@ -70,7 +71,8 @@ def row(name: str, where: str, mode: str, times: tuple[list[float], list[float]]
     walls, cpus = times
     return (
         f"| {name} | {where} | {mode} | {statistics.median(walls) * 1000:.0f} | "
-        f"{min(walls) * 1000:.0f} | {max(walls) * 1000:.0f} | {statistics.median(cpus) * 1000:.0f} |"
+        f"{min(walls) * 1000:.0f} | {max(walls) * 1000:.0f} | {statistics.median(cpus) * 1000:.0f} "
+        f"| {os.getloadavg()[0]:.1f} |"
     )
 
 
@@ -110,9 +112,10 @@ def main() -> None:
         f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs\n"
     )
     print(
-        "| command | working directory | bytecode | wall median | wall min | wall max | CPU median |"
+        "| command | working directory | bytecode | wall median | wall min | wall max | CPU median "
+        "| load after |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     with tempfile.TemporaryDirectory() as scratch:
         outside, empty = Path(scratch) / "outside", Path(scratch) / "empty"
         outside.mkdir()

@@ -272,12 +272,17 @@ def _deep_merge(
         if isinstance(value, dict) and isinstance(into.get(key), dict):
             _deep_merge(into[key], into_origins, value, new_origins, key_path)
         else:
+            # The origins under `key_path` go with the value they describe. (Only a key `into`
+            # holds has old ones, only a mapping or list new ones below it: scanning every origin
+            # for each of base.yaml's ~400 keys was most of a recipe's load.)
+            if key in into:
+                for p in [p for p in into_origins if p[: len(key_path)] == key_path]:
+                    del into_origins[p]
+            if isinstance(value, (dict, list)):
+                into_origins.update(
+                    {p: o for p, o in new_origins.items() if p[: len(key_path)] == key_path}
+                )
             into[key] = _deepcopy(value)
-            for p in [p for p in into_origins if p[: len(key_path)] == key_path]:
-                del into_origins[p]
-            into_origins.update(
-                {p: o for p, o in new_origins.items() if p[: len(key_path)] == key_path}
-            )
         if key_path in new_origins:
             into_origins[key_path] = new_origins[key_path]
 
