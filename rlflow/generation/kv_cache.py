@@ -17,8 +17,7 @@ when they stop, so the cache holds what rows use, not what they might.
   (the table's span) is what a warm-up step writes at: its last slot.
 * Retiring rows reorders table rows only: no key or value moves.
 * When the pool runs out, the engine preempts rows (it frees their blocks; they run again
-  from their prompt in a later pass, with the same seeds, so the same tokens:
-  rlflow/generation/megatron.py).
+  from their prompt in a later pass, with the same seeds: rlflow/generation/schedule.py).
 
 `BLOCK` equals the decode kernel's key tile (rlflow/generation/flash_decode.py): one tile reads
 one block.
@@ -87,7 +86,9 @@ class KVCache:
             self._owned[p] = 0
 
     def release_all(self) -> None:
-        self.release(range(self.rows))
+        self._host.zero_()
+        self._owned = [0] * self.rows
+        self._free = list(range(self.blocks - 1, 0, -1))
 
     def compact(self, order: list[int]) -> None:
         """Positions order[0..n-1] move to the front; every other position must hold no block."""

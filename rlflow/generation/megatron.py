@@ -20,7 +20,7 @@ stopping well before the cap; the engine is built around that shape:
 5. size: the KV cache is paged (rlflow/generation/kv_cache.py): it holds what rows use, not
    their worst case, so the whole rollout set usually runs in one pass. Where it does not fit,
    rlflow/generation/schedule.py admits whole prompt groups per pass and preempts rows that
-   outgrow the cache (they run again in a later pass, with the same tokens).
+   outgrow the cache (they run again in a later pass, with the same seeds).
 
 Sampling is per row and counter-based (rlflow/generation/sampling.py): a row's tokens depend on
 its seed only, so sharing, retiring and resizing never change them. Logprobs are of the
@@ -163,7 +163,7 @@ class MegatronGeneration(GenerationBackend):
                 break
             rows = admit(
                 pending, prompt_len, row_prompt, free_blocks=cache.blocks - 1,
-                max_rows=self.max_batch_size, reserve=min(reserve, max_len),
+                max_rows=self.max_batch_size, reserve=reserve, max_len=max_len,
             )  # fmt: skip
             done, preempted = self._run(
                 core, unique, ids, rows, row_prompt, seeds, params, cache, lockstep

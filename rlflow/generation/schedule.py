@@ -2,14 +2,16 @@
 
 The engine (rlflow/generation/megatron.py) runs the rollout set in passes. A pass starts with
 the rows `admit` picks: whole prompt groups (a prompt's samples share one prefill), while each
-row's prompt plus a quarter of the cap fits in the free cache blocks
+row's prompt plus a quarter of the cap fits in the free cache blocks (a group too large for the
+whole cache is split)
 (rlflow/generation/kv_cache.py). Rows then take blocks as they grow. `Batch` is the host's view
 of a pass's decode batch: which output row sits at each batch position, how long it is, which
 ones are alive. At every stop check it frees the blocks of rows that stopped, and when the
 blocks for the next steps are not there, it preempts live rows, the last admitted first, never
 the last one: they leave the pass and run again from their prompt in a later pass. A row's
-tokens depend on its seed and step only (rlflow/generation/sampling.py), so a preempted row
-gets the same tokens when it runs again; the work it had done is the price.
+draws depend on its seed and step only (rlflow/generation/sampling.py), so a preempted row
+gets the same tokens when it runs again, up to what a different batch changes in the matmuls'
+rounding (as for passes of different sizes); the work it had done is the price.
 """
 
 from __future__ import annotations
@@ -21,23 +23,30 @@ RESERVE_SHARE = 4  # a row is admitted with room for its prompt + 1/4 of the cap
 
 def admit(
     pending: list[int], prompt_len: list[int], row_prompt: list[int], *, free_blocks: int,
-    max_rows: int, reserve: int,
+    max_rows: int, reserve: int, max_len: int,
 ) -> list[int]:  # fmt: skip
     """Rows of the next pass: whole prompt groups from the front of `pending` (row ids in
-    order), while each row's prompt_len + reserve tokens fit in `free_blocks` and the pass has
-    at most `max_rows` rows (0: no cap). The first group is always admitted."""
+    order), while each row's prompt_len + reserve tokens (at most max_len) fit in
+    `free_blocks` and the pass has at most `max_rows` rows (0: no cap). The first group is
+    always admitted: whole where it fits in the cache, else as many of its rows as fit (one
+    at least)."""
     groups: dict[int, list[int]] = {}
     for r in pending:
         groups.setdefault(row_prompt[r], []).append(r)
     rows: list[int] = []
     used = 0
     for members in groups.values():
-        cost = len(members) * blocks_for(prompt_len[members[0]] + reserve)
-        too_many = max_rows and len(rows) + len(members) > max_rows
-        if rows and (used + cost > free_blocks or too_many):
+        each = blocks_for(min(prompt_len[members[0]] + reserve, max_len))
+        if not rows:
+            fits = max(1, free_blocks // each)
+            if len(members) > fits:
+                return members[:fits]
+        elif used + len(members) * each > free_blocks or (
+            max_rows and len(rows) + len(members) > max_rows
+        ):
             break
         rows += members
-        used += cost
+        used += len(members) * each
     return rows
 
 
