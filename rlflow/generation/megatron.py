@@ -33,6 +33,7 @@ import time
 
 import torch
 
+from rlflow.errors import Diagnostic, RlflowError
 from rlflow.generation import fp8 as fp8_ops
 from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
 from rlflow.generation.decoder import DecodeGraph, Decoder
@@ -208,14 +209,15 @@ class MegatronGeneration(GenerationBackend):
         decoder, dtype = self._decoder, self.policy.dtype
         blocks = self._pool_blocks(rows * blocks_for(max_len) + 1)
         if blocks - 1 < blocks_for(max_len):
-            raise RuntimeError(
-                f"the KV cache ({blocks} blocks of {BLOCK} tokens) cannot hold one row of "
-                f"{max_len} tokens (longest prompt + generation.max_new_tokens): raise "
-                "generation.kv_cache_tokens, or lower max_new_tokens"
+            raise _cache_error(
+                f"the KV cache ({blocks - 1} blocks of {BLOCK} tokens) cannot hold one row of "
+                f"{max_len} tokens (the longest prompt + generation.max_new_tokens)",
+                "raise generation.kv_cache_tokens (0 sizes it from free GPU memory), or lower "
+                "generation.max_new_tokens",
             )
         make = dict(blocks=blocks, rows=rows, max_len=max_len, dtype=dtype, device=self.device)
         if not self.cuda_graphs:
-            return decoder.new_cache(**make)
+            return _new_cache(decoder, make)
         cache = self._cache
         if (
             cache is None
@@ -226,7 +228,7 @@ class MegatronGeneration(GenerationBackend):
             self._graphs.clear()
             self._cache = None
             torch.cuda.empty_cache()
-            self._cache = cache = decoder.new_cache(**make)
+            self._cache = cache = _new_cache(decoder, make)
             self._pool = torch.cuda.graph_pool_handle()
             self._step_routing = None
         return cache
@@ -401,6 +403,21 @@ def _first_row(t: torch.Tensor, count: int) -> torch.Tensor:
     if t.shape[0]:
         return t[:1].expand(count, *t.shape[1:])
     return t.new_zeros(count, *t.shape[1:])
+
+
+def _new_cache(decoder: Decoder, make: dict) -> KVCache:
+    try:
+        return decoder.new_cache(**make)
+    except torch.OutOfMemoryError:
+        raise _cache_error(
+            f"a KV cache of {make['blocks'] - 1} blocks of {BLOCK} tokens does not fit in GPU "
+            "memory",
+            "lower generation.kv_cache_tokens, or set it to 0 (half of the free GPU memory)",
+        ) from None
+
+
+def _cache_error(message: str, fix: str) -> RlflowError:
+    return RlflowError(Diagnostic("recipe.kv-cache-size", message, help=fix))
 
 
 def _share(prompts: list[Prompt]) -> tuple[list[Prompt], list[int]]:

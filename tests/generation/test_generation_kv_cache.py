@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlflow.errors import RlflowError
 from rlflow.generation.base import SamplingParams
 from rlflow.generation.kv_cache import BLOCK, KVCache, blocks_for
 from rlflow.generation.schedule import RESERVE_SHARE, admit
@@ -82,8 +83,10 @@ def test_a_cache_of_one_row_splits_a_prompt_group_and_changes_no_token(
 
 
 def test_a_cache_that_cannot_hold_one_row_is_refused(tiny_policy, tiny_processor, rows):
-    with pytest.raises(RuntimeError, match="generation.kv_cache_tokens"):
+    with pytest.raises(RlflowError, match="cannot hold one row") as error:
         run(tiny_policy, tiny_processor, rows, greedy_cap((-1,)), BLOCK)
+    assert error.value.diagnostics[0].code == "recipe.kv-cache-size"
+    assert "raise generation.kv_cache_tokens" in error.value.diagnostics[0].help
 
 
 def test_admission_takes_whole_prompt_groups_while_they_fit():

@@ -81,7 +81,7 @@ def git_says(tmp_path, text: str):
 def test_plain_records_agree_with_git_config(tmp_path):
     pick = random.Random(1).choice
     read = 0
-    for _ in range(1500):
+    for _ in range(900):
         lines = [pick(HEADERS[:2]).format(pick(NAMES[:4]))] if pick([True, False]) else []
         odd = pick([True, False, False])
         lines += [line(pick, odd) for _ in range(pick(range(1, 9)))]
@@ -91,7 +91,7 @@ def test_plain_records_agree_with_git_config(tmp_path):
             continue  # git reads it (or words its error)
         read += 1
         assert got == git_says(tmp_path, text), repr(text)
-    assert read > 500, read  # the plain form was exercised, not only the fallback
+    assert read > 300, read  # the plain form was exercised, not only the fallback
 
 
 def test_the_plain_form_is_read_without_git(tmp_path):
