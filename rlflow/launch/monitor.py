@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import shutil
 import signal
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -231,6 +230,8 @@ def progress_text(run: RunFiles) -> str:
 
 
 def _median(values: list[float]) -> float:
+    import statistics  # here: fractions and decimal (~5 ms) for --watch's screen only
+
     return statistics.median(values) if values else 0.0
 
 

@@ -250,3 +250,19 @@ def test_status_shows_what_it_read_then_names_the_damaged_files(tmp_path):
     assert f"error[jobs.damaged-file]: {failure}: is a directory, where rlflow keeps a file" in (
         result.stderr
     )
+
+
+def test_metric_names_and_strings_are_printed_escaped_never_sent():
+    """A metrics line is data: an escape sequence in a key or a string value reaches the
+    terminal as text; printable ones pass unchanged."""
+    from rlflow.launch.runfiles import _clean
+
+    record = {"step": 1, "train/\x1b[2Jreward": 0.5, "note": "ok\x07", "tags": ["a", "\x1b]0;x"]}
+    assert _clean(record) == {
+        "step": 1,
+        "train/\\x1b[2Jreward": 0.5,
+        "note": "ok\\x07",
+        "tags": ["a", "\\x1b]0;x"],
+    }
+    plain = {"step": 2, "time/step": 1.5, "train/reward": 0.25, "run": "name-1"}
+    assert _clean(plain) == plain
