@@ -5,7 +5,8 @@ the job plan, the reader's origins), and Python 3.12's `dataclass` compiles each
 method from source: six a class, about a millisecond, a tenth of `submit --dry-run`. `@frozen`
 asks `dataclass` for the fields only and compiles just `__init__` (construction by position or
 keyword, defaults, `field(default_factory=...)`, `__post_init__`). The other methods are shared
-functions that behave as dataclasses' do: repr, equality and hash by value over the fields in
+functions (rlflow/record_methods.py, shared with check-pins' records) that behave as
+dataclasses' do: repr, equality and hash by value over the fields in
 order, `FrozenInstanceError` on assignment or deletion. A method the class defines is kept.
 The result is a dataclass like any other: `dataclasses.fields`, `replace`, `asdict` and field
 metadata work. (rlflow/pins/records.py is check-pins' own, lighter variant, no dataclasses.)
@@ -14,6 +15,8 @@ metadata work. (rlflow/pins/records.py is check-pins' own, lighter variant, no d
 from __future__ import annotations
 
 from dataclasses import MISSING, FrozenInstanceError, dataclass, fields
+
+from rlflow.record_methods import record_eq, record_hash, record_repr
 
 _SHARED = ("__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__")
 
@@ -27,7 +30,9 @@ def frozen(cls):
     # What it is (its instances refuse assignment), so `@dataclass(frozen=True)` may subclass it.
     cls.__dataclass_params__.frozen = True
     cls.__init__ = _init(cls)
-    for name, method in zip(_SHARED, (_repr, _eq, _hash, _refuse, _refuse), strict=True):
+    cls.__record_fields__ = tuple(f.name for f in fields(cls))
+    shared = (record_repr, record_eq, record_hash, _refuse, _refuse)
+    for name, method in zip(_SHARED, shared, strict=True):
         if name not in own:
             setattr(cls, name, method)
     return cls
@@ -57,25 +62,6 @@ def _init(cls):
     init = scope["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     return init
-
-
-def _values(obj) -> tuple:
-    return tuple(getattr(obj, f.name) for f in fields(obj))
-
-
-def _repr(self) -> str:
-    values = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
-    return f"{self.__class__.__qualname__}({values})"
-
-
-def _eq(self, other):
-    if other.__class__ is self.__class__:
-        return _values(self) == _values(other)
-    return NotImplemented
-
-
-def _hash(self) -> int:
-    return hash(_values(self))
 
 
 def _refuse(self, name, *value):

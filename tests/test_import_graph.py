@@ -155,7 +155,7 @@ def test_the_family_registry_is_login_node_safe():
 # parallel.py).
 LAYERS = [
     # the ground: exit codes and diagnostics; `@frozen`, the cheaper frozen dataclass
-    ("rlflow.errors", "rlflow.frozen"),
+    ("rlflow.errors", "rlflow.frozen", "rlflow.record_methods"),
     # leaves: the recipe's types (with their bounds and scalar parsers), the run directory's file
     # names, every Slurm call, optional packages, third-party patches
     (
@@ -183,6 +183,7 @@ LAYERS = [
 # Modules the login node imports: `--help`, submit --dry-run, status, check-pins. No torch.
 LOGIN_NODE = ("rlflow.cli", "rlflow.launch", "rlflow.pins", "rlflow.cicheck", "rlflow.recipe")
 LOGIN_NODE += ("rlflow.job", "rlflow.slurm", "rlflow.errors", "rlflow.frozen", "rlflow.optional")
+LOGIN_NODE += ("rlflow.record_methods",)
 LOGIN_NODE += ("rlflow.model.family",)
 HEAVY = ("torch", "megatron", "transformers", "vllm")
 

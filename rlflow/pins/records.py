@@ -12,6 +12,8 @@ the other methods are shared. `replace` is `dataclasses.replace`.
 
 from __future__ import annotations
 
+from rlflow.record_methods import record_eq, record_hash, record_repr
+
 _MISSING = object()
 
 
@@ -38,9 +40,9 @@ def record(cls=None, /, *, frozen: bool = True):
                 delattr(cls, name)  # as dataclasses does: the class keeps no shared value
         cls.__record_fields__ = names
         cls.__match_args__ = names
-        cls.__repr__ = _repr
-        cls.__eq__ = _eq
-        cls.__hash__ = _hash if frozen else None
+        cls.__repr__ = record_repr
+        cls.__eq__ = record_eq
+        cls.__hash__ = record_hash if frozen else None
         if frozen:
             cls.__setattr__ = _frozen
             cls.__delattr__ = _frozen
@@ -95,28 +97,9 @@ def _init(cls, names: tuple, defaults: dict, frozen: bool):
     return init
 
 
-def _values(obj) -> tuple:  # by getattr: a hand-written record may compute a field
-    return tuple(getattr(obj, n) for n in obj.__record_fields__)
-
-
-def _repr(self) -> str:
-    fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__record_fields__)
-    return f"{self.__class__.__qualname__}({fields})"
-
-
-def _eq(self, other):
-    if other.__class__ is self.__class__:
-        return _values(self) == _values(other)
-    return NotImplemented
-
-
-def _hash(self) -> int:
-    return hash(_values(self))
-
-
 def _frozen(self, name, *value):
     raise FrozenInstanceError(f"cannot assign to field {name!r}")
 
 
 # For classes written by hand that behave as records (model.Location): the same methods.
-record_repr, record_eq, record_hash, refuse_assignment = _repr, _eq, _hash, _frozen
+refuse_assignment = _frozen
