@@ -171,7 +171,8 @@ class MegatronGeneration(GenerationBackend):
             )
             for r, c in done.items():
                 results[r] = c
-            pending = sorted(preempted + [r for r in pending if r not in set(rows)])
+            ran = set(rows)
+            pending = sorted(preempted + [r for r in pending if r not in ran])
             self.last_timings["passes"] += 1
             self.last_timings["preempted"] += len(preempted)
         _sync(self.device)

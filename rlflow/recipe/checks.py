@@ -162,6 +162,23 @@ def _gspo_needs_sequence_loss(loaded: LoadedRecipe) -> list[Diagnostic]:
     ]
 
 
+def _kv_cache_needs_megatron(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """`generation.kv_cache_tokens` sizes the megatron engine's paged cache; the hf and vllm
+    backends have no such cache (vllm's is `generation.vllm.gpu_memory_utilization`)."""
+    gen = loaded.recipe.generation
+    if not gen.kv_cache_tokens or gen.backend == "megatron":
+        return []
+    return [
+        loaded.diagnostic(
+            ("generation", "kv_cache_tokens"),
+            "recipe.kv-cache-size",
+            f"`generation.kv_cache_tokens: {gen.kv_cache_tokens}` sizes the megatron backend's "
+            f"KV cache; backend `{gen.backend}` does not read it",
+            help="set generation.kv_cache_tokens=0, or generation.backend=megatron",
+        )
+    ]
+
+
 def _fp8_rollouts(loaded: LoadedRecipe) -> list[Diagnostic]:
     """`generation.fp8` is the megatron engine's, in bf16 (torch's row-wise scaled matmul writes
     bf16), on FP8 GPUs: a CPU-only cluster is refused here; a CPU or pre-Ada GPU under `rlflow
@@ -355,6 +372,7 @@ RULES = (
     accuracy_reward,
     _gspo_needs_sequence_loss,
     _fp8_rollouts,
+    _kv_cache_needs_megatron,
     _overlong_buffer_fits,
     _mask_below_cap,
     prompt_template,

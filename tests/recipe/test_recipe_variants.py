@@ -28,6 +28,8 @@ def messages(overrides: list[str]) -> str:
         (["loss.ratio_level=sequence"], "needs `loss.token_level_loss: false`"),
         (["generation.fp8=true", "generation.backend=hf"],
          "`generation.fp8: true` needs the megatron backend, not `hf`"),
+        (["generation.kv_cache_tokens=4096", "generation.backend=hf"],
+         "sizes the megatron backend's KV cache; backend `hf` does not read it"),
         (["loss.overlong_penalty.enabled=true", "loss.overlong_penalty.buffer_tokens=9"],
          "must be between 1 and generation.max_new_tokens (8)"),
         (["loss.overlong_penalty.penalty=-1"], "must not be negative"),
