@@ -638,6 +638,7 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
     from rlflow.data import PromptSampler
     from rlflow.train import loop
     from rlflow.train.setup import setup
+    from rlflow.train.update import update_gives_old_logprobs
 
     start = time.perf_counter()
     t = setup(loaded, run_dir)
@@ -650,7 +651,11 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
     log(f"step: trainer built in {time.perf_counter() - start:.1f} s")
     gpus = info.world_size
     rate = ceil["matmul_tflop_s"] * 1e12 * gpus
-    passes = 2 if t.reference is not None else 1
+    # forward passes in the logprobs phase: the reference's, and the policy's unless the update's
+    # own forward gives the old logprobs (one mini-batch: rlflow.train.update)
+    passes = (t.reference is not None) + (
+        not update_gives_old_logprobs(t.recipe.grpo.num_minibatches)
+    )
     out.update(trainer_build_s=time.perf_counter() - start, logprob_passes=passes)
     for part in [p for p in args.parts if p in STEP_PARTS]:
         workload, sampling.fixed = STEP_PARTS[part]
@@ -681,7 +686,7 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
                 * counts["lm_matmul_params"]
                 * tokens
                 * passes
-                / metrics["time/logprobs"]
+                / max(metrics["time/logprobs"], 1e-9)
                 / rate,
                 **{k: v for k, v in metrics.items() if k.startswith(("memory/", "speed/"))},
                 "token_mult_prob_error": metrics.get("train/token_mult_prob_error"),

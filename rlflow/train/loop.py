@@ -22,7 +22,14 @@ from rlflow.train.faults import inject_failure
 from rlflow.train.metrics import StepTimer
 from rlflow.train.rollouts import build_train_batch
 from rlflow.train.setup import Trainer
-from rlflow.train.update import Batching, Optimizer, grpo_update, rollout_logprobs, sft_update
+from rlflow.train.update import (
+    Batching,
+    Optimizer,
+    grpo_update,
+    rollout_logprobs,
+    sft_update,
+    update_gives_old_logprobs,
+)
 
 
 def train(t: Trainer) -> int:
@@ -89,9 +96,10 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
     rollouts = t.rollouts.collect(t, step, timer)
     batch = _train_batch(t, rollouts.prompts, rollouts.completions, rollouts.advantages)
     batching = Batching.from_config(recipe.optimizer)
+    old_logprobs = entropy = ref_logprobs = None
     with timer("logprobs"):
-        old_logprobs, entropy = rollout_logprobs(t.policy, batch, batching, with_entropy=True)
-        ref_logprobs = None
+        if not update_gives_old_logprobs(recipe.grpo.num_minibatches):
+            old_logprobs, entropy = rollout_logprobs(t.policy, batch, batching, with_entropy=True)
         if t.reference is not None:
             ref_logprobs, _ = rollout_logprobs(t.reference, batch, batching, with_entropy=False)
     with timer("training"):
@@ -105,6 +113,8 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
             batching=batching,
             num_minibatches=recipe.grpo.num_minibatches,
         )
+    if old_logprobs is None:  # the update's own forward gave them
+        old_logprobs, entropy = update.old_logprobs, update.entropy
     t.rollouts.after_update(t, step, timer)
     return _step_metrics(
         t,
@@ -113,7 +123,7 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
         batch=batch,
         old_logprobs=old_logprobs,
         entropy=entropy,
-        update=update,
+        update=update.metrics,
         timer=timer,
         step_seconds=time.perf_counter() - start,
     )

@@ -241,18 +241,53 @@ def global_counts(mask: torch.Tensor) -> tuple[float, float]:
     )
 
 
+def update_gives_old_logprobs(num_minibatches: int) -> bool:
+    """Whether the update's own forward pass can stand in for the old-logprob pass.
+
+    The old logprobs are the current weights' (in async mode too: the generator's own are
+    `gen_logprobs`, for importance sampling). With one optimizer update per step, every
+    micro-batch's forward runs on the weights the step started with, so the old policy of the
+    PPO ratio is the policy being differentiated: old = logprobs.detach(), a ratio of exactly
+    1, what a separate recomputation gives up to kernel nondeterminism (TRL does the same with
+    one update per generation). That saves one forward pass over every rollout. With several
+    mini-batches the policy moves between them, so the old logprobs are computed first.
+    """
+    return num_minibatches == 1
+
+
+@dataclass
+class Update:
+    """What `grpo_update` returns: its metrics, and, when it computed them itself
+    (`old_logprobs=None`), the rollouts' logprobs [n, L-1] before the update and their entropy
+    (CPU, 0 outside the targets when packed), for the step's metrics."""
+
+    metrics: dict[str, float]
+    old_logprobs: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+
+
 def grpo_update(
     policy: Policy,
     optimizer: Optimizer,
     batch: TrainBatch,
     *,
-    old_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
     ref_logprobs: torch.Tensor | None,
     loss_cfg: LossConfig,
     batching: Batching,
     num_minibatches: int,
-) -> dict[str, float]:
-    """num_minibatches optimizer updates over the batch; metrics averaged over updates."""
+) -> Update:
+    """num_minibatches optimizer updates over the batch; metrics averaged over updates.
+
+    old_logprobs None: the update's forward gives them (`update_gives_old_logprobs`); they are
+    returned with the entropy.
+    """
+    if old_logprobs is None and not update_gives_old_logprobs(num_minibatches):
+        raise ValueError(f"{num_minibatches} mini-batches need the old logprobs computed first")
+    record = None
+    if old_logprobs is None:
+        width = batch.input_ids.shape[1] - 1
+        record = (torch.zeros(len(batch), width), torch.zeros(len(batch), width))
     totals: dict[str, float] = {}
     size = len(batch) // num_minibatches
     terms = clip_terms(loss_cfg)
@@ -271,7 +306,8 @@ def grpo_update(
             metrics = _grpo_micro_step(
                 policy,
                 batch.rows(pick),
-                old_lp=old_logprobs[pick],
+                old_lp=None if old_logprobs is None else old_logprobs[pick],
+                record=None if record is None or filler else (record, pick),
                 ref_lp=None if ref_logprobs is None else ref_logprobs[pick],
                 loss_cfg=loss_cfg,
                 terms=terms,
@@ -297,7 +333,9 @@ def grpo_update(
             totals[key] = totals.get(key, 0.0) + value / num_minibatches
         for key, value in maxima.items():
             _add_metric(totals, key, value)
-    return totals
+    if record is None:
+        return Update(totals)
+    return Update(totals, *record)
 
 
 def clip_terms(loss_cfg: LossConfig) -> grpo.ClipTerms:
@@ -315,7 +353,8 @@ def _grpo_micro_step(
     policy,
     micro: TrainBatch,
     *,
-    old_lp: torch.Tensor,
+    old_lp: torch.Tensor | None,
+    record: tuple[tuple[torch.Tensor, torch.Tensor], list[int]] | None,
     ref_lp: torch.Tensor | None,
     loss_cfg: LossConfig,
     terms: grpo.ClipTerms,
@@ -324,12 +363,25 @@ def _grpo_micro_step(
     packed: bool,
     weight: float,
 ) -> dict[str, float]:
-    """One forward and backward of `micro`'s share of the loss, times `weight` (0: a filler)."""
+    """One forward and backward of `micro`'s share of the loss, times `weight` (0: a filler).
+
+    old_lp None: this forward's own logprobs, detached, are the old ones; `record` ((logprobs,
+    entropy) of the whole batch, this micro-batch's rows) receives them and the entropy.
+    """
     device = parallel.info().device
     width = micro.input_ids.shape[1] - 1
-    logprobs, _ = policy_token_logprobs(policy, micro, packed=packed)
+    logprobs, entropy = policy_token_logprobs(
+        policy, micro, with_entropy=old_lp is None, packed=packed
+    )
     mask = micro.target_mask.to(device)
-    old = old_lp[:, :width].to(device)
+    if old_lp is None:
+        old = logprobs.detach()
+        if record is not None:
+            (all_logprobs, all_entropy), pick = record
+            all_logprobs[pick, : old.shape[1]] = old.cpu()
+            all_entropy[pick, : entropy.shape[1]] = entropy.detach().cpu()
+    else:
+        old = old_lp[:, :width].to(device)
     kl = None
     if ref_lp is not None:
         kl = grpo.kl_estimate(logprobs, ref_lp[:, :width].to(device), loss_cfg.kl_type)

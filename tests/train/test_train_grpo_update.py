@@ -84,7 +84,7 @@ def test_update_raises_logprob_of_rewarded_answers(trainable, tiny_processor):
         loss_cfg=loss_cfg,
         batching=Batching.from_config(optimizer_cfg),
         num_minibatches=1,
-    )
+    ).metrics
     after, _ = rollout_logprobs(policy, batch, batching, with_entropy=False)
 
     changed = [

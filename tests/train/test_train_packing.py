@@ -153,7 +153,7 @@ def loss_and_grads(policy, batch, cache: VisionCache):
         loss_cfg=recipe.loss,
         batching=Batching(3, max_tokens=0, packed=True),
         num_minibatches=1,
-    )
+    ).metrics
     grads = {
         name: p.main_grad.clone()
         for name, p in policy.core.named_parameters()
@@ -266,3 +266,62 @@ def test_packed_logprobs_equal_padded_under_tensor_parallelism(tmp_path):
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["vocab_shard"] < 512  # the vocabulary really is split over the two ranks
     assert result["logprobs"] <= 1e-5 and result["entropy"] <= 1e-5, result
+
+
+def test_one_minibatch_update_gives_the_old_logprobs_itself(trainable, tiny_processor, prompts):
+    """With one mini-batch the loop skips the separate old-logprob pass: the update's forward
+    gives them. Loss terms (KL and TIS weights included), gradients, the returned logprobs and
+    entropy equal those of the update run after a recomputation pass."""
+    from rlflow.recipe.load import load_recipe
+    from rlflow.train.update import Optimizer, grpo_update
+
+    overrides = ["loss.kl_penalty=0.1", "loss.importance_sampling.mode=tis", "optimizer.lr=0"]
+    recipe = load_recipe(RECIPE, [*overrides, "optimizer.max_grad_norm=0"]).recipe
+    batch = rollout_batch(trainable, tiny_processor.tokenizer.pad_token_id, prompts["mixed"])
+    batching = Batching(3, max_tokens=0, packed=True)
+    old, entropy = rollout_logprobs(trainable, batch, batching, with_entropy=True)
+    ref = old - 0.1 * batch.target_mask  # a reference that disagrees: the KL term is not 0
+
+    def update(old_logprobs):
+        optimizer = Optimizer.from_config(trainable, recipe.optimizer)
+        result = grpo_update(
+            trainable,
+            optimizer,
+            batch,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref,
+            loss_cfg=recipe.loss,
+            batching=batching,
+            num_minibatches=1,
+        )
+        grads = {
+            name: p.main_grad.clone()
+            for name, p in trainable.core.named_parameters()
+            if p.requires_grad and p.main_grad is not None
+        }
+        return result, grads
+
+    recomputed, recomputed_grads = update(old)
+    itself, grads = update(None)
+    assert recomputed.old_logprobs is None and recomputed.entropy is None
+    assert itself.metrics.keys() == recomputed.metrics.keys()
+    for key, value in itself.metrics.items():
+        assert value == pytest.approx(recomputed.metrics[key], rel=1e-5, abs=1e-6), key
+    assert recomputed.metrics["kl"] > 0
+    assert grads.keys() == recomputed_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, recomputed_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert any(g.abs().sum() > 0 for g in grads.values())
+    torch.testing.assert_close(itself.old_logprobs, old, rtol=0, atol=1e-5)
+    torch.testing.assert_close(itself.entropy, entropy, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="2 mini-batches"):
+        grpo_update(
+            trainable,
+            Optimizer.from_config(trainable, recipe.optimizer),
+            batch,
+            old_logprobs=None,
+            ref_logprobs=ref,
+            loss_cfg=recipe.loss,
+            batching=batching,
+            num_minibatches=2,
+        )
