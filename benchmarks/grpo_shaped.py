@@ -401,11 +401,16 @@ def run_rollout(policy, prompts, params, args, ceil, counts, gpus, device, log, 
             f"{timings.get('prefill_s', 0):.3f} s vs {roof['prefill_s']:.3f} s"
         )
     peak = _peak(device)
-    profile = None
+    profile = prefill_profile = None
     if profile_params is not None and device.type == "cuda":
         profile = profile_call(backend, prompts, profile_params, device)
-        brief = {k: v for k, v in profile.items() if k not in ("top", "table")}
+        brief = {k: v for k, v in profile.items() if k not in ("top", "top_cpu", "table")}
         log(f"{name}: profile {json.dumps(brief)}")
+        # the prefill alone: a one-token call (prefill, the prompt logits, one sample)
+        one = dataclasses.replace(params, max_new_tokens=1)
+        prefill_profile = profile_call(backend, prompts, one, device)
+        brief = {k: v for k, v in prefill_profile.items() if k not in ("top", "table")}
+        log(f"{name}: prefill profile {json.dumps(brief)}")
     backend.close()
     roof = runs[0]["roofline"]
     out = {
@@ -420,6 +425,7 @@ def run_rollout(policy, prompts, params, args, ceil, counts, gpus, device, log, 
         "peak_gib": peak,
         "roofline": roof,
         "profile": profile,
+        "prefill_profile": prefill_profile,
     }
     log(
         f"{name}: {out['tokens_per_s']:,.0f} useful tok/s = {out['percent_of_roofline']:.1f}% "
@@ -461,6 +467,11 @@ def profile_call(backend, prompts, params, device) -> dict:
                 "share": e.self_device_time_total / max(busy_us, 1),
             }  # fmt: skip
             for e in top
+        ],
+        # host work: the operators with the most CPU time of their own
+        "top_cpu": [
+            {"op": e.key[:120], "cpu_ms": e.self_cpu_time_total / 1e3, "calls": e.count}
+            for e in sorted(averages, key=lambda e: -e.self_cpu_time_total)[:15]
         ],
         "table": table,
     }
