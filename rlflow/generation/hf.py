@@ -69,7 +69,7 @@ class HFGeneration(GenerationBackend):
         for i, row in enumerate(rows):
             input_ids[i, width - len(row) :] = torch.tensor(row)
             attention[i, width - len(row) :] = 1
-        media = Media.concat([p.media for p in prompts]).to(self.device)
+        media = Media.concat([p.media for p in prompts], self.device)
         kwargs = {k: v for k, v in vars(media).items() if v is not None}
         family_inputs = self.policy.family.hf_generate_inputs(input_ids, self.policy.media_tokens)
         kwargs |= {k: v.to(self.device) for k, v in family_inputs.items()}

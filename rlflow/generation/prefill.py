@@ -65,10 +65,11 @@ def _prefill_inputs(core, prompts, ids, pack: Packing, *, decoder, policy, pad_t
     for i, row in enumerate(ids):
         padded[i, : len(row)] = torch.tensor(row)
         valid[i, : len(row)] = True
-    padded, valid = padded.to(device), valid.to(device)
     media_rows = [p.media for p in prompts]
-    media = Media.concat(media_rows).to(device)
-    positions = of_core(core).positions(core, padded, valid, media)  # [(3,) P, W]
+    media = Media.concat([m.layout() for m in media_rows])  # the tower alone reads pixels
+    # positions from the host copies (mrope's index loops run on the host either way)
+    positions = of_core(core).positions(core, padded, valid, media).to(device)  # [(3,) P, W]
+    padded, valid = padded.to(device), valid.to(device)
     features = None
     if media.num_images or media.num_videos:
         features = policy.vision_cache.features(core, media_rows)

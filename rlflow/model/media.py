@@ -37,12 +37,22 @@ class Media:
             }
         )
 
+    def layout(self) -> Media:
+        """The grids and timings without the pixels: what positions and placement read."""
+        return Media(None, self.image_grid_thw, None, self.video_grid_thw, self.second_per_grid_ts)
+
     @staticmethod
-    def concat(items: list[Media]) -> Media:
-        """Media of several prompts, in order (the vision tower consumes them in this order)."""
+    def concat(items: list[Media], device=None) -> Media:
+        """Media of several prompts, in order (the vision tower consumes them in this order).
+
+        device: each item's tensors go there first and are joined there. A GRPO step's pixels
+        are ~100 MB: joined on the host, they cost a CPU copy before the transfer (profiled in
+        the prefill: benchmarks/grpo_shaped.md)."""
         out = {}
         for f in fields(Media):
             parts = [getattr(m, f.name) for m in items if getattr(m, f.name) is not None]
+            if device is not None:
+                parts = [p.to(device) for p in parts]
             out[f.name] = torch.cat(parts) if parts else None
         return Media(**out)
 

@@ -56,9 +56,7 @@ def pack_rows(
         raise ValueError("sequence packing needs right-padded rows (padding after the tokens)")
     lengths = lengths_t.tolist()
     # Positions need the grids only: no pixels are concatenated or moved here.
-    grids = Media.concat(
-        [Media(None, m.image_grid_thw, None, m.video_grid_thw, m.second_per_grid_ts) for m in media]
-    ).to(input_ids.device)
+    grids = Media.concat([m.layout() for m in media], input_ids.device)
     positions = of_core(core).positions(core, input_ids, attention_mask, grids, prompt_mask)
     positions = positions[..., valid].unsqueeze(-2)  # [(3,) 1, T]: each row's own positions
     starts = torch.cumsum(lengths_t, 0) - lengths_t

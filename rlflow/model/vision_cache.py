@@ -27,10 +27,10 @@ class VisionCache:
     def features(self, core, rows: list[Media]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(image, video) embeddings of `rows`, concatenated in row order (None where absent)."""
         if not self.enabled:
-            return tower_features(core, Media.concat(rows))
+            return tower_features(core, Media.concat(rows, _device()))
         missing = list({id(m): m for m in rows if id(m) not in self._entries}.values())
         if missing:
-            images, videos = tower_features(core, Media.concat(missing))
+            images, videos = tower_features(core, Media.concat(missing, _device()))
             image_parts = _split(images, [_tokens(core, m.image_grid_thw) for m in missing])
             video_parts = _split(videos, [_tokens(core, m.video_grid_thw) for m in missing])
             for m, img, vid in zip(missing, image_parts, video_parts):
@@ -49,6 +49,12 @@ def tower_features(core, media: Media) -> tuple[torch.Tensor | None, torch.Tenso
     if not (media.num_images or media.num_videos):
         return None, None
     return of_core(core).vision_features(core, media.to(parallel.info().device))
+
+
+def _device():
+    from rlflow import parallel
+
+    return parallel.info().device
 
 
 def _tokens(core, grid: torch.Tensor | None) -> int:

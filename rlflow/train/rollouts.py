@@ -91,7 +91,7 @@ class TrainBatch:
         )
 
     def stacked_media(self, device) -> Media:
-        return Media.concat(self.media).to(device)
+        return Media.concat(self.media, device)
 
 
 def build_train_batch(
