@@ -672,8 +672,14 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
         workload, sampling.fixed = STEP_PARTS[part]
         sampling.stop_ids, sampling.max_new_tokens = stop_sets[workload]
         rows = []
-        for _ in range(args.steps):
+        for index in range(args.steps):
             step = t.step + 1
+            # --ab-logprob-pass: after the first step, odd steps run the separate old-logprob
+            # pass as before (the A/B reference in the same process), even steps skip it
+            recompute = args.ab_logprob_pass and index % 2 == 1
+            loop.update_gives_old_logprobs = (
+                (lambda n: False) if recompute else update_gives_old_logprobs
+            )
             metrics = loop.grpo_step(t, step)
             t.step = step
             t.log.log(step, metrics)
@@ -682,6 +688,8 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
             timing = {k: v for k, v in metrics.items() if k.startswith("time/")}
             row = {
                 "step": step,
+                "old_logprob_pass": recompute
+                or not update_gives_old_logprobs(t.recipe.grpo.num_minibatches),
                 **timing,
                 "tokens": tokens,
                 "response_mean": call["mean_response"],
@@ -696,7 +704,7 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
                 "logprob_mfu": 2
                 * counts["lm_matmul_params"]
                 * tokens
-                * passes
+                * (passes + recompute)
                 / max(metrics["time/logprobs"], 1e-9)
                 / rate,
                 **{k: v for k, v in metrics.items() if k.startswith(("memory/", "speed/"))},
@@ -709,7 +717,8 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
             out[part] = {"steps": rows}
             save()
             log(
-                f"{part} {step}: {row['time/step']:.1f} s (generation "
+                f"{part} {step}{' (old-logprob pass)' if row['old_logprob_pass'] else ''}: "
+                f"{row['time/step']:.1f} s (generation "
                 f"{row.get('time/generation', 0):.1f}, logprobs {row.get('time/logprobs', 0):.1f},"
                 f" training {row.get('time/training', 0):.1f}), {tokens} tokens, "
                 f"{row['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, MFU update "
@@ -725,6 +734,15 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
                 ("time/", "speed/", "tokens", "response", "generat", "update", "logprob")
             )
         }
+        if args.ab_logprob_pass:  # medians of each arm, first step left out
+            for arm, wanted in (("with_old_logprob_pass", True), ("without", False)):
+                picked = [r for r in later if r["old_logprob_pass"] == wanted]
+                summary[arm] = {
+                    key: statistics.median(r[key] for r in picked)
+                    for key in ("time/step", "time/logprobs", "time/training",
+                                "time/generation", "tokens_per_s_per_gpu")
+                    if picked
+                }  # fmt: skip
         summary["allocated_gib_per_step"] = [r.get("memory/allocated_gib") for r in rows]
         summary["peak_gib_per_step"] = [r.get("memory/peak_gib") for r in rows]
         out[part] = {"median_of_steps_2_on": summary, "steps": rows}
@@ -776,6 +794,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--hf-reps", type=int, default=2, help="timed HF calls (median)")
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps per part (5; tiny 2)")
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (= GPUs)")
+    parser.add_argument("--ab-logprob-pass", action="store_true",
+                        help="steps after the first alternate: with the separate old-logprob "
+                        "pass (as before), without it (one mini-batch's default)")  # fmt: skip
     parser.add_argument("--profile", action="store_true", help="profile one more rollout call")
     parser.add_argument("--recipe", type=Path, default=RECIPE)
     parser.add_argument(
