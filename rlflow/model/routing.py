@@ -139,9 +139,10 @@ class Stats:
     load: dict[int, torch.Tensor] = field(default_factory=dict)
     train_forwards: int = 0
 
-    def add(self, done: Plan) -> None:
+    def add(self, done: Plan, counted: bool) -> None:
         if torch.is_grad_enabled():
             self.train_forwards += 1
+        if not counted:
             return
         if done.counts is not None:
             self.counts = done.counts if self.counts is None else self.counts + done.counts
@@ -150,10 +151,12 @@ class Stats:
 
 
 @contextlib.contextmanager
-def replayed(policy, batch, packed: bool):
+def replayed(policy, batch, packed: bool, count: bool | None = None):
     """One forward of `batch` under router replay (MoE models; a no-op for dense ones): the
-    targets are the batch's recorded experts in the forward's token order; logprob passes
-    (no grad) compare and count, and add to the policy's step statistics."""
+    targets are the batch's recorded experts in the forward's token order. A counted forward
+    compares and counts, and adds to the policy's step statistics: by default the logprob
+    passes (no grad); `count=True` for an update forward that stands in for the old-logprob
+    pass (one mini-batch: rlflow/train/update.py), so each rollout is counted once a step."""
     if not is_moe(policy.core):
         yield None
         return
@@ -161,13 +164,13 @@ def replayed(policy, batch, packed: bool):
     if batch.routing is not None:
         recorded = batch.routing.to(batch.attention_mask.device)
         targets = packed_order(recorded, batch.attention_mask) if packed else padded_order(recorded)
-    grad = torch.is_grad_enabled()
-    current = Plan(targets, replay=batch.router_replay and targets is not None, count_load=not grad)
+    count = not torch.is_grad_enabled() if count is None else count
+    current = Plan(targets, replay=batch.router_replay and targets is not None, count_load=count)
     with plan(current):
         yield current
     if policy.routing_stats is None:
         policy.routing_stats = Stats()
-    policy.routing_stats.add(current)
+    policy.routing_stats.add(current, counted=count)
 
 
 @contextlib.contextmanager
@@ -203,7 +206,8 @@ def step_metrics(policy, group=None) -> dict[str, float]:
     """The step's routing metrics (summed over data-parallel ranks), then reset:
 
     * moe/routing_agreement: share of token x layer pairs whose experts in the trainer's first
-      logprob pass (the router's own choice, before any replay) equal generation's;
+      pass over the rollouts (the old-logprob pass, or with one mini-batch the update's
+      forward; the router's own choice, before any replay) equal generation's;
     * moe/expert_agreement: share of single expert choices that agree;
     * moe/load_spread (and per layer): busiest expert's tokens over the mean;
     * moe/aux_loss: megatron-core's load-balancing loss (before its coefficient), mean over

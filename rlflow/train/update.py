@@ -110,16 +110,23 @@ class Batching:
 
 
 def policy_token_logprobs(
-    policy: Policy, batch: TrainBatch, with_entropy: bool = False, *, packed: bool
+    policy: Policy,
+    batch: TrainBatch,
+    with_entropy: bool = False,
+    *,
+    packed: bool,
+    count_routing: bool | None = None,
 ):
     """Per-target logprobs [N, L-1] (and entropy) of the batch under the policy's weights.
 
     packed: one packed sequence, logprobs at target positions only (0 elsewhere); otherwise
-    the padded reference path (every position).
+    the padded reference path (every position). count_routing: MoE routing statistics from
+    this forward (`routing.replayed`; default: without gradients only).
     """
     info = parallel.info()
     batch = batch.to(info.device)
-    with routing.replayed(policy, batch, packed):  # MoE: router replay (a no-op when dense)
+    # MoE: router replay (a no-op when dense)
+    with routing.replayed(policy, batch, packed, count=count_routing):
         if packed:
             return _packed_token_logprobs(policy, batch, with_entropy)
         return _padded_token_logprobs(policy, batch, with_entropy)
@@ -371,7 +378,11 @@ def _grpo_micro_step(
     device = parallel.info().device
     width = micro.input_ids.shape[1] - 1
     logprobs, entropy = policy_token_logprobs(
-        policy, micro, with_entropy=old_lp is None, packed=packed
+        policy,
+        micro,
+        with_entropy=old_lp is None,
+        packed=packed,
+        count_routing=record is not None,  # the old-logprob pass's routing statistics
     )
     mask = micro.target_mask.to(device)
     if old_lp is None:

@@ -141,3 +141,51 @@ def test_replay_routes_tokens_to_the_recorded_experts(moe):
             assert abs(metrics["moe/routing_agreement"] - expected) < 1e-9
     assert (results[False][mask] - batch.gen_logprobs[mask]).abs().max() < 1e-5
     assert (results[True][mask] - batch.gen_logprobs[mask]).abs().max() > 1e-2
+
+
+def test_one_minibatch_update_counts_the_routing_once(moe, tmp_path):
+    """With one mini-batch the update's forward stands in for the old-logprob pass (the loop
+    skips that pass): the step's routing statistics are the ones that pass gives, counted once;
+    after a real pass the update's forwards add nothing to them."""
+    from pathlib import Path
+
+    from rlflow.model import routing
+    from rlflow.model.build import load_policy
+    from rlflow.model.qwen3_moe import write_tiny_qwen3_moe
+    from rlflow.recipe.load import load_recipe
+    from rlflow.train.rollouts import build_train_batch
+    from rlflow.train.update import Batching, Optimizer, grpo_update, rollout_logprobs
+
+    _, _, prompts = moe
+    path = write_tiny_qwen3_moe(tmp_path, seed=0, lm_head_scale=8.0)  # the fixture's weights
+    policy = load_policy(path, FP32, SINGLE, trainable=True)
+    rows = [p for p in prompts for _ in range(G)]
+    completions = _engine(moe).generate(rows, sampled(16))
+    advantages = torch.linspace(-1, 1, len(rows)).tolist()
+    batch = build_train_batch(
+        rows, completions, advantages, prompt_ids=policy.prompt_ids, pad_token_id=0
+    )
+    recipe_file = Path(__file__).parents[2] / "recipes" / "tiny-qwen3-moe-text-1n1g-cpu.yaml"
+    recipe = load_recipe(recipe_file, ["optimizer.lr=0", "loss.kl_penalty=0"]).recipe
+    batching = Batching(4, max_tokens=0, packed=True)
+
+    def update(old_logprobs):
+        return grpo_update(
+            policy,
+            Optimizer.from_config(policy, recipe.optimizer),
+            batch,
+            old_logprobs=old_logprobs,
+            ref_logprobs=None,
+            loss_cfg=recipe.loss,
+            batching=batching,
+            num_minibatches=1,
+        )
+
+    old, _ = rollout_logprobs(policy, batch, batching, with_entropy=False)
+    update(old)  # the two-pass step: the pass counts, the update's forwards do not
+    two_pass = routing.step_metrics(policy)
+    update(None)  # the one-pass step
+    one_pass = routing.step_metrics(policy)
+    assert two_pass["moe/routing_agreement"] == 1.0
+    routed = [k for k in two_pass if k != "moe/aux_loss"]
+    assert routed and {k: one_pass[k] for k in routed} == {k: two_pass[k] for k in routed}
