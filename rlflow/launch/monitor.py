@@ -328,6 +328,9 @@ def loop(screen, interval: float, what: str, out=None, success: str = "COMPLETED
         raise KeyboardInterrupt
 
     previous = {s: signal.signal(s, leave) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # Ctrl-C leaves even where SIGINT came ignored: a shell without job control starts its
+    # background jobs so, and Python then keeps it ignored (the trainer does the same).
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     if tty:
         out.write(ENTER_SCREEN)
     try:
@@ -345,6 +348,8 @@ def loop(screen, interval: float, what: str, out=None, success: str = "COMPLETED
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if not interrupted:  # (after Ctrl-C it stays ignored: the cleanup must not be cut)
+            signal.signal(signal.SIGINT, previous_int)
         if tty:
             try:
                 out.write(LEAVE_SCREEN)

@@ -12,6 +12,7 @@ import fcntl
 import os
 import re
 import select
+import signal
 import struct
 import subprocess
 import termios
@@ -137,9 +138,17 @@ class Pty:
     """The real console script on a pseudo-terminal (its controlling terminal, so the Ctrl-C
     byte becomes SIGINT for it like in a shell)."""
 
-    def __init__(self, *args: str, cwd: Path):
+    def __init__(self, *args: str, cwd: Path, sigint_ignored: bool = False):
+        """sigint_ignored: started with SIGINT ignored, as a shell without job control starts
+        its background jobs (`cmd &` in a script)."""
         self.master, slave = os.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))
+
+        def take_terminal():
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            if sigint_ignored:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+
         self.process = subprocess.Popen(
             [str(RLFLOW), *args],
             stdin=slave,
@@ -147,7 +156,7 @@ class Pty:
             stderr=slave,
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+            preexec_fn=take_terminal,
         )
         os.close(slave)
         self.output = b""
@@ -202,7 +211,8 @@ def test_live_monitor_in_a_pty_on_the_real_cluster(tmp_path):
     wait_for_state(holder, {"RUNNING"}, 120)
     big, _ = submit(RECIPES / "tiny-cpu.yaml", "grpo.num_prompts_per_step=36", "--nodes", "9",
                     "--gpus", "4", cwd=tmp_path, command="true")  # fmt: skip
-    pending = Pty("status", big, "--watch", "--interval", "1", cwd=tmp_path)
+    # started with SIGINT ignored (a script's background job): Ctrl-C still leaves
+    pending = Pty("status", big, "--watch", "--interval", "1", cwd=tmp_path, sigint_ignored=True)
     try:
         text = pending.read_until(lambda t: "estimated start 20" in t, 240)
         assert f"job {big} (tiny-cpu)" in text and "PENDING (Resources)" in text

@@ -47,6 +47,7 @@ NOT_A_RECIPE_KEY = {
     ("rlflow/model/compat/cpu_compat.py", "factory", "device"): "a torch device",
     ("rlflow/model/tiny.py", "write_tiny_checkpoint", "device"): "the torch device to build on",
     ("rlflow/model/qwen2vl.py", "write_tiny_qwen2vl", "device"): "the torch device to build on",
+    ("rlflow/model/media.py", "concat", "device"): "the torch device to join the media on",
     ("rlflow/envs/spec.py", "vllm_spec", "device"): "None: generation.vllm.device decides",
     ("rlflow/parallel.py", "all_reduce_sum", "group"): "a process group",
     ("rlflow/parallel.py", "all_reduce_max", "group"): "a process group",
