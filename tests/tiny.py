@@ -188,3 +188,19 @@ def hf_logits_gap(hf, policy, prompts, pad_token_id: int) -> float:
     valid = mask.bool()
     assert ours.shape == ref.shape
     return float((ours[valid] - ref[valid]).abs().max())
+
+
+def recipe_update(policy, batch, recipe, *, old_logprobs, ref_logprobs, batching, minibatches=1):
+    """`grpo_update` of `batch` with a fresh optimizer and the loss from the recipe's keys."""
+    from rlflow.train.update import Optimizer, grpo_update
+
+    return grpo_update(
+        policy,
+        Optimizer.from_config(policy, recipe.optimizer),
+        batch,
+        old_logprobs=old_logprobs,
+        ref_logprobs=ref_logprobs,
+        loss_cfg=recipe.loss,
+        batching=batching,
+        num_minibatches=minibatches,
+    )

@@ -154,7 +154,8 @@ def test_one_minibatch_update_counts_the_routing_once(moe, tmp_path):
     from rlflow.model.qwen3_moe import write_tiny_qwen3_moe
     from rlflow.recipe.load import load_recipe
     from rlflow.train.rollouts import build_train_batch
-    from rlflow.train.update import Batching, Optimizer, grpo_update, rollout_logprobs
+    from rlflow.train.update import Batching, rollout_logprobs
+    from tests.tiny import recipe_update
 
     _, _, prompts = moe
     path = write_tiny_qwen3_moe(tmp_path, seed=0, lm_head_scale=8.0)  # the fixture's weights
@@ -170,15 +171,8 @@ def test_one_minibatch_update_counts_the_routing_once(moe, tmp_path):
     batching = Batching(4, max_tokens=0, packed=True)
 
     def update(old_logprobs):
-        return grpo_update(
-            policy,
-            Optimizer.from_config(policy, recipe.optimizer),
-            batch,
-            old_logprobs=old_logprobs,
-            ref_logprobs=None,
-            loss_cfg=recipe.loss,
-            batching=batching,
-            num_minibatches=1,
+        return recipe_update(
+            policy, batch, recipe, old_logprobs=old_logprobs, ref_logprobs=None, batching=batching
         )
 
     old, _ = rollout_logprobs(policy, batch, batching, with_entropy=False)

@@ -273,7 +273,7 @@ def test_one_minibatch_update_gives_the_old_logprobs_itself(trainable, tiny_proc
     gives them. Loss terms (KL and TIS weights included), gradients, the returned logprobs and
     entropy equal those of the update run after a recomputation pass."""
     from rlflow.recipe.load import load_recipe
-    from rlflow.train.update import Optimizer, grpo_update
+    from tests.tiny import recipe_update
 
     overrides = ["loss.kl_penalty=0.1", "loss.importance_sampling.mode=tis", "optimizer.lr=0"]
     recipe = load_recipe(RECIPE, [*overrides, "optimizer.max_grad_norm=0"]).recipe
@@ -282,18 +282,11 @@ def test_one_minibatch_update_gives_the_old_logprobs_itself(trainable, tiny_proc
     old, entropy = rollout_logprobs(trainable, batch, batching, with_entropy=True)
     ref = old - 0.1 * batch.target_mask  # a reference that disagrees: the KL term is not 0
 
-    def update(old_logprobs):
-        optimizer = Optimizer.from_config(trainable, recipe.optimizer)
-        result = grpo_update(
-            trainable,
-            optimizer,
-            batch,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref,
-            loss_cfg=recipe.loss,
-            batching=batching,
-            num_minibatches=1,
-        )
+    def update(old_logprobs, minibatches=1):
+        result = recipe_update(
+            trainable, batch, recipe, old_logprobs=old_logprobs, ref_logprobs=ref,
+            batching=batching, minibatches=minibatches,
+        )  # fmt: skip
         grads = {
             name: p.main_grad.clone()
             for name, p in trainable.core.named_parameters()
@@ -315,13 +308,4 @@ def test_one_minibatch_update_gives_the_old_logprobs_itself(trainable, tiny_proc
     torch.testing.assert_close(itself.old_logprobs, old, rtol=0, atol=1e-5)
     torch.testing.assert_close(itself.entropy, entropy, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="2 mini-batches"):
-        grpo_update(
-            trainable,
-            Optimizer.from_config(trainable, recipe.optimizer),
-            batch,
-            old_logprobs=None,
-            ref_logprobs=ref,
-            loss_cfg=recipe.loss,
-            batching=batching,
-            num_minibatches=2,
-        )
+        update(None, minibatches=2)
