@@ -477,6 +477,41 @@ def real_tree(args) -> None:
         print(row(name, times, base_time))
 
 
+def big_toml(megabytes: int, runs: int) -> None:
+    """Issue 24's "a 50 MB valid TOML": one pyproject of that size (a [tool] table of short
+    strings beside a one-requirement [project]); check-pins against tomllib's parse of the same
+    file, each a fresh process, interleaved."""
+    lines = [
+        '[project]\nname = "big"\nversion = "1"\ndependencies = ["requests>=2"]\n\n[tool.other]'
+    ]
+    size, i = 0, 0
+    while size < megabytes * 1_000_000:
+        lines.append(f'key{i} = "{"x" * 80}"')
+        size += len(lines[-1]) + 1
+        i += 1
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    with tempfile.TemporaryDirectory(prefix="rlflow-bench-pins-toml-") as tmp:
+        env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pyc")
+        root = make_repo(Path(tmp) / "big", {"pyproject.toml": "\n".join(lines) + "\n"})
+        parse = "import tomllib; tomllib.load(open('pyproject.toml', 'rb'))"
+        commands = {
+            f"{megabytes} MB pyproject.toml: `rlflow check-pins`": [
+                str(BIN / "rlflow"),
+                "check-pins",
+            ],
+            f'{megabytes} MB pyproject.toml: `python -c "{parse}"`': [sys.executable, "-c", parse],
+        }
+        samples: dict[str, list[float]] = {name: [] for name in commands}
+        for _ in range(runs):
+            for name, command in commands.items():
+                samples[name].append(run_once(command, root, env))
+    print("| command | median s | min s | max s | runs | / check-pins |")
+    print("|---|---|---|---|---|---|")
+    base_time = statistics.median(next(iter(samples.values())))
+    for name, times in samples.items():
+        print(row(name, times, base_time))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=15)
@@ -509,7 +544,15 @@ def main() -> None:
         help="with --real-tree: a directory holding another version's `rlflow` package (e.g. "
         "`git archive main rlflow | tar -x -C DIR`), run the same way, interleaved",
     )
+    parser.add_argument(
+        "--toml-mb",
+        type=int,
+        help="only time check-pins on one valid pyproject.toml of this many MB, against tomllib",
+    )
     args = parser.parse_args()
+    if args.toml_mb:
+        big_toml(args.toml_mb, args.runs)
+        return
     if args.real_tree:
         real_tree(args)
         return
