@@ -331,7 +331,8 @@ def _rf011(f: Finding):
 
 
 def _rf012(f: Finding):
-    return f.detail, _rf012_help(f)
+    message, _, commands = (f.detail or "").partition("\n")
+    return message, commands or _rf012_help(f)  # "cannot check": the commands that fix it
 
 
 def _rf012_help(f: Finding) -> str:
