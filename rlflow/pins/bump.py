@@ -8,8 +8,10 @@
     5. `uv lock` when the root has a uv.lock (the real uv)
     6. check-pins on the result; then one commit whose message lists every pin moved
 
-Anything that fails puts the submodule, the pyproject and the lock back as they were.
-`--dry-run` does steps 2-4 to learn the plan, prints it, and puts everything back.
+Anything that fails (Ctrl-C too) puts the submodule, the pyproject and the lock back as they
+were: the branch or detached HEAD, refs and FETCH_HEAD of the submodule and of every nested one,
+and nested ones it had to initialize de-initialized. `--dry-run` does steps 2-4 to learn the
+plan, prints it, and puts everything back the same way.
 """
 
 from __future__ import annotations
@@ -96,7 +98,9 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
             f"run `git submodule update --init --recursive {path}` first",
         )
     sub_dir = root / path
-    state = _RepoState.of(sub_dir)  # refs, FETCH_HEAD, branch: what a dry run puts back
+    # Refs, FETCH_HEAD, branch or detached HEAD of the submodule and of every nested one, and
+    # which nested ones were not initialized: what a dry run or a failure puts back.
+    state = _TreeState.of(root, checkout, path)
     try:
         target, label = _resolve(sub_dir, ref)
     except RlflowError:
@@ -154,22 +158,54 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
 
 
 @dataclass(frozen=True)
+class _TreeState:
+    """The bumped submodule's and its nested submodules' states, restored top-down; nested
+    submodules the bump had to initialize are de-initialized again."""
+
+    repos: tuple[_RepoState, ...]
+    uninitialized: tuple[tuple[Path, str], ...]  # (parent repository, path in it)
+
+    @classmethod
+    def of(cls, root: Path, checkout, path: str) -> _TreeState:
+        import posixpath
+
+        below = [s for s in checkout.submodules if s.path == path or s.path.startswith(path + "/")]
+        repos = tuple(_RepoState.of(root / s.path) for s in below if s.initialized)
+        uninitialized = []
+        for sub in below:
+            if not sub.initialized:
+                parent = posixpath.dirname(sub.declared_at.file)
+                uninitialized.append((root / parent, posixpath.relpath(sub.path, parent or ".")))
+        return cls(repos, tuple(uninitialized))
+
+    def restore(self) -> None:
+        for repo in self.repos:  # top-down: a parent's checkout moves its nested ones first
+            repo.restore()
+        for parent, rel in self.uninitialized:
+            if (parent / rel / ".git").exists():
+                gitcmd.run_raw(parent, "submodule", "deinit", "-q", "-f", "--", rel)
+
+
+@dataclass(frozen=True)
 class _RepoState:
-    """A submodule's refs, FETCH_HEAD and branch, to put back after a dry run or a failure."""
+    """A submodule's refs, FETCH_HEAD and branch or detached HEAD, to put back."""
 
     repo: Path
     refs: dict[str, str]
     branch: str | None
     fetch_head: bytes | None
+    head: str | None = None
 
     @classmethod
     def of(cls, repo: Path) -> _RepoState:
         listing = gitcmd.run(repo, "for-each-ref", "--format=%(objectname) %(refname)")
         refs = dict(reversed(line.split(" ", 1)) for line in listing.splitlines() if line)
         branch = gitcmd.run_raw(repo, "symbolic-ref", "-q", "HEAD").stdout.strip() or None
+        head = gitcmd.run_raw(repo, "rev-parse", "-q", "--verify", "HEAD").stdout.strip() or None
         git_dir = Path(gitcmd.run(repo, "rev-parse", "--absolute-git-dir").strip())
         fetch_head = git_dir / "FETCH_HEAD"
-        return cls(repo, refs, branch, fetch_head.read_bytes() if fetch_head.exists() else None)
+        data = fetch_head.read_bytes() if fetch_head.exists() else None
+        return cls(repo, refs, branch, data, head)
 
     def restore(self) -> None:
         now = RepoRefs(self.repo)
@@ -184,11 +220,15 @@ class _RepoState:
             fetch_head.unlink(missing_ok=True)
         else:
             fetch_head.write_bytes(self.fetch_head)
-        if self.branch:
-            current = gitcmd.run_raw(self.repo, "symbolic-ref", "-q", "HEAD").stdout.strip()
-            if current != self.branch:
-                gitcmd.run_raw(self.repo, "checkout", "-q", self.branch.removeprefix("refs/heads/"))
-                gitcmd.run_raw(self.repo, "submodule", "update", "-q", "--init", "--recursive")
+        current = gitcmd.run_raw(self.repo, "symbolic-ref", "-q", "HEAD").stdout.strip()
+        now = gitcmd.run_raw(self.repo, "rev-parse", "-q", "--verify", "HEAD").stdout.strip()
+        if self.branch and current != self.branch:
+            gitcmd.run_raw(self.repo, "checkout", "-q", self.branch.removeprefix("refs/heads/"))
+        elif not self.branch and self.head and (current or now != self.head):
+            gitcmd.run_raw(self.repo, "checkout", "-q", "--detach", self.head)
+        else:
+            return
+        gitcmd.run_raw(self.repo, "submodule", "update", "-q", "--recursive")
 
 
 class RepoRefs:

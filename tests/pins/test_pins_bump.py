@@ -208,3 +208,98 @@ def test_failed_bump_puts_the_branch_back(nested):
     assert done.returncode == 1, done.stdout + done.stderr
     assert git(layout.bridge, "symbolic-ref", "-q", "HEAD").strip() == "refs/heads/work"
     assert git(layout.root, "status", "--porcelain", "--ignore-submodules=none") == ""
+
+
+def tree_state(layout):
+    """What a user sees in every submodule: HEAD, branch, refs, FETCH_HEAD, status."""
+    state = {}
+    for repo in (layout.bridge, layout.lm):
+        if not (repo / ".git").exists():
+            state[repo] = "not initialized"
+            continue
+        git_dir = Path(git(repo, "rev-parse", "--absolute-git-dir").strip())
+        state[repo] = (
+            git(repo, "rev-parse", "HEAD"),
+            git(repo, "for-each-ref", "--format=%(objectname) %(refname)"),
+            git(repo, "branch", "--show-current"),  # "" when detached
+            (git_dir / "FETCH_HEAD").read_bytes() if (git_dir / "FETCH_HEAD").exists() else None,
+            git(repo, "status", "--porcelain=v2", "--branch", "--ignore-submodules=none"),
+        )
+    state["root"] = git(layout.root, "status", "--porcelain", "--ignore-submodules=none")
+    return state
+
+
+def test_dry_run_and_failure_leave_nested_submodules_as_they_were(nested):
+    """Megatron-LM, nested in Megatron-Bridge, is on a branch and must move with the bump:
+    a dry run left it detached, with its origin/main and FETCH_HEAD moved (issue 24)."""
+    layout = nested(root=root_toml(body=LOCKSTEP))
+    upstream_moves(layout)
+    git(layout.lm, "checkout", "-q", "-b", "lm-work")
+    git(layout.bridge, "checkout", "-q", "-b", "work")
+    before = tree_state(layout)
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "main", "--dry-run")
+    assert done.returncode == 0 and f"move {LM_PATH}: " in done.stdout, done.stderr
+    assert tree_state(layout) == before
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "no-such-ref")
+    assert done.returncode == 2 and tree_state(layout) == before
+
+
+def test_dry_run_leaves_an_uninitialized_nested_submodule_uninitialized(nested):
+    layout = nested(root=root_toml(body=LOCKSTEP))
+    upstream_moves(layout)
+    git(layout.bridge, "submodule", "deinit", "-q", "-f", "3rdparty/Megatron-LM")
+    before = tree_state(layout), git(layout.bridge, "config", "--list")
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "main", "--dry-run")
+    assert done.returncode == 0 and f"move {LM_PATH}: (none) -> " in done.stdout, done.stderr
+    assert (tree_state(layout), git(layout.bridge, "config", "--list")) == before
+
+
+def test_bump_twice_and_a_dry_run_after_it_have_nothing_to_do(nested):
+    layout = nested(root=root_toml(body=LOCKSTEP))
+    upstream_moves(layout)
+    assert rlflow(layout.root, "bump", BRIDGE_PATH, "main").returncode == 0
+    head = git(layout.root, "rev-parse", "HEAD")
+    for extra in ((), ("--dry-run",)):
+        done = rlflow(layout.root, "bump", BRIDGE_PATH, "main", *extra)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"nothing to do: {BRIDGE_PATH} is already at origin/main" in done.stdout
+        assert git(layout.root, "rev-parse", "HEAD") == head
+
+
+def test_a_refused_or_interrupted_commit_puts_everything_back(nested):
+    """The bump's own `git commit` runs the root's pre-commit hook: a hook that refuses, and
+    a Ctrl-C while it runs (SIGINT to the whole foreground process group, as a terminal
+    sends it), leave the root, the submodules and their branches as they were."""
+    import signal
+
+    layout = nested(root=root_toml(body=LOCKSTEP))
+    upstream_moves(layout)
+    git(layout.lm, "checkout", "-q", "-b", "lm-work")
+    git(layout.bridge, "checkout", "-q", "-b", "work")
+    hook = layout.root / ".git" / "hooks" / "pre-commit"
+    before = tree_state(layout), git(layout.root, "rev-parse", "HEAD")
+    pyproject = (layout.root / "pyproject.toml").read_bytes()
+    for script, code in (("echo refused by the hook >&2; exit 1", 1), ("kill -INT 0", 130)):
+        hook.write_text(f"#!/bin/sh\n{script}\n")
+        hook.chmod(0o755)
+        done = subprocess.run(
+            [str(RLFLOW), "bump", BRIDGE_PATH, "main"],
+            cwd=layout.root,
+            env={
+                **os.environ,
+                **GIT_ENV,
+                "GIT_CONFIG_COUNT": "1",
+                "GIT_CONFIG_KEY_0": "protocol.file.allow",
+                "GIT_CONFIG_VALUE_0": "always",
+            },
+            capture_output=True,
+            text=True,
+            timeout=120,
+            start_new_session=True,  # its own process group, the hook's `kill 0` target
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        assert done.returncode == code, done.stdout + done.stderr
+        assert "Traceback" not in done.stderr
+        assert code == 130 or "`git commit` refused the bump: refused by the hook" in done.stderr
+        assert (tree_state(layout), git(layout.root, "rev-parse", "HEAD")) == before, script
+        assert (layout.root / "pyproject.toml").read_bytes() == pyproject
