@@ -1,7 +1,8 @@
 """`rlflow bump SUBMODULE REF`: move a submodule and every pin that must follow it, in one commit.
 
     1. refuse a dirty tree (the commit must contain the bump and nothing else)
-    2. fetch the submodule's remote; REF is a branch of it (`origin/REF`), a tag or a commit
+    2. fetch the submodule's remote with the .gitmodules URL (never a fork that origin may be);
+       REF is a branch of it (`<remote>/REF`), a tag or a commit
     3. check it out, and its nested submodules at the commits it records
     4. mirror into the root pyproject every pin that now disagrees (what `check-pins --fix`
        would move: lockstep pins, git revs, exact versions, index URLs), tomlkit keeping layout
@@ -16,6 +17,7 @@ plan, prints it, and puts everything back the same way.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -62,7 +64,8 @@ def bump(ctx: click.Context, submodule: str, ref: str, repo: Path, dry_run: bool
     """Move SUBMODULE to REF and the root pins that follow it, in one commit.
 
     \b
-    REF is a branch of the submodule's remote (fetched first), a tag, or a commit.
+    REF is a branch of the submodule's remote with its .gitmodules URL (fetched first),
+    a tag, or a commit.
     Nested submodules move to the commits REF records. Root pins that would disagree with
     the submodule afterwards (lockstep pins, git revs, exact versions) are moved in
     pyproject.toml with its layout kept; uv.lock is re-locked with `uv lock` if there is one;
@@ -102,7 +105,7 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
     # which nested ones were not initialized: what a dry run or a failure puts back.
     state = _TreeState.of(root, checkout, path)
     try:
-        target, label = _resolve(sub_dir, ref)
+        target, label = _resolve(sub_dir, ref, _declared_url(root, sub), path)
     except RlflowError:
         state.restore()
         raise
@@ -256,10 +259,36 @@ def _refuse_dirty(root: Path) -> None:
         )
 
 
-def _resolve(sub_dir: Path, ref: str) -> tuple[str, str]:
-    """REF -> (commit, how it was named), after fetching the submodule's remote."""
-    remotes = gitcmd.run(sub_dir, "remote").split()
-    remote = "origin" if "origin" in remotes or not remotes else remotes[0]
+def _declared_url(root: Path, sub) -> str | None:
+    from rlflow.pins.refs import declared_url
+
+    return declared_url(root, sub)
+
+
+def _resolve(
+    sub_dir: Path, ref: str, url: str | None = None, path: str | None = None
+) -> tuple[str, str]:
+    """REF -> (commit, how it was named), after fetching the submodule's remote: the remote
+    whose URL is the .gitmodules one (what a fresh clone fetches from), never a fork."""
+    from rlflow.pins import refs
+
+    config = refs.remote_config(sub_dir)
+    remotes = list(config.urls)
+    if url:
+        matching = refs.matching_remotes(config, url)
+        if not matching:
+            name = next(n for n in ("upstream", "approved", "rlflow-bump") if n not in config.urls)
+            shown = ", ".join(f"`{r}` = {config.urls[r]}" for r in remotes) or "none"
+            raise _usage(
+                f"no remote of `{sub_dir.name}` has the URL its .gitmodules declares, `{url}` "
+                f"(its remotes: {shown}): a commit fetched from elsewhere (a fork) is one that a "
+                "fresh clone cannot fetch",
+                f"add it: `git -C {shlex.quote(path or str(sub_dir))} remote add {name} "
+                f"{shlex.quote(url)}`, then bump again",
+            )
+        remote = matching[0]
+    else:
+        remote = "origin" if "origin" in remotes or not remotes else remotes[0]
     if remotes:
         done = gitcmd.run_raw(sub_dir, "fetch", "-q", "--tags", remote)
         if done.returncode != 0:

@@ -125,8 +125,8 @@ def _is_local(url: str) -> bool:
 
 def unreachable(repo, commit: str, ref: str, label: str, url: str | None = None) -> str | None:
     """Why `commit` is not on `ref` of the declared remote, or None when it is."""
-    config = _config(repo)
-    remotes = _matching_remotes(config, url) if url else _only_remote(repo)
+    config = remote_config(repo)
+    remotes = matching_remotes(config, url) if url else _only_remote(repo)
     shallow = _is_shallow(repo)
     if not shallow:
         for remote in remotes:
@@ -197,7 +197,7 @@ class _Config:
         return best[1] + url[len(best[0]) :] if best else url
 
 
-def _config(repo) -> _Config:
+def remote_config(repo) -> _Config:
     done = gitcmd.run_raw(
         repo, "config", "-z", "--get-regexp", r"^(remote\..*\.url|url\..*\.insteadof)$"
     )
@@ -212,7 +212,7 @@ def _config(repo) -> _Config:
     return _Config(urls, rewrites)
 
 
-def _matching_remotes(config: _Config, url: str) -> list[str]:
+def matching_remotes(config: _Config, url: str) -> list[str]:
     want = url_key(config.expand(url))
     return [name for name, value in config.urls.items() if url_key(config.expand(value)) == want]
 

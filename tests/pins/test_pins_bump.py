@@ -303,3 +303,28 @@ def test_a_refused_or_interrupted_commit_puts_everything_back(nested):
         assert code == 130 or "`git commit` refused the bump: refused by the hook" in done.stderr
         assert (tree_state(layout), git(layout.root, "rev-parse", "HEAD")) == before, script
         assert (layout.root / "pyproject.toml").read_bytes() == pyproject
+
+
+def test_origin_that_is_a_fork_is_not_where_bump_takes_ref_from(nested, tmp_path):
+    """origin is a fork whose main has a fork-only commit: bumping to `main` committed it, and
+    a fresh `git clone --recurse-submodules` of the result (real git) then fails. bump takes
+    REF from the remote with the .gitmodules URL, and says how to add one when none has it."""
+    layout = nested()
+    fork = tmp_path / "fork"
+    git(tmp_path, "clone", "-q", str(layout.upstream_bridge), str(fork))
+    git(fork, "commit", "-q", "--allow-empty", "-m", "fork only")
+    git(layout.bridge, "remote", "set-url", "origin", str(fork))
+    head = git(layout.root, "rev-parse", "HEAD")
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "main")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "no remote of `Megatron-Bridge` has the URL its .gitmodules declares" in done.stderr
+    assert git(layout.root, "rev-parse", "HEAD") == head
+    fix = done.stderr.split("add it: `", 1)[1].split("`", 1)[0]
+    assert fix == f"git -C {BRIDGE_PATH} remote add upstream {layout.upstream_bridge}"
+    git(layout.root, *fix.split()[1:])
+    git(layout.upstream_bridge, "commit", "-q", "--allow-empty", "-m", "upstream moved")
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "main")
+    assert done.returncode == 0 and "-> upstream/main" in done.stdout, done.stdout + done.stderr
+    clone = tmp_path / "fresh"
+    git(tmp_path, "clone", "-q", "--recurse-submodules", str(layout.root), str(clone))
+    assert git(clone / BRIDGE_PATH, "log", "-1", "--format=%s").strip() == "upstream moved"
