@@ -120,8 +120,8 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
             print(f"nothing to do: {path} is already at {label} ({target[:12]}) and the pins agree")
             return 0
     try:
-        _checkout(sub_dir, target)
-        moved_submodule = True
+        moved_submodule = True  # from here on, a failure puts the submodule back
+        _checkout(sub_dir, target, path)
         plan = _plan(root, path, before)
         if dry_run:
             _print_plan(path, label, plan, root, dry_run=True)
@@ -310,9 +310,24 @@ def _resolve(
     )
 
 
-def _checkout(sub_dir: Path, commit: str) -> None:
-    gitcmd.run(sub_dir, "checkout", "-q", "--detach", commit)
-    gitcmd.run(sub_dir, "submodule", "update", "-q", "--init", "--recursive")
+def _checkout(sub_dir: Path, commit: str, path: str) -> None:
+    for args in (
+        ("checkout", "-q", "--detach", commit),
+        ("submodule", "update", "-q", "--init", "--recursive"),
+    ):
+        done = gitcmd.run_raw(sub_dir, *args)
+        if done.returncode != 0:  # git's own words name the files (untracked ones in the way)
+            said = [line.strip() for line in done.stderr.strip().splitlines() if line.strip()]
+            raise RlflowError(
+                Diagnostic(
+                    "RF108",
+                    f"`git {' '.join(args[:2])}` of {commit[:12]} failed in `{path}`: "
+                    + (said[0] if said else "no output"),
+                    notes=tuple(said[1:20]),
+                    help=f"nothing was changed; fix what git says (`git -C {shlex.quote(path)} "
+                    "status` shows untracked files in the way), then bump again",
+                )
+            )
 
 
 def _gitlinks_below(root: Path, checkout, path: str) -> dict[str, str | None]:

@@ -328,3 +328,20 @@ def test_origin_that_is_a_fork_is_not_where_bump_takes_ref_from(nested, tmp_path
     clone = tmp_path / "fresh"
     git(tmp_path, "clone", "-q", "--recurse-submodules", str(layout.root), str(clone))
     assert git(clone / BRIDGE_PATH, "log", "-1", "--format=%s").strip() == "upstream moved"
+
+
+def test_untracked_file_in_the_way_is_refused_with_git_s_words(nested):
+    """Upstream adds NEW; the submodule has an untracked NEW: real `git checkout` refuses.
+    bump said only "Aborting" and "check that `git status` works there"."""
+    layout = nested()
+    (layout.upstream_bridge / "NEW").write_text("upstream\n")
+    git(layout.upstream_bridge, "add", "NEW")
+    git(layout.upstream_bridge, "commit", "-qm", "new file")
+    (layout.bridge / "NEW").write_text("mine\n")
+    git(layout.bridge, "checkout", "-q", "-b", "work")
+    before = tree_state(layout)
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, "main")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "error: The following untracked working tree files would be overwritten" in done.stderr
+    assert "= note: NEW" in done.stderr and f"git -C {BRIDGE_PATH} status" in done.stderr
+    assert tree_state(layout) == before and (layout.bridge / "NEW").read_text() == "mine\n"
