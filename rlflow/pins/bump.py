@@ -87,6 +87,14 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
     _refuse_dirty(root)
     checkout = walk(root)
     sub = next((s for s in checkout.submodules if s.path == path), None)
+    if sub is None:  # a path relative to the current directory, as git takes it
+        import os
+
+        here = Path(os.path.abspath(submodule))
+        if here.is_relative_to(root.resolve()) or here.is_relative_to(root):
+            base = root.resolve() if here.is_relative_to(root.resolve()) else root
+            path = here.relative_to(base).as_posix()
+            sub = next((s for s in checkout.submodules if s.path == path), None)
     if sub is None or sub.declared_at.file != ".gitmodules":
         known = ", ".join(
             s.path for s in checkout.submodules if s.declared_at.file == ".gitmodules"

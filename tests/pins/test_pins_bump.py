@@ -345,3 +345,20 @@ def test_untracked_file_in_the_way_is_refused_with_git_s_words(nested):
     assert "error: The following untracked working tree files would be overwritten" in done.stderr
     assert "= note: NEW" in done.stderr and f"git -C {BRIDGE_PATH} status" in done.stderr
     assert tree_state(layout) == before and (layout.bridge / "NEW").read_text() == "mine\n"
+
+
+def test_submodule_path_relative_to_the_current_directory(nested):
+    """From a subdirectory, git takes `../submodules/Megatron-Bridge`; so does bump."""
+    layout = nested()
+    upstream_moves(layout)
+    (layout.root / "docs").mkdir()
+    plan = f"plan (--dry-run: nothing changed): {BRIDGE_PATH} -> origin/main"
+    for cwd, arg in [
+        (layout.root / "docs", f"../{BRIDGE_PATH}"),
+        (layout.root / "submodules", "Megatron-Bridge"),
+        (layout.root / "docs", str(layout.bridge) + "/"),
+    ]:
+        done = rlflow(cwd, "bump", arg, "main", "--dry-run")
+        assert done.returncode == 0 and plan in done.stdout, (arg, done.stdout + done.stderr)
+    done = rlflow(layout.root / "docs", "bump", "Megatron-Bridge", "main")
+    assert done.returncode == 2 and f"bump one of: {BRIDGE_PATH}" in done.stderr
