@@ -47,8 +47,21 @@ def ref_findings(checkout, policy) -> list[Finding]:
                 )
             )
             continue
-        if not sub.initialized or not sub.gitlink:
-            continue  # RF007 already says its state cannot be checked
+        if not sub.gitlink:
+            continue  # nothing recorded, nothing to check
+        if not sub.initialized:  # RF007 warns; the policy asked for this check: not "ok"
+            from rlflow.pins.report import git_in_parent
+
+            update = git_in_parent(sub, "submodule", "update", "--init", "--recursive")
+            problem = (
+                f"cannot check that submodule `{path}` is on `{ref}` "
+                "([tool.rlflow.pins] submodule-refs): it is not initialized"
+                f"\nrun `{update}`, then check again"
+            )
+            findings.append(
+                Finding("RF012", "error", submodule=sub, location=where, detail=problem)
+            )
+            continue
         url = declared_url(checkout.root, sub)
         problem = unreachable(checkout.root / path, sub.gitlink, ref, path, url)
         if problem:

@@ -384,3 +384,22 @@ def test_ref_names_are_refused_exactly_where_git_refuses_them():
     for name in names:
         git_refuses = subprocess.run(["git", "check-ref-format", f"refs/heads/{name}"]).returncode
         assert _bad_ref_name(name) == (git_refuses != 0), name
+
+
+def test_uninitialized_submodule_with_an_approved_ref_is_not_ok(nested, tmp_path):
+    """A clone without `--recurse-submodules` (a CI checkout without submodules): the policy
+    asks for a check that cannot run; it was a silent exit 0 (RF007 warns about pins only).
+    The command it names makes the next check pass."""
+    layout = nested()
+    layout.root.joinpath("pyproject.toml").write_text(
+        root_toml() + POLICY.format(path=BRIDGE_PATH, ref="main")
+    )
+    git(layout.root, "commit", "-qam", "policy")
+    clone = tmp_path / "plain"
+    git(tmp_path, "clone", "-q", str(layout.root), str(clone))
+    result = check_pins("--repo", clone)
+    assert result.code == 1, result.out
+    assert f"error[RF012]: cannot check that submodule `{BRIDGE_PATH}` is on `main`" in result.out
+    command = result.out.split("help: run `")[-1].split("`", 1)[0]
+    shell(clone, command)
+    assert check_pins("--repo", clone, "--strict").code == 0
