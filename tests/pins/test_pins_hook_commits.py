@@ -179,6 +179,7 @@ def test_nested_gitlink_staged_but_not_committed_in_its_parent_is_refused(hooked
     assert code != 0 and "error[RF014]" in output, output
     fix = "git -C submodules/Megatron-Bridge commit -m 'bump 3rdparty/Megatron-LM'"
     assert fix in output and "git add submodules/Megatron-Bridge" in output, output
+    assert "git -C submodules/Megatron-Bridge push origin HEAD:<branch>" in output, output
     git(hooked.bridge, "commit", "-qm", "bump 3rdparty/Megatron-LM")  # what the help says
     git(hooked.root, "add", "submodules/Megatron-Bridge")
     accepted(commit(hooked.root, tmp_path, "-m", "notes and the bump"))
