@@ -15,7 +15,7 @@ of a remote with that URL, as fetched. Otherwise (no such remote, a tag: a local
 nothing about the remote, the clone is shallow as CI checkouts are, the ref was never fetched,
 or the commit is not on it as last fetched) check-pins fetches the ref itself from the URL into
 `refs/rlflow/approved/<ref>` (no FETCH_HEAD, no remote changed) and decides on that; in a
-shallow clone it deepens that ref's history (`--shallow-since` the commit's date, then
+shallow clone it deepens that ref's history (`--deepen` 100, then 2,000 commits, then
 `--unshallow`) until the answer is certain. If a fetch fails, RF012 says so with the exact
 commands that make the next check pass: never "ok" without having checked. RF009 when an entry
 names no submodule.
@@ -153,10 +153,10 @@ def unreachable(repo, commit: str, ref: str, label: str, url: str | None = None)
     local, remote_ref = fetched
     verdict = _is_ancestor(repo, commit, local)
     if verdict is not True and _is_shallow(repo):
-        # A shallow history proves nothing by omission: deepen `ref` down to the commit.
-        date = gitcmd.run_raw(repo, "log", "-1", "--format=%ct", commit).stdout.strip()
-        steps = [f"--shallow-since={int(date) - 86400}"] if date.isdigit() else []
-        for step in [*steps, "--unshallow"]:
+        # A shallow history proves nothing by omission: deepen `ref` until the commit is on it
+        # or its history is whole (`--deepen` never shortens what is there, unlike
+        # `--shallow-since`/`--depth`; a pin is usually a few commits behind the tip).
+        for step in ("--deepen=100", "--deepen=2000", "--unshallow"):
             if not _fetch_into(repo, source, remote_ref, local, step):
                 return _cannot_check(label, ref, source, remotes, config, True)
             verdict = _is_ancestor(repo, commit, local)
