@@ -121,7 +121,11 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
     files = _snapshot(root)
     moved_submodule = False
     if target == sub.head:
-        plan = _plan(root, path, before)
+        try:
+            plan = _plan(root, path, before)
+        except BaseException:  # a pin that needs a decision, Ctrl-C: the fetch is undone too
+            state.restore()
+            raise
         if not plan.pins and plan.new_text == plan.old_text:
             if dry_run:
                 state.restore()

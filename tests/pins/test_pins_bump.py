@@ -362,3 +362,23 @@ def test_submodule_path_relative_to_the_current_directory(nested):
         assert done.returncode == 0 and plan in done.stdout, (arg, done.stdout + done.stderr)
     done = rlflow(layout.root / "docs", "bump", "Megatron-Bridge", "main")
     assert done.returncode == 2 and f"bump one of: {BRIDGE_PATH}" in done.stderr
+
+
+def test_already_at_ref_but_a_pin_needs_a_decision_leaves_no_trace(nested):
+    """Megatron-Bridge is at main already; it pins v0.5.0, Megatron-LM v0.4.0 (a decision):
+    the refusal left the fetch's FETCH_HEAD behind, even with --dry-run."""
+    from pins_helpers import bridge_toml, lm_toml
+
+    source = f'emerging-optimizers = {{ git = "{EMO_URL}", rev = "v0.5.0" }}\n'
+    layout = nested(
+        bridge=bridge_toml(
+            body=source, deps='"megatron-core[dev]", "transformers>=5.0", "emerging-optimizers"'
+        ),
+        lm=lm_toml(emo="v0.4.0"),
+    )
+    before = tree_state(layout)
+    for extra in (("--dry-run",), ()):
+        done = rlflow(layout.root, "bump", BRIDGE_PATH, "main", *extra)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "error[RF108]: cannot move the root pins with the submodule" in done.stderr
+        assert tree_state(layout) == before
