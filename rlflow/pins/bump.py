@@ -114,7 +114,7 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
     state = _TreeState.of(root, checkout, path)
     try:
         target, label = _resolve(sub_dir, ref, _declared_url(root, sub), path)
-    except RlflowError:
+    except BaseException:  # a bad REF, an unreachable remote, Ctrl-C during the fetch
         state.restore()
         raise
     before = _gitlinks_below(root, checkout, path)
