@@ -289,7 +289,10 @@ def _resolve(
     if url:
         matching = refs.matching_remotes(config, url)
         if not matching:
-            name = next(n for n in ("upstream", "approved", "rlflow-bump") if n not in config.urls)
+            name = next(
+                (n for n in ("upstream", "approved", "rlflow-bump") if n not in config.urls),
+                "declared",
+            )
             shown = ", ".join(f"`{r}` = {config.urls[r]}" for r in remotes) or "none"
             raise _usage(
                 f"no remote of `{sub_dir.name}` has the URL its .gitmodules declares, `{url}` "

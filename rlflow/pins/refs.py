@@ -180,7 +180,10 @@ def _cannot_check(label, ref, source, remotes, config, shallow) -> str:
     if remotes:
         commands = f"git -C {sub} fetch{deepen} {shlex.quote(remotes[0])}"
     elif source:
-        name = next(n for n in ("upstream", "approved", "rlflow-approved") if n not in config.urls)
+        name = next(
+            (n for n in ("upstream", "approved", "rlflow-approved") if n not in config.urls),
+            "declared",
+        )
         commands = (
             f"git -C {sub} remote add {name} {shlex.quote(source)} && "
             f"git -C {sub} fetch{deepen} {name}"
