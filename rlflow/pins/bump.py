@@ -477,12 +477,14 @@ def _print_plan(path: str, label: str, plan: Plan, root: Path, dry_run: bool) ->
     lines = [f"{head}: {path} -> {label}"]
     for move in plan.moves:
         lines.append(f"  move {move.path}: {_short(move.old)} -> {_short(move.new)}")
+    moved = "pins a bump would move" if dry_run else "pins moved"
     if plan.pins:
-        lines.append("pins moved in pyproject.toml:")
+        lines.append(f"{moved} in pyproject.toml:")
         lines += [f"  {p.line()}: {p.description}" for p in plan.pins]
     else:
-        lines.append("pins moved in pyproject.toml: none")
-    lines.append("uv.lock: re-locked with `uv lock`" if plan.relock else "uv.lock: none")
+        lines.append(f"{moved} in pyproject.toml: none")
+    relock = "a bump would re-lock it with `uv lock`" if dry_run else "re-locked with `uv lock`"
+    lines.append(f"uv.lock: {relock}" if plan.relock else "uv.lock: none")
     print("\n".join(lines))
 
 

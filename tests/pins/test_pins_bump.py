@@ -54,6 +54,7 @@ def test_dry_run_shows_the_plan_and_changes_nothing(nested):
     assert f"plan (--dry-run: nothing changed): {BRIDGE_PATH} -> origin/main" in done.stdout
     assert f"move {LM_PATH}: " in done.stdout and new_lm[:12] in done.stdout
     assert "emerging-optimizers: v0.3.0 -> v0.4.0" in done.stdout
+    assert "pins a bump would move in pyproject.toml:" in done.stdout  # not "moved": nothing is
     assert git(layout.root, "rev-parse", "HEAD") == before
     assert git(layout.root, "status", "--porcelain", "--ignore-submodules=none") == ""
     assert git(layout.lm, "rev-parse", "HEAD").strip() != new_lm
