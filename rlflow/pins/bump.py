@@ -80,6 +80,26 @@ def bump(ctx: click.Context, submodule: str, ref: str, repo: Path, dry_run: bool
 
 
 def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
+    """SIGTERM and SIGHUP (a CI job's timeout, a closed terminal) end a bump like Ctrl-C does:
+    through the restore, not past it."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return _run_bump(repo, submodule, ref, dry_run)
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _run_bump(repo, submodule, ref, dry_run)
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+def _run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
     from rlflow.pins.walk import find_root, walk
 
     root = find_root(repo)
