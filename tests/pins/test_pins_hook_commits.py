@@ -253,3 +253,20 @@ def test_hook_with_core_worktree_and_only_git_dir_set(nested, tmp_path):
     git(work / LM_PATH, "commit", "-q", "--allow-empty", "-m", "moved on")
     git(work / BRIDGE_PATH, "add", "3rdparty/Megatron-LM")
     refused(run("commit", "--allow-empty", "-m", "notes"), "error[RF014]")
+
+
+def test_commit_in_a_linked_worktree(hooked, tmp_path):
+    """`git worktree add`: the checkout's `.git` is a file, its index is under the main
+    repository's `.git/worktrees/`; the hook reads that index, submodules included."""
+    linked = tmp_path / "linked"
+    git(hooked.root, "worktree", "add", "-q", str(linked))
+    git(linked, "submodule", "update", "-q", "--init", "--recursive")
+    assert (linked / ".git").is_file()
+    (linked / "docs" / "notes.md").write_text("from the linked worktree\n")
+    accepted(commit(linked, tmp_path, "-am", "notes"))
+    drift_root(SimpleNamespace(root=linked))
+    refused(commit(linked, tmp_path, "-am", "drift"), RF001)
+    (linked / "pyproject.toml").write_text(root_toml())
+    git(linked / LM_PATH, "commit", "-q", "--allow-empty", "-m", "moved on")
+    git(linked / BRIDGE_PATH, "add", "3rdparty/Megatron-LM")
+    refused(commit(linked, tmp_path, "--allow-empty", "-m", "notes"), "error[RF014]")
