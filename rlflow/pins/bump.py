@@ -486,7 +486,8 @@ def _snapshot(root: Path) -> dict[Path, bytes]:
 def _restore(root: Path, path: str, head: str | None, files: dict[Path, bytes]) -> None:
     gitcmd.run_raw(root, "reset", "-q", "--", path, *[f.name for f in files])
     for file, data in files.items():
-        file.write_bytes(data)
+        if not file.is_file() or file.read_bytes() != data:  # untouched: not even its mtime
+            file.write_bytes(data)
     if head:
         gitcmd.run_raw(root / path, "checkout", "-q", "--detach", head)
         gitcmd.run_raw(root / path, "submodule", "update", "-q", "--init", "--recursive")

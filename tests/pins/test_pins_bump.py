@@ -49,8 +49,10 @@ def test_dry_run_shows_the_plan_and_changes_nothing(nested):
     layout = nested(root=root_toml(body=LOCKSTEP))
     new_lm = upstream_moves(layout)
     before = git(layout.root, "rev-parse", "HEAD")
+    stamp = (layout.root / "pyproject.toml").stat().st_mtime_ns
     done = rlflow(layout.root, "bump", BRIDGE_PATH, "main", "--dry-run")
     assert done.returncode == 0, done.stderr
+    assert (layout.root / "pyproject.toml").stat().st_mtime_ns == stamp  # not even rewritten
     assert f"plan (--dry-run: nothing changed): {BRIDGE_PATH} -> origin/main" in done.stdout
     assert f"move {LM_PATH}: " in done.stdout and new_lm[:12] in done.stdout
     assert "emerging-optimizers: v0.3.0 -> v0.4.0" in done.stdout
