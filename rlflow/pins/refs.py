@@ -260,8 +260,10 @@ def _key(host: str, path: str) -> tuple[str, str]:
 
 
 def _local(path: str) -> str:
+    """A local repository by its real path (`x/.git` is `x`); `x.git` beside `x` is another
+    repository (a bare upstream beside someone's checkout), so its suffix stays."""
     path = os.path.realpath(os.path.expanduser(path)).rstrip("/")
-    return path.removesuffix("/.git").removesuffix(".git")
+    return path.removesuffix("/.git")
 
 
 def _fetch(repo, source: str, ref: str) -> tuple[str, str] | None:

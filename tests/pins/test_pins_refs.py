@@ -310,6 +310,14 @@ def test_url_keys_ignore_transport_user_and_decorations():
     assert len({url_key(u) for u in same}) == 1
     assert url_key("git@github.com:someone/Megatron-LM.git") != url_key(same[0])  # a fork
     assert url_key("https://gitlab.com/NVIDIA/Megatron-LM") != url_key(same[0])
+    local = [
+        "/srv/git/bridge",
+        "/srv/git/bridge/",
+        "file:///srv/git/bridge",
+        "/srv/git/bridge/.git",
+    ]
+    assert len({url_key(u) for u in local}) == 1
+    assert url_key("/srv/git/bridge.git") != url_key("/srv/git/bridge")  # a bare one beside it
 
 
 def test_a_local_tag_is_not_the_remote_s_tag(nested):
