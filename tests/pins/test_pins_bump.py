@@ -390,3 +390,33 @@ def test_already_at_ref_but_a_pin_needs_a_decision_leaves_no_trace(nested):
         assert done.returncode == 1, done.stdout + done.stderr
         assert "error[RF108]: cannot move the root pins with the submodule" in done.stderr
         assert tree_state(layout) == before
+
+
+def test_check_pins_failing_after_the_bump_puts_everything_back(nested):
+    """REF is a local-only commit and the policy approves only upstream main: the moved pins
+    are fine, check-pins afterwards is not (RF012); nothing is committed or left moved."""
+    layout = nested(
+        root=root_toml(body=LOCKSTEP + f'submodule-refs = {{ "{BRIDGE_PATH}" = "main" }}\n')
+    )
+    upstream_moves(layout)
+    git(layout.bridge, "fetch", "-q", "origin")
+    git(layout.bridge, "checkout", "-q", "-b", "work", "origin/main")
+    git(layout.bridge, "commit", "-q", "--allow-empty", "-m", "local only")
+    local = git(layout.bridge, "rev-parse", "HEAD").strip()
+    git(
+        layout.bridge,
+        "checkout",
+        "-q",
+        "-B",
+        "work",
+        git(layout.root, "ls-tree", "HEAD", BRIDGE_PATH).split()[2],
+    )
+    git(layout.bridge, "submodule", "update", "-q", "--recursive")
+    before = tree_state(layout), git(layout.root, "rev-parse", "HEAD")
+    pyproject = (layout.root / "pyproject.toml").read_bytes()
+    done = rlflow(layout.root, "bump", BRIDGE_PATH, local)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "error[RF012]: the recorded commit" in done.stderr
+    assert "error[RF108]: check-pins fails after the bump" in done.stderr
+    assert (tree_state(layout), git(layout.root, "rev-parse", "HEAD")) == before
+    assert (layout.root / "pyproject.toml").read_bytes() == pyproject
