@@ -1,19 +1,23 @@
 """`rlflow bump SUBMODULE REF`: move a submodule and every pin that must follow it, in one commit.
 
     1. refuse a dirty tree (the commit must contain the bump and nothing else)
-    2. fetch the submodule's remote; REF is a branch of it (`origin/REF`), a tag or a commit
+    2. fetch the submodule's remote with the .gitmodules URL (never a fork that origin may be);
+       REF is a branch of it (`<remote>/REF`), a tag or a commit
     3. check it out, and its nested submodules at the commits it records
     4. mirror into the root pyproject every pin that now disagrees (what `check-pins --fix`
        would move: lockstep pins, git revs, exact versions, index URLs), tomlkit keeping layout
     5. `uv lock` when the root has a uv.lock (the real uv)
     6. check-pins on the result; then one commit whose message lists every pin moved
 
-Anything that fails puts the submodule, the pyproject and the lock back as they were.
-`--dry-run` does steps 2-4 to learn the plan, prints it, and puts everything back.
+Anything that fails (Ctrl-C too) puts the submodule, the pyproject and the lock back as they
+were: the branch or detached HEAD, refs and FETCH_HEAD of the submodule and of every nested one,
+and nested ones it had to initialize de-initialized. `--dry-run` does steps 2-4 to learn the
+plan, prints it, and puts everything back the same way.
 """
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -60,7 +64,8 @@ def bump(ctx: click.Context, submodule: str, ref: str, repo: Path, dry_run: bool
     """Move SUBMODULE to REF and the root pins that follow it, in one commit.
 
     \b
-    REF is a branch of the submodule's remote (fetched first), a tag, or a commit.
+    REF is a branch of the submodule's remote with its .gitmodules URL (fetched first),
+    a tag, or a commit.
     Nested submodules move to the commits REF records. Root pins that would disagree with
     the submodule afterwards (lockstep pins, git revs, exact versions) are moved in
     pyproject.toml with its layout kept; uv.lock is re-locked with `uv lock` if there is one;
@@ -75,6 +80,26 @@ def bump(ctx: click.Context, submodule: str, ref: str, repo: Path, dry_run: bool
 
 
 def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
+    """SIGTERM and SIGHUP (a CI job's timeout, a closed terminal) end a bump like Ctrl-C does:
+    through the restore, not past it."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return _run_bump(repo, submodule, ref, dry_run)
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    saved = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _run_bump(repo, submodule, ref, dry_run)
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+def _run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
     from rlflow.pins.walk import find_root, walk
 
     root = find_root(repo)
@@ -82,6 +107,14 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
     _refuse_dirty(root)
     checkout = walk(root)
     sub = next((s for s in checkout.submodules if s.path == path), None)
+    if sub is None:  # a path relative to the current directory, as git takes it
+        import os
+
+        here = Path(os.path.abspath(submodule))
+        if here.is_relative_to(root.resolve()) or here.is_relative_to(root):
+            base = root.resolve() if here.is_relative_to(root.resolve()) else root
+            path = here.relative_to(base).as_posix()
+            sub = next((s for s in checkout.submodules if s.path == path), None)
     if sub is None or sub.declared_at.file != ".gitmodules":
         known = ", ".join(
             s.path for s in checkout.submodules if s.declared_at.file == ".gitmodules"
@@ -96,25 +129,31 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
             f"run `git submodule update --init --recursive {path}` first",
         )
     sub_dir = root / path
-    state = _RepoState.of(sub_dir)  # refs, FETCH_HEAD, branch: what a dry run puts back
+    # Refs, FETCH_HEAD, branch or detached HEAD of the submodule and of every nested one, and
+    # which nested ones were not initialized: what a dry run or a failure puts back.
+    state = _TreeState.of(root, checkout, path)
     try:
-        target, label = _resolve(sub_dir, ref)
-    except RlflowError:
+        target, label = _resolve(sub_dir, ref, _declared_url(root, sub), path)
+    except BaseException:  # a bad REF, an unreachable remote, Ctrl-C during the fetch
         state.restore()
         raise
     before = _gitlinks_below(root, checkout, path)
     files = _snapshot(root)
     moved_submodule = False
     if target == sub.head:
-        plan = _plan(root, path, before)
+        try:
+            plan = _plan(root, path, before)
+        except BaseException:  # a pin that needs a decision, Ctrl-C: the fetch is undone too
+            state.restore()
+            raise
         if not plan.pins and plan.new_text == plan.old_text:
             if dry_run:
                 state.restore()
             print(f"nothing to do: {path} is already at {label} ({target[:12]}) and the pins agree")
             return 0
     try:
-        _checkout(sub_dir, target)
-        moved_submodule = True
+        moved_submodule = True  # from here on, a failure puts the submodule back
+        _checkout(sub_dir, target, path)
         plan = _plan(root, path, before)
         if dry_run:
             _print_plan(path, label, plan, root, dry_run=True)
@@ -154,22 +193,54 @@ def run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
 
 
 @dataclass(frozen=True)
+class _TreeState:
+    """The bumped submodule's and its nested submodules' states, restored top-down; nested
+    submodules the bump had to initialize are de-initialized again."""
+
+    repos: tuple[_RepoState, ...]
+    uninitialized: tuple[tuple[Path, str], ...]  # (parent repository, path in it)
+
+    @classmethod
+    def of(cls, root: Path, checkout, path: str) -> _TreeState:
+        import posixpath
+
+        below = [s for s in checkout.submodules if s.path == path or s.path.startswith(path + "/")]
+        repos = tuple(_RepoState.of(root / s.path) for s in below if s.initialized)
+        uninitialized = []
+        for sub in below:
+            if not sub.initialized:
+                parent = posixpath.dirname(sub.declared_at.file)
+                uninitialized.append((root / parent, posixpath.relpath(sub.path, parent or ".")))
+        return cls(repos, tuple(uninitialized))
+
+    def restore(self) -> None:
+        for repo in self.repos:  # top-down: a parent's checkout moves its nested ones first
+            repo.restore()
+        for parent, rel in self.uninitialized:
+            if (parent / rel / ".git").exists():
+                gitcmd.run_raw(parent, "submodule", "deinit", "-q", "-f", "--", rel)
+
+
+@dataclass(frozen=True)
 class _RepoState:
-    """A submodule's refs, FETCH_HEAD and branch, to put back after a dry run or a failure."""
+    """A submodule's refs, FETCH_HEAD and branch or detached HEAD, to put back."""
 
     repo: Path
     refs: dict[str, str]
     branch: str | None
     fetch_head: bytes | None
+    head: str | None = None
 
     @classmethod
     def of(cls, repo: Path) -> _RepoState:
         listing = gitcmd.run(repo, "for-each-ref", "--format=%(objectname) %(refname)")
         refs = dict(reversed(line.split(" ", 1)) for line in listing.splitlines() if line)
         branch = gitcmd.run_raw(repo, "symbolic-ref", "-q", "HEAD").stdout.strip() or None
+        head = gitcmd.run_raw(repo, "rev-parse", "-q", "--verify", "HEAD").stdout.strip() or None
         git_dir = Path(gitcmd.run(repo, "rev-parse", "--absolute-git-dir").strip())
         fetch_head = git_dir / "FETCH_HEAD"
-        return cls(repo, refs, branch, fetch_head.read_bytes() if fetch_head.exists() else None)
+        data = fetch_head.read_bytes() if fetch_head.exists() else None
+        return cls(repo, refs, branch, data, head)
 
     def restore(self) -> None:
         now = RepoRefs(self.repo)
@@ -184,11 +255,15 @@ class _RepoState:
             fetch_head.unlink(missing_ok=True)
         else:
             fetch_head.write_bytes(self.fetch_head)
-        if self.branch:
-            current = gitcmd.run_raw(self.repo, "symbolic-ref", "-q", "HEAD").stdout.strip()
-            if current != self.branch:
-                gitcmd.run_raw(self.repo, "checkout", "-q", self.branch.removeprefix("refs/heads/"))
-                gitcmd.run_raw(self.repo, "submodule", "update", "-q", "--init", "--recursive")
+        current = gitcmd.run_raw(self.repo, "symbolic-ref", "-q", "HEAD").stdout.strip()
+        now = gitcmd.run_raw(self.repo, "rev-parse", "-q", "--verify", "HEAD").stdout.strip()
+        if self.branch and current != self.branch:
+            gitcmd.run_raw(self.repo, "checkout", "-q", self.branch.removeprefix("refs/heads/"))
+        elif not self.branch and self.head and (current or now != self.head):
+            gitcmd.run_raw(self.repo, "checkout", "-q", "--detach", self.head)
+        else:
+            return
+        gitcmd.run_raw(self.repo, "submodule", "update", "-q", "--recursive")
 
 
 class RepoRefs:
@@ -216,10 +291,39 @@ def _refuse_dirty(root: Path) -> None:
         )
 
 
-def _resolve(sub_dir: Path, ref: str) -> tuple[str, str]:
-    """REF -> (commit, how it was named), after fetching the submodule's remote."""
-    remotes = gitcmd.run(sub_dir, "remote").split()
-    remote = "origin" if "origin" in remotes or not remotes else remotes[0]
+def _declared_url(root: Path, sub) -> str | None:
+    from rlflow.pins.refs import declared_url
+
+    return declared_url(root, sub)
+
+
+def _resolve(
+    sub_dir: Path, ref: str, url: str | None = None, path: str | None = None
+) -> tuple[str, str]:
+    """REF -> (commit, how it was named), after fetching the submodule's remote: the remote
+    whose URL is the .gitmodules one (what a fresh clone fetches from), never a fork."""
+    from rlflow.pins import refs
+
+    config = refs.remote_config(sub_dir)
+    remotes = list(config.urls)
+    if url:
+        matching = refs.matching_remotes(config, url)
+        if not matching:
+            name = next(
+                (n for n in ("upstream", "approved", "rlflow-bump") if n not in config.urls),
+                "declared",
+            )
+            shown = ", ".join(f"`{r}` = {config.urls[r]}" for r in remotes) or "none"
+            raise _usage(
+                f"no remote of `{sub_dir.name}` has the URL its .gitmodules declares, `{url}` "
+                f"(its remotes: {shown}): a commit fetched from elsewhere (a fork) is one that a "
+                "fresh clone cannot fetch",
+                f"add it: `git -C {shlex.quote(path or str(sub_dir))} remote add {name} "
+                f"{shlex.quote(url)}`, then bump again",
+            )
+        remote = matching[0]
+    else:
+        remote = "origin" if "origin" in remotes or not remotes else remotes[0]
     if remotes:
         done = gitcmd.run_raw(sub_dir, "fetch", "-q", "--tags", remote)
         if done.returncode != 0:
@@ -241,9 +345,24 @@ def _resolve(sub_dir: Path, ref: str) -> tuple[str, str]:
     )
 
 
-def _checkout(sub_dir: Path, commit: str) -> None:
-    gitcmd.run(sub_dir, "checkout", "-q", "--detach", commit)
-    gitcmd.run(sub_dir, "submodule", "update", "-q", "--init", "--recursive")
+def _checkout(sub_dir: Path, commit: str, path: str) -> None:
+    for args in (
+        ("checkout", "-q", "--detach", commit),
+        ("submodule", "update", "-q", "--init", "--recursive"),
+    ):
+        done = gitcmd.run_raw(sub_dir, *args)
+        if done.returncode != 0:  # git's own words name the files (untracked ones in the way)
+            said = [line.strip() for line in done.stderr.strip().splitlines() if line.strip()]
+            raise RlflowError(
+                Diagnostic(
+                    "RF108",
+                    f"`git {' '.join(args[:2])}` of {commit[:12]} failed in `{path}`: "
+                    + (said[0] if said else "no output"),
+                    notes=tuple(said[1:20]),
+                    help=f"nothing was changed; fix what git says (`git -C {shlex.quote(path)} "
+                    "status` shows untracked files in the way), then bump again",
+                )
+            )
 
 
 def _gitlinks_below(root: Path, checkout, path: str) -> dict[str, str | None]:
@@ -367,7 +486,8 @@ def _snapshot(root: Path) -> dict[Path, bytes]:
 def _restore(root: Path, path: str, head: str | None, files: dict[Path, bytes]) -> None:
     gitcmd.run_raw(root, "reset", "-q", "--", path, *[f.name for f in files])
     for file, data in files.items():
-        file.write_bytes(data)
+        if not file.is_file() or file.read_bytes() != data:  # untouched: not even its mtime
+            file.write_bytes(data)
     if head:
         gitcmd.run_raw(root / path, "checkout", "-q", "--detach", head)
         gitcmd.run_raw(root / path, "submodule", "update", "-q", "--init", "--recursive")
@@ -378,12 +498,14 @@ def _print_plan(path: str, label: str, plan: Plan, root: Path, dry_run: bool) ->
     lines = [f"{head}: {path} -> {label}"]
     for move in plan.moves:
         lines.append(f"  move {move.path}: {_short(move.old)} -> {_short(move.new)}")
+    moved = "pins a bump would move" if dry_run else "pins moved"
     if plan.pins:
-        lines.append("pins moved in pyproject.toml:")
+        lines.append(f"{moved} in pyproject.toml:")
         lines += [f"  {p.line()}: {p.description}" for p in plan.pins]
     else:
-        lines.append("pins moved in pyproject.toml: none")
-    lines.append("uv.lock: re-locked with `uv lock`" if plan.relock else "uv.lock: none")
+        lines.append(f"{moved} in pyproject.toml: none")
+    relock = "a bump would re-lock it with `uv lock`" if dry_run else "re-locked with `uv lock`"
+    lines.append(f"uv.lock: {relock}" if plan.relock else "uv.lock: none")
     print("\n".join(lines))
 
 

@@ -69,18 +69,22 @@ def run(cwd: Path, *args: str, index_file: str | None = None, check: bool = True
     return done.stdout
 
 
-def run_raw(cwd: Path, *args: str, index_file: str | None = None) -> subprocess.CompletedProcess:
-    return finish(start(cwd, *args, index_file=index_file))
+def run_raw(
+    cwd: Path, *args: str, index_file: str | None = None, extra_env: dict | None = None
+) -> subprocess.CompletedProcess:
+    return finish(start(cwd, *args, index_file=index_file, extra_env=extra_env))
 
 
-def start(cwd: Path, *args: str, index_file: str | None = None) -> subprocess.Popen:
+def start(
+    cwd: Path, *args: str, index_file: str | None = None, extra_env: dict | None = None
+) -> subprocess.Popen:
     """`git ARGS` begun in `cwd`, not waited for: the walk starts a level's calls at once and
     reads them in order (`finish`), so independent git processes overlap."""
     try:
         process = subprocess.Popen(
             ["git", *args],
             cwd=cwd,
-            env=clean_env(index_file, cwd),
+            env={**clean_env(index_file, cwd), **(extra_env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

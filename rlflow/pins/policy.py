@@ -119,8 +119,28 @@ def _submodule_refs(doc, table: dict) -> dict[str, tuple[str, Location]]:
                 f"`submodule-refs` entry `{sub}` must name a branch or tag of the submodule's "
                 'remote, e.g. "main"',
             )
+        if _bad_ref_name(ref.strip()):
+            raise _bad(
+                doc,
+                path + (sub,),
+                f"`submodule-refs` entry `{sub}` = `{ref}` is not one branch or tag name (globs "
+                "and revisions are not supported; `git check-ref-format --branch` must accept "
+                'it), e.g. "main" or "v0.7.0"',
+            )
         refs[sub.strip("/")] = (ref.strip(), doc.loc(path + (sub,)))
     return refs
+
+
+def _bad_ref_name(ref: str) -> bool:
+    """What `git check-ref-format refs/heads/<ref>` refuses (git-check-ref-format(1))."""
+    import re
+
+    parts = ref.split("/")
+    return bool(
+        re.search(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{|//", ref)
+        or ref.endswith((".", "/"))
+        or any(not p or p.startswith(".") or p.endswith(".lock") for p in parts)
+    )
 
 
 def apply_allowlist(

@@ -309,7 +309,9 @@ def _rf014(f: Finding):
         f"commit records {(sub.committed or '(none)')[:12]}: the root would record a "
         f"`{parent}` commit without it, and a fresh clone checks out the old one",
         f"commit it in the parent submodule (`git -C {shlex.quote(parent)} commit -m "
-        f"'bump {name}'`), then record that commit (`{record}`)",
+        f"'bump {name}'`), then record that commit (`{record}`); push that commit to a branch "
+        f"of `{parent}`'s remote before the root's (`git -C {shlex.quote(parent)} push origin "
+        "HEAD:<branch>`): a commit only your checkout has breaks every fresh clone too",
     )
 
 
@@ -331,7 +333,8 @@ def _rf011(f: Finding):
 
 
 def _rf012(f: Finding):
-    return f.detail, _rf012_help(f)
+    message, _, commands = (f.detail or "").partition("\n")
+    return message, commands or _rf012_help(f)  # "cannot check": the commands that fix it
 
 
 def _rf012_help(f: Finding) -> str:

@@ -105,20 +105,31 @@ def find_root(start: Path) -> Path:
 
 
 def _separate_git_dir(start: Path) -> Path | None:
-    """`GIT_DIR` + `GIT_WORK_TREE` (git sets both for hooks of such a setup) when `start` is in
-    that work tree and the work tree has no `.git` of its own."""
+    """A work tree whose repository lives elsewhere, as git itself finds it from `GIT_DIR` (git
+    sets it for the hooks of such a setup) with `GIT_WORK_TREE` or the repository's
+    `core.worktree`, when `start` is in that work tree and it has no `.git` of its own."""
     import os
 
-    git_dir, work_tree = os.environ.get("GIT_DIR"), os.environ.get("GIT_WORK_TREE")
-    if not git_dir or not work_tree:
+    if not os.environ.get("GIT_DIR"):
         return None
-    top = Path(work_tree).resolve()
+    env = {k: v for k, v in os.environ.items() if k not in ("GIT_INDEX_FILE", "GIT_PREFIX")}
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--path-format=absolute", "--show-toplevel", "--git-dir"],
+            cwd=start,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    except FileNotFoundError:
+        return None
+    lines = done.stdout.splitlines()
+    if done.returncode != 0 or len(lines) != 2:
+        return None
+    top, git_dir = Path(lines[0]).resolve(), Path(lines[1]).resolve()
     if (top / ".git").exists() or not (start == top or start.is_relative_to(top)):
         return None
-    git_dir_path = Path(git_dir) if os.path.isabs(git_dir) else Path.cwd() / git_dir
-    if not (git_dir_path / "HEAD").is_file():
-        return None
-    gitcmd.SEPARATE_GIT_DIRS[str(top)] = str(git_dir_path.resolve())
+    gitcmd.SEPARATE_GIT_DIRS[str(top)] = str(git_dir)
     return top
 
 

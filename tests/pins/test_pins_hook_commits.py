@@ -14,9 +14,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from pins_helpers import GIT_ENV, LM_PATH, git, root_toml
+from pins_helpers import BRIDGE_PATH, GIT_ENV, LM_PATH, git, root_toml
 
 RLFLOW = Path(sys.executable).parent / "rlflow"
 CONFIG = f"""\
@@ -178,6 +179,7 @@ def test_nested_gitlink_staged_but_not_committed_in_its_parent_is_refused(hooked
     assert code != 0 and "error[RF014]" in output, output
     fix = "git -C submodules/Megatron-Bridge commit -m 'bump 3rdparty/Megatron-LM'"
     assert fix in output and "git add submodules/Megatron-Bridge" in output, output
+    assert "git -C submodules/Megatron-Bridge push origin HEAD:<branch>" in output, output
     git(hooked.bridge, "commit", "-qm", "bump 3rdparty/Megatron-LM")  # what the help says
     git(hooked.root, "add", "submodules/Megatron-Bridge")
     accepted(commit(hooked.root, tmp_path, "-m", "notes and the bump"))
@@ -209,3 +211,62 @@ def test_hook_with_git_dir_and_work_tree_and_no_dot_git(tmp_path):
     run("add", "pyproject.toml")
     done = run("commit", "-m", "broken")
     assert done.returncode != 0 and "error[RF102]" in done.stdout + done.stderr
+
+
+def test_hook_with_core_worktree_and_only_git_dir_set(nested, tmp_path):
+    """A repository outside its work tree found through `core.worktree` (`GIT_DIR` alone, as a
+    dotfiles-style setup runs git): nested submodules, the hook from the real `pre-commit
+    install`. Every commit was refused (RF100 "not inside a git repository")."""
+    layout = nested()
+    store, work = tmp_path / "store.git", tmp_path / "work"
+    work.mkdir()
+    git(tmp_path, "init", "-q", "--bare", str(store))
+    git(store, "config", "core.bare", "false")
+    git(store, "config", "core.worktree", str(work))
+    env = {**_env(tmp_path), "GIT_DIR": str(store)}
+
+    def run(*args, cwd=work):
+        done = subprocess.run(
+            ["git", "-c", "protocol.file.allow=always", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return done.returncode, done.stdout + done.stderr
+
+    (work / "pyproject.toml").write_text(root_toml())
+    (work / ".pre-commit-config.yaml").write_text(CONFIG)
+    assert run("add", "pyproject.toml", ".pre-commit-config.yaml")[0] == 0
+    assert run("submodule", "add", "-q", str(layout.upstream_bridge), BRIDGE_PATH)[0] == 0
+    assert run("submodule", "update", "-q", "--init", "--recursive")[0] == 0
+    done = subprocess.run(
+        [sys.executable, "-m", "pre_commit", "install"], cwd=work, env=env, capture_output=True
+    )
+    assert done.returncode == 0 and (store / "hooks" / "pre-commit").is_file(), done.stderr
+    accepted(run("commit", "-m", "trainer with Megatron-Bridge"))
+    accepted(run("commit", "--allow-empty", "-m", "from a subdirectory", cwd=work / "submodules"))
+    drift_root(SimpleNamespace(root=work))
+    refused(run("commit", "-am", "drift"), RF001)
+    (work / "pyproject.toml").write_text(root_toml())
+    git(work / LM_PATH, "commit", "-q", "--allow-empty", "-m", "moved on")
+    git(work / BRIDGE_PATH, "add", "3rdparty/Megatron-LM")
+    refused(run("commit", "--allow-empty", "-m", "notes"), "error[RF014]")
+
+
+def test_commit_in_a_linked_worktree(hooked, tmp_path):
+    """`git worktree add`: the checkout's `.git` is a file, its index is under the main
+    repository's `.git/worktrees/`; the hook reads that index, submodules included."""
+    linked = tmp_path / "linked"
+    git(hooked.root, "worktree", "add", "-q", str(linked))
+    git(linked, "submodule", "update", "-q", "--init", "--recursive")
+    assert (linked / ".git").is_file()
+    (linked / "docs" / "notes.md").write_text("from the linked worktree\n")
+    accepted(commit(linked, tmp_path, "-am", "notes"))
+    drift_root(SimpleNamespace(root=linked))
+    refused(commit(linked, tmp_path, "-am", "drift"), RF001)
+    (linked / "pyproject.toml").write_text(root_toml())
+    git(linked / LM_PATH, "commit", "-q", "--allow-empty", "-m", "moved on")
+    git(linked / BRIDGE_PATH, "add", "3rdparty/Megatron-LM")
+    refused(commit(linked, tmp_path, "--allow-empty", "-m", "notes"), "error[RF014]")
