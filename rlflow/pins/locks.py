@@ -42,7 +42,6 @@ _OPTIONS = {
     "resolution-mode": ("resolution", "highest"),
     "prerelease-mode": ("prerelease", "if-necessary-or-explicit"),
     "fork-strategy": ("fork-strategy", "requires-python"),
-    "exclude-newer": ("exclude-newer", None),
 }
 
 
@@ -118,6 +117,12 @@ def _stale(lock: uvlock.UvLock, directory: Path, document) -> Stale | None:
             f"it is written in lock schema version {version!r}; uv 0.13 (and rlflow) read "
             f"version {SCHEMA} only, so `uv lock --check` refuses it"
         )
+    revision = lock.header.get("revision", 0)
+    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
+        return Stale(
+            f"its `revision = {revision!r}` is not a lock revision (a whole number), so "
+            "`uv lock --check` cannot read it"
+        )
     if (directory / "uv.toml").is_file():
         raise Undecidable(
             "`uv.toml` holds uv settings that rlflow does not read; run `uv lock --check`"
@@ -152,7 +157,60 @@ def _options(lock, root, members, python) -> Stale | None:
         want = root.uv.get(setting, default)
         if str(have) != str(want):
             return Stale(f"[tool.uv] {setting} is `{want}` but the lock was resolved with `{have}`")
+    return _exclude_newer(lock, root, options)
+
+
+def _exclude_newer(lock, root, options: dict) -> Stale | None:
+    """uv 0.13 (measured): `exclude-newer` added, removed or moved earlier makes the lock stale;
+    moved later (or respelled: a date means the end of that day, UTC) it does not. The same per
+    package in `exclude-newer-package`, for packages in the lock."""
+    locked = {p.name for p in lock.packages}
+    have_pkg = options.get("exclude-newer-package")
+    want_pkg = root.uv.get("exclude-newer-package")
+    have_pkg = have_pkg if isinstance(have_pkg, dict) else {}
+    want_pkg = want_pkg if isinstance(want_pkg, dict) else {}
+    pairs = [("exclude-newer", options.get("exclude-newer"), root.uv.get("exclude-newer"))]
+    for name in sorted({canonicalize_name(str(n)) for n in [*have_pkg, *want_pkg]} & locked):
+        have = next((v for k, v in have_pkg.items() if canonicalize_name(str(k)) == name), None)
+        want = next((v for k, v in want_pkg.items() if canonicalize_name(str(k)) == name), None)
+        pairs.append((f"exclude-newer-package `{name}`", have, want))
+    for setting, have, want in pairs:
+        if have is None and want is None:
+            continue
+        where = _line(root, "exclude-newer")
+        if have is None or want is None:
+            return Stale(
+                f"[tool.uv] {setting} is {_shown(want)}, the lock was resolved with {_shown(have)}",
+                where,
+            )
+        old, new = _instant(have), _instant(want)
+        if old is None or new is None:
+            raise Undecidable(
+                f"[tool.uv] {setting} is `{want}` and the lock has `{have}`; rlflow reads only "
+                "RFC 3339 timestamps and dates there"
+            )
+        if new < old:
+            return Stale(
+                f"[tool.uv] {setting} moved earlier, to `{want}`, than the `{have}` the lock was "
+                "resolved with",
+                where,
+            )
     return None
+
+
+def _instant(value):
+    from datetime import UTC, datetime, timedelta
+
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    try:
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+            return datetime.fromisoformat(text).replace(tzinfo=UTC) + timedelta(days=1)
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else None
 
 
 def _environments(lock, root, members, python) -> Stale | None:
@@ -288,9 +346,7 @@ def _manifest(lock, root, members, python) -> Stale | None:
     if not root.name:
         want_groups = lowering.groups(root)
         have_groups = manifest.get("dependency-groups", {}) or {}
-        return _groups(
-            "the root's dependency-groups", have_groups, want_groups, directory, python, root
-        )
+        return _groups("the root's dependency-groups", have_groups, want_groups, lock, python, root)
     return None
 
 
@@ -311,7 +367,7 @@ def _metadata(entry: dict, python) -> tuple:
 
     version = entry.get("version")
     try:
-        version = str(Version(version)) if isinstance(version, str) else None
+        version = Version(version) if isinstance(version, str) else None  # 0.3 == 0.3.0
     except InvalidVersion:
         pass
     requires = tuple(
@@ -352,7 +408,42 @@ def _packages(lock, root, members, python) -> Stale | None:
         found = _package(lock, package, project, python, root)
         if found:
             return found
+        if project in members.values() and _revision(lock) >= 5:
+            found = _default_groups(package, project)
+            if found:
+                return found
     return None
+
+
+def _revision(lock) -> int:
+    revision = lock.header.get("revision", 0)
+    return revision if isinstance(revision, int) else 0
+
+
+def _default_groups(package, project) -> Stale | None:
+    """uv records a member's `[tool.uv] default-groups` in its lock entry ("all", or the sorted
+    list; nothing when unset or `["dev"]`, uv's default), and a change makes the lock stale: from
+    lock revision 5 on
+    (measured with uv 0.13.9: a revision 4 lock without it is fresh; NeMo-RL's is revision 3)."""
+
+    def form(value):
+        if isinstance(value, list):
+            value = sorted({canonicalize_name(str(g)) for g in value})
+        return None if value == ["dev"] else value  # uv's default: not recorded
+
+    want = form(project.uv.get("default-groups"))
+    have = form((package.data or {}).get("default-groups"))
+    if want != have:
+        return Stale(
+            f"`{package.name}`: [tool.uv] default-groups is {_shown(want)}, the lock has "
+            f"{_shown(have)}",
+            _line(project, "default-groups"),
+        )
+    return None
+
+
+def _shown(value) -> str:
+    return "unset" if value is None else f"`{value}`"
 
 
 def _virtual(member) -> bool | None:
@@ -399,15 +490,19 @@ def _package(lock, package, project, python, root) -> Stale | None:
             f"{label}: " + _difference("requires-dist", *diff), _line(project, "dependencies", diff)
         )
     dev = metadata.get("requires-dev", {}) if isinstance(metadata.get("requires-dev"), dict) else {}
-    return _groups(label, dev, wanted.requires_dev, lock.directory, python, project)
+    return _groups(label, dev, wanted.requires_dev, lock, python, project)
 
 
-def _groups(label, have_raw: dict, want: dict, directory, python, project) -> Stale | None:
+def _groups(label, have_raw: dict, want: dict, lock, python, project) -> Stale | None:
     have = {
-        canonicalize_name(g): [uvlock.entry(i, directory) for i in items or []]
+        canonicalize_name(g): [uvlock.entry(i, lock.directory) for i in items or []]
         for g, items in have_raw.items()
     }
-    have = {g: e for g, e in have.items() if e}
+    # uv-resolver `Lock::includes_empty_groups`: a lock of revision 1 or later records empty
+    # groups (`z = []`), so adding or removing one makes it stale; an older lock ignores them.
+    if _revision(lock) < 1:
+        have = {g: e for g, e in have.items() if e}
+        want = {g: e for g, e in want.items() if e}
     if set(have) != set(want):
         return Stale(
             f"{label}: dependency groups changed (lock: {sorted(have)}; pyproject: {sorted(want)})",

@@ -31,7 +31,6 @@ from packaging.version import InvalidVersion, Version
 
 from rlflow.pins import markers, pep508, records
 from rlflow.pins.pep508 import canonicalize_name
-from rlflow.pins.urls import normalize_repo
 
 
 class Undecidable(Exception):
@@ -174,7 +173,8 @@ def record(project: Project) -> Record:
 
 
 def groups(project: Project) -> dict[str, list]:
-    """Dependency groups, `include-group` expanded, legacy dev-dependencies as `dev`."""
+    """Dependency groups, `include-group` expanded, legacy dev-dependencies as `dev`; empty
+    groups included."""
     raw = project.data.get("dependency-groups", {})
     raw = {canonicalize_name(k): v for k, v in raw.items()} if isinstance(raw, dict) else {}
     legacy = project.uv.get("dev-dependencies")
@@ -198,7 +198,7 @@ def groups(project: Project) -> dict[str, list]:
     if isinstance(legacy, list):
         out.setdefault("dev", [])
         out["dev"] += [e for text in _strings(legacy) for e in lower(text, project, group="dev")]
-    return {g: entries for g, entries in out.items() if entries}
+    return out  # empty groups too: a lock of revision 1 or later records them (`dev = []`)
 
 
 def lower(text: str, project: Project, extra: str | None = None, group: str | None = None) -> list:
@@ -261,7 +261,7 @@ def url_source(url: str, directory: str) -> tuple:
         if "@" in path:
             path, ref = path.rsplit("@", 1)
         sub = parse_qs(fragment).get("subdirectory", [None])[0]
-        repo = normalize_repo(parts._replace(path=path, query="").geturl())
+        repo = lock_repo(parts._replace(path=path, query="").geturl())
         return ("git", repo, "rev" if ref else None, ref, sub)
     base, _, fragment = url.partition("#")
     if base.startswith("file:"):
@@ -275,7 +275,7 @@ def source_key(source: dict, req: pep508.Parsed, project: Project) -> tuple:
         ref_kind = next((k for k in ("rev", "tag", "branch") if k in source), None)
         return (
             "git",
-            normalize_repo(str(source["git"])),
+            lock_repo(str(source["git"])),
             ref_kind,
             source.get(ref_kind) if ref_kind else None,
             source.get("subdirectory"),
@@ -299,11 +299,26 @@ def source_key(source: dict, req: pep508.Parsed, project: Project) -> tuple:
         url = project.indexes.get(name, project.workspace_indexes.get(name))
         if url is None:
             raise Undecidable(f"`{req.name}` comes from index `{name}`, which no project defines")
+        if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url):  # a local directory: uv locks
+            url = "file://" + os.path.normpath(os.path.join(project.directory, url))  # its URL
         return ("registry", spec_key(str(req.specifier)), index_url(url))
     return requirement_source(req, project.directory)
 
 
 # -- normal forms -----------------------------------------------------------------------------
+def lock_repo(url: str) -> str:
+    """A git repository URL as `uv lock --check` compares it (uv-resolver normalize_requirement:
+    credentials, query and fragment dropped, the rest verbatim): unlike a pin comparison
+    (urls.normalize_repo), a `.git` suffix or a trailing slash added since locking makes the lock
+    stale (measured with uv 0.13.9)."""
+    url = url.strip().removeprefix("git+")
+    parts = urlsplit(url)
+    if not parts.scheme:
+        return url
+    host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return f"{parts.scheme.lower()}://{host.lower()}{parts.path or '/'}"
+
+
 @cache
 def spec_key(text: str) -> tuple:
     try:
@@ -350,6 +365,7 @@ def compare_entries(have: list, want: list, python: str | None) -> tuple[list, l
     a, b = grouped(have), grouped(want)
     added = [k for k in b if k not in a]
     removed = [k for k in a if k not in b]
+    added, removed, unsure = _same_meaning(added, removed, a, b, python)
     for key in set(a) & set(b):
         if a[key] == b[key]:
             continue  # the same trees: the same truth tables
@@ -359,5 +375,100 @@ def compare_entries(have: list, want: list, python: str | None) -> tuple[list, l
         ):
             added.append(key)
     if not added and not removed:
+        if unsure:
+            raise Undecidable(
+                f"`{unsure[0]}` is written `{unsure[1]}` in the lock and `{unsure[2]}` now: uv "
+                "stores the two alike but they allow different versions, so uv re-resolves and "
+                "only the result tells; run `uv lock --check`"
+            )
         return None
     return sorted(added, key=repr), sorted(removed, key=repr)
+
+
+def _same_meaning(added: list, removed: list, a: dict, b: dict, python) -> tuple:
+    """Pair a pyproject entry with a lock entry whose registry specifiers differ in spelling only
+    (`>=0.2` / `>=0.2.0`, `<1,>=0.2` / `>=0.2,<1,>=0.1`): uv 0.13 compares them by the versions
+    they allow (and by prerelease opt-in and a lone `==` pin), so they are the same."""
+    unsure = None
+    for key in list(added):
+        name, extras, source = key
+        if source[0] != "registry":
+            continue
+        for old in removed:
+            if old[:2] != (name, extras) or old[2][0] != "registry" or old[2][2] != source[2]:
+                continue
+            same = same_specifiers(old[2][1], source[1])
+            if same is False:
+                continue
+            if a[old] != b[key] and markers.equivalent_sets(a[old], b[key], python) is not True:
+                continue
+            added.remove(key)
+            removed.remove(old)
+            if same is None:
+                unsure = unsure or (name, _spec_text(old[2][1]), _spec_text(source[1]))
+            break
+    return added, removed, unsure
+
+
+def _spec_text(key: tuple) -> str:
+    return ",".join(op + v for op, v in key) if key and len(key[0]) == 2 else "".join(key)
+
+
+def same_specifiers(left: tuple, right: tuple) -> bool | None:
+    """Two spec_key tuples: True when uv 0.13's `uv lock --check` takes them for the same
+    requirement, False when not, None when uv stores them alike (its version equality ignores
+    trailing zeros: `~=0.3` and `~=0.3.0`) but they allow different versions, where uv
+    re-resolves and the answer depends on the resolution (measured: `==0.3.*` -> `==0.3.0.*`
+    passes, `~=0.3` -> `~=0.3.0` fails)."""
+    if left == right:
+        return True
+    if not all(len(k) == 2 for k in (*left, *right)) or any(op == "===" for op, _ in left + right):
+        return False
+    try:
+        lv = [(op, Version(v.removesuffix(".*")), v.endswith(".*")) for op, v in left]
+        rv = [(op, Version(v.removesuffix(".*")), v.endswith(".*")) for op, v in right]
+    except InvalidVersion:
+        return False
+    pin = lambda specs: len(specs) == 1 and specs[0][0] == "==" and not specs[0][2]  # noqa: E731
+    pre = lambda specs: any(v.is_prerelease for _, v, _ in specs)  # noqa: E731
+    if pin(lv) == pin(rv) and pre(lv) == pre(rv):
+        lset = SpecifierSet(_spec_text(left))
+        rset = SpecifierSet(_spec_text(right))
+        if all(
+            lset.contains(p, prereleases=True) == rset.contains(p, prereleases=True)
+            for p in _probes([v for _, v, _ in lv + rv])
+        ):
+            return True
+    alike = len(lv) == len(rv) and all(x in rv for x in lv) and all(y in lv for y in rv)
+    return None if alike else False  # Version's == ignores trailing zeros, as uv's does
+
+
+def _probes(versions: list) -> list[Version]:
+    """Versions on each side of every bound: where two specifier sets can differ."""
+    out = set()
+    for version in versions:
+        release = version.release
+        bases = {release, (0,), (999,)}
+        for i in range(1, len(release) + 2):
+            head = (release + (0,) * i)[:i]
+            bases |= {head, head[:-1] + (head[-1] + 1,), head + (0,), head + (1,)}
+            if head[-1] > 0:
+                bases.add(head[:-1] + (head[-1] - 1,) + (99,))
+        prefix = f"{version.epoch}!" if version.epoch else ""
+        for base in bases:
+            text = prefix + ".".join(map(str, base))
+            for suffix in (
+                "",
+                ".dev0",
+                "a0",
+                "a1",
+                "rc1",
+                ".post0",
+                ".post1",
+                ".post1.dev0",
+                "+local",
+            ):
+                out.add(Version(text + suffix))
+        out.add(version)
+        out.add(Version(f"{version}+local") if not version.local else version)
+    return sorted(out)

@@ -224,3 +224,229 @@ def test_find_links_relative_and_absolute_are_one_source(env):
     result = check_pins("--repo", root, "--strict", "--format", "json")
     assert result.code == 0, result.out
     git(root, "status")
+
+
+# -- edits a new user makes, each judged by the real `uv lock --check` -------------------------
+def _gitdep(env) -> str:
+    """A local git repository with tags v0.2.0 and v0.3.0 (made once per module)."""
+    repo = env["base"] / "gitdep"
+    if not repo.exists():
+        toml = project(env, deps="[]").replace('name = "app"', 'name = "gitdep"')
+        make_repo(repo, {"pyproject.toml": toml})
+        git(repo, "tag", "v0.2.0")
+    return str(repo)
+
+
+GROUPS = '\n[dependency-groups]\na = ["leaf"]\nb = ["other"]\n'
+NEWER = 'exclude-newer = "2025-01-01T00:00:00Z"\n'
+
+
+def _with_uv(env, setting: str, body: str = "", deps: str = '["leaf"]') -> str:
+    return project(env, body, deps=deps).replace("no-index = true\n", f"no-index = true\n{setting}")
+
+
+def _git_source(env) -> str:
+    return project(
+        env, f'\n[tool.uv.sources]\ngitdep = {{ git = "file://{_gitdep(env)}", tag = "v0.2.0" }}\n'
+    ).replace('dependencies = ["leaf"]', 'dependencies = ["gitdep"]')
+
+
+def _pinned_local_index(env) -> str:
+    return indexed(env).replace("default = true\n", "explicit = true\n") + (
+        '\n[tool.uv.sources]\nleaf = { index = "local" }\n'
+    )
+
+
+# case -> (pyproject, edits of the pyproject, edit of the lock, what uv says: fresh | stale | any)
+# "any": rlflow must say RF013 (uv re-resolves, and only the resolution tells).
+EDITS = {
+    "specifier respelled >=0.2.0": (
+        lambda e: project(e, deps='["leaf>=0.2"]'),
+        [('"leaf>=0.2"', '"leaf>=0.2.0"')],
+        None,
+        "fresh",
+    ),
+    "specifier respelled <1.0": (
+        lambda e: project(e, deps='["leaf<1"]'),
+        [('"leaf<1"', '"leaf<1.0"')],
+        None,
+        "fresh",
+    ),
+    "redundant bound added": (
+        lambda e: project(e, deps='["leaf>=0.2,<1"]'),
+        [('"leaf>=0.2,<1"', '"leaf>=0.2,<1,>=0.1"')],
+        None,
+        "fresh",
+    ),
+    "a lone == pin spelled as a range": (
+        lambda e: project(e, deps='["leaf==0.3.0"]'),
+        [('"leaf==0.3.0"', '"leaf>=0.3.0,<=0.3.0"')],
+        None,
+        "stale",
+    ),
+    "a bound moved below a prerelease": (
+        lambda e: project(e, deps='["leaf>=0.2"]'),
+        [('"leaf>=0.2"', '"leaf>=0.2a0"')],
+        None,
+        "stale",
+    ),
+    "~= precision changed": (
+        lambda e: project(e, deps='["leaf~=0.3"]'),
+        [('"leaf~=0.3"', '"leaf~=0.3.0"')],
+        None,
+        "any",
+    ),
+    "wildcard precision changed": (
+        lambda e: project(e, deps='["leaf==0.3.*"]'),
+        [('"leaf==0.3.*"', '"leaf==0.3.0.*"')],
+        None,
+        "any",
+    ),
+    "empty group added": (
+        lambda e: project(e, GROUPS),
+        [('b = ["other"]', 'b = ["other"]\nz = []')],
+        None,
+        "stale",
+    ),
+    "empty group removed": (
+        lambda e: project(e, GROUPS + "z = []\n"),
+        [("z = []\n", "")],
+        None,
+        "stale",
+    ),
+    "empty legacy dev-dependencies added": (
+        project,
+        [("no-index = true\n", "no-index = true\ndev-dependencies = []\n")],
+        None,
+        "stale",
+    ),
+    "default-groups changed": (
+        lambda e: _with_uv(e, 'default-groups = ["a"]\n', GROUPS),
+        [('default-groups = ["a"]', 'default-groups = ["b"]')],
+        None,
+        "stale",
+    ),
+    "default-groups added": (
+        lambda e: project(e, GROUPS),
+        [("no-index = true\n", 'no-index = true\ndefault-groups = ["a", "b"]\n')],
+        None,
+        "stale",
+    ),
+    "default-groups reordered": (
+        lambda e: _with_uv(e, 'default-groups = ["a", "b"]\n', GROUPS),
+        [('["a", "b"]', '["b", "a"]')],
+        None,
+        "fresh",
+    ),
+    "default-groups set to uv's default": (
+        lambda e: project(e, GROUPS.replace("a =", "dev =")),
+        [("no-index = true\n", 'no-index = true\ndefault-groups = ["dev"]\n')],
+        None,
+        "fresh",
+    ),
+    "a revision 4 lock has no default-groups": (
+        lambda e: _with_uv(e, 'default-groups = ["a"]\n', GROUPS),
+        [],
+        lambda lock: lock.replace("revision = 5\n", "revision = 4\n").replace(
+            'default-groups = ["a"]\n', ""
+        ),
+        "fresh",
+    ),
+    "exclude-newer moved later": (
+        lambda e: _with_uv(e, NEWER),
+        [("2025-01-01T00:00:00Z", "2025-02-01T00:00:00Z")],
+        None,
+        "fresh",
+    ),
+    "exclude-newer as the same day's date": (
+        lambda e: _with_uv(e, NEWER),
+        [("2025-01-01T00:00:00Z", "2024-12-31")],
+        None,
+        "fresh",
+    ),
+    "exclude-newer moved earlier": (
+        lambda e: _with_uv(e, NEWER),
+        [("2025-01-01T00:00:00Z", "2025-01-01T00:00:00+01:00")],
+        None,
+        "stale",
+    ),
+    "exclude-newer removed": (lambda e: _with_uv(e, NEWER), [(NEWER, "")], None, "stale"),
+    "exclude-newer-package added": (
+        project,
+        [
+            (
+                "no-index = true\n",
+                'no-index = true\nexclude-newer-package = { leaf = "2025-01-01" }\n',
+            )
+        ],
+        None,
+        "stale",
+    ),
+    "exclude-newer-package for a package not locked": (
+        project,
+        [
+            (
+                "no-index = true\n",
+                'no-index = true\nexclude-newer-package = { zzz = "2025-01-01" }\n',
+            )
+        ],
+        None,
+        "fresh",
+    ),
+    "dependency-metadata version respelled": (
+        lambda e: project(e, METADATA),
+        [('version = "0.3.0"\nrequires-dist', 'version = "0.3"\nrequires-dist')],
+        None,
+        "fresh",
+    ),
+    "find-links made relative": (
+        project,
+        [(lambda e: f'find-links = ["{e["wheels"]}"]', 'find-links = ["../wheels"]')],
+        None,
+        "stale",
+    ),
+    "an index pinned by name, its URL a local directory": (_pinned_local_index, [], None, "fresh"),
+    "git URL gains .git": (
+        _git_source,
+        [(lambda e: f'file://{_gitdep(e)}"', lambda e: f'file://{_gitdep(e)}.git"')],
+        None,
+        "stale",
+    ),
+    "git URL gains a trailing slash": (
+        _git_source,
+        [(lambda e: f'file://{_gitdep(e)}"', lambda e: f'file://{_gitdep(e)}/"')],
+        None,
+        "stale",
+    ),
+    "a revision uv cannot read": (project, [], ("revision = 5\n", 'revision = "5"\n'), "error"),
+}
+
+
+@pytest.mark.parametrize("case", list(EDITS))
+def test_edit_is_judged_as_uv_judges_it(env, case):
+    make, edits, lock_edit, expected = EDITS[case]
+    files = {"pyproject.toml": make(env)}
+    root = locked(env, files)
+    path = root / "pyproject.toml"
+    text = path.read_text()
+    for old, new in edits:
+        old, new = (x(env) if callable(x) else x for x in (old, new))
+        assert old in text, (old, text)
+        text = text.replace(old, new, 1)
+    path.write_text(text)
+    lock = root / "uv.lock"
+    if callable(lock_edit):
+        lock.write_text(lock_edit(lock.read_text()))
+    elif lock_edit:
+        assert lock_edit[0] in lock.read_text()
+        lock.write_text(lock.read_text().replace(*lock_edit, 1))
+    rc, codes, stderr = verdict(env, root)
+    said = {0: "fresh", 1: "stale"}.get(rc, "error")
+    if expected != "any":
+        assert said == expected, (case, stderr)
+    if expected == "fresh":
+        assert "RF011" not in codes and "RF013" not in codes, codes
+    elif expected == "any":
+        assert codes == ["RF013"], codes
+    else:
+        assert "RF011" in codes, codes
