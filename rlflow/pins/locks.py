@@ -156,7 +156,10 @@ def _options(lock, root, members, python) -> Stale | None:
         have = options.get(key, default)
         want = root.uv.get(setting, default)
         if str(have) != str(want):
-            return Stale(f"[tool.uv] {setting} is `{want}` but the lock was resolved with `{have}`")
+            return Stale(
+                f"[tool.uv] {setting} is `{want}` but the lock was resolved with `{have}`",
+                _line(root, setting) if setting in root.uv else None,
+            )
     return _exclude_newer(lock, root, options)
 
 
@@ -344,8 +347,9 @@ def _manifest(lock, root, members, python) -> Stale | None:
             _line(root, "dependency-metadata"),
         )
     if not root.name:
-        want_groups = lowering.groups(root)
-        have_groups = manifest.get("dependency-groups", {}) or {}
+        # A virtual root's groups live in the manifest, where uv 0.13 skips empty ones (measured).
+        want_groups = {g: e for g, e in lowering.groups(root).items() if e}
+        have_groups = {g: e for g, e in (manifest.get("dependency-groups", {}) or {}).items() if e}
         return _groups("the root's dependency-groups", have_groups, want_groups, lock, python, root)
     return None
 
@@ -563,13 +567,15 @@ def _line(project, key: str, diff=None) -> Location | None:
         re.compile(r"[\"']\s*" + "[-_.]?".join(re.escape(p) for p in re.split(r"[-_.]", n)), re.I)
         for n in names[:1]
     ]
-    patterns.append(re.compile(rf"^\s*\[?\[?[\w.\"-]*{re.escape(key)}\b"))
+    setting = re.compile(rf"^\s*\[?\[?[\w.\"-]*{re.escape(key)}\b")
     rel = str(path)
-    for pattern in patterns:
-        for number, line in enumerate(lines, start=1):
-            if pattern.search(line):
-                return Location(rel, number)
-    return Location(rel, None)
+    at = next((n for n, line in enumerate(lines, start=1) if setting.search(line)), None)
+    for pattern in patterns:  # the changed package: under its setting first, then anywhere
+        for start in (at, 1) if at else (1,):
+            for number, line in enumerate(lines[start - 1 :], start=start):
+                if pattern.search(line):
+                    return Location(rel, number)
+    return Location(rel, at)
 
 
 def _texts(value) -> list[str]:

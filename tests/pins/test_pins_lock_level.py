@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 import pytest
-from pins_helpers import add_submodule, check_pins, commit_all, git, make_repo
+from pins_helpers import add_submodule, check_pins, commit_all, git, line_of, make_repo
 from test_pins_uv_differential import UV, _wheel
 
 HATCH = '\n[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
@@ -314,6 +314,16 @@ EDITS = {
         None,
         "stale",
     ),
+    "empty group added to a virtual root": (
+        lambda e: project(e, GROUPS).replace(
+            '[project]\nname = "app"\nversion = "0.1.0"\nrequires-python = ">=3.12"\n'
+            'dependencies = ["leaf"]\n',
+            "",
+        ),
+        [('b = ["other"]', 'b = ["other"]\nz = []')],
+        None,
+        "fresh",
+    ),
     "empty legacy dev-dependencies added": (
         project,
         [("no-index = true\n", "no-index = true\ndev-dependencies = []\n")],
@@ -450,3 +460,25 @@ def test_edit_is_judged_as_uv_judges_it(env, case):
         assert codes == ["RF013"], codes
     else:
         assert "RF011" in codes, codes
+
+
+@pytest.mark.parametrize(
+    ("setting", "old", "new"),
+    [
+        ('override-dependencies = ["leaf==0.2.0"]\n', "leaf==0.2.0", "leaf==0.3.0"),
+        ('constraint-dependencies = ["leaf<0.3"]\n', "leaf<0.3", "leaf<0.4"),
+        ('fork-strategy = "requires-python"\n', '"requires-python"', '"fewest"'),
+    ],
+)
+def test_rf011_points_at_the_setting_that_changed(env, setting, old, new):
+    """The finding names the change and the line that made it (not `dependencies = ["leaf"]`,
+    which names the same package), and the command that fixes it."""
+    root = locked(env, {"pyproject.toml": _with_uv(env, setting)})
+    path = root / "pyproject.toml"
+    path.write_text(path.read_text().replace(old, new, 1))
+    rc, _, _ = verdict(env, root)
+    assert rc == 1
+    (finding,) = check_pins("--repo", root, "--format", "json").json["diagnostics"]
+    assert finding["code"] == "RF011" and finding["file"] == "pyproject.toml"
+    assert finding["line"] == line_of(path, setting.split(" =")[0]), finding
+    assert setting.split(" =")[0] in finding["message"] and "`uv lock`" in finding["help"]
