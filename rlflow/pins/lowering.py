@@ -422,8 +422,12 @@ def same_specifiers(left: tuple, right: tuple) -> bool | None:
     passes, `~=0.3` -> `~=0.3.0` fails)."""
     if left == right:
         return True
-    if not all(len(k) == 2 for k in (*left, *right)) or any(op == "===" for op, _ in left + right):
+    if not all(len(k) == 2 for k in (*left, *right)):
         return False
+    if any(op == "===" for op, _ in left) != any(op == "===" for op, _ in right):
+        return False  # `==0.3.0` is not `===0.3.0` to uv; `===0.3.0` is `===0.3` (measured)
+    left = tuple(("==" if op == "===" else op, v) for op, v in left)
+    right = tuple(("==" if op == "===" else op, v) for op, v in right)
     try:
         lv = [(op, Version(v.removesuffix(".*")), v.endswith(".*")) for op, v in left]
         rv = [(op, Version(v.removesuffix(".*")), v.endswith(".*")) for op, v in right]

@@ -290,6 +290,30 @@ EDITS = {
         None,
         "stale",
     ),
+    "=== respelled": (
+        lambda e: project(e, deps='["leaf===0.3.0"]'),
+        [('"leaf===0.3.0"', '"leaf===0.3"')],
+        None,
+        "fresh",
+    ),
+    "== made ===": (
+        lambda e: project(e, deps='["leaf==0.3.0"]'),
+        [('"leaf==0.3.0"', '"leaf===0.3.0"')],
+        None,
+        "stale",
+    ),
+    "platform_release is a string to uv": (
+        lambda e: project(e, deps="[\"leaf; platform_release >= '5'\"]"),
+        [("'5'", "'5.0'")],
+        None,
+        "stale",
+    ),
+    "a substring test is not an equality": (
+        lambda e: project(e, deps="[\"leaf; 'arm' in platform_machine\"]"),
+        [("'arm' in platform_machine", "platform_machine == 'arm'")],
+        None,
+        "stale",
+    ),
     "~= precision changed": (
         lambda e: project(e, deps='["leaf~=0.3"]'),
         [('"leaf~=0.3"', '"leaf~=0.3.0"')],
