@@ -409,6 +409,7 @@ def _packages(lock, root, members, python) -> Stale | None:
                     f"local project `{package.name}` at `{directory}` is not there (a submodule not checked out?)"
                 )
             project = lowering.load_project(directory)
+            project.no_sources = root.no_sources
         found = _package(lock, package, project, python, root)
         if found:
             return found

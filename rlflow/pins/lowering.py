@@ -48,6 +48,7 @@ class Project:
     workspace_sources: dict[str, list[dict]] = records.factory(dict)
     workspace_indexes: dict[str, str] = records.factory(dict)
     members: dict[str, str] = records.factory(dict)  # workspace member name -> directory
+    no_sources: bool = False  # the workspace root's `[tool.uv] no-sources = true`
 
     @property
     def table(self) -> dict:
@@ -96,6 +97,7 @@ def load_project(directory: str) -> Project:
 
 def project_from(directory: str, data: dict) -> Project:
     project = Project(os.path.normpath(directory), data, {}, {})
+    project.no_sources = project.uv.get("no-sources") is True
     sources = project.uv.get("sources", {})
     if isinstance(sources, dict):
         for name, value in sources.items():
@@ -131,6 +133,7 @@ def workspace_members(root: Project) -> dict[str, Project]:
     for member in members.values():
         member.workspace_sources = root.sources
         member.workspace_indexes = root.indexes
+        member.no_sources = root.no_sources
         member.members = {name: m.directory for name, m in members.items()}
     return members
 
@@ -212,6 +215,8 @@ def lower(text: str, project: Project, extra: str | None = None, group: str | No
     sources = project.sources.get(name)
     if sources is None:
         sources = project.workspace_sources.get(name)
+    if project.no_sources:  # uv then locks every requirement as written, sources ignored
+        sources = None
     if sources is not None:
         sources = [
             s

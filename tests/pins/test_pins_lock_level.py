@@ -257,6 +257,12 @@ def _pinned_local_index(env) -> str:
     )
 
 
+def _wheel_source(env) -> str:
+    return (
+        f'\n[tool.uv.sources]\nleaf = {{ path = "{env["wheels"]}/leaf-0.2.0-py3-none-any.whl" }}\n'
+    )
+
+
 # case -> (pyproject, edits of the pyproject, edit of the lock, what uv says: fresh | stale | any)
 # "any": rlflow must say RF013 (uv re-resolves, and only the resolution tells).
 EDITS = {
@@ -451,6 +457,18 @@ EDITS = {
         [(lambda e: f'file://{_gitdep(e)}"', lambda e: f'file://{_gitdep(e)}/"')],
         None,
         "stale",
+    ),
+    "no-sources added where a source is set": (
+        lambda e: project(e, _wheel_source(e)),
+        [("no-index = true\n", "no-index = true\nno-sources = true\n")],
+        None,
+        "stale",
+    ),
+    "a lock written with no-sources": (
+        lambda e: _with_uv(e, "no-sources = true\n", _wheel_source(e)),
+        [],
+        None,
+        "fresh",
     ),
     "a revision uv cannot read": (project, [], ("revision = 5\n", 'revision = "5"\n'), "error"),
 }
