@@ -87,6 +87,7 @@ def freshness(lock: uvlock.UvLock, root: Path, project: str, document) -> list[F
     try:
         stale = _stale(lock, root / project if project else root, document)
     except Undecidable as why:
+        why = str(why).replace(f"{root.resolve()}{os.sep}", "")  # paths relative to the repo
         return [
             _undecided(Location(lock.file), f"cannot tell whether `{lock.file}` is fresh: {why}")
         ]

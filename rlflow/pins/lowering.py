@@ -289,6 +289,11 @@ def source_key(source: dict, req: pep508.Parsed, project: Project) -> tuple:
         return ("url", str(source["url"]).partition("#")[0], source.get("subdirectory"))
     if "path" in source:
         path = os.path.normpath(os.path.join(project.directory, str(source["path"])))
+        if not os.path.exists(path):
+            raise Undecidable(
+                f"`{req.name}` comes from path `{source['path']}`, which is not there "
+                "(a submodule not checked out?)"
+            )
         if not os.path.isdir(path):
             return ("path", "path", path)
         if source.get("package") is False:

@@ -524,3 +524,16 @@ def test_rf011_points_at_the_setting_that_changed(env, setting, old, new):
     assert finding["code"] == "RF011" and finding["file"] == "pyproject.toml"
     assert finding["line"] == line_of(path, setting.split(" =")[0]), finding
     assert setting.split(" =")[0] in finding["message"] and "`uv lock`" in finding["help"]
+
+
+def test_a_path_dependency_that_is_gone_is_rf013(env):
+    """uv cannot lock without the project (exit 2); rlflow cannot tell either, and says so,
+    naming the path, rather than calling the lock stale ("path" against "directory")."""
+    lib = project(env, deps='["other"]').replace('name = "app"', 'name = "lib"')
+    toml = project(env, '\n[tool.uv.sources]\nlib = { path = "lib" }\n', deps='["lib"]')
+    root = locked(env, {"pyproject.toml": toml, "lib/pyproject.toml": lib})
+    shutil.rmtree(root / "lib")
+    rc, codes, _ = verdict(env, root)
+    assert rc == 2 and codes == ["RF013"], codes
+    (finding,) = check_pins("--repo", root, "--format", "json").json["diagnostics"]
+    assert "`lib`" in finding["message"] and str(root) not in finding["message"], finding
