@@ -123,10 +123,18 @@ def workspace_members(root: Project) -> dict[str, Project]:
     for pattern in table.get("members", []) or []:
         for directory in sorted(glob.glob(os.path.join(root.directory, str(pattern)))):
             directory = os.path.normpath(directory)
-            if directory in excluded or not os.path.isfile(
-                os.path.join(directory, "pyproject.toml")
-            ):
+            if directory in excluded or not os.path.isdir(directory):
                 continue
+            if not os.path.isfile(os.path.join(directory, "pyproject.toml")):
+                # uv skips a directory with only gitignored files (an empty one: a submodule not
+                # checked out) and refuses the workspace otherwise (`uv lock --check` exits 2)
+                if not os.listdir(directory):
+                    continue
+                raise Undecidable(
+                    f"`{directory}` matches [tool.uv.workspace] members `{pattern}` but has no "
+                    "pyproject.toml: uv refuses the workspace unless every file in it is "
+                    "gitignored (add it to `exclude`)"
+                )
             member = load_project(directory)
             if member.name:
                 members[member.name] = member

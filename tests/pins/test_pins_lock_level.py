@@ -537,3 +537,22 @@ def test_a_path_dependency_that_is_gone_is_rf013(env):
     assert rc == 2 and codes == ["RF013"], codes
     (finding,) = check_pins("--repo", root, "--format", "json").json["diagnostics"]
     assert "`lib`" in finding["message"] and str(root) not in finding["message"], finding
+
+
+def test_a_member_directory_without_pyproject_is_rf013(env):
+    """A directory that matches `members` but has no pyproject.toml: uv skips an empty one (a
+    submodule not checked out) and refuses the workspace otherwise (exit 2), unless its files
+    are gitignored; rlflow says it cannot tell, and why, never "ok"."""
+    toml = project(env, '\n[tool.uv.workspace]\nmembers = ["packages/*"]\n')
+    root = locked(env, {"pyproject.toml": toml, "packages/member/pyproject.toml": MEMBER})
+    (root / "packages" / "empty").mkdir()
+    (root / "packages" / "notes.txt").write_text("a file matching the glob is no member\n")
+    rc, codes, _ = verdict(env, root)
+    assert rc == 0 and codes == [], codes
+    (root / "packages" / "docs").mkdir()
+    (root / "packages" / "docs" / "README").write_text("not a project\n")
+    rc, codes, stderr = verdict(env, root)
+    assert rc == 2 and "missing a `pyproject.toml`" in stderr, stderr
+    assert codes == ["RF013"], codes
+    (finding,) = check_pins("--repo", root, "--format", "json").json["diagnostics"]
+    assert "`packages/docs`" in finding["message"] and "exclude" in finding["message"]
