@@ -294,7 +294,12 @@ def source_key(source: dict, req: pep508.Parsed, project: Project) -> tuple:
             source.get("subdirectory"),
         )
     if "url" in source:
-        return ("url", str(source["url"]).partition("#")[0], source.get("subdirectory"))
+        if "#" in str(source["url"]):
+            raise Undecidable(
+                f"`{req.name}`'s `url` source `{source['url']}` has a fragment, which uv refuses "
+                "(`Fragments are not allowed in URLs`): drop it (`subdirectory = ...` is a key)"
+            )
+        return ("url", str(source["url"]), source.get("subdirectory"))
     if "path" in source:
         path = os.path.normpath(os.path.join(project.directory, str(source["path"])))
         if not os.path.exists(path):

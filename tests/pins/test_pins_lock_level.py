@@ -556,3 +556,17 @@ def test_a_member_directory_without_pyproject_is_rf013(env):
     assert codes == ["RF013"], codes
     (finding,) = check_pins("--repo", root, "--format", "json").json["diagnostics"]
     assert "`packages/docs`" in finding["message"] and "exclude" in finding["message"]
+
+
+def test_a_url_source_with_a_fragment_is_rf013(env):
+    """uv refuses `url = "...#egg=leaf"` in [tool.uv.sources] (exit 2, before any download);
+    rlflow used to drop the fragment and say "ok"."""
+    root = locked(env, {"pyproject.toml": project(env, _wheel_source(env))})
+    path = root / "pyproject.toml"
+    text = path.read_text()
+    old = f'{{ path = "{env["wheels"]}/leaf-0.2.0-py3-none-any.whl" }}'
+    assert old in text
+    path.write_text(text.replace(old, '{ url = "https://example.invalid/leaf.whl#egg=leaf" }'))
+    rc, codes, stderr = verdict(env, root)
+    assert rc == 2 and "Fragments are not allowed" in stderr, stderr
+    assert codes == ["RF013"], codes
