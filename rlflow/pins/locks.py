@@ -313,6 +313,8 @@ def _manifest(lock, root, members, python) -> Stale | None:
         known = locked | {e[0] for e in have}
         want = [e for t in _texts(root.uv.get(setting)) for e in lowering.lower(t, root)]
         want = [e for e in want if not filtered or e[0] in known]
+        if key == "constraints":  # uv-configuration NormalizedConstraints: extras ignored, and
+            have, want = _constraints(have), _constraints(want)  # bare names restrict nothing
         diff = lowering.compare_entries(have, want, python)
         if diff:
             if root.uv.get("preview") is True or root.uv.get("preview-features"):
@@ -329,20 +331,23 @@ def _manifest(lock, root, members, python) -> Stale | None:
             "[tool.uv] exclude-dependencies changed since the lock was written",
             _line(root, "exclude-dependencies"),
         )
-    have_meta = {
-        _metadata(m, python)
-        for m in manifest.get("dependency-metadata", []) or []
-        if isinstance(m, dict)
-    }
-    known = locked | {m[0] for m in have_meta}
-    want_meta = {
-        _metadata(m, python)
-        for m in root.uv.get("dependency-metadata", []) or []
-        if isinstance(m, dict)
-    }
-    want_meta = {m for m in want_meta if m[0] in known}
-    if want_meta != have_meta:
-        changed = sorted({m[0] for m in want_meta ^ have_meta})
+    have_meta = dict(
+        _metadata(m) for m in manifest.get("dependency-metadata", []) or [] if isinstance(m, dict)
+    )
+    known = locked | set(have_meta)
+    want_meta = dict(
+        _metadata(m) for m in root.uv.get("dependency-metadata", []) or [] if isinstance(m, dict)
+    )
+    want_meta = {n: m for n, m in want_meta.items() if n in known}
+    changed = sorted(
+        n
+        for n in set(have_meta) | set(want_meta)
+        if n not in have_meta
+        or n not in want_meta
+        or have_meta[n][0] != want_meta[n][0]
+        or lowering.compare_entries(have_meta[n][1], want_meta[n][1], python) is not None
+    )
+    if changed:
         return Stale(
             f"[[tool.uv.dependency-metadata]] changed since the lock was written (`{'`, `'.join(changed)}`)",
             _line(root, "dependency-metadata"),
@@ -367,26 +372,34 @@ def _indexes(lock, root, members, python) -> Stale | None:
     )
 
 
-def _metadata(entry: dict, python) -> tuple:
+def _constraints(entries: list) -> list:
+    return [
+        (name, (), source, marker)
+        for name, _, source, marker in entries
+        if not (source[0] == "registry" and not source[1])
+    ]
+
+
+def _metadata(entry: dict) -> tuple:
+    """A dependency-metadata entry -> (name, (version, requires-python, extras), requires-dist
+    entries); versions compare as versions (0.3 == 0.3.0), requires-dist as uv merges it."""
     from packaging.version import InvalidVersion, Version
 
     version = entry.get("version")
     try:
-        version = Version(version) if isinstance(version, str) else None  # 0.3 == 0.3.0
+        version = Version(version) if isinstance(version, str) else None
     except InvalidVersion:
         pass
-    requires = tuple(
-        (e[0], e[1], e[2], repr(e[3]))
+    requires = [
+        e
         for t in _texts(entry.get("requires-dist"))
         for e in lowering.lower(t, lowering.Project("/", {}, {}, {}))
+    ]
+    extras = tuple(
+        sorted(canonicalize_name(str(x)) for x in entry.get("provides-extras", []) or [])
     )
-    return (
-        canonicalize_name(str(entry.get("name", ""))),
-        version,
-        requires,
-        str(entry.get("requires-python") or ""),
-        tuple(sorted(canonicalize_name(str(x)) for x in entry.get("provides-extras", []) or [])),
-    )
+    scalars = (version, str(entry.get("requires-python") or ""), extras)
+    return canonicalize_name(str(entry.get("name", ""))), (scalars, requires)
 
 
 def _packages(lock, root, members, python) -> Stale | None:

@@ -397,15 +397,67 @@ def compare_entries(have: list, want: list, python: str | None) -> tuple[list, l
             verdict is None and sorted(map(repr, a[key])) != sorted(map(repr, b[key]))
         ):
             added.append(key)
+    for name in sorted({k[0] for k in added + removed}):
+        same = _same_merged(
+            [e for e in have if e[0] == name], [e for e in want if e[0] == name], python
+        )
+        if same is False:
+            continue
+        unsure = unsure or (None if same else f"`{name}`'s declarations, merged as uv merges them,")
+        added = [k for k in added if k[0] != name]
+        removed = [k for k in removed if k[0] != name]
     if not added and not removed:
         if unsure:
             raise Undecidable(
-                f"`{unsure[0]}` is written `{unsure[1]}` in the lock and `{unsure[2]}` now: uv "
-                "stores the two alike but they allow different versions, so uv re-resolves and "
-                "only the result tells; run `uv lock --check`"
+                f"{unsure} differ only in the precision of a version: uv stores the two alike "
+                "but they allow different versions, so uv re-resolves and only the result "
+                "tells; run `uv lock --check`"
             )
         return None
     return sorted(added, key=repr), sorted(removed, key=repr)
+
+
+def _same_merged(have: list, want: list, python) -> bool | None:
+    """uv 0.13 merges the declarations of one package (uv-configuration `normalize`): where
+    their markers overlap, extras are unioned and specifiers intersected, so `leaf>=0.1` plus
+    `leaf<0.4` is `leaf>=0.1,<0.4`, and `leaf; sys_platform == 'linux'` plus `leaf;
+    sys_platform != 'linux'` is `leaf`. Compared in every environment that tells the markers
+    apart: True the same, False not (or too many environments to tell), None alike but for
+    precision (same_specifiers)."""
+    grid = markers._grid([e[3] for e in have + want], python)
+    if grid is None or not have or not want:
+        return False
+    # uv keeps a declaration whose marker never holds (an override may replace the marker):
+    # such a declaration is matched by the strict comparison only
+    if not all(any(markers._eval(e[3], env) for env in grid) for e in have + want):
+        return False
+    unsure = False
+    for env in grid:
+        effective = []
+        for entries in (have, want):
+            active = [e for e in entries if markers._eval(e[3], env)]
+            registry = [e[2] for e in active if e[2][0] == "registry"]
+            if any(len(p) != 2 for r in registry for p in r[1]):
+                return False  # a specifier rlflow cannot read: only equal text is the same
+            effective.append(
+                (
+                    frozenset(x for e in active for x in e[1]),
+                    frozenset(e[2] for e in active if e[2][0] != "registry"),
+                    frozenset(r[2] for r in registry),
+                    tuple(sorted(p for r in registry for p in r[1])),
+                    bool(active),
+                )
+            )
+        (h_extras, h_other, h_index, h_spec, h_any), (w_extras, w_other, w_index, w_spec, w_any) = (
+            effective
+        )
+        if (h_extras, h_other, h_index, h_any) != (w_extras, w_other, w_index, w_any):
+            return False
+        same = same_specifiers(h_spec, w_spec)
+        if same is False:
+            return False
+        unsure = unsure or same is None
+    return None if unsure else True
 
 
 def _same_meaning(added: list, removed: list, a: dict, b: dict, python) -> tuple:
@@ -428,7 +480,10 @@ def _same_meaning(added: list, removed: list, a: dict, b: dict, python) -> tuple
             added.remove(key)
             removed.remove(old)
             if same is None:
-                unsure = unsure or (name, _spec_text(old[2][1]), _spec_text(source[1]))
+                unsure = unsure or (
+                    f"`{name}`, `{_spec_text(old[2][1])}` in the lock and "
+                    f"`{_spec_text(source[1])}` now,"
+                )
             break
     return added, removed, unsure
 

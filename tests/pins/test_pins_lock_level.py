@@ -320,6 +320,51 @@ EDITS = {
         None,
         "stale",
     ),
+    "a requirement split in two": (
+        lambda e: project(e, deps='["leaf>=0.1,<0.4"]'),
+        [('["leaf>=0.1,<0.4"]', '["leaf>=0.1", "leaf<0.4"]')],
+        None,
+        "fresh",
+    ),
+    "one package under complementary markers": (
+        lambda e: project(
+            e, deps="[\"leaf; sys_platform == 'linux'\", \"leaf; sys_platform != 'linux'\"]"
+        ),
+        [
+            (
+                "[\"leaf; sys_platform == 'linux'\", \"leaf; sys_platform != 'linux'\"]",
+                '["leaf"]',
+            )
+        ],
+        None,
+        "fresh",
+    ),
+    "a requirement whose marker never holds removed": (
+        lambda e: project(e, deps='["leaf", "other; python_version < \'3.12\'"]'),
+        [(", \"other; python_version < '3.12'\"", "")],
+        None,
+        "stale",
+    ),
+    "a constraint with no specifier added": (
+        project,
+        [("no-index = true\n", 'no-index = true\nconstraint-dependencies = ["leaf"]\n')],
+        None,
+        "fresh",
+    ),
+    "a constraint split in two": (
+        lambda e: _with_uv(e, 'constraint-dependencies = ["leaf>=0.1,<0.3"]\n'),
+        [('["leaf>=0.1,<0.3"]', '["leaf>=0.1", "leaf<0.3"]')],
+        None,
+        "fresh",
+    ),
+    "dependency-metadata requirement respelled": (
+        lambda e: project(
+            e, METADATA.replace("requires-dist = []", 'requires-dist = ["other>=1"]')
+        ),
+        [('"other>=1"', '"other>=1.0"')],
+        None,
+        "fresh",
+    ),
     "~= precision changed": (
         lambda e: project(e, deps='["leaf~=0.3"]'),
         [('"leaf~=0.3"', '"leaf~=0.3.0"')],
