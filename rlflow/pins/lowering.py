@@ -7,7 +7,7 @@ directory, `{ include-group = ... }` is expanded, and paths are made absolute. T
 are that record in comparable form:
 
     Entry = (name, extras, source, marker tree)
-    source = ("registry", specifier, index URL or None) | ("git", repo, ref kind, ref, subdir)
+    source = ("registry", specifier, index URL or None) | ("git", repo, ref kind, ref, subdir, lfs)
            | ("url", url, subdirectory) | ("path", editable|directory|path|virtual, absolute path)
 
 Both sides of the comparison (this module for the pyproject, uvlock.py for the lock) produce
@@ -275,7 +275,8 @@ def url_source(url: str, directory: str) -> tuple:
             path, ref = path.rsplit("@", 1)
         sub = parse_qs(fragment).get("subdirectory", [None])[0]
         repo = lock_repo(parts._replace(path=path, query="").geturl())
-        return ("git", repo, "rev" if ref else None, ref, sub)
+        lfs = parse_qs(fragment).get("lfs", [""])[0].lower() == "true"
+        return ("git", repo, "rev" if ref else None, ref, sub, lfs)
     base, _, fragment = url.partition("#")
     if base.startswith("file:"):
         path = os.path.normpath(os.path.join(directory, unquote(urlsplit(base).path)))
@@ -292,6 +293,7 @@ def source_key(source: dict, req: pep508.Parsed, project: Project) -> tuple:
             ref_kind,
             source.get(ref_kind) if ref_kind else None,
             source.get("subdirectory"),
+            source.get("lfs") is True,  # uv locks `lfs = true` too (adding it is stale)
         )
     if "url" in source:
         if "#" in str(source["url"]):

@@ -209,6 +209,8 @@ def source_of(item: dict, directory: str) -> tuple:
             kind,
             query[kind][0] if kind else None,
             item.get("subdirectory") or query.get("subdirectory", [None])[0],
+            "true"
+            in (query.get("lfs", [""])[0] + parse_qs(parts.fragment).get("lfs", [""])[0]).lower(),
         )
     if "url" in item:
         return ("url", str(item["url"]).partition("#")[0], item.get("subdirectory"))

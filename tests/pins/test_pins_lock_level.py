@@ -515,6 +515,12 @@ EDITS = {
         None,
         "fresh",
     ),
+    "git source gains lfs = true": (
+        _git_source,
+        [('tag = "v0.2.0" }', 'tag = "v0.2.0", lfs = true }')],
+        None,
+        "stale",
+    ),
     "a revision uv cannot read": (project, [], ("revision = 5\n", 'revision = "5"\n'), "error"),
 }
 
@@ -615,3 +621,14 @@ def test_a_url_source_with_a_fragment_is_rf013(env):
     rc, codes, stderr = verdict(env, root)
     assert rc == 2 and "Fragments are not allowed" in stderr, stderr
     assert codes == ["RF013"], codes
+
+
+@pytest.mark.skipif(shutil.which("git-lfs") is None, reason="uv locks lfs = true with git-lfs only")
+def test_a_git_lfs_source_locked_by_uv_is_fresh(env):
+    """uv records `lfs = true` in the lock's git URL (`?lfs=true&tag=...`)."""
+    toml = _git_source(env).replace('tag = "v0.2.0" }', 'tag = "v0.2.0", lfs = true }')
+    root = locked(env, {"pyproject.toml": toml})
+    assert "lfs=true" in (root / "uv.lock").read_text()
+    rc, codes, stderr = verdict(env, root)
+    assert rc == 0, stderr
+    assert codes == [], codes
