@@ -282,8 +282,13 @@ def _requires_python(lock, root, members, python) -> Stale | None:
 
 
 def _same_range(a: str, b: str) -> bool:
+    """uv keeps only the bounds of requires-python (uv-resolver RequiresPython): `!=` holes do
+    not change the lock (`>=3.12,!=3.13.*` is `>=3.12`, measured)."""
     try:
-        left, right = SpecifierSet(a), SpecifierSet(b)
+        left, right = (
+            SpecifierSet(",".join(str(p) for p in SpecifierSet(x) if p.operator != "!="))
+            for x in (a, b)
+        )
     except InvalidSpecifier:
         return a == b
     points = markers._python_points({s.version for s in list(left) + list(right)}, None)

@@ -377,6 +377,18 @@ EDITS = {
         None,
         "any",
     ),
+    "requires-python gains a hole": (
+        project,
+        [('requires-python = ">=3.12"', 'requires-python = ">=3.12,!=3.13.*"')],
+        None,
+        "fresh",
+    ),
+    "requires-python lower bound made exclusive": (
+        project,
+        [('requires-python = ">=3.12"', 'requires-python = ">3.11.99"')],
+        None,
+        "stale",
+    ),
     "empty group added": (
         lambda e: project(e, GROUPS),
         [('b = ["other"]', 'b = ["other"]\nz = []')],
