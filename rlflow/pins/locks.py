@@ -226,7 +226,11 @@ def _environments(lock, root, members, python) -> Stale | None:
         want = [want] if isinstance(want, str) else [w for w in want if isinstance(w, str)]
         have = [h for h in lock.header.get(key, []) if isinstance(h, str)]
         if bool(want) != bool(have) or not _same_markers(have, want, python):
-            return Stale(f"[tool.uv] {setting} changed since the lock was written")
+            return Stale(
+                f"[tool.uv] {setting} is {', '.join(f'`{m}`' for m in want) or 'unset'} but "
+                f"the lock was resolved for {', '.join(f'`{m}`' for m in have) or 'any environment'}",
+                _line(root, setting) if setting in root.uv else None,
+            )
     return None
 
 

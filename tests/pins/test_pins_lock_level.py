@@ -573,6 +573,7 @@ def test_edit_is_judged_as_uv_judges_it(env, case):
         ('override-dependencies = ["leaf==0.2.0"]\n', "leaf==0.2.0", "leaf==0.3.0"),
         ('constraint-dependencies = ["leaf<0.3"]\n', "leaf<0.3", "leaf<0.4"),
         ('fork-strategy = "requires-python"\n', '"requires-python"', '"fewest"'),
+        ("environments = [\"sys_platform == 'linux'\"]\n", "'linux'", "'darwin'"),
     ],
 )
 def test_rf011_points_at_the_setting_that_changed(env, setting, old, new):
