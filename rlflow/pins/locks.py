@@ -136,6 +136,7 @@ def _stale(lock: uvlock.UvLock, directory: Path, document) -> Stale | None:
     )
     members = lowering.workspace_members(root)
     python = lock.requires_python
+    undecided = None
     for check in (
         _options,
         _environments,
@@ -145,9 +146,15 @@ def _stale(lock: uvlock.UvLock, directory: Path, document) -> Stale | None:
         _manifest,
         _indexes,
     ):
-        found = check(lock, root, members, python)
+        try:
+            found = check(lock, root, members, python)
+        except Undecidable as why:  # a later check may still find the lock stale for certain
+            undecided = undecided or why
+            continue
         if found:
             return found
+    if undecided:
+        raise undecided
     return None
 
 
@@ -423,24 +430,34 @@ def _packages(lock, root, members, python) -> Stale | None:
         if virtual is not None and virtual != (package.local_kind == "virtual"):
             now = "virtual (not built)" if virtual else "a package"
             return Stale(f"`{name}` is now {now}; the lock has it {package.local_kind}")
+    undecided = None
     for package in local:
-        directory = lock.path_of(package)
-        project = by_dir.get(directory)
-        if project is None:
-            if not os.path.isdir(directory):
-                raise Undecidable(
-                    f"local project `{package.name}` at `{directory}` is not there (a submodule not checked out?)"
-                )
-            project = lowering.load_project(directory)
-            project.no_sources = root.no_sources
-        found = _package(lock, package, project, python, root)
+        try:
+            found = _local(lock, package, by_dir, members, python, root)
+        except Undecidable as why:  # another project may still be stale for certain
+            undecided = undecided or why
+            continue
         if found:
             return found
-        if project in members.values() and _revision(lock) >= 5:
-            found = _default_groups(package, project)
-            if found:
-                return found
+    if undecided:
+        raise undecided
     return None
+
+
+def _local(lock, package, by_dir, members, python, root) -> Stale | None:
+    directory = lock.path_of(package)
+    project = by_dir.get(directory)
+    if project is None:
+        if not os.path.isdir(directory):
+            raise Undecidable(
+                f"local project `{package.name}` at `{directory}` is not there (a submodule not checked out?)"
+            )
+        project = lowering.load_project(directory)
+        project.no_sources = root.no_sources
+    found = _package(lock, package, project, python, root)
+    if found or not (project in members.values() and _revision(lock) >= 5):
+        return found
+    return _default_groups(package, project)
 
 
 def _revision(lock) -> int:

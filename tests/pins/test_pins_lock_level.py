@@ -645,3 +645,14 @@ def test_a_git_lfs_source_locked_by_uv_is_fresh(env):
     rc, codes, stderr = verdict(env, root)
     assert rc == 0, stderr
     assert codes == [], codes
+
+
+def test_a_member_deleted_from_disk_is_rf011(env):
+    """The members glob no longer finds `member`: the workspace changed, so the lock is stale
+    for certain (uv: exit 1), although the deleted project itself cannot be read."""
+    toml = project(env, '\n[tool.uv.workspace]\nmembers = ["packages/*"]\n')
+    root = locked(env, {"pyproject.toml": toml, "packages/member/pyproject.toml": MEMBER})
+    shutil.rmtree(root / "packages" / "member")
+    rc, codes, stderr = verdict(env, root)
+    assert rc == 1, stderr
+    assert codes == ["RF011"], codes
