@@ -196,11 +196,29 @@ def groups(project: Project) -> dict[str, list]:
         for item in raw.get(group, []) if isinstance(raw.get(group), list) else []:
             if isinstance(item, str):
                 texts.append(item)
-            elif isinstance(item, dict) and isinstance(item.get("include-group"), str):
+            elif (
+                isinstance(item, dict)
+                and set(item) == {"include-group"}
+                and isinstance(item["include-group"], str)
+            ):
                 included = canonicalize_name(item["include-group"])
-                if included not in seen:
-                    texts += expand(included, seen + (included,))
+                if included in seen:
+                    raise _malformed(
+                        f"a cycle: {' -> '.join(f'`{g}`' for g in seen + (included,))}"
+                    )
+                if included not in raw:
+                    raise _malformed(f"`{group}` includes `{included}`, which does not exist")
+                texts += expand(included, seen + (included,))
+            else:
+                raise _malformed(f"`{group}` has the entry `{item!r}`")
         return texts
+
+    def _malformed(what: str) -> Undecidable:
+        where = os.path.join(project.directory, "pyproject.toml")
+        return Undecidable(
+            f"`{where}` [dependency-groups] is malformed ({what}); uv refuses it "
+            "(`uv lock --check` exits 2)"
+        )
 
     for group in raw:
         out[group] = [

@@ -656,3 +656,27 @@ def test_a_member_deleted_from_disk_is_rf011(env):
     rc, codes, stderr = verdict(env, root)
     assert rc == 1, stderr
     assert codes == ["RF011"], codes
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        ('a = ["leaf"]', 'a = ["leaf", { include-group = "b" }]', "a cycle: `a` -> `b` -> `a`"),
+        ('a = ["leaf"]', 'a = ["leaf", { include-group = "a" }]', "a cycle: `a` -> `a`"),
+        ('{ include-group = "a" }', '{ include-group = "zz" }', "`b` includes `zz`"),
+    ],
+)
+def test_malformed_dependency_groups_are_rf013(env, old, new, why):
+    """uv refuses cyclic or dangling `include-group`s (exit 2); rlflow used to call such a
+    lock fresh (or stale) and now says why it cannot tell."""
+    toml = project(
+        env, '\n[dependency-groups]\na = ["leaf"]\nb = [{ include-group = "a" }, "other"]\n'
+    )
+    root = locked(env, {"pyproject.toml": toml})
+    path = root / "pyproject.toml"
+    path.write_text(path.read_text().replace(old, new, 1))
+    rc, codes, stderr = verdict(env, root)
+    assert rc == 2 and "malformed dependency groups" in stderr, stderr
+    assert codes == ["RF013"], codes
+    (finding,) = check_pins("--repo", root, "--format", "json").json["diagnostics"]
+    assert why in finding["message"], finding["message"]
