@@ -185,6 +185,22 @@ def _exclude_newer(lock, root, options: dict) -> Stale | None:
         have = next((v for k, v in have_pkg.items() if canonicalize_name(str(k)) == name), None)
         want = next((v for k, v in want_pkg.items() if canonicalize_name(str(k)) == name), None)
         pairs.append((f"exclude-newer-package `{name}`", have, want))
+    span = options.get("exclude-newer-span")  # a relative `exclude-newer`: "1 week" is P1W
+    if span is not None or _span(root.uv.get("exclude-newer")) is not None:
+        want = root.uv.get("exclude-newer")
+        if span is None or _span(want) != _span(span) or _span(span) is None:
+            if span is not None and _span(want) is None and _instant(want) is None:
+                raise Undecidable(
+                    f"[tool.uv] exclude-newer is `{want}` and the lock has the span `{span}`; "
+                    "rlflow reads RFC 3339 timestamps, dates and simple spans (`1 week`) only"
+                )
+            return Stale(
+                f"[tool.uv] exclude-newer is {_shown(want)}, the lock was resolved with "
+                f"{f'the span `{span}`' if span else _shown(options.get('exclude-newer'))} "
+                "(uv compares a span as written: `7 days` is not `1 week`)",
+                _line(root, "exclude-newer"),
+            )
+        pairs = pairs[1:]  # the lock's timestamp is a placeholder then
     for setting, have, want in pairs:
         if have is None and want is None:
             continue
@@ -206,6 +222,38 @@ def _exclude_newer(lock, root, options: dict) -> Stale | None:
                 "resolved with",
                 where,
             )
+    return None
+
+
+_UNITS = {
+    "Y": ("y", "year", "years"),
+    "M": ("month", "months", "mo"),
+    "W": ("w", "week", "weeks"),
+    "D": ("d", "day", "days"),
+    "TH": ("h", "hour", "hours"),
+    "TM": ("min", "mins", "minute", "minutes"),
+    "TS": ("s", "sec", "secs", "second", "seconds"),
+}
+
+
+def _span(value) -> tuple | None:
+    """`1 week`, `1w`, `P1W` -> (("W", 1),): a relative exclude-newer in the unit it is written
+    in (uv records `exclude-newer-span = "P1W"` and, measured, `7 days` is another span)."""
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    iso = re.fullmatch(
+        r"P(?:(\d+)Y)?(?:(\d+)M)?(?:(\d+)W)?(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?",
+        text,
+    )
+    if iso and any(iso.groups()):
+        return tuple((u, int(n)) for u, n in zip(_UNITS, iso.groups(), strict=True) if n)
+    friendly = re.fullmatch(r"(\d+)\s*([A-Za-z]+)", text)
+    if friendly:
+        word = friendly.group(2).lower()
+        unit = next((u for u, words in _UNITS.items() if word in words), None)
+        if unit:
+            return ((unit, int(friendly.group(1))),)
     return None
 
 

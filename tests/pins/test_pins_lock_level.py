@@ -468,6 +468,24 @@ EDITS = {
         "stale",
     ),
     "exclude-newer removed": (lambda e: _with_uv(e, NEWER), [(NEWER, "")], None, "stale"),
+    "exclude-newer as a span, respelled": (
+        lambda e: _with_uv(e, 'exclude-newer = "1 week"\n'),
+        [("1 week", "P1W")],
+        None,
+        "fresh",
+    ),
+    "exclude-newer as another span of the same length": (
+        lambda e: _with_uv(e, 'exclude-newer = "1 week"\n'),
+        [("1 week", "7 days")],
+        None,
+        "stale",
+    ),
+    "exclude-newer from a span to a timestamp": (
+        lambda e: _with_uv(e, 'exclude-newer = "1 week"\n'),
+        [("1 week", "2025-01-01T00:00:00Z")],
+        None,
+        "stale",
+    ),
     "exclude-newer-package added": (
         project,
         [
