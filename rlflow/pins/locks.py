@@ -42,7 +42,6 @@ _OPTIONS = {
     "resolution-mode": ("resolution", "highest"),
     "prerelease-mode": ("prerelease", "if-necessary-or-explicit"),
     "fork-strategy": ("fork-strategy", "requires-python"),
-    "exclude-newer": ("exclude-newer", None),
 }
 
 
@@ -88,6 +87,7 @@ def freshness(lock: uvlock.UvLock, root: Path, project: str, document) -> list[F
     try:
         stale = _stale(lock, root / project if project else root, document)
     except Undecidable as why:
+        why = str(why).replace(f"{root.resolve()}{os.sep}", "")  # paths relative to the repo
         return [
             _undecided(Location(lock.file), f"cannot tell whether `{lock.file}` is fresh: {why}")
         ]
@@ -118,6 +118,12 @@ def _stale(lock: uvlock.UvLock, directory: Path, document) -> Stale | None:
             f"it is written in lock schema version {version!r}; uv 0.13 (and rlflow) read "
             f"version {SCHEMA} only, so `uv lock --check` refuses it"
         )
+    revision = lock.header.get("revision", 0)
+    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
+        return Stale(
+            f"its `revision = {revision!r}` is not a lock revision (a whole number), so "
+            "`uv lock --check` cannot read it"
+        )
     if (directory / "uv.toml").is_file():
         raise Undecidable(
             "`uv.toml` holds uv settings that rlflow does not read; run `uv lock --check`"
@@ -130,6 +136,7 @@ def _stale(lock: uvlock.UvLock, directory: Path, document) -> Stale | None:
     )
     members = lowering.workspace_members(root)
     python = lock.requires_python
+    undecided = None
     for check in (
         _options,
         _environments,
@@ -139,9 +146,15 @@ def _stale(lock: uvlock.UvLock, directory: Path, document) -> Stale | None:
         _manifest,
         _indexes,
     ):
-        found = check(lock, root, members, python)
+        try:
+            found = check(lock, root, members, python)
+        except Undecidable as why:  # a later check may still find the lock stale for certain
+            undecided = undecided or why
+            continue
         if found:
             return found
+    if undecided:
+        raise undecided
     return None
 
 
@@ -151,8 +164,112 @@ def _options(lock, root, members, python) -> Stale | None:
         have = options.get(key, default)
         want = root.uv.get(setting, default)
         if str(have) != str(want):
-            return Stale(f"[tool.uv] {setting} is `{want}` but the lock was resolved with `{have}`")
+            return Stale(
+                f"[tool.uv] {setting} is `{want}` but the lock was resolved with `{have}`",
+                _line(root, setting) if setting in root.uv else None,
+            )
+    return _exclude_newer(lock, root, options)
+
+
+def _exclude_newer(lock, root, options: dict) -> Stale | None:
+    """uv 0.13 (measured): `exclude-newer` added, removed or moved earlier makes the lock stale;
+    moved later (or respelled: a date means the end of that day, UTC) it does not. The same per
+    package in `exclude-newer-package`, for packages in the lock."""
+    locked = {p.name for p in lock.packages}
+    have_pkg = options.get("exclude-newer-package")
+    want_pkg = root.uv.get("exclude-newer-package")
+    have_pkg = have_pkg if isinstance(have_pkg, dict) else {}
+    want_pkg = want_pkg if isinstance(want_pkg, dict) else {}
+    pairs = [("exclude-newer", options.get("exclude-newer"), root.uv.get("exclude-newer"))]
+    for name in sorted({canonicalize_name(str(n)) for n in [*have_pkg, *want_pkg]} & locked):
+        have = next((v for k, v in have_pkg.items() if canonicalize_name(str(k)) == name), None)
+        want = next((v for k, v in want_pkg.items() if canonicalize_name(str(k)) == name), None)
+        pairs.append((f"exclude-newer-package `{name}`", have, want))
+    span = options.get("exclude-newer-span")  # a relative `exclude-newer`: "1 week" is P1W
+    if span is not None or _span(root.uv.get("exclude-newer")) is not None:
+        want = root.uv.get("exclude-newer")
+        if span is None or _span(want) != _span(span) or _span(span) is None:
+            if span is not None and _span(want) is None and _instant(want) is None:
+                raise Undecidable(
+                    f"[tool.uv] exclude-newer is `{want}` and the lock has the span `{span}`; "
+                    "rlflow reads RFC 3339 timestamps, dates and simple spans (`1 week`) only"
+                )
+            return Stale(
+                f"[tool.uv] exclude-newer is {_shown(want)}, the lock was resolved with "
+                f"{f'the span `{span}`' if span else _shown(options.get('exclude-newer'))} "
+                "(uv compares a span as written: `7 days` is not `1 week`)",
+                _line(root, "exclude-newer"),
+            )
+        pairs = pairs[1:]  # the lock's timestamp is a placeholder then
+    for setting, have, want in pairs:
+        if have is None and want is None:
+            continue
+        where = _line(root, "exclude-newer")
+        if have is None or want is None:
+            return Stale(
+                f"[tool.uv] {setting} is {_shown(want)}, the lock was resolved with {_shown(have)}",
+                where,
+            )
+        old, new = _instant(have), _instant(want)
+        if old is None or new is None:
+            raise Undecidable(
+                f"[tool.uv] {setting} is `{want}` and the lock has `{have}`; rlflow reads only "
+                "RFC 3339 timestamps and dates there"
+            )
+        if new < old:
+            return Stale(
+                f"[tool.uv] {setting} moved earlier, to `{want}`, than the `{have}` the lock was "
+                "resolved with",
+                where,
+            )
     return None
+
+
+_UNITS = {
+    "Y": ("y", "year", "years"),
+    "M": ("month", "months", "mo"),
+    "W": ("w", "week", "weeks"),
+    "D": ("d", "day", "days"),
+    "TH": ("h", "hour", "hours"),
+    "TM": ("min", "mins", "minute", "minutes"),
+    "TS": ("s", "sec", "secs", "second", "seconds"),
+}
+
+
+def _span(value) -> tuple | None:
+    """`1 week`, `1w`, `P1W` -> (("W", 1),): a relative exclude-newer in the unit it is written
+    in (uv records `exclude-newer-span = "P1W"` and, measured, `7 days` is another span)."""
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    iso = re.fullmatch(
+        r"P(?:(\d+)Y)?(?:(\d+)M)?(?:(\d+)W)?(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?",
+        text,
+    )
+    if iso and any(iso.groups()):
+        return tuple((u, int(n)) for u, n in zip(_UNITS, iso.groups(), strict=True) if n)
+    friendly = re.fullmatch(r"(\d+)\s*([A-Za-z]+)", text)
+    if friendly:
+        word = friendly.group(2).lower()
+        unit = next((u for u, words in _UNITS.items() if word in words), None)
+        if unit:
+            return ((unit, int(friendly.group(1))),)
+    return None
+
+
+def _instant(value):
+    from datetime import UTC, datetime, timedelta
+
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    try:
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+            return datetime.fromisoformat(text).replace(tzinfo=UTC) + timedelta(days=1)
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else None
 
 
 def _environments(lock, root, members, python) -> Stale | None:
@@ -164,7 +281,11 @@ def _environments(lock, root, members, python) -> Stale | None:
         want = [want] if isinstance(want, str) else [w for w in want if isinstance(w, str)]
         have = [h for h in lock.header.get(key, []) if isinstance(h, str)]
         if bool(want) != bool(have) or not _same_markers(have, want, python):
-            return Stale(f"[tool.uv] {setting} changed since the lock was written")
+            return Stale(
+                f"[tool.uv] {setting} is {', '.join(f'`{m}`' for m in want) or 'unset'} but "
+                f"the lock was resolved for {', '.join(f'`{m}`' for m in have) or 'any environment'}",
+                _line(root, setting) if setting in root.uv else None,
+            )
     return None
 
 
@@ -220,8 +341,13 @@ def _requires_python(lock, root, members, python) -> Stale | None:
 
 
 def _same_range(a: str, b: str) -> bool:
+    """uv keeps only the bounds of requires-python (uv-resolver RequiresPython): `!=` holes do
+    not change the lock (`>=3.12,!=3.13.*` is `>=3.12`, measured)."""
     try:
-        left, right = SpecifierSet(a), SpecifierSet(b)
+        left, right = (
+            SpecifierSet(",".join(str(p) for p in SpecifierSet(x) if p.operator != "!="))
+            for x in (a, b)
+        )
     except InvalidSpecifier:
         return a == b
     points = markers._python_points({s.version for s in list(left) + list(right)}, None)
@@ -251,6 +377,8 @@ def _manifest(lock, root, members, python) -> Stale | None:
         known = locked | {e[0] for e in have}
         want = [e for t in _texts(root.uv.get(setting)) for e in lowering.lower(t, root)]
         want = [e for e in want if not filtered or e[0] in known]
+        if key == "constraints":  # uv-configuration NormalizedConstraints: extras ignored, and
+            have, want = _constraints(have), _constraints(want)  # bare names restrict nothing
         diff = lowering.compare_entries(have, want, python)
         if diff:
             if root.uv.get("preview") is True or root.uv.get("preview-features"):
@@ -267,30 +395,32 @@ def _manifest(lock, root, members, python) -> Stale | None:
             "[tool.uv] exclude-dependencies changed since the lock was written",
             _line(root, "exclude-dependencies"),
         )
-    have_meta = {
-        _metadata(m, python)
-        for m in manifest.get("dependency-metadata", []) or []
-        if isinstance(m, dict)
-    }
-    known = locked | {m[0] for m in have_meta}
-    want_meta = {
-        _metadata(m, python)
-        for m in root.uv.get("dependency-metadata", []) or []
-        if isinstance(m, dict)
-    }
-    want_meta = {m for m in want_meta if m[0] in known}
-    if want_meta != have_meta:
-        changed = sorted({m[0] for m in want_meta ^ have_meta})
+    have_meta = dict(
+        _metadata(m) for m in manifest.get("dependency-metadata", []) or [] if isinstance(m, dict)
+    )
+    known = locked | set(have_meta)
+    want_meta = dict(
+        _metadata(m) for m in root.uv.get("dependency-metadata", []) or [] if isinstance(m, dict)
+    )
+    want_meta = {n: m for n, m in want_meta.items() if n in known}
+    changed = sorted(
+        n
+        for n in set(have_meta) | set(want_meta)
+        if n not in have_meta
+        or n not in want_meta
+        or have_meta[n][0] != want_meta[n][0]
+        or lowering.compare_entries(have_meta[n][1], want_meta[n][1], python) is not None
+    )
+    if changed:
         return Stale(
             f"[[tool.uv.dependency-metadata]] changed since the lock was written (`{'`, `'.join(changed)}`)",
             _line(root, "dependency-metadata"),
         )
     if not root.name:
-        want_groups = lowering.groups(root)
-        have_groups = manifest.get("dependency-groups", {}) or {}
-        return _groups(
-            "the root's dependency-groups", have_groups, want_groups, directory, python, root
-        )
+        # A virtual root's groups live in the manifest, where uv 0.13 skips empty ones (measured).
+        want_groups = {g: e for g, e in lowering.groups(root).items() if e}
+        have_groups = {g: e for g, e in (manifest.get("dependency-groups", {}) or {}).items() if e}
+        return _groups("the root's dependency-groups", have_groups, want_groups, lock, python, root)
     return None
 
 
@@ -306,26 +436,34 @@ def _indexes(lock, root, members, python) -> Stale | None:
     )
 
 
-def _metadata(entry: dict, python) -> tuple:
+def _constraints(entries: list) -> list:
+    return [
+        (name, (), source, marker)
+        for name, _, source, marker in entries
+        if not (source[0] == "registry" and not source[1])
+    ]
+
+
+def _metadata(entry: dict) -> tuple:
+    """A dependency-metadata entry -> (name, (version, requires-python, extras), requires-dist
+    entries); versions compare as versions (0.3 == 0.3.0), requires-dist as uv merges it."""
     from packaging.version import InvalidVersion, Version
 
     version = entry.get("version")
     try:
-        version = str(Version(version)) if isinstance(version, str) else None
+        version = Version(version) if isinstance(version, str) else None
     except InvalidVersion:
         pass
-    requires = tuple(
-        (e[0], e[1], e[2], repr(e[3]))
+    requires = [
+        e
         for t in _texts(entry.get("requires-dist"))
         for e in lowering.lower(t, lowering.Project("/", {}, {}, {}))
+    ]
+    extras = tuple(
+        sorted(canonicalize_name(str(x)) for x in entry.get("provides-extras", []) or [])
     )
-    return (
-        canonicalize_name(str(entry.get("name", ""))),
-        version,
-        requires,
-        str(entry.get("requires-python") or ""),
-        tuple(sorted(canonicalize_name(str(x)) for x in entry.get("provides-extras", []) or [])),
-    )
+    scalars = (version, str(entry.get("requires-python") or ""), extras)
+    return canonicalize_name(str(entry.get("name", ""))), (scalars, requires)
 
 
 def _packages(lock, root, members, python) -> Stale | None:
@@ -340,19 +478,65 @@ def _packages(lock, root, members, python) -> Stale | None:
         if virtual is not None and virtual != (package.local_kind == "virtual"):
             now = "virtual (not built)" if virtual else "a package"
             return Stale(f"`{name}` is now {now}; the lock has it {package.local_kind}")
+    undecided = None
     for package in local:
-        directory = lock.path_of(package)
-        project = by_dir.get(directory)
-        if project is None:
-            if not os.path.isdir(directory):
-                raise Undecidable(
-                    f"local project `{package.name}` at `{directory}` is not there (a submodule not checked out?)"
-                )
-            project = lowering.load_project(directory)
-        found = _package(lock, package, project, python, root)
+        try:
+            found = _local(lock, package, by_dir, members, python, root)
+        except Undecidable as why:  # another project may still be stale for certain
+            undecided = undecided or why
+            continue
         if found:
             return found
+    if undecided:
+        raise undecided
     return None
+
+
+def _local(lock, package, by_dir, members, python, root) -> Stale | None:
+    directory = lock.path_of(package)
+    project = by_dir.get(directory)
+    if project is None:
+        if not os.path.isdir(directory):
+            raise Undecidable(
+                f"local project `{package.name}` at `{directory}` is not there (a submodule not checked out?)"
+            )
+        project = lowering.load_project(directory)
+        project.no_sources = root.no_sources
+    found = _package(lock, package, project, python, root)
+    if found or not (project in members.values() and _revision(lock) >= 5):
+        return found
+    return _default_groups(package, project)
+
+
+def _revision(lock) -> int:
+    revision = lock.header.get("revision", 0)
+    return revision if isinstance(revision, int) else 0
+
+
+def _default_groups(package, project) -> Stale | None:
+    """uv records a member's `[tool.uv] default-groups` in its lock entry ("all", or the sorted
+    list; nothing when unset or `["dev"]`, uv's default), and a change makes the lock stale: from
+    lock revision 5 on
+    (measured with uv 0.13.9: a revision 4 lock without it is fresh; NeMo-RL's is revision 3)."""
+
+    def form(value):
+        if isinstance(value, list):
+            value = sorted({canonicalize_name(str(g)) for g in value})
+        return None if value == ["dev"] else value  # uv's default: not recorded
+
+    want = form(project.uv.get("default-groups"))
+    have = form((package.data or {}).get("default-groups"))
+    if want != have:
+        return Stale(
+            f"`{package.name}`: [tool.uv] default-groups is {_shown(want)}, the lock has "
+            f"{_shown(have)}",
+            _line(project, "default-groups"),
+        )
+    return None
+
+
+def _shown(value) -> str:
+    return "unset" if value is None else f"`{value}`"
 
 
 def _virtual(member) -> bool | None:
@@ -399,15 +583,19 @@ def _package(lock, package, project, python, root) -> Stale | None:
             f"{label}: " + _difference("requires-dist", *diff), _line(project, "dependencies", diff)
         )
     dev = metadata.get("requires-dev", {}) if isinstance(metadata.get("requires-dev"), dict) else {}
-    return _groups(label, dev, wanted.requires_dev, lock.directory, python, project)
+    return _groups(label, dev, wanted.requires_dev, lock, python, project)
 
 
-def _groups(label, have_raw: dict, want: dict, directory, python, project) -> Stale | None:
+def _groups(label, have_raw: dict, want: dict, lock, python, project) -> Stale | None:
     have = {
-        canonicalize_name(g): [uvlock.entry(i, directory) for i in items or []]
+        canonicalize_name(g): [uvlock.entry(i, lock.directory) for i in items or []]
         for g, items in have_raw.items()
     }
-    have = {g: e for g, e in have.items() if e}
+    # uv-resolver `Lock::includes_empty_groups`: a lock of revision 1 or later records empty
+    # groups (`z = []`), so adding or removing one makes it stale; an older lock ignores them.
+    if _revision(lock) < 1:
+        have = {g: e for g, e in have.items() if e}
+        want = {g: e for g, e in want.items() if e}
     if set(have) != set(want):
         return Stale(
             f"{label}: dependency groups changed (lock: {sorted(have)}; pyproject: {sorted(want)})",
@@ -468,13 +656,15 @@ def _line(project, key: str, diff=None) -> Location | None:
         re.compile(r"[\"']\s*" + "[-_.]?".join(re.escape(p) for p in re.split(r"[-_.]", n)), re.I)
         for n in names[:1]
     ]
-    patterns.append(re.compile(rf"^\s*\[?\[?[\w.\"-]*{re.escape(key)}\b"))
+    setting = re.compile(rf"^\s*\[?\[?[\w.\"-]*{re.escape(key)}\b")
     rel = str(path)
-    for pattern in patterns:
-        for number, line in enumerate(lines, start=1):
-            if pattern.search(line):
-                return Location(rel, number)
-    return Location(rel, None)
+    at = next((n for n, line in enumerate(lines, start=1) if setting.search(line)), None)
+    for pattern in patterns:  # the changed package: under its setting first, then anywhere
+        for start in (at, 1) if at else (1,):
+            for number, line in enumerate(lines[start - 1 :], start=start):
+                if pattern.search(line):
+                    return Location(rel, number)
+    return Location(rel, at)
 
 
 def _texts(value) -> list[str]:

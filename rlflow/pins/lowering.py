@@ -7,7 +7,7 @@ directory, `{ include-group = ... }` is expanded, and paths are made absolute. T
 are that record in comparable form:
 
     Entry = (name, extras, source, marker tree)
-    source = ("registry", specifier, index URL or None) | ("git", repo, ref kind, ref, subdir)
+    source = ("registry", specifier, index URL or None) | ("git", repo, ref kind, ref, subdir, lfs)
            | ("url", url, subdirectory) | ("path", editable|directory|path|virtual, absolute path)
 
 Both sides of the comparison (this module for the pyproject, uvlock.py for the lock) produce
@@ -31,7 +31,6 @@ from packaging.version import InvalidVersion, Version
 
 from rlflow.pins import markers, pep508, records
 from rlflow.pins.pep508 import canonicalize_name
-from rlflow.pins.urls import normalize_repo
 
 
 class Undecidable(Exception):
@@ -49,6 +48,7 @@ class Project:
     workspace_sources: dict[str, list[dict]] = records.factory(dict)
     workspace_indexes: dict[str, str] = records.factory(dict)
     members: dict[str, str] = records.factory(dict)  # workspace member name -> directory
+    no_sources: bool = False  # the workspace root's `[tool.uv] no-sources = true`
 
     @property
     def table(self) -> dict:
@@ -97,6 +97,7 @@ def load_project(directory: str) -> Project:
 
 def project_from(directory: str, data: dict) -> Project:
     project = Project(os.path.normpath(directory), data, {}, {})
+    project.no_sources = project.uv.get("no-sources") is True
     sources = project.uv.get("sources", {})
     if isinstance(sources, dict):
         for name, value in sources.items():
@@ -122,16 +123,25 @@ def workspace_members(root: Project) -> dict[str, Project]:
     for pattern in table.get("members", []) or []:
         for directory in sorted(glob.glob(os.path.join(root.directory, str(pattern)))):
             directory = os.path.normpath(directory)
-            if directory in excluded or not os.path.isfile(
-                os.path.join(directory, "pyproject.toml")
-            ):
+            if directory in excluded or not os.path.isdir(directory):
                 continue
+            if not os.path.isfile(os.path.join(directory, "pyproject.toml")):
+                # uv skips a directory with only gitignored files (an empty one: a submodule not
+                # checked out) and refuses the workspace otherwise (`uv lock --check` exits 2)
+                if not os.listdir(directory):
+                    continue
+                raise Undecidable(
+                    f"`{directory}` matches [tool.uv.workspace] members `{pattern}` but has no "
+                    "pyproject.toml: uv refuses the workspace unless every file in it is "
+                    "gitignored (add it to `exclude`)"
+                )
             member = load_project(directory)
             if member.name:
                 members[member.name] = member
     for member in members.values():
         member.workspace_sources = root.sources
         member.workspace_indexes = root.indexes
+        member.no_sources = root.no_sources
         member.members = {name: m.directory for name, m in members.items()}
     return members
 
@@ -174,7 +184,8 @@ def record(project: Project) -> Record:
 
 
 def groups(project: Project) -> dict[str, list]:
-    """Dependency groups, `include-group` expanded, legacy dev-dependencies as `dev`."""
+    """Dependency groups, `include-group` expanded, legacy dev-dependencies as `dev`; empty
+    groups included."""
     raw = project.data.get("dependency-groups", {})
     raw = {canonicalize_name(k): v for k, v in raw.items()} if isinstance(raw, dict) else {}
     legacy = project.uv.get("dev-dependencies")
@@ -185,11 +196,29 @@ def groups(project: Project) -> dict[str, list]:
         for item in raw.get(group, []) if isinstance(raw.get(group), list) else []:
             if isinstance(item, str):
                 texts.append(item)
-            elif isinstance(item, dict) and isinstance(item.get("include-group"), str):
+            elif (
+                isinstance(item, dict)
+                and set(item) == {"include-group"}
+                and isinstance(item["include-group"], str)
+            ):
                 included = canonicalize_name(item["include-group"])
-                if included not in seen:
-                    texts += expand(included, seen + (included,))
+                if included in seen:
+                    raise _malformed(
+                        f"a cycle: {' -> '.join(f'`{g}`' for g in seen + (included,))}"
+                    )
+                if included not in raw:
+                    raise _malformed(f"`{group}` includes `{included}`, which does not exist")
+                texts += expand(included, seen + (included,))
+            else:
+                raise _malformed(f"`{group}` has the entry `{item!r}`")
         return texts
+
+    def _malformed(what: str) -> Undecidable:
+        where = os.path.join(project.directory, "pyproject.toml")
+        return Undecidable(
+            f"`{where}` [dependency-groups] is malformed ({what}); uv refuses it "
+            "(`uv lock --check` exits 2)"
+        )
 
     for group in raw:
         out[group] = [
@@ -198,7 +227,7 @@ def groups(project: Project) -> dict[str, list]:
     if isinstance(legacy, list):
         out.setdefault("dev", [])
         out["dev"] += [e for text in _strings(legacy) for e in lower(text, project, group="dev")]
-    return {g: entries for g, entries in out.items() if entries}
+    return out  # empty groups too: a lock of revision 1 or later records them (`dev = []`)
 
 
 def lower(text: str, project: Project, extra: str | None = None, group: str | None = None) -> list:
@@ -212,6 +241,8 @@ def lower(text: str, project: Project, extra: str | None = None, group: str | No
     sources = project.sources.get(name)
     if sources is None:
         sources = project.workspace_sources.get(name)
+    if project.no_sources:  # uv then locks every requirement as written, sources ignored
+        sources = None
     if sources is not None:
         sources = [
             s
@@ -261,8 +292,9 @@ def url_source(url: str, directory: str) -> tuple:
         if "@" in path:
             path, ref = path.rsplit("@", 1)
         sub = parse_qs(fragment).get("subdirectory", [None])[0]
-        repo = normalize_repo(parts._replace(path=path, query="").geturl())
-        return ("git", repo, "rev" if ref else None, ref, sub)
+        repo = lock_repo(parts._replace(path=path, query="").geturl())
+        lfs = parse_qs(fragment).get("lfs", [""])[0].lower() == "true"
+        return ("git", repo, "rev" if ref else None, ref, sub, lfs)
     base, _, fragment = url.partition("#")
     if base.startswith("file:"):
         path = os.path.normpath(os.path.join(directory, unquote(urlsplit(base).path)))
@@ -275,15 +307,26 @@ def source_key(source: dict, req: pep508.Parsed, project: Project) -> tuple:
         ref_kind = next((k for k in ("rev", "tag", "branch") if k in source), None)
         return (
             "git",
-            normalize_repo(str(source["git"])),
+            lock_repo(str(source["git"])),
             ref_kind,
             source.get(ref_kind) if ref_kind else None,
             source.get("subdirectory"),
+            source.get("lfs") is True,  # uv locks `lfs = true` too (adding it is stale)
         )
     if "url" in source:
-        return ("url", str(source["url"]).partition("#")[0], source.get("subdirectory"))
+        if "#" in str(source["url"]):
+            raise Undecidable(
+                f"`{req.name}`'s `url` source `{source['url']}` has a fragment, which uv refuses "
+                "(`Fragments are not allowed in URLs`): drop it (`subdirectory = ...` is a key)"
+            )
+        return ("url", str(source["url"]), source.get("subdirectory"))
     if "path" in source:
         path = os.path.normpath(os.path.join(project.directory, str(source["path"])))
+        if not os.path.exists(path):
+            raise Undecidable(
+                f"`{req.name}` comes from path `{source['path']}`, which is not there "
+                "(a submodule not checked out?)"
+            )
         if not os.path.isdir(path):
             return ("path", "path", path)
         if source.get("package") is False:
@@ -299,11 +342,26 @@ def source_key(source: dict, req: pep508.Parsed, project: Project) -> tuple:
         url = project.indexes.get(name, project.workspace_indexes.get(name))
         if url is None:
             raise Undecidable(f"`{req.name}` comes from index `{name}`, which no project defines")
+        if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url):  # a local directory: uv locks
+            url = "file://" + os.path.normpath(os.path.join(project.directory, url))  # its URL
         return ("registry", spec_key(str(req.specifier)), index_url(url))
     return requirement_source(req, project.directory)
 
 
 # -- normal forms -----------------------------------------------------------------------------
+def lock_repo(url: str) -> str:
+    """A git repository URL as `uv lock --check` compares it (uv-resolver normalize_requirement:
+    credentials, query and fragment dropped, the rest verbatim): unlike a pin comparison
+    (urls.normalize_repo), a `.git` suffix or a trailing slash added since locking makes the lock
+    stale (measured with uv 0.13.9)."""
+    url = url.strip().removeprefix("git+")
+    parts = urlsplit(url)
+    if not parts.scheme:
+        return url
+    host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return f"{parts.scheme.lower()}://{host.lower()}{parts.path or '/'}"
+
+
 @cache
 def spec_key(text: str) -> tuple:
     try:
@@ -350,6 +408,7 @@ def compare_entries(have: list, want: list, python: str | None) -> tuple[list, l
     a, b = grouped(have), grouped(want)
     added = [k for k in b if k not in a]
     removed = [k for k in a if k not in b]
+    added, removed, unsure = _same_meaning(added, removed, a, b, python)
     for key in set(a) & set(b):
         if a[key] == b[key]:
             continue  # the same trees: the same truth tables
@@ -358,6 +417,160 @@ def compare_entries(have: list, want: list, python: str | None) -> tuple[list, l
             verdict is None and sorted(map(repr, a[key])) != sorted(map(repr, b[key]))
         ):
             added.append(key)
+    for name in sorted({k[0] for k in added + removed}):
+        same = _same_merged(
+            [e for e in have if e[0] == name], [e for e in want if e[0] == name], python
+        )
+        if same is False:
+            continue
+        unsure = unsure or (None if same else f"`{name}`'s declarations, merged as uv merges them,")
+        added = [k for k in added if k[0] != name]
+        removed = [k for k in removed if k[0] != name]
     if not added and not removed:
+        if unsure:
+            raise Undecidable(
+                f"{unsure} differ only in the precision of a version: uv stores the two alike "
+                "but they allow different versions, so uv re-resolves and only the result "
+                "tells; run `uv lock --check`"
+            )
         return None
     return sorted(added, key=repr), sorted(removed, key=repr)
+
+
+def _same_merged(have: list, want: list, python) -> bool | None:
+    """uv 0.13 merges the declarations of one package (uv-configuration `normalize`): where
+    their markers overlap, extras are unioned and specifiers intersected, so `leaf>=0.1` plus
+    `leaf<0.4` is `leaf>=0.1,<0.4`, and `leaf; sys_platform == 'linux'` plus `leaf;
+    sys_platform != 'linux'` is `leaf`. Compared in every environment that tells the markers
+    apart: True the same, False not (or too many environments to tell), None alike but for
+    precision (same_specifiers)."""
+    grid = markers._grid([e[3] for e in have + want], python)
+    if grid is None or not have or not want:
+        return False
+    # uv keeps a declaration whose marker never holds (an override may replace the marker):
+    # such a declaration is matched by the strict comparison only
+    if not all(any(markers._eval(e[3], env) for env in grid) for e in have + want):
+        return False
+    unsure = False
+    for env in grid:
+        effective = []
+        for entries in (have, want):
+            active = [e for e in entries if markers._eval(e[3], env)]
+            registry = [e[2] for e in active if e[2][0] == "registry"]
+            if any(len(p) != 2 for r in registry for p in r[1]):
+                return False  # a specifier rlflow cannot read: only equal text is the same
+            effective.append(
+                (
+                    frozenset(x for e in active for x in e[1]),
+                    frozenset(e[2] for e in active if e[2][0] != "registry"),
+                    frozenset(r[2] for r in registry),
+                    tuple(sorted(p for r in registry for p in r[1])),
+                    bool(active),
+                )
+            )
+        (h_extras, h_other, h_index, h_spec, h_any), (w_extras, w_other, w_index, w_spec, w_any) = (
+            effective
+        )
+        if (h_extras, h_other, h_index, h_any) != (w_extras, w_other, w_index, w_any):
+            return False
+        same = same_specifiers(h_spec, w_spec)
+        if same is False:
+            return False
+        unsure = unsure or same is None
+    return None if unsure else True
+
+
+def _same_meaning(added: list, removed: list, a: dict, b: dict, python) -> tuple:
+    """Pair a pyproject entry with a lock entry whose registry specifiers differ in spelling only
+    (`>=0.2` / `>=0.2.0`, `<1,>=0.2` / `>=0.2,<1,>=0.1`): uv 0.13 compares them by the versions
+    they allow (and by prerelease opt-in and a lone `==` pin), so they are the same."""
+    unsure = None
+    for key in list(added):
+        name, extras, source = key
+        if source[0] != "registry":
+            continue
+        for old in removed:
+            if old[:2] != (name, extras) or old[2][0] != "registry" or old[2][2] != source[2]:
+                continue
+            same = same_specifiers(old[2][1], source[1])
+            if same is False:
+                continue
+            if a[old] != b[key] and markers.equivalent_sets(a[old], b[key], python) is not True:
+                continue
+            added.remove(key)
+            removed.remove(old)
+            if same is None:
+                unsure = unsure or (
+                    f"`{name}`, `{_spec_text(old[2][1])}` in the lock and "
+                    f"`{_spec_text(source[1])}` now,"
+                )
+            break
+    return added, removed, unsure
+
+
+def _spec_text(key: tuple) -> str:
+    return ",".join(op + v for op, v in key) if key and len(key[0]) == 2 else "".join(key)
+
+
+def same_specifiers(left: tuple, right: tuple) -> bool | None:
+    """Two spec_key tuples: True when uv 0.13's `uv lock --check` takes them for the same
+    requirement, False when not, None when uv stores them alike (its version equality ignores
+    trailing zeros: `~=0.3` and `~=0.3.0`) but they allow different versions, where uv
+    re-resolves and the answer depends on the resolution (measured: `==0.3.*` -> `==0.3.0.*`
+    passes, `~=0.3` -> `~=0.3.0` fails)."""
+    if left == right:
+        return True
+    if not all(len(k) == 2 for k in (*left, *right)):
+        return False
+    if any(op == "===" for op, _ in left) != any(op == "===" for op, _ in right):
+        return False  # `==0.3.0` is not `===0.3.0` to uv; `===0.3.0` is `===0.3` (measured)
+    left = tuple(("==" if op == "===" else op, v) for op, v in left)
+    right = tuple(("==" if op == "===" else op, v) for op, v in right)
+    try:
+        lv = [(op, Version(v.removesuffix(".*")), v.endswith(".*")) for op, v in left]
+        rv = [(op, Version(v.removesuffix(".*")), v.endswith(".*")) for op, v in right]
+    except InvalidVersion:
+        return False
+    pin = lambda specs: len(specs) == 1 and specs[0][0] == "==" and not specs[0][2]  # noqa: E731
+    pre = lambda specs: any(v.is_prerelease for _, v, _ in specs)  # noqa: E731
+    if pin(lv) == pin(rv) and pre(lv) == pre(rv):
+        lset = SpecifierSet(_spec_text(left))
+        rset = SpecifierSet(_spec_text(right))
+        if all(
+            lset.contains(p, prereleases=True) == rset.contains(p, prereleases=True)
+            for p in _probes([v for _, v, _ in lv + rv])
+        ):
+            return True
+    alike = len(lv) == len(rv) and all(x in rv for x in lv) and all(y in lv for y in rv)
+    return None if alike else False  # Version's == ignores trailing zeros, as uv's does
+
+
+def _probes(versions: list) -> list[Version]:
+    """Versions on each side of every bound: where two specifier sets can differ."""
+    out = set()
+    for version in versions:
+        release = version.release
+        bases = {release, (0,), (999,)}
+        for i in range(1, len(release) + 2):
+            head = (release + (0,) * i)[:i]
+            bases |= {head, head[:-1] + (head[-1] + 1,), head + (0,), head + (1,)}
+            if head[-1] > 0:
+                bases.add(head[:-1] + (head[-1] - 1,) + (99,))
+        prefix = f"{version.epoch}!" if version.epoch else ""
+        for base in bases:
+            text = prefix + ".".join(map(str, base))
+            for suffix in (
+                "",
+                ".dev0",
+                "a0",
+                "a1",
+                "rc1",
+                ".post0",
+                ".post1",
+                ".post1.dev0",
+                "+local",
+            ):
+                out.add(Version(text + suffix))
+        out.add(version)
+        out.add(Version(f"{version}+local") if not version.local else version)
+    return sorted(out)

@@ -25,7 +25,8 @@ from rlflow.pins.pep508 import canonicalize_name
 TRUE = ("and", ())
 FALSE = ("or", ())
 _PYTHON = ("python_version", "python_full_version")
-_VERSIONS = {"implementation_version", "platform_release"} | set(_PYTHON)
+# uv compares these as versions; `platform_release` is a string to uv (`>= '5'` is not `>= '5.0'`)
+_VERSIONS = {"implementation_version"} | set(_PYTHON)
 _TOKEN = re.compile(
     r"\s*(?:(?P<lp>\()|(?P<rp>\))|(?P<op>===|==|!=|<=|>=|~=|<|>|not\s+in\b|in\b)"
     r"|(?P<kw>and\b|or\b)|(?P<str>'[^']*'|\"[^\"]*\")|(?P<var>[A-Za-z_][A-Za-z0-9_.]*))"
@@ -173,16 +174,30 @@ def _atom(tokens, i):
 
 
 # -- evaluation -------------------------------------------------------------------------------
-def _collect(tree, out: dict[str, set[str]]) -> None:
+def _collect(tree, out: dict[str, set[str]], grid: bool = False) -> None:
     kind = tree[0]
     if kind == "cmp":
         var = "python" if tree[1] in _PYTHON else tree[1]
-        out.setdefault(var, set()).add(tree[3])
+        values = out.setdefault(var, set())
+        values.add(tree[3])
+        if grid and tree[2] in ("in", "not in") and var not in _VERSIONS and var != "python":
+            values |= _substring_points(tree[3], tree[4])
     elif kind == "not":
-        _collect(tree[1], out)
+        _collect(tree[1], out, grid)
     else:
         for child in tree[1]:
-            _collect(child, out)
+            _collect(child, out, grid)
+
+
+def _substring_points(literal: str, flipped: bool) -> set[str]:
+    """Values that tell `in` from `==`: `'arm' in platform_machine` holds for `armv7l` too, and
+    `platform_machine in 'x86_64 aarch64'` for `x86_64` alone (and for `86`)."""
+    if flipped:
+        return {f"{literal}\x01", f"\x01{literal}"}
+    out = set(literal.split())
+    if len(literal) > 1:
+        out |= {literal[1:], literal[:-1]}
+    return out
 
 
 def _eval(tree, env: dict) -> bool:
@@ -234,7 +249,7 @@ def _version_cmp(have: str, op: str, value: str) -> bool | None:
 def _grid(trees: list, python: str | None) -> list[dict] | None:
     seen: dict[str, set[str]] = {}
     for tree in trees:
-        _collect(tree, seen)
+        _collect(tree, seen, grid=True)
     axes: list[tuple[str, list]] = []
     joint = [v for v in _JOINT if v in seen]
     if joint:

@@ -19,10 +19,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.pins import locktables, markers
-from rlflow.pins.lowering import index_url, spec_key
+from rlflow.pins.lowering import index_url, lock_repo, spec_key
 from rlflow.pins.pep508 import canonicalize_name
 from rlflow.pins.records import factory, record
-from rlflow.pins.urls import normalize_repo
 
 LOCAL_KINDS = ("editable", "directory", "virtual")
 _BLOCK = "\n[[package]]\n"
@@ -102,6 +101,8 @@ def _split(rel: str, directory: str, text: str, full: bool) -> UvLock:
             data = tomllib.loads(tables) if data is None else data
             tables = data.pop("package", {})  # `[package.metadata]` etc. inside the block
             package.data = {**data, **(tables if isinstance(tables, dict) else {})}
+            if not full:
+                package.data.update(_head_keys(chunk))
         lock.packages.append(package)
         line += chunk.count("\n") + 2
     return lock
@@ -136,6 +137,17 @@ def _whole(rel: str, directory: str, text: str) -> UvLock:
             )
         )
     return lock
+
+
+_HEAD_KEYS = re.compile(r"^default-groups = [^\n]*$", re.M)
+
+
+def _head_keys(chunk: str) -> dict:
+    """The keys of a local package's head that `uv lock --check` compares beyond its metadata:
+    `default-groups` (written on one line: `"all"` or a short list)."""
+    head = chunk.split("\n[", 1)[0]
+    found = _HEAD_KEYS.search(head)
+    return tomllib.loads(found.group(0)) if found else {}
 
 
 def _metadata_tables(chunk: str) -> str:
@@ -193,10 +205,12 @@ def source_of(item: dict, directory: str) -> tuple:
         kind = next((k for k in ("rev", "tag", "branch") if k in query), None)
         return (
             "git",
-            normalize_repo(parts._replace(query="", fragment="").geturl()),
+            lock_repo(parts._replace(query="", fragment="").geturl()),
             kind,
             query[kind][0] if kind else None,
             item.get("subdirectory") or query.get("subdirectory", [None])[0],
+            "true"
+            in (query.get("lfs", [""])[0] + parse_qs(parts.fragment).get("lfs", [""])[0]).lower(),
         )
     if "url" in item:
         return ("url", str(item["url"]).partition("#")[0], item.get("subdirectory"))
@@ -211,16 +225,6 @@ def source_of(item: dict, directory: str) -> tuple:
     )
 
 
-def registry_location(source: dict[str, str], directory: str) -> str | None:
-    """A registry source's URL, or a find-links directory made absolute."""
-    value = source.get("registry")
-    if value is None:
-        return None
-    if re.match(r"^[a-z][a-z0-9+.-]*://", value) and not value.startswith("file://"):
-        return index_url(value)
-    return os.path.normpath(os.path.join(directory, value.removeprefix("file://")))
-
-
 def unconfigured_registry(lock: UvLock, projects: list) -> Package | None:
     """A locked package whose registry (index URL or find-links directory) no project names
     now; None when none is, or when no project configures any index (uv checks nothing then)."""
@@ -230,13 +234,13 @@ def unconfigured_registry(lock: UvLock, projects: list) -> Package | None:
         for item in uv.get("index", []) if isinstance(uv.get("index"), list) else []:
             if isinstance(item, dict) and isinstance(item.get("url"), str):
                 configured = True
-                _add_location(item["url"], project.directory, remote, local)
+                _add_location(item["url"], project.directory, remote, local, lock.directory)
                 pypi = pypi and not item.get("default")
         for key in ("index-url", "extra-index-url", "find-links"):
             values = uv.get(key)
             for value in [values] if isinstance(values, str) else values or []:
                 configured = True
-                _add_location(str(value), project.directory, remote, local)
+                _add_location(str(value), project.directory, remote, local, lock.directory)
                 pypi = pypi and key != "index-url"
         if uv.get("no-index"):
             configured, pypi = True, False
@@ -249,16 +253,35 @@ def unconfigured_registry(lock: UvLock, projects: list) -> Package | None:
         items = metadata.get("requires-dist", []) if isinstance(metadata, dict) else []
         for item in items or []:
             if isinstance(item, dict) and isinstance(item.get("index"), str):
-                _add_location(item["index"], lock.directory, remote, local)
+                _add_location(item["index"], lock.directory, remote, local, lock.directory)
     for package in lock.packages:
-        where = registry_location(package.source, lock.directory)
-        if where is not None and where not in remote and where not in local:
+        value = package.source.get("registry")
+        if value is None:
+            continue
+        if _remote(value):
+            where = index_url(value)
+        else:
+            where = _written(value.removeprefix("file://"), lock.directory, lock.directory)
+        if where not in remote and where not in local:
             return package
     return None
 
 
-def _add_location(value: str, directory: str, remote: set, local: set) -> None:
-    if re.match(r"^[a-z][a-z0-9+.-]*://", value) and not value.startswith("file://"):
+def _remote(value: str) -> bool:
+    return bool(re.match(r"^[a-z][a-z0-9+.-]*://", value)) and not value.startswith("file://")
+
+
+def _written(path: str, directory: str, lock_directory: str) -> str:
+    """A local index as uv writes it in the lock: a relative path stays relative (to the lock's
+    directory, normalized), an absolute one (or a file:// URL) absolute. uv 0.13 compares that
+    form: configuring `../wheels` where the lock says `/abs/wheels` makes it stale."""
+    if os.path.isabs(path):
+        return os.path.normpath(path)
+    return os.path.normpath(os.path.relpath(os.path.join(directory, path), lock_directory))
+
+
+def _add_location(value: str, directory: str, remote: set, local: set, lock_dir: str) -> None:
+    if _remote(value):
         remote.add(index_url(value))
     else:
-        local.add(os.path.normpath(os.path.join(directory, value.removeprefix("file://"))))
+        local.add(_written(value.removeprefix("file://"), directory, lock_dir))
