@@ -654,8 +654,22 @@ def test_a_url_source_with_a_fragment_is_rf013(env):
     assert codes == ["RF013"], codes
 
 
-@pytest.mark.skipif(shutil.which("git-lfs") is None, reason="uv locks lfs = true with git-lfs only")
-def test_a_git_lfs_source_locked_by_uv_is_fresh(env):
+@pytest.fixture(scope="session")
+def git_lfs() -> None:
+    """uv locks `lfs = true` only with git-lfs installed: installed here as the Slurm tests
+    install their packages (apt-get, as root, on first use); skipped where that cannot run."""
+    if shutil.which("git-lfs"):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("git-lfs is not installed and apt-get cannot install it (not root)")
+    quiet = {"capture_output": True, "text": True}
+    for command in (["apt-get", "-q", "update"], ["apt-get", "-q", "-y", "install", "git-lfs"]):
+        done = subprocess.run(["timeout", "300", *command], **quiet)
+        if done.returncode != 0:
+            pytest.skip(f"`{' '.join(command)}` failed: {done.stderr.strip()[-300:]}")
+
+
+def test_a_git_lfs_source_locked_by_uv_is_fresh(env, git_lfs):
     """uv records `lfs = true` in the lock's git URL (`?lfs=true&tag=...`)."""
     toml = _git_source(env).replace('tag = "v0.2.0" }', 'tag = "v0.2.0", lfs = true }')
     root = locked(env, {"pyproject.toml": toml})
