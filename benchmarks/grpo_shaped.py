@@ -626,8 +626,8 @@ class BenchmarkSampling:
     Monkeypatching the loop's sampling is the brief's sanctioned way to give the real step the
     GRPO-shaped stop behaviour: random weights never emit EOS."""
 
-    def __init__(self, generate, device):
-        self.generate, self.device = generate, device
+    def __init__(self, generate, device, engine=None):
+        self.generate, self.device, self.engine = generate, device, engine
         self.stop_ids: tuple[int, ...] = ()
         self.fixed = False
         self.max_new_tokens: int | None = None  # the part's cap (the recipe's is the largest)
@@ -646,9 +646,17 @@ class BenchmarkSampling:
         start = time.perf_counter()
         completions = self.generate(prompts, params)
         _sync(self.device)
+        seconds = time.perf_counter() - start
+        timings = getattr(self.engine, "last_timings", None) or {}
         self.calls.append(
             {
-                "seconds": time.perf_counter() - start,
+                "seconds": seconds,
+                # the engine's own clock (passes, prefill, decode) and the allocator's retries
+                # (cudaFree + cudaMalloc again when memory ran short), to place the call's time
+                "engine": {k: v for k, v in timings.items() if k != "trace"},
+                "alloc_retries": torch.cuda.memory_stats(self.device).get("num_alloc_retries")
+                if self.device.type == "cuda"
+                else None,
                 "prompt_tokens": sum(len(p.token_ids) for p in prompts),
                 "unique_prompts": len({id(p) for p in prompts}),
                 **length_stats(completions),
@@ -676,7 +684,7 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
     # The GRPO-shaped prompts replace the recipe's dataset: every step draws all of them.
     t.train_data = samples
     t.sampler = PromptSampler(len(samples), len(samples), args.seed)
-    sampling = BenchmarkSampling(t.backend.generate, info.device)
+    sampling = BenchmarkSampling(t.backend.generate, info.device, t.backend)
     t.backend.generate = sampling
     loop._resume_or_start(t)  # what loop.train does first: optimizer, reference = policy
     log(f"step: trainer built in {time.perf_counter() - start:.1f} s")
@@ -714,6 +722,8 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
                 "tokens": tokens,
                 "response_mean": call["mean_response"],
                 "generate_s": call["seconds"],
+                "generate_engine": call["engine"],
+                "alloc_retries": call["alloc_retries"],
                 "generation_tokens_per_s": call["useful_tokens"] / call["seconds"],
                 "tokens_per_s_per_gpu": tokens / metrics["time/step"] / gpus,
                 "update_mfu": 6
