@@ -7,6 +7,7 @@ Workload, generated from seeds (no downloads), on a random-weight Qwen2.5-VL-3B-
   rlflow's loop does (engines may detect the sharing by identity);
 - media mix, seeded order: images of 112, 224, 336 and 448 px (16, 64, 144, 256 visual tokens),
   videos of 4 frames at 112 or 224 px (2 temporal patches: 32 or 128 tokens) and text-only rows;
+  (Qwen3-VL's 32-pixel tokens: 16, 49, 100, 196 and 32 or 98);
 - ragged questions of 10-120 text tokens (seeded), encoded by rlflow's own PromptEncoder with the
   checkpoint's processor (its pixel limit raised to 448x448 in a sibling checkpoint folder);
 - T=1 sampling, cap 256 new tokens. Random weights never emit EOS, so a seeded random set of
