@@ -1,4 +1,5 @@
-"""GRPO-shaped rollouts and whole GRPO steps on the Qwen2.5-VL-3B shape (issues 9 and 20).
+"""GRPO-shaped rollouts and whole GRPO steps on the Qwen2.5-VL-3B shape (issues 9 and 20), or
+with --model qwen3vl-4b on the Qwen3-VL-4B shape.
 
 Workload, generated from seeds (no downloads), on a random-weight Qwen2.5-VL-3B-shaped checkpoint
 (`rlflow init-tiny-model --preset qwen25vl-3b`), bf16:
@@ -6,6 +7,7 @@ Workload, generated from seeds (no downloads), on a random-weight Qwen2.5-VL-3B-
   rlflow's loop does (engines may detect the sharing by identity);
 - media mix, seeded order: images of 112, 224, 336 and 448 px (16, 64, 144, 256 visual tokens),
   videos of 4 frames at 112 or 224 px (2 temporal patches: 32 or 128 tokens) and text-only rows;
+  (Qwen3-VL's 32-pixel tokens: 16, 49, 100, 196 and 32 or 98);
 - ragged questions of 10-120 text tokens (seeded), encoded by rlflow's own PromptEncoder with the
   checkpoint's processor (its pixel limit raised to 448x448 in a sibling checkpoint folder);
 - T=1 sampling, cap 256 new tokens. Random weights never emit EOS, so a seeded random set of
@@ -45,6 +47,8 @@ every decode step up to the longest row, max((LM weight bytes + KV bytes of the 
     python3 benchmarks/grpo_shaped.py --out $OUT --tp 2 --parts rollout,step
     # CPU smoke test of the script (tiny model, fp32, 4 prompts x 2 samples, cap 16)
     uv run python benchmarks/grpo_shaped.py --tiny --out /tmp/grpo-shaped
+    # the Qwen3-VL-4B shape (init-tiny-model --preset qwen3vl-4b); CPU: --tiny --model qwen3vl
+    python3 benchmarks/grpo_shaped.py --model qwen3vl-4b --out $OUT --parts rollout,step
 """
 
 from __future__ import annotations
@@ -99,19 +103,29 @@ WORDS = (
 # ----------------------------------------------------------------------------- workload
 
 
-def bench_checkpoint(base: Path, tiny: bool, device: torch.device, is_writer: bool) -> Path:
+def bench_checkpoint(
+    base: Path, tiny: bool, device: torch.device, is_writer: bool, model: str = "qwen25vl-3b"
+) -> Path:
     """rlflow's random checkpoint (`rlflow init-tiny-model --preset`), written once at `base`,
     and a sibling folder that links its files but raises the processor's pixel limits to
-    448x448, so the four image sizes keep their resolution (the preset's limit is 224x224)."""
-    from rlflow.model.tiny import PRESETS, write_tiny_checkpoint
-
+    448x448, so the four image sizes keep their resolution (the preset's limit is 224x224;
+    Qwen3-VL's 256x256). Both families' processor configs keep the limits in the same keys:
+    `size.longest_edge` in pixels (Qwen3-VL's video processor: pixels of all frames together,
+    so its 4 x 224 x 224 videos fit its 262,144 as they are)."""
     target = base.with_name(base.name + "-grpo-shaped")
     if not is_writer:
         return target
     if not (base / "config.json").exists():
-        write_tiny_checkpoint(
-            base, seed=0, sizes=PRESETS["tiny" if tiny else "qwen25vl-3b"], device=str(device)
-        )
+        if model == "qwen3vl-4b":
+            from rlflow.model.qwen3vl import QWEN3VL_PRESETS, Qwen3VLSizes, write_tiny_qwen3vl
+
+            sizes = Qwen3VLSizes() if tiny else QWEN3VL_PRESETS[model]
+            write_tiny_qwen3vl(base, seed=0, sizes=sizes, device=str(device))
+        else:
+            from rlflow.model.tiny import PRESETS, write_tiny_checkpoint
+
+            sizes = PRESETS["tiny" if tiny else model]
+            write_tiny_checkpoint(base, seed=0, sizes=sizes, device=str(device))
     staging = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -216,20 +230,27 @@ def model_counts(checkpoint: Path, dtype_bytes: int) -> dict:
 
     lm_matmul_params are the LM weights a token multiplies through: the transformer layers and
     the output head (a tied head is the embedding matrix, counted once; an untied embedding is a
-    lookup, not a matmul)."""
-    from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
+    lookup, not a matmul). Any Qwen-VL the checkpoint's config names (its HF class); Qwen3-VL's
+    head_dim is its own (query width 4,096 on the 4B's 2,560 hidden) and its tower attends over
+    each whole frame in every block (no windows); its DeepStack mergers are vision params."""
+    from transformers import AutoConfig, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(str(checkpoint))
     with torch.device("meta"):
-        model = Qwen2_5_VLForConditionalGeneration._from_config(config)
-    lm = sum(p.numel() for n, p in model.named_parameters() if "visual" not in n)
-    vision = sum(p.numel() for n, p in model.named_parameters() if "visual" in n)
+        model = AutoModelForImageTextToText.from_config(config)
+    unique = {id(p): (n, p) for n, p in model.named_parameters(remove_duplicate=False)}.values()
+    lm = sum(p.numel() for n, p in unique if "visual" not in n)
+    vision = sum(p.numel() for n, p in unique if "visual" in n)
     text, vis = config.text_config, config.vision_config
     embedding = text.vocab_size * text.hidden_size
     tied = bool(getattr(text, "tie_word_embeddings", False) or config.tie_word_embeddings)
     matmul = lm if tied else lm - embedding
-    head_dim = text.hidden_size // text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    windows = hasattr(vis, "fullatt_block_indexes")  # Qwen2.5-VL's windowed tower
+    full_layers = len(vis.fullatt_block_indexes) if windows else vis.depth
     return {
+        "model_type": config.model_type,
+        "total_params": lm + vision,
         "lm_params": lm,
         "lm_matmul_params": matmul,
         "head_params": embedding,
@@ -245,8 +266,8 @@ def model_counts(checkpoint: Path, dtype_bytes: int) -> dict:
         "weight_bytes": matmul * dtype_bytes,
         "vision_hidden": vis.hidden_size,
         "vision_depth": vis.depth,
-        "vision_full_layers": len(vis.fullatt_block_indexes),
-        "vision_window_patches": (vis.window_size // vis.patch_size) ** 2,
+        "vision_full_layers": full_layers,
+        "vision_window_patches": (vis.window_size // vis.patch_size) ** 2 if windows else 0,
         "image_token_id": config.image_token_id,
         "video_token_id": config.video_token_id,
     }
@@ -263,7 +284,7 @@ def vision_flops(media, c: dict) -> float:
             continue
         patches += int(pixels.shape[0])
         for t, h, w in grids.tolist():
-            seq = h * w  # Qwen2.5-VL's vision attention runs per temporal slice
+            seq = h * w  # Qwen-VL towers attend within each temporal slice
             full = 4 * seq * seq * c["vision_hidden"] * c["vision_full_layers"]
             window = (
                 4
@@ -606,8 +627,8 @@ class BenchmarkSampling:
     Monkeypatching the loop's sampling is the brief's sanctioned way to give the real step the
     GRPO-shaped stop behaviour: random weights never emit EOS."""
 
-    def __init__(self, generate, device):
-        self.generate, self.device = generate, device
+    def __init__(self, generate, device, engine=None):
+        self.generate, self.device, self.engine = generate, device, engine
         self.stop_ids: tuple[int, ...] = ()
         self.fixed = False
         self.max_new_tokens: int | None = None  # the part's cap (the recipe's is the largest)
@@ -626,9 +647,17 @@ class BenchmarkSampling:
         start = time.perf_counter()
         completions = self.generate(prompts, params)
         _sync(self.device)
+        seconds = time.perf_counter() - start
+        timings = getattr(self.engine, "last_timings", None) or {}
         self.calls.append(
             {
-                "seconds": time.perf_counter() - start,
+                "seconds": seconds,
+                # the engine's own clock (passes, prefill, decode) and the allocator's retries
+                # (cudaFree + cudaMalloc again when memory ran short), to place the call's time
+                "engine": {k: v for k, v in timings.items() if k != "trace"},
+                "alloc_retries": torch.cuda.memory_stats(self.device).get("num_alloc_retries")
+                if self.device.type == "cuda"
+                else None,
                 "prompt_tokens": sum(len(p.token_ids) for p in prompts),
                 "unique_prompts": len({id(p) for p in prompts}),
                 **length_stats(completions),
@@ -656,7 +685,7 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
     # The GRPO-shaped prompts replace the recipe's dataset: every step draws all of them.
     t.train_data = samples
     t.sampler = PromptSampler(len(samples), len(samples), args.seed)
-    sampling = BenchmarkSampling(t.backend.generate, info.device)
+    sampling = BenchmarkSampling(t.backend.generate, info.device, t.backend)
     t.backend.generate = sampling
     loop._resume_or_start(t)  # what loop.train does first: optimizer, reference = policy
     log(f"step: trainer built in {time.perf_counter() - start:.1f} s")
@@ -694,6 +723,8 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
                 "tokens": tokens,
                 "response_mean": call["mean_response"],
                 "generate_s": call["seconds"],
+                "generate_engine": call["engine"],
+                "alloc_retries": call["alloc_retries"],
                 "generation_tokens_per_s": call["useful_tokens"] / call["seconds"],
                 "tokens_per_s_per_gpu": tokens / metrics["time/step"] / gpus,
                 "update_mfu": 6
@@ -760,6 +791,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON results")
     parser.add_argument("--tiny", action="store_true", help="tiny model, fp32: CPU smoke test")
+    parser.add_argument(
+        "--model",
+        choices=("qwen25vl-3b", "qwen3vl-4b", "qwen25vl", "qwen3vl"),
+        default="qwen25vl-3b",
+        help="the random checkpoint's shape (init-tiny-model's preset); with --tiny, that "
+        "family's tiny model (qwen25vl / qwen3vl name the same)",
+    )
     parser.add_argument("--parts", default="rollout,long,fixed,hf,mcore,steplong,step")
     parser.add_argument("--prompts", type=int, default=None, help="unique prompts (64; tiny 4)")
     parser.add_argument("--samples", type=int, default=None, help="rollouts per prompt (8; 2)")
@@ -810,10 +848,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--checkpoint",
         type=Path,
         default=None,
-        help="random checkpoint folder (default $TMPDIR/rlflow-bench-3b, as the other benchmarks)",
+        help="random checkpoint folder (default $TMPDIR/rlflow-bench-3b, as the other benchmarks;"
+        " qwen3vl-4b: rlflow-bench-qwen3vl-4b)",
     )
     args = parser.parse_args(argv)
     tiny = args.tiny
+    args.model = {"qwen25vl": "qwen25vl-3b", "qwen3vl": "qwen3vl-4b"}.get(args.model, args.model)
     args.prompts = args.prompts or (4 if tiny else 64)
     args.samples = args.samples or (2 if tiny else 8)
     args.max_new_tokens = args.max_new_tokens or (16 if tiny else 256)
@@ -832,7 +872,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     if set(args.variants) - {"bf16", "fp8"}:
         parser.error("--variants: bf16 and/or fp8")
     tmp = Path(os.environ.get("TMPDIR", "/tmp"))
-    args.checkpoint = args.checkpoint or tmp / ("rlflow-bench-tiny" if tiny else "rlflow-bench-3b")
+    names = {  # the other benchmarks' folder names for the Qwen2.5-VL ones
+        ("qwen25vl-3b", True): "rlflow-bench-tiny",
+        ("qwen25vl-3b", False): "rlflow-bench-3b",
+        ("qwen3vl-4b", True): "rlflow-bench-tiny-qwen3vl",
+        ("qwen3vl-4b", False): "rlflow-bench-qwen3vl-4b",
+    }
+    args.checkpoint = args.checkpoint or tmp / names[args.model, tiny]
     return args
 
 
@@ -892,6 +938,7 @@ def rank_main(args) -> None:
         "tensor_parallel": info.tp_size,
         "torch": torch.__version__,
         "argv": sys.argv[1:],
+        "model_preset": ("tiny " if args.tiny else "") + args.model,
         "workload": {
             "prompts": args.prompts,
             "samples": args.samples,
@@ -908,7 +955,7 @@ def rank_main(args) -> None:
             (args.out / RESULTS).write_text(json.dumps(results, indent=2, default=_plain))
 
     start = time.perf_counter()
-    checkpoint = bench_checkpoint(args.checkpoint, args.tiny, device, info.is_main)
+    checkpoint = bench_checkpoint(args.checkpoint, args.tiny, device, info.is_main, args.model)
     parallel.barrier()
     results["checkpoint_s"] = time.perf_counter() - start
     loaded = load_checked(args.recipe, recipe_overrides(args, checkpoint))
@@ -916,7 +963,10 @@ def rank_main(args) -> None:
     counts = model_counts(checkpoint, dtype_bytes)
     results["model"] = counts
     results["ceilings"] = ceil = ceilings(device)
-    log(f"checkpoint {checkpoint}; ceilings {json.dumps(ceil)}")
+    log(
+        f"checkpoint {checkpoint} ({counts['model_type']}: {counts['total_params']:,} params, LM "
+        f"{counts['lm_params']:,}, vision {counts['vision_params']:,}); ceilings {json.dumps(ceil)}"
+    )
 
     from rlflow.generation.base import SamplingParams
     from rlflow.model.processor import PromptEncoder

@@ -21,10 +21,12 @@ generation decoder and packed attention read the local spec's modules.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rlflow.errors import Diagnostic, RlflowError
+from rlflow.model.presets import QWEN3VL_PRESET_NAMES
 from rlflow.model.qwen25vl import QwenVLFamily
 
 if TYPE_CHECKING:
@@ -95,73 +97,96 @@ class Qwen3VL(QwenVLFamily):
 FAMILY = Qwen3VL()
 
 
+@dataclass(frozen=True)
+class Qwen3VLSizes:
+    """Shapes of a random Qwen3-VL. The defaults are the tiny CPU model's (head_dim 32 >= vLLM's
+    CPU minimum); `QWEN3VL_PRESETS` holds the real shapes. vocab_size is the embedding's rows
+    (at least the tokenizer's tokenizer_vocab entries, which are locally built)."""
+
+    vocab_size: int = 512
+    tokenizer_vocab: int = 512
+    hidden: int = 128
+    intermediate: int = 384
+    layers: int = 3
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    tie_embeddings: bool = False
+    rope_theta: float = 10000.0
+    # Qwen3-VL's [24, 20, 20] of 64 frequencies, scaled to head_dim / 2 = 16
+    mrope_section: tuple[int, int, int] = (6, 5, 5)
+    max_position_embeddings: int = 4096
+    vision_depth: int = 3
+    vision_hidden: int = 64
+    vision_intermediate: int = 128
+    vision_heads: int = 2
+    vision_position_embeddings: int = 64  # an 8 x 8 learned grid, resampled to each image's
+    deepstack_visual_indexes: tuple[int, ...] = (0, 1)
+
+
+QWEN3VL_PRESETS = {
+    # Qwen3-VL-4B-Instruct's shapes (its config.json), for GPU benchmarks with random weights.
+    "qwen3vl-4b": Qwen3VLSizes(
+        vocab_size=151936,
+        hidden=2560,
+        intermediate=9728,
+        layers=36,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        tie_embeddings=True,
+        rope_theta=5000000.0,
+        mrope_section=(24, 20, 20),
+        max_position_embeddings=262144,
+        vision_depth=24,
+        vision_hidden=1024,
+        vision_intermediate=4096,
+        vision_heads=16,
+        vision_position_embeddings=2304,
+        deepstack_visual_indexes=(5, 11, 17),
+    ),
+}
+assert tuple(QWEN3VL_PRESETS) == QWEN3VL_PRESET_NAMES, "rlflow/model/presets.py lists the presets"
+
+
 def write_tiny_qwen3vl(
-    out_dir: str | Path, *, seed: int, lm_head_scale: float = 1.0, moe: bool = False
+    out_dir: str | Path,
+    *,
+    seed: int,
+    lm_head_scale: float = 1.0,
+    moe: bool = False,
+    sizes: Qwen3VLSizes = Qwen3VLSizes(),  # noqa: B008 - frozen, so one shared default is safe
+    device: str = "cpu",
 ) -> Path:
-    """A tiny random Qwen3-VL (moe: Qwen3-VL-MoE) checkpoint: 3 decoder layers, a 3-block tower
-    whose blocks 0 and 1 feed DeepStack (decoder layers 0 and 1), 16-pixel patches; MoE: 4
-    experts, top-2. The tokenizer and chat template are the other tiny models'."""
+    """A random Qwen3-VL (moe: Qwen3-VL-MoE) checkpoint, tiny by default: 3 decoder layers, a
+    3-block tower whose blocks 0 and 1 feed DeepStack (decoder layers 0 and 1), 16-pixel
+    patches; MoE: 4 experts, top-2. The tokenizer and chat template are the other tiny models'.
+    `sizes` gives other shapes (QWEN3VL_PRESETS); off the CPU (`device`) the weights are made
+    there in bf16 (a 4B-shaped model initialises in seconds on a GPU) and saved in bf16."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import GenerationConfig
 
-    from rlflow.model.tiny import PRESETS, SPECIAL_TOKENS, build_tokenizer, media_token_config
+    from rlflow.model.tiny import SPECIAL_TOKENS, build_tokenizer
 
-    sizes = PRESETS["tiny"]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(sizes.tokenizer_vocab, seed)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    head_dim = sizes.hidden // sizes.heads
-    text = dict(
-        vocab_size=max(sizes.vocab_size, len(tokenizer)),
-        hidden_size=sizes.hidden,
-        intermediate_size=sizes.intermediate,
-        num_hidden_layers=3,
-        num_attention_heads=sizes.heads,
-        num_key_value_heads=sizes.kv_heads,
-        head_dim=head_dim,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-6,
-        # Qwen3-VL's [24, 20, 20] of 64 frequencies, scaled to head_dim / 2 = 16
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": sizes.rope_theta,
-            "mrope_section": [6, 5, 5],
-            "mrope_interleaved": True,
-        },
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-    )
-    if moe:
-        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
-    vision = dict(
-        depth=3,
-        hidden_size=sizes.vision_hidden,
-        intermediate_size=sizes.vision_intermediate,
-        num_heads=sizes.vision_heads,
-        in_channels=3,
-        patch_size=16,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        out_hidden_size=sizes.hidden,
-        num_position_embeddings=64,  # an 8 x 8 learned grid, resampled to each image's
-        deepstack_visual_indexes=[0, 1],
-    )
+    config = qwen3vl_config(sizes, ids, len(tokenizer), moe)
     config_cls, model_cls = _hf_classes(moe)
-    config = config_cls(
-        text_config=text, vision_config=vision, **media_token_config(ids), tie_word_embeddings=False
-    )
     torch.manual_seed(seed)
-    model = model_cls._from_config(config, dtype=torch.float32).eval()
+    with torch.device(device):
+        model = model_cls._from_config(
+            config, dtype=torch.float32 if device == "cpu" else torch.bfloat16
+        ).eval()
     with torch.no_grad():
         if moe:  # HF initialises the router to zeros: every expert would tie
             for layer in model.model.language_model.layers:
                 layer.mlp.gate.weight.normal_(0.0, 0.5)
-        if lm_head_scale != 1.0:
+        if lm_head_scale != 1.0 and not sizes.tie_embeddings:
             model.lm_head.weight.mul_(lm_head_scale)
     model.generation_config = GenerationConfig(
         bos_token_id=ids["<|endoftext|>"],
@@ -172,6 +197,57 @@ def write_tiny_qwen3vl(
     model.save_pretrained(out, safe_serialization=True)
     _save_processor(out, tokenizer)
     return out
+
+
+def qwen3vl_config(sizes: Qwen3VLSizes, ids: dict[str, int], tokens: int, moe: bool = False):
+    """The HF config of a random Qwen3-VL at `sizes` (ids: the media and special token ids;
+    tokens: the tokenizer's length, a floor for the vocabulary)."""
+    from rlflow.model.tiny import media_token_config
+
+    text = dict(
+        vocab_size=max(sizes.vocab_size, tokens),
+        hidden_size=sizes.hidden,
+        intermediate_size=sizes.intermediate,
+        num_hidden_layers=sizes.layers,
+        num_attention_heads=sizes.heads,
+        num_key_value_heads=sizes.kv_heads,
+        head_dim=sizes.head_dim,
+        max_position_embeddings=sizes.max_position_embeddings,
+        rms_norm_eps=1e-6,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": sizes.rope_theta,
+            "mrope_section": list(sizes.mrope_section),
+            "mrope_interleaved": True,
+        },
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
+    if sizes.tie_embeddings:  # (left out when untied: the tiny checkpoint stays byte-identical)
+        text["tie_word_embeddings"] = True
+    if moe:
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
+    vision = dict(
+        depth=sizes.vision_depth,
+        hidden_size=sizes.vision_hidden,
+        intermediate_size=sizes.vision_intermediate,
+        num_heads=sizes.vision_heads,
+        in_channels=3,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=sizes.hidden,
+        num_position_embeddings=sizes.vision_position_embeddings,
+        deepstack_visual_indexes=list(sizes.deepstack_visual_indexes),
+    )
+    config_cls, _ = _hf_classes(moe)
+    return config_cls(
+        text_config=text,
+        vision_config=vision,
+        **media_token_config(ids),
+        tie_word_embeddings=sizes.tie_embeddings,
+    )
 
 
 def _hf_classes(moe: bool):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlflow.data.prompts import ANSWER_CLOSE, ANSWER_OPEN
-from rlflow.model.presets import PRESET_NAMES
+from rlflow.model.presets import QWEN25VL_PRESET_NAMES
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -105,7 +105,7 @@ PRESETS = {
         vision_full_attention=(7, 15, 23, 31),
     ),
 }
-assert tuple(PRESETS) == PRESET_NAMES, "rlflow/model/presets.py lists the CLI's preset names"
+assert tuple(PRESETS) == QWEN25VL_PRESET_NAMES, "rlflow/model/presets.py lists the CLI's presets"
 
 
 def mrope_text_config(sizes: ModelSizes, ids: dict[str, int], tokens: int, tie: bool) -> dict:

@@ -237,3 +237,39 @@ def test_recipe_trains(tmp_path, recipe):
     exported = tmp_path / "hf" / "step_000002"
     model = AutoModelForImageTextToText.from_pretrained(str(exported))
     assert type(model).__name__.startswith("Qwen3VL")
+
+
+def test_the_4b_preset_has_qwen3vl_4bs_parameter_count():
+    """`init-tiny-model --preset qwen3vl-4b`'s config, on the meta device: Qwen3-VL-4B-Instruct's
+    published 4,437,815,808 parameters (415,347,712 in the vision tower), tied head."""
+    from rlflow.model.qwen3vl import QWEN3VL_PRESETS, _hf_classes, qwen3vl_config
+    from rlflow.model.tiny import SPECIAL_TOKENS
+
+    ids = {token: 151643 + i for i, token in enumerate(SPECIAL_TOKENS)}
+    config = qwen3vl_config(QWEN3VL_PRESETS["qwen3vl-4b"], ids, 512)
+    with torch.device("meta"):
+        model = _hf_classes(False)[1]._from_config(config)
+    params = dict(model.named_parameters())
+    assert sum(p.numel() for p in params.values()) == 4_437_815_808
+    assert sum(p.numel() for n, p in params.items() if ".visual." in n) == 415_347_712
+    assert config.text_config.rope_parameters["mrope_section"] == [24, 20, 20]
+    assert model.lm_head.weight is model.model.language_model.embed_tokens.weight
+
+
+def test_logits_match_hf_at_qwen3vl_4bs_proportions(tmp_path, single_rank):
+    """The real 4B's proportions the tiny default lacks: query width (heads x head_dim) wider
+    than the hidden size, 4 query heads per KV head, a tied head, three DeepStack layers."""
+    from transformers import AutoProcessor
+
+    from rlflow.model.build import load_policy
+    from rlflow.model.qwen3vl import Qwen3VLSizes, write_tiny_qwen3vl
+
+    sizes = Qwen3VLSizes(hidden=96, intermediate=160, layers=4, heads=4, kv_heads=1, head_dim=64,
+                         tie_embeddings=True, mrope_section=(12, 10, 10), vision_depth=4,
+                         deepstack_visual_indexes=(0, 1, 2))  # fmt: skip
+    path = write_tiny_qwen3vl(tmp_path / "q3", seed=0, sizes=sizes)
+    policy = load_policy(path, FP32, SINGLE, trainable=False)
+    processor = AutoProcessor.from_pretrained(str(path))
+    hf = policy.family.hf_class().from_pretrained(str(path), dtype=torch.float32).eval()
+    prompts = mixed_prompts(processor)
+    assert hf_logits_gap(hf, policy, prompts, processor.tokenizer.pad_token_id) < 1e-4
