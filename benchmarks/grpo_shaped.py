@@ -759,8 +759,9 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
         later = rows[1:] or rows  # step 1 includes CUDA-graph capture and compilation
         summary = {
             key: statistics.median(r[key] for r in later)
-            for key in rows[0]
+            for key, value in rows[0].items()
             if key != "step"
+            and isinstance(value, int | float)  # (the engine's timings are a dict per step)
             and key.startswith(
                 ("time/", "speed/", "tokens", "response", "generat", "update", "logprob")
             )
