@@ -25,11 +25,13 @@ from rlflow.errors import (
 
 EPILOG = """\b
 Shards are read from .github/workflows/*.yml (each `run:` that calls pytest, the job's matrix
-expanded, working-directory honoured), the scripts CI runs (.ci/*, ci/*, and scripts a workflow
-or such a script calls) and ci-shards.yaml. Each is collected by the real `pytest
+expanded, working-directory and env honoured), the scripts CI runs (.ci/*, ci/*, and scripts a
+workflow or such a script calls), the make targets they run, and ci-shards.yaml (whose `for:`
+says what a command check-tests cannot follow runs). Each is collected by the real `pytest
 --collect-only` with its own arguments, directory and environment. Codes: RF200 malformed CI
 file, RF201 shard command that cannot be resolved, RF202 pytest collection failed, RF203 no
-tests collected from a non-empty suite, RF210 tests no shard collects.
+tests collected from a non-empty suite, RF204 (warning) a shard whose options run no test
+(`--co`), RF210 tests no shard collects.
 """
 
 
@@ -106,13 +108,15 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
     unique = {}
     for shard in shards:
         unique.setdefault((shard.args, shard.cwd, shard.env), shard.name)
+    notes: list[str] = []
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = pool.map(
-            lambda key: collect(root, pytest, key[0], unique[key], key[1], key[2]), list(unique)
+            lambda key: collect(root, pytest, key[0], unique[key], key[1], key[2], notes),
+            list(unique),
         )
         covered = set().union(*results)
     missing = sorted(universe - covered)
-    return _report(fmt, missing, shards, len(universe), None)
+    return _report(fmt, missing, shards, len(universe), None, sorted(notes))
 
 
 def _is_test_file(path: str) -> bool:
@@ -120,7 +124,9 @@ def _is_test_file(path: str) -> bool:
     return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
 
 
-def _report(fmt: str, missing: list[str], shards, total: int | None, reason: str | None) -> int:
+def _report(
+    fmt: str, missing: list[str], shards, total: int | None, reason: str | None, notes=()
+) -> int:
     by_file: dict[str, list[str]] = defaultdict(list)
     for node in missing:
         by_file[node.split("::", 1)[0]].append(node.split("::", 1)[1])
@@ -139,6 +145,15 @@ def _report(fmt: str, missing: list[str], shards, total: int | None, reason: str
         for file, tests in sorted(by_file.items())
     ]
     code = EXIT_FINDINGS if diagnostics else EXIT_OK
+    diagnostics += [
+        Diagnostic(
+            "RF204",
+            note,
+            severity="warning",
+            help="drop that option from the CI line (or addopts) if the line should run tests",
+        )
+        for note in notes
+    ]
     checked = f"{len(shards)} shard{'s' * (len(shards) != 1)}" + (
         f", {total} tests" if total is not None else f" ({reason})"
     )
@@ -161,7 +176,7 @@ def _report(fmt: str, missing: list[str], shards, total: int | None, reason: str
         print()
     print(
         f"{summary_line(diagnostics)} ({checked})"
-        if diagnostics
+        if code
         else f"ok: {checked}, every test is collected"
     )
     return code

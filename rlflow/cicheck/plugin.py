@@ -2,11 +2,38 @@
 writes the collected test ids, as `path-from-the-repository-root::rest`, to the file named by
 RLFLOW_CHECK_TESTS_OUT. Output flags (`-q`, `-v`, `-s`, addopts) cannot change what is read,
 and a shard run from a subdirectory (or with its own rootdir) is named from the repository
-root."""
+root.
+
+check-tests adds `--collect-only` itself; when the shard's own arguments or addopts already
+hold an option that makes pytest run no test (`--collect-only`, `--setup-plan`, `--fixtures`,
+...), the first line written is `#runs-nothing: <option>`: that CI line runs no test."""
 
 from __future__ import annotations
 
 import os
+import shlex
+
+_RUNS_NOTHING = (
+    ("collectonly", "--collect-only"),
+    ("setuponly", "--setup-only"),
+    ("setupplan", "--setup-plan"),
+    ("showfixtures", "--fixtures"),
+    ("show_fixtures_per_test", "--fixtures-per-test"),
+)
+
+
+def _runs_nothing(config) -> list[str]:
+    count = os.environ.get("RLFLOW_CHECK_TESTS_NARGS")
+    if count is None:
+        return []
+    args = [str(a) for a in config.invocation_params.args][: int(count)]
+    try:
+        addopts = list(config.getini("addopts"))
+        addopts += shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))
+        namespace = config._parser.parse_known_args(addopts + args)
+    except Exception:  # noqa: BLE001  pytest itself parsed these; an odd plugin option only
+        return []
+    return [flag for attr, flag in _RUNS_NOTHING if getattr(namespace, attr, False)]
 
 
 def pytest_collection_finish(session) -> None:
@@ -14,7 +41,10 @@ def pytest_collection_finish(session) -> None:
     root = os.environ.get("RLFLOW_CHECK_TESTS_ROOT")
     if not out or not root:
         return
-    with open(out, "w", encoding="utf-8") as stream:
+    with open(out, "a", encoding="utf-8") as stream:  # a fresh file per collection
+        flags = _runs_nothing(session.config)
+        if flags:
+            stream.write(f"#runs-nothing: {' '.join(flags)}\n")
         for item in session.items:
             rest = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else item.name
             path = os.path.relpath(str(item.path), root).replace(os.sep, "/")

@@ -1,7 +1,8 @@
 """check-tests against the CI lines run for real (issue 24): each everyday CI line is written in a
-workflow step, executed by bash exactly as written with `PYTEST_ADDOPTS="--collect-only -p
-rlflow.cicheck.plugin"` (so whatever pytest it starts only collects, and says what), and the
-tests check-tests calls uncollected must be the suite minus what that real run collected.
+workflow step (or a script, a Makefile), executed by bash exactly as written with a harness
+plugin loaded through PYTEST_PLUGINS (whatever pytest it starts only collects, and says what;
+a line whose own options run no test, `--co`, records nothing), and the tests check-tests calls
+uncollected must be the suite minus what that real run collected.
 
 `uv run` is the one stand-in: a `uv` on PATH that drops `run` and uv's options and runs the rest
 (the real one would create and sync an environment, which needs the network)."""
@@ -43,8 +44,10 @@ def bin_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("bin")
     (path / "uv").write_text(UV_STAND_IN)
     (path / "uv").chmod(0o755)
-    (path / "pytest").write_text(f'#!/bin/sh\nexec {sys.executable} -m pytest "$@"\n')
-    (path / "pytest").chmod(0o755)
+    for name in ("pytest", "py.test"):
+        (path / name).write_text(f'#!/bin/sh\nexec {sys.executable} -m pytest "$@"\n')
+        (path / name).chmod(0o755)
+    (path / "harness_plugin.py").write_text(HARNESS)
     return path
 
 
@@ -56,12 +59,36 @@ def env(bin_dir) -> dict:
     }
 
 
-def real_run(root: Path, line: str, cwd: str, bin_dir, out: Path) -> set[str]:
+HARNESS = """
+import os
+
+def pytest_configure(config):
+    o = config.option
+    config._runs_nothing = o.collectonly or o.setupplan or o.setuponly or o.showfixtures
+    o.collectonly = True
+
+def pytest_collection_finish(session):
+    if session.config._runs_nothing:
+        return
+    root = os.environ["HARNESS_ROOT"]
+    with open(os.environ["HARNESS_OUT"], "a") as out:
+        for item in session.items:
+            path = os.path.relpath(str(item.path), root)
+            out.write(path + "::" + item.nodeid.split("::", 1)[1] + "\\n")
+"""
+
+
+def real_run(
+    root: Path, line: str, cwd: str, bin_dir, out: Path, extra: dict | None = None
+) -> set[str]:
+    """What `line` collects, run by bash in `cwd` with `extra` in its environment."""
     run_env = {
         **env(bin_dir),
-        "PYTEST_ADDOPTS": "--collect-only -p rlflow.cicheck.plugin",
-        "RLFLOW_CHECK_TESTS_OUT": str(out),
-        "RLFLOW_CHECK_TESTS_ROOT": str(root),
+        **(extra or {}),
+        "PYTEST_PLUGINS": "harness_plugin",
+        "PYTHONPATH": str(bin_dir),
+        "HARNESS_OUT": str(out),
+        "HARNESS_ROOT": str(root),
     }
     done = subprocess.run(
         ["bash", "-c", line],
@@ -115,6 +142,95 @@ def test_uncollected_is_what_the_real_line_does_not_run(tmp_path, bin_dir, line,
     report = json.loads(done.stdout)
     assert set(report["uncollected"]) == suite - ran, report
     assert report["checked"].endswith("4 tests")
+
+
+def workflow(*steps: str, top: str = "") -> str:
+    """A workflow with one job; each step is YAML text ("run: ...")."""
+    body = "".join("      - " + step.replace("\n", "\n        ") + "\n" for step in steps)
+    return f"name: ci\non: [push]\n{top}jobs:\n  t:\n    runs-on: ubuntu-latest\n    steps:\n{body}"
+
+
+def block(*lines: str) -> str:
+    """`run: |` with these lines."""
+    return "run: |\n" + "\n".join("  " + line for line in lines)
+
+
+# (id, CI files, what the CI really runs: [(line, directory, environment)]), issue 24's
+# variants: shell structure, directories, environments, scripts and make targets followed
+CI_CASES = [
+    ("py.test", {".github/workflows/ci.yml": workflow("run: py.test tests/unit")},
+     [("py.test tests/unit", "", {})]),
+    ("pushd-popd", {".github/workflows/ci.yml": workflow(
+        block("pushd sub", "pytest tests", "popd", "pytest tests/gpu"))},
+     [("pytest tests", "sub", {}), ("pytest tests/gpu", "", {})]),
+    ("subshell-cd", {".github/workflows/ci.yml": workflow(
+        block("(cd sub && pytest tests)", "pytest tests/gpu"))},
+     [("(cd sub && pytest tests)\npytest tests/gpu", "", {})]),
+    ("cd-minus", {".github/workflows/ci.yml": workflow(
+        block("cd sub", "pytest tests", "cd -", "pytest tests/gpu"))},
+     [("cd sub\npytest tests\ncd -\npytest tests/gpu", "", {})]),
+    ("if-then-brace", {".github/workflows/ci.yml": workflow(
+        block("if ! pytest tests/gpu; then exit 1; fi", "{ pytest tests/unit; } 2>&1 | tee l"))},
+     [("pytest tests/gpu; pytest tests/unit", "", {})]),
+    ("bash-c", {".github/workflows/ci.yml": workflow("run: bash -c 'cd sub && pytest tests'")},
+     [("cd sub && pytest tests", "", {})]),
+    ("command-v", {".github/workflows/ci.yml": workflow(
+        "run: command -v pytest && pytest tests/gpu")},
+     [("command -v pytest && pytest tests/gpu", "", {})]),
+    ("script-from-working-directory", {
+        "sub/run.sh": "#!/bin/sh\npytest tests\n",
+        ".github/workflows/ci.yml": workflow("working-directory: sub\nrun: sh ./run.sh",
+                                             "run: pytest tests/gpu")},
+     [("sh ./run.sh", "sub", {}), ("pytest tests/gpu", "", {})]),
+    ("script-env-prefix", {
+        ".ci/run": "#!/bin/sh\nPYTEST_ADDOPTS='-k one' sh scripts/t.sh\n",
+        "scripts/t.sh": "pytest tests/unit\n"},
+     [("sh .ci/run", "", {})]),
+    ("script-dirname", {
+        "scripts/ci/test.sh": '#!/bin/sh\ncd "$(dirname "$0")/../.."\ncd sub && pytest tests\n',
+        ".github/workflows/ci.yml": workflow("run: bash scripts/ci/test.sh")},
+     [("bash scripts/ci/test.sh", "", {})]),
+    ("workflow-env", {".github/workflows/ci.yml": workflow(
+        "run: pytest tests/unit", top="env:\n  PYTEST_ADDOPTS: -k two\n")},
+     [("pytest tests/unit", "", {"PYTEST_ADDOPTS": "-k two"})]),
+    ("export", {".github/workflows/ci.yml": workflow(
+        block("export PYTEST_ADDOPTS='-k one'", "pytest tests/unit"))},
+     [("export PYTEST_ADDOPTS='-k one'\npytest tests/unit", "", {})]),
+    ("github-workspace", {".github/workflows/ci.yml": workflow(
+        "working-directory: ${{ github.workspace }}/sub\nrun: pytest tests")},
+     [("pytest tests", "sub", {})]),
+    ("make", {
+        "Makefile": "PYTEST ?= python -m pytest\n.PHONY: test lint\nlint:\n\truff check .\n"
+        "test: gpu\n\t@$(PYTEST) -k 'one' tests/unit\ngpu:\n\tcd tests && $(PYTEST) gpu\n",
+        "sub/Makefile": "all:\n\tpytest tests\n",
+        ".github/workflows/ci.yml": workflow("run: make lint && make test", "run: make -C sub")},
+     [("make test", "", {}), ("pytest tests", "sub", {})]),
+    ("collect-only-runs-nothing", {".github/workflows/ci.yml": workflow(
+        "run: pytest --co tests/unit", "run: pytest tests/gpu")},
+     [("pytest --co tests/unit; pytest tests/gpu", "", {})]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("files", "runs"), [c[1:] for c in CI_CASES], ids=[c[0] for c in CI_CASES])
+def test_uncollected_is_what_the_real_ci_runs(tmp_path, bin_dir, files, runs):
+    root = make_repo(
+        tmp_path / "demo", {"pyproject.toml": PYPROJECT.format(opts=""), **TESTS, **files}
+    )
+    suite = real_run(root, "pytest", "", bin_dir, tmp_path / "all")
+    ran = set()
+    for number, (line, where, extra) in enumerate(runs):
+        ran |= real_run(root, line, where, bin_dir, tmp_path / f"ran{number}", extra)
+    assert len(suite) == 4 and ran, (suite, ran)
+    done = subprocess.run(
+        [str(RLFLOW), "check-tests", "--repo", str(root), "--format", "json"],
+        env=env(bin_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert set(report["uncollected"]) == suite - ran, report
 
 
 def test_zero_tests_from_a_non_empty_suite_is_an_error(tmp_path, bin_dir):

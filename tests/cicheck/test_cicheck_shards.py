@@ -51,6 +51,7 @@ jobs:
           pip install uv
           uv run --no-sync pytest tests/${{ matrix.shard }} -m "not slow" -x -v
 """
+STEPS = "name: ci\non: [push]\njobs:\n  t:\n    steps:\n      - run: {run}\n"
 SCRIPT = '#!/usr/bin/env bash\nset -e\ncd "$(dirname "$0")/.."\npytest tests/e2e \\\n  -k fast\n'
 
 
@@ -205,6 +206,31 @@ def test_scripts_are_read_as_the_shell_reads_them(tmp_path):
             "ci-shards.yaml:2",
             "No closing quotation",
         ),
+        # issue 24: a command check-tests cannot follow says so (it was read as running nothing)
+        *(
+            (
+                {".github/workflows/ci.yml": STEPS.format(run=run), **extra},
+                ".github/workflows/ci.yml:6",
+                f"error[RF201]: cannot tell which tests `{shown}` runs: {why}",
+            )
+            for run, extra, shown, why in [
+                ("tox -e py", {"tox.ini": "[testenv]\ncommands = pytest\n"}, "tox -e py", "`tox`"),
+                ("nox -s t", {"noxfile.py": "s.run('pytest')\n"}, "nox -s t", "`nox` runs"),
+                ("docker run img pytest", {}, "docker run img pytest", "`docker` runs pytest"),
+                (
+                    "cd ~ && pytest",
+                    {},
+                    "cd ~ && pytest",
+                    "it runs in a directory check-tests cannot tell (`cd ~`",
+                ),
+                ("pytest tests/${{ matrix.no }}", {}, "pytest tests/${{ matrix.no }}", "a `${{"),
+            ]
+        ),
+        (
+            {".github/workflows/ci.yml": STEPS.format(run="pytest") + "        shell: python\n"},
+            ".github/workflows/ci.yml:6",
+            "it runs in `shell: python`, which check-tests does not read",
+        ),
     ],
 )
 def test_unreadable_input_is_exit_2(tmp_path, files, where, message):
@@ -259,3 +285,17 @@ def test_the_shipped_hook_blocks_a_commit_adding_an_uncovered_test(tmp_path):
         "error[RF210]: 1 test in tests/new/test_new.py is collected by no CI shard"
         in done.stdout + done.stderr
     )
+
+
+def test_ci_shards_yaml_describes_what_a_command_runs(tmp_path):
+    """`for:` says which CI command a ci-shards.yaml shard stands for: the RF201 "cannot tell"
+    for it goes, and its args count instead."""
+    workflow = STEPS.format(run="tox -e py") + "      - run: pytest tests/unit tests/e2e\n"
+    shards = 'shards:\n  - name: tox\n    for: "tox  -e py"\n    args: [tests/gpu]\n'
+    files = {".github/workflows/ci.yml": workflow, "tox.ini": "[testenv]\ncommands = pytest\n"}
+    done = check_tests(repo(tmp_path, files))
+    assert done.returncode == 2 and "cannot tell which tests `tox -e py`" in done.stderr
+    assert 'a shard with `for: "tox -e py"`' in done.stderr
+    done = check_tests(repo(tmp_path / "2", {**files, "ci-shards.yaml": shards}))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok: 2 shards, 7 tests, every test is collected" in done.stdout
