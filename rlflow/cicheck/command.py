@@ -31,7 +31,7 @@ says what a command check-tests cannot follow runs). Each is collected by the re
 --collect-only` with its own arguments, directory and environment. Codes: RF200 malformed CI
 file, RF201 shard command that cannot be resolved, RF202 pytest collection failed, RF203 no
 tests collected from a non-empty suite, RF204 (warning) a shard whose options run no test
-(`--co`), RF210 tests no shard collects.
+(`--co`), RF205 (warning) another CI system's file names pytest, RF210 tests no shard collects.
 """
 
 
@@ -71,7 +71,7 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from rlflow.cicheck.collect import collect
-    from rlflow.cicheck.shards import SHARDS_FILE, find_shards
+    from rlflow.cicheck.shards import SHARDS_FILE, find_shards, unread_ci
     from rlflow.pins import gitcmd
     from rlflow.pins.walk import find_root
 
@@ -83,6 +83,7 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
         if p
     ]
     shards = find_shards(root, sorted(set(filter(None, tracked))))
+    unread = [] if (root / SHARDS_FILE).is_file() else unread_ci(root, tracked)
     if not shards:
         raise RlflowError(
             Diagnostic(
@@ -90,6 +91,7 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
                 "no CI shard runs pytest: looked in .github/workflows/, shell scripts, .ci/, ci/ "
                 f"and {SHARDS_FILE}",
                 help=f"describe your CI's test shards in {SHARDS_FILE} (docs/lockstep.md: check-tests)",
+                notes=tuple(f"not read: `{u}` names pytest" for u in unread),
             )
         )
     universe = collect(root, pytest, (), "the whole test suite")
@@ -116,7 +118,7 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
         )
         covered = set().union(*results)
     missing = sorted(universe - covered)
-    return _report(fmt, missing, shards, len(universe), None, sorted(notes))
+    return _report(fmt, missing, shards, len(universe), None, sorted(notes), unread)
 
 
 def _is_test_file(path: str) -> bool:
@@ -125,7 +127,13 @@ def _is_test_file(path: str) -> bool:
 
 
 def _report(
-    fmt: str, missing: list[str], shards, total: int | None, reason: str | None, notes=()
+    fmt: str,
+    missing: list[str],
+    shards,
+    total: int | None,
+    reason: str | None,
+    notes=(),
+    unread=(),
 ) -> int:
     by_file: dict[str, list[str]] = defaultdict(list)
     for node in missing:
@@ -153,6 +161,16 @@ def _report(
             help="drop that option from the CI line (or addopts) if the line should run tests",
         )
         for note in notes
+    ] + [
+        Diagnostic(
+            "RF205",
+            f"`{file}` names pytest, and check-tests does not read it: the tests its jobs "
+            "run are not counted",
+            severity="warning",
+            file=file,
+            help="describe its test jobs in ci-shards.yaml (docs/lockstep.md: check-tests)",
+        )
+        for file in unread
     ]
     checked = f"{len(shards)} shard{'s' * (len(shards) != 1)}" + (
         f", {total} tests" if total is not None else f" ({reason})"

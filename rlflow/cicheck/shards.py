@@ -99,9 +99,10 @@ def _find_shards(root: Path, tracked: list[str]) -> list[Shard]:
     shards: list[Shard] = []
     tracked_set = set(tracked)
     calls: list = [ScriptCall(t, "", ()) for t in tracked if t.startswith((".ci/", "ci/"))]
-    calls = [c for c in calls if _is_text(root / c.path)]
+    calls = [c for c in calls if _is_shell(root / c.path)]
     for rel in tracked:
-        if rel.startswith(".github/workflows/") and rel.endswith((".yml", ".yaml")):
+        name = rel.removeprefix(".github/workflows/")
+        if name != rel and "/" not in name and rel.endswith((".yml", ".yaml")):  # as GitHub
             found, called = workflow_shards(root, rel)
             shards += found
             calls += called
@@ -123,9 +124,46 @@ def _find_shards(root: Path, tracked: list[str]) -> list[Shard]:
     return shards
 
 
+# other CI systems' files: check-tests does not read them (RF205 where one names pytest)
+OTHER_CI = (
+    ".gitlab-ci.yml", ".circleci/config.yml", "Jenkinsfile", "azure-pipelines.yml",
+    ".travis.yml", "bitbucket-pipelines.yml", ".drone.yml", "appveyor.yml", ".woodpecker.yml",
+    "buildkite.yml", ".buildkite/pipeline.yml", "cloudbuild.yaml", ".cirrus.yml",
+)  # fmt: skip
+
+
+def unread_ci(root: Path, tracked: list[str]) -> list[str]:
+    found = []
+    for rel in sorted(set(tracked)):
+        if rel in OTHER_CI or rel.startswith((".gitlab/ci/", ".buildkite/", ".circleci/")):
+            try:
+                text = (root / rel).read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            if "pytest" in text or "py.test" in text:
+                found.append(rel)
+    return found
+
+
 def _norm(path: str) -> str:
     resolved = posixpath.normpath(path) if path else "."
     return "" if resolved == "." else resolved
+
+
+def _is_shell(path: Path) -> bool:
+    """A file under .ci/ or ci/ that is a shell script: `.sh`/`.bash`, or no extension and no
+    other interpreter's `#!` (config files, Python, Dockerfiles there are not read as sh)."""
+    if not _is_text(path):
+        return False
+    if path.suffix in (".sh", ".bash"):
+        return True
+    if path.suffix or path.name.startswith(".") or path.name in ("Dockerfile", "Makefile"):
+        return False
+    with path.open("rb") as stream:
+        first = stream.readline(200)
+    return not first.startswith(b"#!") or any(
+        shell in first for shell in (b"sh\n", b"bash", b"/sh ", b"env sh", b"zsh", b"dash")
+    )
 
 
 def _is_text(path: Path) -> bool:
@@ -422,53 +460,107 @@ def workflow_shards(root: Path, rel: str) -> tuple[list[Shard], list]:
         job_dir = _working_directory(job) or top_dir
         job_env = {**top_env, **_env_of(job)}
         job_shell = _shell_of(job) or top_shell
-        for step in steps:
-            run = step.get("run") if isinstance(step, dict) else None
-            if not isinstance(run, str):
-                continue
-            mentions = "pytest" in run or "py.test" in run
-            cwd = step.get("working-directory") or job_dir or ""
-            if not isinstance(cwd, str):
-                raise _bad(
-                    rel, line_of("working-directory"), "`working-directory` must be a string"
+        found, more = _steps_shards(
+            root, rel, line_of, steps, combos, job_name, job_dir or "", job_env, job_shell
+        )
+        shards += found
+        called += more
+    return shards, called
+
+
+def _steps_shards(
+    root: Path, rel, line_of, steps, combos, job_name, job_dir, job_env, job_shell, depth=0
+) -> tuple[list[Shard], list]:
+    """The shards of a job's steps, and of the local composite actions they use
+    (`uses: ./path`, whose steps run from the workspace with the step's env)."""
+    shards, called = [], []
+    for step in steps:
+        uses = step.get("uses") if isinstance(step, dict) else None
+        if isinstance(uses, str) and uses.startswith("./") and depth < 10:
+            found, more = _composite_shards(root, uses, combos, job_name, job_env, step, depth)
+            shards += found
+            called += more
+        run = step.get("run") if isinstance(step, dict) else None
+        if not isinstance(run, str):
+            continue
+        mentions = "pytest" in run or "py.test" in run
+        cwd = step.get("working-directory") or job_dir or ""
+        if not isinstance(cwd, str):
+            raise _bad(rel, line_of("working-directory"), "`working-directory` must be a string")
+        shell = step.get("shell") or job_shell or "bash"
+        if not isinstance(shell, str) or shell.split()[0] not in ("bash", "sh"):
+            if mentions:
+                _cannot_tell(
+                    rel,
+                    line_of(run.strip().split("\n")[0][:60]),
+                    run.split("\n")[0],
+                    f"it runs in `shell: {shell}`, which check-tests does not read",
                 )
-            shell = step.get("shell") or job_shell or "bash"
-            if not isinstance(shell, str) or shell.split()[0] not in ("bash", "sh"):
-                if mentions:
+            continue
+        step_env = {**job_env, **_env_of(step)}
+        for combo in combos:
+            expanded = _expand(run, combo)
+            label = ", ".join(f"{k}={v}" for k, v in combo.items())
+            name = f" ({job_name}{': ' + label if label else ''})"
+            originals = [t for _, t in logical_lines(run)]
+            expanded_lines = [t for _, t in logical_lines(expanded)]
+            steps_lines = [
+                (line_of(o.strip().split("${{")[0][:60]), e)
+                for o, e in zip(originals, expanded_lines, strict=False)
+            ]
+            env = tuple((k, _expand(v, combo)) for k, v in step_env.items())
+            for key, value in env:
+                if key.startswith("PYTEST") and "${{" in value:
                     _cannot_tell(
                         rel,
-                        line_of(run.strip().split("\n")[0][:60]),
-                        run.split("\n")[0],
-                        f"it runs in `shell: {shell}`, which check-tests does not read",
+                        line_of(f"{key}:"),
+                        f"{key}: {value}",
+                        "a `${{ }}` expression that is not a matrix value",
                     )
-                continue
-            step_env = {**job_env, **_env_of(step)}
-            for combo in combos:
-                expanded = _expand(run, combo)
-                label = ", ".join(f"{k}={v}" for k, v in combo.items())
-                name = f" ({job_name}{': ' + label if label else ''})"
-                originals = [t for _, t in logical_lines(run)]
-                expanded_lines = [t for _, t in logical_lines(expanded)]
-                steps_lines = [
-                    (line_of(o.strip().split("${{")[0][:60]), e)
-                    for o, e in zip(originals, expanded_lines, strict=False)
-                ]
-                env = tuple((k, _expand(v, combo)) for k, v in step_env.items())
-                for key, value in env:
-                    if key.startswith("PYTEST") and "${{" in value:
-                        _cannot_tell(
-                            rel,
-                            line_of(f"{key}:"),
-                            f"{key}: {value}",
-                            "a `${{ }}` expression that is not a matrix value",
-                        )
-                where = _expand(cwd, combo).replace("$GITHUB_WORKSPACE", "").strip("/")
-                if not mentions and not _splits([t for _, t in steps_lines]):
-                    continue  # a step that names no pytest and is not sh: not read
-                found, more = _shards_of(root, rel, steps_lines, where, name, env)
-                called += more
-                shards += found
+            where = _expand(cwd, combo).replace("$GITHUB_WORKSPACE", "").strip("/")
+            if not mentions and not _splits([t for _, t in steps_lines]):
+                continue  # a step that names no pytest and is not sh: not read
+            found, more = _shards_of(root, rel, steps_lines, where, name, env)
+            called += more
+            shards += found
     return shards, called
+
+
+def _composite_shards(root: Path, uses: str, combos, job_name, job_env, step, depth):
+    import yaml
+
+    where = _norm(uses.split("@", 1)[0])
+    for name in ("action.yml", "action.yaml"):
+        rel = _norm(posixpath.join(where, name))
+        if (root / rel).is_file():
+            break
+    else:
+        return [], []
+    text = read_text(root, rel)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return [], []  # GitHub fails the job that uses it
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if not isinstance(runs, dict) or runs.get("using") != "composite":
+        return [], []
+    steps = runs.get("steps")
+    if not isinstance(steps, list):
+        return [], []
+    lines = text.split("\n")
+    env = {**job_env, **_env_of(step)}
+    return _steps_shards(
+        root,
+        rel,
+        lambda needle: _line_of(lines, needle),
+        steps,
+        combos,
+        job_name,
+        "",
+        env,
+        None,
+        depth + 1,
+    )
 
 
 def _splits(lines: list[str]) -> bool:
@@ -538,15 +630,16 @@ def matrix_combinations(matrix, rel: str = "", line_of=lambda _: None) -> list[d
     )
     for rule in matrix.get("exclude") or []:
         combos = [c for c in combos if not all(c.get(k) == v for k, v in rule.items())]
+    base, added = combos, []
     for extra in matrix.get("include") or []:
         matched = False
-        for combo in combos:
+        for combo in base:  # GitHub: an include adds to original combinations, or is its own
             if all(combo.get(k) == v for k, v in extra.items() if k in keys):
                 combo.update({k: v for k, v in extra.items() if k not in keys})
                 matched = True
         if not matched:
-            combos.append(dict(extra))
-    return combos or [{}]
+            added.append(dict(extra))
+    return base + added or [{}]
 
 
 def _expand(command: str, combo: dict) -> str:

@@ -205,6 +205,22 @@ CI_CASES = [
         "sub/Makefile": "all:\n\tpytest tests\n",
         ".github/workflows/ci.yml": workflow("run: make lint && make test", "run: make -C sub")},
      [("make test", "", {}), ("pytest tests", "sub", {})]),
+    ("workflow-subdirectory", {  # GitHub reads no workflow in a subdirectory
+        ".github/workflows/old/ci.yml": workflow("run: pytest"),
+        ".github/workflows/ci.yml": workflow("run: pytest tests/unit")},
+     [("pytest tests/unit", "", {})]),
+    ("composite-action", {
+        ".github/actions/gpu/action.yml": "runs:\n  using: composite\n  steps:\n"
+        "    - run: pytest gpu\n      shell: bash\n      working-directory: tests\n",
+        ".github/workflows/ci.yml": workflow(
+            "uses: ./.github/actions/gpu\nenv:\n  PYTEST_ADDOPTS: -k nothing",
+            "uses: ./.github/actions/gpu", "run: pytest tests/unit")},
+     [("pytest gpu", "tests", {}), ("pytest tests/unit", "", {})]),
+    ("matrix-include-only", {  # each `include` of a matrix without lists is its own job
+        ".github/workflows/ci.yml": "on: push\njobs:\n  t:\n    strategy:\n      matrix:\n"
+        "        include:\n          - p: tests/unit\n          - p: sub\n"
+        "    steps:\n      - run: pytest ${{ matrix.p }}\n"},
+     [("pytest tests/unit", "", {}), ("pytest sub", "", {})]),
     ("collect-only-runs-nothing", {".github/workflows/ci.yml": workflow(
         "run: pytest --co tests/unit", "run: pytest tests/gpu")},
      [("pytest --co tests/unit; pytest tests/gpu", "", {})]),

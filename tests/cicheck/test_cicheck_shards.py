@@ -299,3 +299,20 @@ def test_ci_shards_yaml_describes_what_a_command_runs(tmp_path):
     done = check_tests(repo(tmp_path / "2", {**files, "ci-shards.yaml": shards}))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ok: 2 shards, 7 tests, every test is collected" in done.stdout
+
+
+def test_other_files_under_ci_are_not_shell_and_other_ci_systems_are_named(tmp_path):
+    """A YAML or Python file under ci/ is not read as sh (an apostrophe in it was RF200), and a
+    CI system check-tests does not read, naming pytest, is a warning, not silence."""
+    files = {
+        "ci/config.yml": "description: it's the nightly\n",
+        ".ci/check.py": "import subprocess\nsubprocess.run(['pytest', \"it's\"])\n",
+        ".ci/run": "#!/bin/sh\npytest tests\n",
+        ".gitlab-ci.yml": "test:\n  script:\n    - pytest tests/gpu\n",
+    }
+    done = check_tests(repo(tmp_path, files))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warning[RF205]: `.gitlab-ci.yml` names pytest, and check-tests does not read it" in (
+        done.stdout
+    )
+    assert "ok: 1 shard, 7 tests, every test is collected" in done.stdout
