@@ -449,7 +449,7 @@ def workflow_shards(root: Path, rel: str) -> tuple[list[Shard], list]:
     top_dir, top_env, top_shell = _working_directory(top), _env_of(top), _shell_of(top)
     shards, called = [], []
     for job_name, job in jobs.items() if isinstance(jobs, dict) else []:
-        if not isinstance(job, dict):
+        if not isinstance(job, dict) or _never(job):
             continue
         strategy = job.get("strategy")
         matrix = strategy.get("matrix") if isinstance(strategy, dict) else None
@@ -475,6 +475,8 @@ def _steps_shards(
     (`uses: ./path`, whose steps run from the workspace with the step's env)."""
     shards, called = [], []
     for step in steps:
+        if isinstance(step, dict) and _never(step):
+            continue
         uses = step.get("uses") if isinstance(step, dict) else None
         if isinstance(uses, str) and uses.startswith("./") and depth < 10:
             found, more = _composite_shards(root, uses, combos, job_name, job_env, step, depth)
@@ -561,6 +563,14 @@ def _composite_shards(root: Path, uses: str, combos, job_name, job_env, step, de
         None,
         depth + 1,
     )
+
+
+def _never(table: dict) -> bool:
+    """`if: false` (or `${{ false }}`): GitHub never runs that job or step."""
+    value = table.get("if")
+    if value is False:
+        return True
+    return isinstance(value, str) and re.sub(r"^\$\{\{|\}\}$|\s", "", value) in ("false", "0")
 
 
 def _splits(lines: list[str]) -> bool:

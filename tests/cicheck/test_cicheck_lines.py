@@ -221,6 +221,9 @@ CI_CASES = [
         "        include:\n          - p: tests/unit\n          - p: sub\n"
         "    steps:\n      - run: pytest ${{ matrix.p }}\n"},
      [("pytest tests/unit", "", {}), ("pytest sub", "", {})]),
+    ("if-false", {".github/workflows/ci.yml": workflow(  # GitHub never runs the first step
+        "if: ${{ false }}\nrun: pytest", "if: github.event_name == 'push'\nrun: pytest tests/gpu")},
+     [("pytest tests/gpu", "", {})]),
     ("collect-only-runs-nothing", {".github/workflows/ci.yml": workflow(
         "run: pytest --co tests/unit", "run: pytest tests/gpu")},
      [("pytest --co tests/unit; pytest tests/gpu", "", {})]),
@@ -269,9 +272,13 @@ def test_zero_tests_from_a_non_empty_suite_is_an_error(tmp_path, bin_dir):
 
 
 CI_FILES = {
-    ".github/workflows/ci.yml": STEP.format(where="", line='"pytest tests/unit -k one"'),
-    ".ci/run": "#!/bin/sh\ncd sub && pytest tests\n",
-    "ci-shards.yaml": "shards:\n  - name: gpu\n    args: [tests/gpu]\n",
+    ".github/workflows/ci.yml": STEP.format(where="", line='"pytest tests/unit -k one"')
+    + "      - uses: ./.github/actions/t\n        env:\n          PYTEST_ADDOPTS: -x\n",
+    ".github/actions/t/action.yml": "runs:\n  using: composite\n  steps:\n"
+    "    - run: make -C sub unit\n      shell: bash\n",
+    "sub/Makefile": "PYTEST ?= pytest\nunit: gpu\n\t@$(PYTEST) -k 'a or b' tests\ngpu:\n\tpytest\n",
+    ".ci/run": "#!/bin/sh\n(cd sub && pytest tests)\npushd sub; sh ./t.sh; popd\n",
+    "ci-shards.yaml": "shards:\n  - name: gpu\n    for: tox\n    args: [tests/gpu]\n",
     "pyproject.toml": PYPROJECT.format(opts=""),
 }
 
