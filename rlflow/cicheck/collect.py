@@ -25,10 +25,12 @@ def collect(
     cwd: str = "",
     env: tuple[tuple[str, str], ...] = (),
     notes: list[str] | None = None,
+    info: dict | None = None,
 ) -> set[str]:
     """The test ids pytest selects with `args` (-k, -m, paths, --ignore, --deselect...).
     A shard whose own options make pytest run no test (`--co`, `--setup-plan`) selects none:
-    then `notes` (when given) gets a line saying so."""
+    then `notes` (when given) gets a line saying so. `info` (when given) gets `modules`, the
+    test modules collected, and `python_files`, the configuration's patterns."""
     with tempfile.TemporaryDirectory(prefix="rlflow-check-tests-") as tmp:
         out = Path(tmp) / "ids"
         extra = ["-n", "0"] if any(a.split("=")[0] in _WORKERS for a in args) else []
@@ -84,4 +86,8 @@ def collect(
             flag = ids[0].split(":", 1)[1].strip()
             notes.append(f"{label} runs no test: its options include `{flag}`")
             return set()
+        if info is not None:
+            info["modules"] = {i.split(" ", 1)[1] for i in ids if i.startswith("#module: ")}
+            patterns = [i.split(" ", 1)[1] for i in ids if i.startswith("#python_files: ")]
+            info["python_files"] = patterns[0].split() if patterns else []
         return {i for i in ids if not i.startswith("#")}

@@ -31,7 +31,8 @@ says what a command check-tests cannot follow runs). Each is collected by the re
 --collect-only` with its own arguments, directory and environment. Codes: RF200 malformed CI
 file, RF201 shard command that cannot be resolved, RF202 pytest collection failed, RF203 no
 tests collected from a non-empty suite, RF204 (warning) a shard whose options run no test
-(`--co`), RF205 (warning) another CI system's file names pytest, RF210 tests no shard collects.
+(`--co`), RF205 (warning) another CI system's file names pytest, RF206 (warning) test files a plain
+`pytest` does not collect, RF210 tests no shard collects.
 """
 
 
@@ -94,7 +95,9 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
                 notes=tuple(f"not read: `{u}` names pytest" for u in unread),
             )
         )
-    universe = collect(root, pytest, (), "the whole test suite")
+    info: dict = {}
+    universe = collect(root, pytest, (), "the whole test suite", info=info)
+    outside = _outside(tracked, info)
     if not universe:
         files = [t for t in tracked if _is_test_file(t)]
         if files:
@@ -118,7 +121,26 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
         )
         covered = set().union(*results)
     missing = sorted(universe - covered)
-    return _report(fmt, missing, shards, len(universe), None, sorted(notes), unread)
+    return _report(fmt, missing, shards, len(universe), None, sorted(notes), unread, outside)
+
+
+def _outside(tracked: list[str], info: dict) -> list[str]:
+    """Tracked files named like test modules (python_files) that a plain `pytest` does not
+    collect: outside testpaths, or left out by norecursedirs, collect_ignore, --ignore."""
+    from fnmatch import fnmatch
+
+    patterns = info.get("python_files") or ["test_*.py", "*_test.py"]
+    modules = info.get("modules", set())
+    return sorted(
+        path
+        for path in set(tracked)
+        if path.endswith(".py")
+        and path not in modules
+        and any(
+            fnmatch(path.rsplit("/", 1)[-1], p) if "/" not in p else fnmatch(path, "*" + p)
+            for p in patterns
+        )
+    )
 
 
 def _is_test_file(path: str) -> bool:
@@ -134,6 +156,7 @@ def _report(
     reason: str | None,
     notes=(),
     unread=(),
+    outside=(),
 ) -> int:
     by_file: dict[str, list[str]] = defaultdict(list)
     for node in missing:
@@ -172,6 +195,19 @@ def _report(
         )
         for file in unread
     ]
+    if outside:
+        diagnostics.append(
+            Diagnostic(
+                "RF206",
+                f"{len(outside)} tracked test file{'s' * (len(outside) != 1)} that a plain "
+                "`pytest` does not collect (testpaths, norecursedirs, collect_ignore or "
+                "--ignore leave them out) are not checked",
+                severity="warning",
+                notes=(", ".join(outside[:10]) + (", ..." if len(outside) > 10 else ""),),
+                help="if CI should run them, widen testpaths (or the ignores); a plain "
+                "`pytest` is what check-tests counts as the suite",
+            )
+        )
     checked = f"{len(shards)} shard{'s' * (len(shards) != 1)}" + (
         f", {total} tests" if total is not None else f" ({reason})"
     )

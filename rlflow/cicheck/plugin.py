@@ -6,7 +6,9 @@ root.
 
 check-tests adds `--collect-only` itself; when the shard's own arguments or addopts already
 hold an option that makes pytest run no test (`--collect-only`, `--setup-plan`, `--fixtures`,
-...), the first line written is `#runs-nothing: <option>`: that CI line runs no test."""
+...), the first line written is `#runs-nothing: <option>`: that CI line runs no test. Lines
+`#module: PATH` name the test modules collected (with no test, or skipped, included) and
+`#python_files: PATTERNS` the configuration's test-file patterns."""
 
 from __future__ import annotations
 
@@ -36,6 +38,15 @@ def _runs_nothing(config) -> list[str]:
     return [flag for attr, flag in _RUNS_NOTHING if getattr(namespace, attr, False)]
 
 
+_MODULES: list[str] = []
+
+
+def pytest_collectreport(report) -> None:
+    """Every test module pytest collected (a module skipped at import included)."""
+    if "::" not in report.nodeid and report.nodeid.endswith(".py"):
+        _MODULES.append(report.nodeid)
+
+
 def pytest_collection_finish(session) -> None:
     out = os.environ.get("RLFLOW_CHECK_TESTS_OUT")
     root = os.environ.get("RLFLOW_CHECK_TESTS_ROOT")
@@ -45,6 +56,12 @@ def pytest_collection_finish(session) -> None:
         flags = _runs_nothing(session.config)
         if flags:
             stream.write(f"#runs-nothing: {' '.join(flags)}\n")
+        base = str(session.config.rootpath)
+        for nodeid in _MODULES:
+            path = os.path.relpath(os.path.join(base, nodeid), root).replace(os.sep, "/")
+            stream.write(f"#module: {path}\n")
+        patterns = session.config.getini("python_files")
+        stream.write(f"#python_files: {' '.join(patterns)}\n")
         for item in session.items:
             rest = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else item.name
             path = os.path.relpath(str(item.path), root).replace(os.sep, "/")

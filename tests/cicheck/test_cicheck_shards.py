@@ -316,3 +316,18 @@ def test_other_files_under_ci_are_not_shell_and_other_ci_systems_are_named(tmp_p
         done.stdout
     )
     assert "ok: 1 shard, 7 tests, every test is collected" in done.stdout
+
+
+def test_test_files_a_plain_pytest_does_not_collect_are_named(tmp_path):
+    """testpaths narrower than the tests: a bare `pytest` in CI never runs tests/gpu or
+    tests/e2e, and check-tests, whose suite is a plain `pytest`, says they are not checked
+    (it said "ok" and nothing else). A module skipped at import is collected, not named."""
+    pyproject = PYPROJECT.replace('testpaths = ["tests"]', 'testpaths = ["tests/unit"]')
+    skipped = "import pytest\n\npytest.importorskip('no_such_module')\n"
+    files = {"pyproject.toml": pyproject, ".ci/run": "pytest\n", "tests/unit/test_s.py": skipped}
+    done = check_tests(repo(tmp_path, files))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "warning[RF206]: 2 tracked test files that a plain `pytest` does not collect" in done.stdout
+    )
+    assert "= note: tests/e2e/test_flow.py, tests/gpu/test_kernels.py\n" in done.stdout
