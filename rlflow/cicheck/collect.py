@@ -90,4 +90,5 @@ def collect(
             info["modules"] = {i.split(" ", 1)[1] for i in ids if i.startswith("#module: ")}
             patterns = [i.split(" ", 1)[1] for i in ids if i.startswith("#python_files: ")]
             info["python_files"] = patterns[0].split() if patterns else []
+            info["deselected"] = {i.split(" ", 1)[1] for i in ids if i.startswith("#deselected: ")}
         return {i for i in ids if not i.startswith("#")}

@@ -31,8 +31,9 @@ says what a command check-tests cannot follow runs). Each is collected by the re
 --collect-only` with its own arguments, directory and environment. Codes: RF200 malformed CI
 file, RF201 shard command that cannot be resolved, RF202 pytest collection failed, RF203 no
 tests collected from a non-empty suite, RF204 (warning) a shard whose options run no test
-(`--co`), RF205 (warning) another CI system's file names pytest, RF206 (warning) test files a plain
-`pytest` does not collect, RF210 tests no shard collects.
+(`--co`), RF205 (warning) another CI system's file names pytest, RF206 (warning) test files a
+plain `pytest` does not collect, RF207 (warning) tests addopts deselects and no shard selects,
+RF210 tests no shard collects.
 """
 
 
@@ -121,7 +122,10 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
         )
         covered = set().union(*results)
     missing = sorted(universe - covered)
-    return _report(fmt, missing, shards, len(universe), None, sorted(notes), unread, outside)
+    deselected = sorted(info.get("deselected", set()) - covered)
+    return _report(
+        fmt, missing, shards, len(universe), None, sorted(notes), unread, outside, deselected
+    )
 
 
 def _outside(tracked: list[str], info: dict) -> list[str]:
@@ -157,6 +161,7 @@ def _report(
     notes=(),
     unread=(),
     outside=(),
+    deselected=(),
 ) -> int:
     by_file: dict[str, list[str]] = defaultdict(list)
     for node in missing:
@@ -195,6 +200,19 @@ def _report(
         )
         for file in unread
     ]
+    if deselected:
+        diagnostics.append(
+            Diagnostic(
+                "RF207",
+                f"{len(deselected)} test{'s' * (len(deselected) != 1)} that the pytest "
+                "configuration itself deselects (-k, -m or --deselect in addopts) "
+                f"{'are' if len(deselected) != 1 else 'is'} selected by no CI shard either",
+                severity="warning",
+                notes=(", ".join(deselected[:10]) + (", ..." if len(deselected) > 10 else ""),),
+                help="if CI should run them, add a shard that selects them (`-m slow`); "
+                "a plain `pytest` is what check-tests counts as the suite",
+            )
+        )
     if outside:
         diagnostics.append(
             Diagnostic(

@@ -8,12 +8,15 @@ check-tests adds `--collect-only` itself; when the shard's own arguments or addo
 hold an option that makes pytest run no test (`--collect-only`, `--setup-plan`, `--fixtures`,
 ...), the first line written is `#runs-nothing: <option>`: that CI line runs no test. Lines
 `#module: PATH` name the test modules collected (with no test, or skipped, included) and
-`#python_files: PATTERNS` the configuration's test-file patterns."""
+`#python_files: PATTERNS` the configuration's test-file patterns, `#deselected: ID` the tests
+-k, -m or --deselect (the shard's own or addopts) leave out."""
 
 from __future__ import annotations
 
 import os
 import shlex
+
+import pytest
 
 _RUNS_NOTHING = (
     ("collectonly", "--collect-only"),
@@ -39,6 +42,13 @@ def _runs_nothing(config) -> list[str]:
 
 
 _MODULES: list[str] = []
+_ALL: list = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items) -> None:
+    """The items before -k, -m or --deselect (from addopts too) leave any out."""
+    _ALL[:] = list(items)
 
 
 def pytest_collectreport(report) -> None:
@@ -62,7 +72,14 @@ def pytest_collection_finish(session) -> None:
             stream.write(f"#module: {path}\n")
         patterns = session.config.getini("python_files")
         stream.write(f"#python_files: {' '.join(patterns)}\n")
+        chosen = set(map(id, session.items))
+        for item in _ALL:
+            if id(item) not in chosen:
+                stream.write(f"#deselected: {_name(item, root)}\n")
         for item in session.items:
-            rest = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else item.name
-            path = os.path.relpath(str(item.path), root).replace(os.sep, "/")
-            stream.write(f"{path}::{rest}\n")
+            stream.write(f"{_name(item, root)}\n")
+
+
+def _name(item, root: str) -> str:
+    rest = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else item.name
+    return os.path.relpath(str(item.path), root).replace(os.sep, "/") + "::" + rest

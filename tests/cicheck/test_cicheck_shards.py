@@ -331,3 +331,17 @@ def test_test_files_a_plain_pytest_does_not_collect_are_named(tmp_path):
         "warning[RF206]: 2 tracked test files that a plain `pytest` does not collect" in done.stdout
     )
     assert "= note: tests/e2e/test_flow.py, tests/gpu/test_kernels.py\n" in done.stdout
+
+
+def test_tests_the_configuration_deselects_are_named_unless_a_shard_selects_them(tmp_path):
+    """addopts `-m "not slow"`: a plain `pytest` leaves test_big out, so it is not in the suite;
+    no CI line selects it either, and check-tests says so (it said a bare "ok")."""
+    pyproject = PYPROJECT + "addopts = \"-m 'not slow'\"\n"
+    files = {"pyproject.toml": pyproject, ".ci/run": "pytest\n"}
+    done = check_tests(repo(tmp_path, files))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warning[RF207]: 1 test that the pytest configuration itself deselects" in done.stdout
+    assert "= note: tests/unit/test_math.py::test_big\n" in done.stdout
+    files[".ci/run"] = "pytest\npytest -m slow tests/unit\n"
+    done = check_tests(repo(tmp_path / "2", files))
+    assert done.returncode == 0 and "RF207" not in done.stdout, done.stdout + done.stderr
