@@ -312,7 +312,7 @@ def _command(command: list[str], state: _State, script_dir: str | None) -> list[
             i += 1 if word == "uvx" else 2 if command[i + 1] == "run" else 3
             while i < len(command) and command[i].startswith("-"):
                 option = command[i].split("=", 1)[0]
-                if option in ("--directory", "--project") and cwd is not None:
+                if option == "--directory" and cwd is not None:  # --project keeps the cwd
                     value = command[i + 1] if "=" not in command[i] else command[i].split("=", 1)[1]
                     cwd = _norm(posixpath.join(cwd, value))
                 i += 1 + (option in _UV_VALUE and "=" not in command[i])

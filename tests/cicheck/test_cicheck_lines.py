@@ -32,7 +32,12 @@ UV_STAND_IN = """#!/bin/sh
 # stand-in for `uv run [options] CMD...`: runs CMD (see the module docstring)
 shift
 while [ $# -gt 0 ]; do
-  case "$1" in --extra|--group|--with|--python|-p) shift 2;; -*) shift;; *) break;; esac
+  case "$1" in
+    --directory) cd "$2"; shift 2;;
+    --extra|--group|--with|--python|-p|--project|--package) shift 2;;
+    -*) shift;;
+    *) break;;
+  esac
 done
 exec "$@"
 """
@@ -221,6 +226,9 @@ CI_CASES = [
         "        include:\n          - p: tests/unit\n          - p: sub\n"
         "    steps:\n      - run: pytest ${{ matrix.p }}\n"},
      [("pytest tests/unit", "", {}), ("pytest sub", "", {})]),
+    ("uv-run-project-directory", {".github/workflows/ci.yml": workflow(  # see test_stand_in_uv
+        "run: uv run --project sub pytest tests/unit", "run: uv run --directory sub pytest tests")},
+     [("uv run --project sub pytest tests/unit; uv run --directory sub pytest tests", "", {})]),
     ("if-false", {".github/workflows/ci.yml": workflow(  # GitHub never runs the first step
         "if: ${{ false }}\nrun: pytest", "if: github.event_name == 'push'\nrun: pytest tests/gpu")},
      [("pytest tests/gpu", "", {})]),
@@ -250,6 +258,33 @@ def test_uncollected_is_what_the_real_ci_runs(tmp_path, bin_dir, files, runs):
     assert done.returncode in (0, 1), done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert set(report["uncollected"]) == suite - ran, report
+
+
+def test_stand_in_uv_changes_directory_as_the_real_uv_does(tmp_path, bin_dir):
+    """The real uv: `--directory` runs the command there, `--project` keeps the cwd."""
+    import sysconfig
+
+    real = Path(sysconfig.get_path("scripts")) / "uv"
+    project = tmp_path / "p"
+    (project / "sub").mkdir(parents=True)
+    (project / "sub" / "pyproject.toml").write_text('[project]\nname = "s"\nversion = "0"\n')
+    where = "import os; print(os.getcwd())"
+    for option in ("--project", "--directory"):
+        command = ["run", option, "sub", "python", "-c", where]
+        answers = [
+            subprocess.run(
+                [uv, *command[:1], "--offline", "--no-sync", *command[1:]]
+                if uv == str(real)
+                else [uv, *command],
+                cwd=project,
+                env=env(bin_dir) if uv != str(real) else {**os.environ, "UV_NO_CONFIG": "1"},
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            for uv in (str(real), str(bin_dir / "uv"))
+        ]
+        assert answers[0] == answers[1], (option, answers)
 
 
 def test_zero_tests_from_a_non_empty_suite_is_an_error(tmp_path, bin_dir):
