@@ -4,10 +4,10 @@
 is a subshell (a `cd` inside ends with it), `if`/`then`/`do`/`{` and the like start a command;
 `cd DIR`, `cd -`, `pushd`/`popd` change the directory of the commands after them; `NAME=value`
 prefixes, `env` and `export` set variables; `timeout`, `time`, `nice`, `exec`, `xvfb-run`,
-`sudo`, `uv run [options]`, `poetry run`, `pipenv run`, `pdm run`, `python -m`, `coverage run
--m` run the command they are given, and `bash -c '...'` is read as the line it runs. What is
-left after `pytest` (up to a redirection or the end of the command) are pytest's own
-arguments, for pytest's own parser.
+`sudo`, `uv run [options]`, `poetry run`, `pipenv run`, `pdm run`, `conda run`, `python -m`,
+`coverage run -m` run the command they are given, and `bash -c '...'` (`-lc`, `-euo pipefail
+-c`) is read as the line it runs. What is left after `pytest` (up to a redirection or the end
+of the command) are pytest's own arguments, for pytest's own parser.
 
 Besides pytest runs, a line may run a script (`bash x.sh`, `./x.sh`: ScriptCall), make targets
 (MakeCall) or a runner check-tests does not follow (`tox`, `nox`...: Runner); and a command
@@ -299,7 +299,7 @@ def _command(command: list[str], state: _State, script_dir: str | None) -> list[
         elif word == "xvfb-run":
             i += 1
             while i < len(command) and command[i].startswith("-"):
-                i += 1
+                i += 1 + (command[i] in ("-n", "-s", "-e", "-f", "-p", "-w"))
         elif word == "sudo":
             i += 1
             while i < len(command) and command[i].startswith("-"):
@@ -318,6 +318,15 @@ def _command(command: list[str], state: _State, script_dir: str | None) -> list[
                 i += 1 + (option in _UV_VALUE and "=" not in command[i])
         elif word in ("poetry", "pipenv", "pdm", "rye") and command[i + 1 : i + 2] == ["run"]:
             i += 2
+        elif word in ("conda", "mamba", "micromamba") and command[i + 1 : i + 2] == ["run"]:
+            i += 2
+            while i < len(command) and command[i].startswith("-"):
+                option, _, value = command[i].partition("=")
+                takes = option in ("-n", "--name", "-p", "--prefix", "--cwd") and not value
+                value = command[i + 1] if takes and i + 1 < len(command) else value
+                if option == "--cwd" and cwd is not None:
+                    cwd = _norm(posixpath.join(cwd, value))
+                i += 1 + takes
         elif re.fullmatch(r"(.*/)?python[0-9.]*", word):
             i += 1
             while i < len(command) and command[i].startswith("-") and command[i] != "-m":
@@ -384,9 +393,9 @@ def _directory(command: list[str], state: _State, script_dir: str | None) -> Non
 def _shell(command, cwd, env, state: _State, script_dir, text: str) -> list[Found]:
     """`bash -c '...'` is the line it runs; `bash x.sh`, `source x.sh` run a script."""
     i = 1
-    while i < len(command) and command[i].startswith("-") and command[i] != "-c":
-        i += 1 + (command[i] in ("-o", "-O", "+o"))
-    if command[i : i + 1] == ["-c"]:
+    while i < len(command) and command[i][:1] in ("-", "+") and not _is_c(command[i]):
+        i += 1 + (not command[i].startswith("--") and command[i][-1] in "oO")  # -euo pipefail
+    if i < len(command) and _is_c(command[i]):  # `-c`, `-lc`, `-ec`
         if len(command) <= i + 1:
             return []
         try:
@@ -402,6 +411,10 @@ def _shell(command, cwd, env, state: _State, script_dir, text: str) -> list[Foun
     if cwd is None:
         return [Unknown(text, f"it runs in a directory check-tests cannot tell ({state.why})")]
     return [ScriptCall(command[i], cwd, tuple(env))]
+
+
+def _is_c(option: str) -> bool:
+    return option.startswith("-") and not option.startswith("--") and "c" in option[1:]
 
 
 def _make(args: list[str], cwd, env, state: _State, text: str) -> Found:

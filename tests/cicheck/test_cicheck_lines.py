@@ -229,6 +229,9 @@ CI_CASES = [
     ("uv-run-project-directory", {".github/workflows/ci.yml": workflow(  # see test_stand_in_uv
         "run: uv run --project sub pytest tests/unit", "run: uv run --directory sub pytest tests")},
      [("uv run --project sub pytest tests/unit; uv run --directory sub pytest tests", "", {})]),
+    ("bash-lc", {".github/workflows/ci.yml": workflow(
+        "run: bash -lc 'cd sub && pytest tests'", "run: bash -euo pipefail -c 'pytest tests/gpu'")},
+     [("bash -lc 'cd sub && pytest tests'; bash -euo pipefail -c 'pytest tests/gpu'", "", {})]),
     ("if-false", {".github/workflows/ci.yml": workflow(  # GitHub never runs the first step
         "if: ${{ false }}\nrun: pytest", "if: github.event_name == 'push'\nrun: pytest tests/gpu")},
      [("pytest tests/gpu", "", {})]),
