@@ -46,20 +46,16 @@ _SHELLS = {"bash", "sh", "zsh", "dash", "source", "."}
 RUNNERS = {"tox", "nox", "just", "invoke", "inv", "task", "poe", "hatch"}
 # commands that name pytest without running it
 _NOT_RUNS = {
-    "echo",
-    "printf",
-    "which",
-    "type",
-    "hash",
-    "grep",
-    "cat",
-    "test",
-    "[",
-    "[[",
-    "rm",
-    "ls",
-}
-_NOT_RUNS_VERBS = {"install", "add", "uninstall", "remove", "show", "list", "freeze", "download"}
+    "echo", "printf", "which", "type", "hash", "grep", "cat", "test", "[", "[[", "rm", "ls",
+    "git", "cp", "mv", "mkdir", "touch", "chmod", "chown", "curl", "wget", "tar", "ln", "sed",
+    "awk", "head", "tail", "tee", "du", "wc", "diff", "sort",
+}  # fmt: skip
+_NOT_RUNS_VERBS = {
+    "install", "add", "uninstall", "remove", "show", "list", "freeze", "download", "sync",
+    "lock", "export", "tree", "cache", "venv", "build", "publish", "upgrade", "update", "check",
+}  # fmt: skip
+# pytest named as a command inside a word (`sh -c "pytest x"`), not `pytest-cov`
+_PYTEST_IN = re.compile(r"(^|[\s;&|(])(py\.?test|python[0-9.]* -m pytest)(?=[\s;&|)]|$)")
 # `cd` targets that are the repository root in CI
 _ROOT_VARS = ("$GITHUB_WORKSPACE", "${GITHUB_WORKSPACE}", "$CI_PROJECT_DIR", "${CI_PROJECT_DIR}")
 _SCRIPT_DIR = re.compile(
@@ -329,10 +325,16 @@ def _command(command: list[str], state: _State, script_dir: str | None) -> list[
                 i += 1 + takes
         elif re.fullmatch(r"(.*/)?python[0-9.]*", word):
             i += 1
-            while i < len(command) and command[i].startswith("-") and command[i] != "-m":
+            while (
+                i < len(command) and command[i].startswith("-") and command[i] not in ("-m", "-c")
+            ):
                 i += 1 + (command[i] in ("-X", "-W"))
             if command[i : i + 2] in (["-m", "pytest"], ["-m", "py.test"]):
                 return [_pytest(command[i + 2 :], cwd, env, state, text)]
+            if command[i : i + 1] == ["-c"] and "pytest" in " ".join(command[i + 1 : i + 2]):
+                return [
+                    Unknown(text, "`python -c` runs pytest in a way check-tests does not follow")
+                ]
             return []
         elif word == "coverage" and command[i + 1 : i + 2] == ["run"]:
             i += 2
@@ -364,11 +366,7 @@ def _unknown(command: list[str], text: str) -> list[Found]:
     if command[0] in _NOT_RUNS or _NOT_RUNS_VERBS & set(command[:4]):
         return []
     names = [w.rsplit("/", 1)[-1] for w in command]
-    if (
-        "pytest" in names
-        or "py.test" in names
-        or any(re.search(r"(^|[\s;&|(])(py\.?test|python[0-9.]* -m pytest)\b", w) for w in command)
-    ):
+    if "pytest" in names or "py.test" in names or any(_PYTEST_IN.search(w) for w in command):
         return [Unknown(text, f"`{command[0]}` runs pytest in a way check-tests does not follow")]
     return []
 

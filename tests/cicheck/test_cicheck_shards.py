@@ -218,6 +218,12 @@ def test_scripts_are_read_as_the_shell_reads_them(tmp_path):
                 ("nox -s t", {"noxfile.py": "s.run('pytest')\n"}, "nox -s t", "`nox` runs"),
                 ("docker run img pytest", {}, "docker run img pytest", "`docker` runs pytest"),
                 (
+                    "python -c 'import pytest; pytest.main()'",
+                    {},
+                    "python -c 'import pytest; pytest.main()'",
+                    "`python -c` runs pytest",
+                ),
+                (
                     "cd ~ && pytest",
                     {},
                     "cd ~ && pytest",
@@ -345,3 +351,19 @@ def test_tests_the_configuration_deselects_are_named_unless_a_shard_selects_them
     files[".ci/run"] = "pytest\npytest -m slow tests/unit\n"
     done = check_tests(repo(tmp_path / "2", files))
     assert done.returncode == 0 and "RF207" not in done.stdout, done.stdout + done.stderr
+
+
+def test_lines_that_only_name_pytest_are_no_finding(tmp_path):
+    """Installing, syncing or cloning something called pytest runs no test: no RF201."""
+    steps = (
+        "uv sync --extra pytest",
+        "pip install pytest pytest-cov",
+        "git clone https://github.com/pytest-dev/pytest",
+        "tool --plugin pytest-cov",
+        "command -v pytest",
+        "pytest",
+    )
+    workflow = "jobs:\n  t:\n    steps:\n" + "".join(f"      - run: {s}\n" for s in steps)
+    done = check_tests(repo(tmp_path, {".github/workflows/ci.yml": workflow}))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok: 1 shard, 7 tests, every test is collected" in done.stdout
