@@ -118,6 +118,9 @@ def _find_shards(root: Path, tracked: list[str]) -> list[Shard]:
             rel = _norm(posixpath.join(call.cwd, call.path))
             if rel not in tracked_set:
                 continue  # not a file of the repository (a tool on PATH, a generated file)
+            if call.command or not _is_shell(root / rel, called=True):
+                _not_sh(root, rel, call)
+                continue
             found, called = script_shards(root, rel, call.cwd, call.env)
         shards += found
         calls += [c for c in called if c not in seen]
@@ -150,13 +153,16 @@ def _norm(path: str) -> str:
     return "" if resolved == "." else resolved
 
 
-def _is_shell(path: Path) -> bool:
-    """A file under .ci/ or ci/ that is a shell script: `.sh`/`.bash`, or no extension and no
-    other interpreter's `#!` (config files, Python, Dockerfiles there are not read as sh)."""
+def _is_shell(path: Path, called: bool = False) -> bool:
+    """A file under .ci/ or ci/ (or one a line runs: `called`) that is a shell script: `.sh`/
+    `.bash`, or no extension and no other interpreter's `#!` (config files, Python, Dockerfiles
+    there are not read as sh)."""
     if not _is_text(path):
         return False
     if path.suffix in (".sh", ".bash"):
         return True
+    if path.suffix and called and path.suffix != ".py":
+        return True  # `./run.ci`: the shell runs it by its `#!`, read as sh below
     if path.suffix or path.name.startswith(".") or path.name in ("Dockerfile", "Makefile"):
         return False
     with path.open("rb") as stream:
@@ -164,6 +170,22 @@ def _is_shell(path: Path) -> bool:
     return not first.startswith(b"#!") or any(
         shell in first for shell in (b"sh\n", b"bash", b"/sh ", b"env sh", b"zsh", b"dash")
     )
+
+
+def _not_sh(root: Path, rel: str, call: ScriptCall) -> None:
+    """A script CI runs that is not sh (Python): check-tests cannot tell what it runs, which
+    matters only where it names pytest."""
+    try:
+        text = (root / rel).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return
+    if "pytest" in text or "py.test" in text:
+        _cannot_tell(
+            rel,
+            None,
+            call.command or call.path,
+            f"`{rel}` is not a shell script, and it names pytest",
+        )
 
 
 def _is_text(path: Path) -> bool:

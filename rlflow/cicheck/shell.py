@@ -76,6 +76,7 @@ class ScriptCall:
     path: str  # as written, relative to cwd
     cwd: str
     env: tuple[tuple[str, str], ...]
+    command: str = ""  # for a script that is not sh (`python x.py`): the command that runs it
 
 
 @dataclass(frozen=True)
@@ -335,6 +336,8 @@ def _command(command: list[str], state: _State, script_dir: str | None) -> list[
                 return [
                     Unknown(text, "`python -c` runs pytest in a way check-tests does not follow")
                 ]
+            if i < len(command) and command[i].endswith(".py") and cwd is not None:
+                return [ScriptCall(command[i], cwd, tuple(env), text)]  # read if it names pytest
             return []
         elif word == "coverage" and command[i + 1 : i + 2] == ["run"]:
             i += 2

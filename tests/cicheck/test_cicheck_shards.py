@@ -232,6 +232,20 @@ def test_scripts_are_read_as_the_shell_reads_them(tmp_path):
                 ("pytest tests/${{ matrix.no }}", {}, "pytest tests/${{ matrix.no }}", "a `${{"),
             ]
         ),
+        *(  # a Python script CI runs that names pytest
+            (
+                {".github/workflows/ci.yml": STEPS.format(run=run), "ci/t.py": script},
+                "ci/t.py",
+                f"cannot tell which tests `{run}` runs: `ci/t.py` is not a shell script",
+            )
+            for run, script in [
+                ("python ci/t.py", "import pytest\npytest.main(['tests/unit'])\n"),
+                (
+                    "./ci/t.py",
+                    "#!/usr/bin/env python3\nimport subprocess\nsubprocess.run(['pytest'])\n",
+                ),
+            ]
+        ),
         (
             {".github/workflows/ci.yml": STEPS.format(run="pytest") + "        shell: python\n"},
             ".github/workflows/ci.yml:6",
