@@ -49,6 +49,7 @@ from rlflow.errors import Diagnostic, RlflowError
 SHARDS_FILE = "ci-shards.yaml"
 MAX_MATRIX = 256  # GitHub Actions' limit of jobs per matrix
 _MATRIX = re.compile(r"\$\{\{\s*matrix\.([A-Za-z0-9_.-]+)\s*\}\}")
+_UNKNOWN_MATRIX = "${{ matrix }}"  # a combination key no matrix has: the matrix is an expression
 _WORKSPACE = re.compile(r"\$\{\{\s*github\.workspace\s*\}\}")
 _OTHER_EXPR = re.compile(r"\$\{\{.*?\}\}")
 # `<<WORD`, `<<-WORD`, `<<'WORD'`, `<<"WORD"`: the lines up to WORD are a here-document
@@ -476,6 +477,8 @@ def workflow_shards(root: Path, rel: str) -> tuple[list[Shard], list]:
         strategy = job.get("strategy")
         matrix = strategy.get("matrix") if isinstance(strategy, dict) else None
         combos = matrix_combinations(matrix, rel, line_of)
+        if isinstance(matrix, str):
+            combos = [{_UNKNOWN_MATRIX: matrix}]
         steps = job.get("steps", [])
         if not isinstance(steps, list):
             raise _bad(rel, line_of("steps:"), f"job `{job_name}`: `steps` must be a list of steps")
@@ -524,7 +527,7 @@ def _steps_shards(
         step_env = {**job_env, **_env_of(step)}
         for combo in combos:
             expanded = _expand(run, combo)
-            label = ", ".join(f"{k}={v}" for k, v in combo.items())
+            label = ", ".join(f"{k}={v}" for k, v in combo.items() if k != _UNKNOWN_MATRIX)
             name = f" ({job_name}{': ' + label if label else ''})"
             originals = [t for _, t in logical_lines(run)]
             expanded_lines = [t for _, t in logical_lines(expanded)]
@@ -679,11 +682,15 @@ def _expand(command: str, combo: dict) -> str:
 
     def value(match: re.Match) -> str:
         node = combo
+        if _UNKNOWN_MATRIX in combo:
+            return match.group(0)  # `matrix: ${{ fromJSON(...) }}`: cannot tell
         for part in match.group(1).split("."):
             if not isinstance(node, dict) or part not in node:
-                return match.group(0)
+                return ""  # GitHub: a property that does not exist is an empty string
             node = node[part]
-        return str(node)
+        if isinstance(node, bool):
+            return str(node).lower()
+        return "" if node is None else str(node)
 
     return _MATRIX.sub(value, command)
 

@@ -232,6 +232,12 @@ CI_CASES = [
     ("bash-lc", {".github/workflows/ci.yml": workflow(
         "run: bash -lc 'cd sub && pytest tests'", "run: bash -euo pipefail -c 'pytest tests/gpu'")},
      [("bash -lc 'cd sub && pytest tests'; bash -euo pipefail -c 'pytest tests/gpu'", "", {})]),
+    ("matrix-missing-key", {  # GitHub: a property that does not exist is ''
+        ".github/workflows/ci.yml": "on: push\njobs:\n  t:\n    strategy:\n      matrix:\n"
+        "        py: ['3.11', '3.12']\n        include:\n          - py: '3.12'\n"
+        "            k: -k one\n    steps:\n      - run: pytest tests/unit ${{ matrix.k }}\n"
+        "  u:\n    steps:\n      - run: pytest sub/${{ matrix.none }}\n"},
+     [("pytest tests/unit -k one; pytest tests/unit; pytest sub/", "", {})]),
     ("if-false", {".github/workflows/ci.yml": workflow(  # GitHub never runs the first step
         "if: ${{ false }}\nrun: pytest", "if: github.event_name == 'push'\nrun: pytest tests/gpu")},
      [("pytest tests/gpu", "", {})]),

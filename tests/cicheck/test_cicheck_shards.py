@@ -229,7 +229,7 @@ def test_scripts_are_read_as_the_shell_reads_them(tmp_path):
                     "cd ~ && pytest",
                     "it runs in a directory check-tests cannot tell (`cd ~`",
                 ),
-                ("pytest tests/${{ matrix.no }}", {}, "pytest tests/${{ matrix.no }}", "a `${{"),
+                ("pytest tests/${{ env.T }}", {}, "pytest tests/${{ env.T }}", "a `${{"),
             ]
         ),
         *(  # a Python script CI runs that names pytest
@@ -250,6 +250,14 @@ def test_scripts_are_read_as_the_shell_reads_them(tmp_path):
             {".github/workflows/ci.yml": STEPS.format(run="pytest") + "        shell: python\n"},
             ".github/workflows/ci.yml:6",
             "it runs in `shell: python`, which check-tests does not read",
+        ),
+        (  # a matrix that is an expression: its values are unknown
+            {
+                ".github/workflows/ci.yml": "jobs:\n  t:\n    strategy:\n      matrix: "
+                "${{ fromJSON(needs.a.outputs.m) }}\n    steps:\n      - run: pytest ${{ matrix.p }}\n"
+            },
+            ".github/workflows/ci.yml:6",
+            "cannot tell which tests `pytest ${{ matrix.p }}` runs: a `${{ }}` expression",
         ),
     ],
 )
