@@ -24,8 +24,13 @@ def collect(
     label: str,
     cwd: str = "",
     env: tuple[tuple[str, str], ...] = (),
+    notes: list[str] | None = None,
+    info: dict | None = None,
 ) -> set[str]:
-    """The test ids pytest selects with `args` (-k, -m, paths, --ignore, --deselect...)."""
+    """The test ids pytest selects with `args` (-k, -m, paths, --ignore, --deselect...).
+    A shard whose own options make pytest run no test (`--co`, `--setup-plan`) selects none:
+    then `notes` (when given) gets a line saying so. `info` (when given) gets `modules`, the
+    test modules collected, and `python_files`, the configuration's patterns."""
     with tempfile.TemporaryDirectory(prefix="rlflow-check-tests-") as tmp:
         out = Path(tmp) / "ids"
         extra = ["-n", "0"] if any(a.split("=")[0] in _WORKERS for a in args) else []
@@ -41,7 +46,8 @@ def collect(
         ]
         run_env = {
             **os.environ,
-            **dict(env),
+            **{k: v.replace("$GITHUB_WORKSPACE", str(root)) for k, v in env},
+            "RLFLOW_CHECK_TESTS_NARGS": str(len(args)),
             "RLFLOW_CHECK_TESTS_OUT": str(out),
             "RLFLOW_CHECK_TESTS_ROOT": str(root),
         }
@@ -75,4 +81,14 @@ def collect(
             )
         if not out.is_file():
             return set()
-        return {line for line in out.read_text(encoding="utf-8").splitlines() if line}
+        ids = [line for line in out.read_text(encoding="utf-8").splitlines() if line]
+        if ids and ids[0].startswith("#runs-nothing:") and notes is not None:
+            flag = ids[0].split(":", 1)[1].strip()
+            notes.append(f"{label} runs no test: its options include `{flag}`")
+            return set()
+        if info is not None:
+            info["modules"] = {i.split(" ", 1)[1] for i in ids if i.startswith("#module: ")}
+            patterns = [i.split(" ", 1)[1] for i in ids if i.startswith("#python_files: ")]
+            info["python_files"] = patterns[0].split() if patterns else []
+            info["deselected"] = {i.split(" ", 1)[1] for i in ids if i.startswith("#deselected: ")}
+        return {i for i in ids if not i.startswith("#")}

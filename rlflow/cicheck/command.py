@@ -25,11 +25,15 @@ from rlflow.errors import (
 
 EPILOG = """\b
 Shards are read from .github/workflows/*.yml (each `run:` that calls pytest, the job's matrix
-expanded, working-directory honoured), the scripts CI runs (.ci/*, ci/*, and scripts a workflow
-or such a script calls) and ci-shards.yaml. Each is collected by the real `pytest
+expanded, working-directory and env honoured), the scripts CI runs (.ci/*, ci/*, and scripts a
+workflow or such a script calls), the make targets they run, and ci-shards.yaml (whose `for:`
+says what a command check-tests cannot follow runs). Each is collected by the real `pytest
 --collect-only` with its own arguments, directory and environment. Codes: RF200 malformed CI
 file, RF201 shard command that cannot be resolved, RF202 pytest collection failed, RF203 no
-tests collected from a non-empty suite, RF210 tests no shard collects.
+tests collected from a non-empty suite, RF204 (warning) a shard whose options run no test
+(`--co`), RF205 (warning) another CI system's file names pytest, RF206 (warning) test files a
+plain `pytest` does not collect, RF207 (warning) tests addopts deselects and no shard selects,
+RF210 tests no shard collects.
 """
 
 
@@ -69,7 +73,7 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from rlflow.cicheck.collect import collect
-    from rlflow.cicheck.shards import SHARDS_FILE, find_shards
+    from rlflow.cicheck.shards import SHARDS_FILE, find_shards, unread_ci
     from rlflow.pins import gitcmd
     from rlflow.pins.walk import find_root
 
@@ -81,6 +85,7 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
         if p
     ]
     shards = find_shards(root, sorted(set(filter(None, tracked))))
+    unread = [] if (root / SHARDS_FILE).is_file() else unread_ci(root, tracked)
     if not shards:
         raise RlflowError(
             Diagnostic(
@@ -88,9 +93,12 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
                 "no CI shard runs pytest: looked in .github/workflows/, shell scripts, .ci/, ci/ "
                 f"and {SHARDS_FILE}",
                 help=f"describe your CI's test shards in {SHARDS_FILE} (docs/lockstep.md: check-tests)",
+                notes=tuple(f"not read: `{u}` names pytest" for u in unread),
             )
         )
-    universe = collect(root, pytest, (), "the whole test suite")
+    info: dict = {}
+    universe = collect(root, pytest, (), "the whole test suite", info=info)
+    outside = _outside(tracked, info)
     if not universe:
         files = [t for t in tracked if _is_test_file(t)]
         if files:
@@ -106,13 +114,37 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
     unique = {}
     for shard in shards:
         unique.setdefault((shard.args, shard.cwd, shard.env), shard.name)
+    notes: list[str] = []
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = pool.map(
-            lambda key: collect(root, pytest, key[0], unique[key], key[1], key[2]), list(unique)
+            lambda key: collect(root, pytest, key[0], unique[key], key[1], key[2], notes),
+            list(unique),
         )
         covered = set().union(*results)
     missing = sorted(universe - covered)
-    return _report(fmt, missing, shards, len(universe), None)
+    deselected = sorted(info.get("deselected", set()) - covered)
+    return _report(
+        fmt, missing, shards, len(universe), None, sorted(notes), unread, outside, deselected
+    )
+
+
+def _outside(tracked: list[str], info: dict) -> list[str]:
+    """Tracked files named like test modules (python_files) that a plain `pytest` does not
+    collect: outside testpaths, or left out by norecursedirs, collect_ignore, --ignore."""
+    from fnmatch import fnmatch
+
+    patterns = info.get("python_files") or ["test_*.py", "*_test.py"]
+    modules = info.get("modules", set())
+    return sorted(
+        path
+        for path in set(tracked)
+        if path.endswith(".py")
+        and path not in modules
+        and any(
+            fnmatch(path.rsplit("/", 1)[-1], p) if "/" not in p else fnmatch(path, "*" + p)
+            for p in patterns
+        )
+    )
 
 
 def _is_test_file(path: str) -> bool:
@@ -120,7 +152,17 @@ def _is_test_file(path: str) -> bool:
     return name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py"))
 
 
-def _report(fmt: str, missing: list[str], shards, total: int | None, reason: str | None) -> int:
+def _report(
+    fmt: str,
+    missing: list[str],
+    shards,
+    total: int | None,
+    reason: str | None,
+    notes=(),
+    unread=(),
+    outside=(),
+    deselected=(),
+) -> int:
     by_file: dict[str, list[str]] = defaultdict(list)
     for node in missing:
         by_file[node.split("::", 1)[0]].append(node.split("::", 1)[1])
@@ -139,6 +181,51 @@ def _report(fmt: str, missing: list[str], shards, total: int | None, reason: str
         for file, tests in sorted(by_file.items())
     ]
     code = EXIT_FINDINGS if diagnostics else EXIT_OK
+    diagnostics += [
+        Diagnostic(
+            "RF204",
+            note,
+            severity="warning",
+            help="drop that option from the CI line (or addopts) if the line should run tests",
+        )
+        for note in notes
+    ] + [
+        Diagnostic(
+            "RF205",
+            f"`{file}` names pytest, and check-tests does not read it: the tests its jobs "
+            "run are not counted",
+            severity="warning",
+            file=file,
+            help="describe its test jobs in ci-shards.yaml (docs/lockstep.md: check-tests)",
+        )
+        for file in unread
+    ]
+    if deselected:
+        diagnostics.append(
+            Diagnostic(
+                "RF207",
+                f"{len(deselected)} test{'s' * (len(deselected) != 1)} that the pytest "
+                "configuration itself deselects (-k, -m or --deselect in addopts) "
+                f"{'are' if len(deselected) != 1 else 'is'} selected by no CI shard either",
+                severity="warning",
+                notes=(", ".join(deselected[:10]) + (", ..." if len(deselected) > 10 else ""),),
+                help="if CI should run them, add a shard that selects them (`-m slow`); "
+                "a plain `pytest` is what check-tests counts as the suite",
+            )
+        )
+    if outside:
+        diagnostics.append(
+            Diagnostic(
+                "RF206",
+                f"{len(outside)} tracked test file{'s' * (len(outside) != 1)} that a plain "
+                "`pytest` does not collect (testpaths, norecursedirs, collect_ignore or "
+                "--ignore leave them out) are not checked",
+                severity="warning",
+                notes=(", ".join(outside[:10]) + (", ..." if len(outside) > 10 else ""),),
+                help="if CI should run them, widen testpaths (or the ignores); a plain "
+                "`pytest` is what check-tests counts as the suite",
+            )
+        )
     checked = f"{len(shards)} shard{'s' * (len(shards) != 1)}" + (
         f", {total} tests" if total is not None else f" ({reason})"
     )
@@ -161,7 +248,7 @@ def _report(fmt: str, missing: list[str], shards, total: int | None, reason: str
         print()
     print(
         f"{summary_line(diagnostics)} ({checked})"
-        if diagnostics
+        if code
         else f"ok: {checked}, every test is collected"
     )
     return code

@@ -51,6 +51,7 @@ jobs:
           pip install uv
           uv run --no-sync pytest tests/${{ matrix.shard }} -m "not slow" -x -v
 """
+STEPS = "name: ci\non: [push]\njobs:\n  t:\n    steps:\n      - run: {run}\n"
 SCRIPT = '#!/usr/bin/env bash\nset -e\ncd "$(dirname "$0")/.."\npytest tests/e2e \\\n  -k fast\n'
 
 
@@ -205,6 +206,59 @@ def test_scripts_are_read_as_the_shell_reads_them(tmp_path):
             "ci-shards.yaml:2",
             "No closing quotation",
         ),
+        # issue 24: a command check-tests cannot follow says so (it was read as running nothing)
+        *(
+            (
+                {".github/workflows/ci.yml": STEPS.format(run=run), **extra},
+                ".github/workflows/ci.yml:6",
+                f"error[RF201]: cannot tell which tests `{shown}` runs: {why}",
+            )
+            for run, extra, shown, why in [
+                ("tox -e py", {"tox.ini": "[testenv]\ncommands = pytest\n"}, "tox -e py", "`tox`"),
+                ("nox -s t", {"noxfile.py": "s.run('pytest')\n"}, "nox -s t", "`nox` runs"),
+                ("docker run img pytest", {}, "docker run img pytest", "`docker` runs pytest"),
+                (
+                    "python -c 'import pytest; pytest.main()'",
+                    {},
+                    "python -c 'import pytest; pytest.main()'",
+                    "`python -c` runs pytest",
+                ),
+                (
+                    "cd ~ && pytest",
+                    {},
+                    "cd ~ && pytest",
+                    "it runs in a directory check-tests cannot tell (`cd ~`",
+                ),
+                ("pytest tests/${{ env.T }}", {}, "pytest tests/${{ env.T }}", "a `${{"),
+            ]
+        ),
+        *(  # a Python script CI runs that names pytest
+            (
+                {".github/workflows/ci.yml": STEPS.format(run=run), "ci/t.py": script},
+                "ci/t.py",
+                f"cannot tell which tests `{run}` runs: `ci/t.py` is not a shell script",
+            )
+            for run, script in [
+                ("python ci/t.py", "import pytest\npytest.main(['tests/unit'])\n"),
+                (
+                    "./ci/t.py",
+                    "#!/usr/bin/env python3\nimport subprocess\nsubprocess.run(['pytest'])\n",
+                ),
+            ]
+        ),
+        (
+            {".github/workflows/ci.yml": STEPS.format(run="pytest") + "        shell: python\n"},
+            ".github/workflows/ci.yml:6",
+            "it runs in `shell: python`, which check-tests does not read",
+        ),
+        (  # a matrix that is an expression: its values are unknown
+            {
+                ".github/workflows/ci.yml": "jobs:\n  t:\n    strategy:\n      matrix: "
+                "${{ fromJSON(needs.a.outputs.m) }}\n    steps:\n      - run: pytest ${{ matrix.p }}\n"
+            },
+            ".github/workflows/ci.yml:6",
+            "cannot tell which tests `pytest ${{ matrix.p }}` runs: a `${{ }}` expression",
+        ),
     ],
 )
 def test_unreadable_input_is_exit_2(tmp_path, files, where, message):
@@ -259,3 +313,79 @@ def test_the_shipped_hook_blocks_a_commit_adding_an_uncovered_test(tmp_path):
         "error[RF210]: 1 test in tests/new/test_new.py is collected by no CI shard"
         in done.stdout + done.stderr
     )
+
+
+def test_ci_shards_yaml_describes_what_a_command_runs(tmp_path):
+    """`for:` says which CI command a ci-shards.yaml shard stands for: the RF201 "cannot tell"
+    for it goes, and its args count instead."""
+    workflow = STEPS.format(run="tox -e py") + "      - run: pytest tests/unit tests/e2e\n"
+    shards = 'shards:\n  - name: tox\n    for: "tox  -e py"\n    args: [tests/gpu]\n'
+    files = {".github/workflows/ci.yml": workflow, "tox.ini": "[testenv]\ncommands = pytest\n"}
+    done = check_tests(repo(tmp_path, files))
+    assert done.returncode == 2 and "cannot tell which tests `tox -e py`" in done.stderr
+    assert 'a shard with `for: "tox -e py"`' in done.stderr
+    done = check_tests(repo(tmp_path / "2", {**files, "ci-shards.yaml": shards}))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok: 2 shards, 7 tests, every test is collected" in done.stdout
+
+
+def test_other_files_under_ci_are_not_shell_and_other_ci_systems_are_named(tmp_path):
+    """A YAML or Python file under ci/ is not read as sh (an apostrophe in it was RF200), and a
+    CI system check-tests does not read, naming pytest, is a warning, not silence."""
+    files = {
+        "ci/config.yml": "description: it's the nightly\n",
+        ".ci/check.py": "import subprocess\nsubprocess.run(['pytest', \"it's\"])\n",
+        ".ci/run": "#!/bin/sh\npytest tests\n",
+        ".gitlab-ci.yml": "test:\n  script:\n    - pytest tests/gpu\n",
+    }
+    done = check_tests(repo(tmp_path, files))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warning[RF205]: `.gitlab-ci.yml` names pytest, and check-tests does not read it" in (
+        done.stdout
+    )
+    assert "ok: 1 shard, 7 tests, every test is collected" in done.stdout
+
+
+def test_test_files_a_plain_pytest_does_not_collect_are_named(tmp_path):
+    """testpaths narrower than the tests: a bare `pytest` in CI never runs tests/gpu or
+    tests/e2e, and check-tests, whose suite is a plain `pytest`, says they are not checked
+    (it said "ok" and nothing else). A module skipped at import is collected, not named."""
+    pyproject = PYPROJECT.replace('testpaths = ["tests"]', 'testpaths = ["tests/unit"]')
+    skipped = "import pytest\n\npytest.importorskip('no_such_module')\n"
+    files = {"pyproject.toml": pyproject, ".ci/run": "pytest\n", "tests/unit/test_s.py": skipped}
+    done = check_tests(repo(tmp_path, files))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        "warning[RF206]: 2 tracked test files that a plain `pytest` does not collect" in done.stdout
+    )
+    assert "= note: tests/e2e/test_flow.py, tests/gpu/test_kernels.py\n" in done.stdout
+
+
+def test_tests_the_configuration_deselects_are_named_unless_a_shard_selects_them(tmp_path):
+    """addopts `-m "not slow"`: a plain `pytest` leaves test_big out, so it is not in the suite;
+    no CI line selects it either, and check-tests says so (it said a bare "ok")."""
+    pyproject = PYPROJECT + "addopts = \"-m 'not slow'\"\n"
+    files = {"pyproject.toml": pyproject, ".ci/run": "pytest\n"}
+    done = check_tests(repo(tmp_path, files))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "warning[RF207]: 1 test that the pytest configuration itself deselects" in done.stdout
+    assert "= note: tests/unit/test_math.py::test_big\n" in done.stdout
+    files[".ci/run"] = "pytest\npytest -m slow tests/unit\n"
+    done = check_tests(repo(tmp_path / "2", files))
+    assert done.returncode == 0 and "RF207" not in done.stdout, done.stdout + done.stderr
+
+
+def test_lines_that_only_name_pytest_are_no_finding(tmp_path):
+    """Installing, syncing or cloning something called pytest runs no test: no RF201."""
+    steps = (
+        "uv sync --extra pytest",
+        "pip install pytest pytest-cov",
+        "git clone https://github.com/pytest-dev/pytest",
+        "tool --plugin pytest-cov",
+        "command -v pytest",
+        "pytest",
+    )
+    workflow = "jobs:\n  t:\n    steps:\n" + "".join(f"      - run: {s}\n" for s in steps)
+    done = check_tests(repo(tmp_path, {".github/workflows/ci.yml": workflow}))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok: 1 shard, 7 tests, every test is collected" in done.stdout
