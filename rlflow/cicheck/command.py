@@ -73,7 +73,8 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from rlflow.cicheck.collect import collect
-    from rlflow.cicheck.shards import SHARDS_FILE, find_shards, unread_ci
+    from rlflow.cicheck.shard import SHARDS_FILE
+    from rlflow.cicheck.shards import find_shards, unread_ci
     from rlflow.pins import gitcmd
     from rlflow.pins.walk import find_root
 
