@@ -28,6 +28,7 @@ import click
 
 from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
 from rlflow.pins import gitcmd
+from rlflow.pins.bump_state import TreeState, restore, snapshot
 
 
 @dataclass(frozen=True)
@@ -131,14 +132,14 @@ def _run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
     sub_dir = root / path
     # Refs, FETCH_HEAD, branch or detached HEAD of the submodule and of every nested one, and
     # which nested ones were not initialized: what a dry run or a failure puts back.
-    state = _TreeState.of(root, checkout, path)
+    state = TreeState.of(root, checkout, path)
     try:
         target, label = _resolve(sub_dir, ref, _declared_url(root, sub), path)
     except BaseException:  # a bad REF, an unreachable remote, Ctrl-C during the fetch
         state.restore()
         raise
     before = _gitlinks_below(root, checkout, path)
-    files = _snapshot(root)
+    files = snapshot(root)
     moved_submodule = False
     if target == sub.head:
         try:
@@ -187,93 +188,9 @@ def _run_bump(repo: Path, submodule: str, ref: str, dry_run: bool) -> int:
         return 0
     finally:
         if moved_submodule:
-            _restore(root, path, sub.head, files)
+            restore(root, path, sub.head, files)
         if moved_submodule or dry_run:
             state.restore()
-
-
-@dataclass(frozen=True)
-class _TreeState:
-    """The bumped submodule's and its nested submodules' states, restored top-down; nested
-    submodules the bump had to initialize are de-initialized again."""
-
-    repos: tuple[_RepoState, ...]
-    uninitialized: tuple[tuple[Path, str], ...]  # (parent repository, path in it)
-
-    @classmethod
-    def of(cls, root: Path, checkout, path: str) -> _TreeState:
-        import posixpath
-
-        below = [s for s in checkout.submodules if s.path == path or s.path.startswith(path + "/")]
-        repos = tuple(_RepoState.of(root / s.path) for s in below if s.initialized)
-        uninitialized = []
-        for sub in below:
-            if not sub.initialized:
-                parent = posixpath.dirname(sub.declared_at.file)
-                uninitialized.append((root / parent, posixpath.relpath(sub.path, parent or ".")))
-        return cls(repos, tuple(uninitialized))
-
-    def restore(self) -> None:
-        for repo in self.repos:  # top-down: a parent's checkout moves its nested ones first
-            repo.restore()
-        for parent, rel in self.uninitialized:
-            if (parent / rel / ".git").exists():
-                gitcmd.run_raw(parent, "submodule", "deinit", "-q", "-f", "--", rel)
-
-
-@dataclass(frozen=True)
-class _RepoState:
-    """A submodule's refs, FETCH_HEAD and branch or detached HEAD, to put back."""
-
-    repo: Path
-    refs: dict[str, str]
-    branch: str | None
-    fetch_head: bytes | None
-    head: str | None = None
-
-    @classmethod
-    def of(cls, repo: Path) -> _RepoState:
-        listing = gitcmd.run(repo, "for-each-ref", "--format=%(objectname) %(refname)")
-        refs = dict(reversed(line.split(" ", 1)) for line in listing.splitlines() if line)
-        branch = gitcmd.run_raw(repo, "symbolic-ref", "-q", "HEAD").stdout.strip() or None
-        head = gitcmd.run_raw(repo, "rev-parse", "-q", "--verify", "HEAD").stdout.strip() or None
-        git_dir = Path(gitcmd.run(repo, "rev-parse", "--absolute-git-dir").strip())
-        fetch_head = git_dir / "FETCH_HEAD"
-        data = fetch_head.read_bytes() if fetch_head.exists() else None
-        return cls(repo, refs, branch, data, head)
-
-    def restore(self) -> None:
-        now = RepoRefs(self.repo)
-        for ref in now.names - set(self.refs):
-            gitcmd.run_raw(self.repo, "update-ref", "-d", ref)
-        for ref, commit in self.refs.items():
-            if now.get(ref) != commit:
-                gitcmd.run_raw(self.repo, "update-ref", ref, commit)
-        git_dir = Path(gitcmd.run(self.repo, "rev-parse", "--absolute-git-dir").strip())
-        fetch_head = git_dir / "FETCH_HEAD"
-        if self.fetch_head is None:
-            fetch_head.unlink(missing_ok=True)
-        else:
-            fetch_head.write_bytes(self.fetch_head)
-        current = gitcmd.run_raw(self.repo, "symbolic-ref", "-q", "HEAD").stdout.strip()
-        now = gitcmd.run_raw(self.repo, "rev-parse", "-q", "--verify", "HEAD").stdout.strip()
-        if self.branch and current != self.branch:
-            gitcmd.run_raw(self.repo, "checkout", "-q", self.branch.removeprefix("refs/heads/"))
-        elif not self.branch and self.head and (current or now != self.head):
-            gitcmd.run_raw(self.repo, "checkout", "-q", "--detach", self.head)
-        else:
-            return
-        gitcmd.run_raw(self.repo, "submodule", "update", "-q", "--recursive")
-
-
-class RepoRefs:
-    def __init__(self, repo: Path):
-        listing = gitcmd.run(repo, "for-each-ref", "--format=%(objectname) %(refname)")
-        self.refs = dict(reversed(line.split(" ", 1)) for line in listing.splitlines() if line)
-        self.names = set(self.refs)
-
-    def get(self, ref: str) -> str | None:
-        return self.refs.get(ref)
 
 
 # -- steps ------------------------------------------------------------------------------------
@@ -476,21 +393,6 @@ def _uv_lock(root: Path) -> None:
 
 def _lock_files(root: Path) -> list[str]:
     return ["uv.lock"] if (root / "uv.lock").is_file() else []
-
-
-def _snapshot(root: Path) -> dict[Path, bytes]:
-    files = [root / "pyproject.toml", root / "uv.lock"]
-    return {f: f.read_bytes() for f in files if f.is_file()}
-
-
-def _restore(root: Path, path: str, head: str | None, files: dict[Path, bytes]) -> None:
-    gitcmd.run_raw(root, "reset", "-q", "--", path, *[f.name for f in files])
-    for file, data in files.items():
-        if not file.is_file() or file.read_bytes() != data:  # untouched: not even its mtime
-            file.write_bytes(data)
-    if head:
-        gitcmd.run_raw(root / path, "checkout", "-q", "--detach", head)
-        gitcmd.run_raw(root / path, "submodule", "update", "-q", "--init", "--recursive")
 
 
 def _print_plan(path: str, label: str, plan: Plan, root: Path, dry_run: bool) -> None:
