@@ -4,7 +4,7 @@ one-step-off GRPO at the same placement budget.
 Parts (--parts, any subset):
 - sync:    the trainer -> generation weight sync between two processes (1 training rank, 1
            generation rank through rlflow's local launcher), exactly as the trainer runs it
-           (rlflow.train.weight_sync.WeightSync: bucketed broadcasts, then the fingerprint
+           (rlflow.train.generation_role.weight_sync.WeightSync: bucketed broadcasts, then the fingerprint
            check), on the Qwen2.5-VL-3B language model's tensors (random, megatron's names and
            partitioning; --layers of its 36 decoder layers, the embedding (tied to the output
            layer, as in the 3B) and the final norm; a frozen vision tower is not synced). NCCL
@@ -111,7 +111,7 @@ def sync_rank(args) -> None:
     from rlflow import parallel
     from rlflow.recipe.placement import Placement
     from rlflow.recipe.schema import ParallelismConfig
-    from rlflow.train.weight_sync import WeightSync, synced_layouts
+    from rlflow.train.generation_role.weight_sync import WeightSync, synced_layouts
 
     if args.backend == "gloo" and torch.cuda.is_available():
         parallel.CROSS_DEVICE_BACKEND = "gloo"  # set before init: both ranks share one GPU
@@ -175,7 +175,7 @@ def _numel(shape) -> int:
 
 def run_sync(args) -> dict:
     """The sync part: two ranks through rlflow's launcher (`rlflow train --nproc`'s)."""
-    from rlflow.train.local import run_local
+    from rlflow.job.local import run_local
 
     command = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--sync-rank"]
     code = run_local(command, 2, args.out, startup_timeout=None, stop_signal="USR1")
@@ -190,12 +190,17 @@ def run_sync(args) -> dict:
 def run_reshard(args) -> dict:
     """The receiving side's work of a sync in one process, one device: the 3B tensors as
     `--train-tp` trainer shards, copied into a generation engine of `--gen-tp` 1
-    (rlflow.train.reshard.copy_overlap, as WeightSync._receive does per bucket), then both
+    (rlflow.train.generation_role.reshard.copy_overlap, as WeightSync._receive does per bucket), then both
     sides' fingerprints (every shard's partial checksums against the engine's) and their
     comparison. Transfers excluded: what resharding and the check add to a sync."""
     import torch
 
-    from rlflow.train.reshard import Layout, copy_overlap, partial_checksum, sample_positions
+    from rlflow.train.generation_role.reshard import (
+        Layout,
+        copy_overlap,
+        partial_checksum,
+        sample_positions,
+    )
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" or args.bf16 else torch.float32

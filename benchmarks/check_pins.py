@@ -363,7 +363,7 @@ def lock_only(root: Path, runs: int = 20) -> None:
     import tomllib
 
     from rlflow.pins.check import _read_root
-    from rlflow.pins.locks import lock_findings
+    from rlflow.pins.lock.level import lock_findings
     from rlflow.pins.parse import parse_document, read_manifest
     from rlflow.pins.walk import walk
 

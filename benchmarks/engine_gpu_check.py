@@ -4,11 +4,11 @@ The CPU test suite covers the engine through its exact paths (SDPA with masks, f
 in bf16 the engine takes two other kernels, checked here against those references on random
 data, plus the CUDA-graph decode against eager decode on the tiny model:
 
-1. decode attention: the fused Triton kernel (rlflow/generation/flash_decode.py: rotary, q/k
+1. decode attention: the fused Triton kernel (rlflow/generation/megatron/flash_decode.py: rotary, q/k
    norm, paged cache write, split-KV attention at 1, 2, 4 and 16 splits) vs the engine's exact
    path in fp32 (split, rotate, index_copy, gather the blocks, masked SDPA), output and cache;
 2. packed prefill attention: FlashAttention varlen (causal) vs grouped per-length SDPA;
-3. FP8 matmul (rlflow/generation/fp8.py): torch._scaled_mm with rowwise scales vs the same
+3. FP8 matmul (rlflow/generation/megatron/fp8.py): torch._scaled_mm with rowwise scales vs the same
    arithmetic on dequantized operands, and vs the bf16 matmul;
 4. the tiny model in fp32 on the GPU: CUDA-graph buckets + row retirement vs eager, T=1 tokens.
 
@@ -33,7 +33,7 @@ def paged(keys: torch.Tensor, values: torch.Tensor):
     """A contiguous cache [rows, T, kv, D] (T a multiple of BLOCK) as the engine's paged one:
     (keys, values [blocks, BLOCK, kv, D], table [rows, T / BLOCK + 1]), each row's blocks at
     shuffled places of the pool, block 0 and the table's last column scratch."""
-    from rlflow.generation.kv_cache import BLOCK
+    from rlflow.generation.megatron.kv_cache import BLOCK
 
     rows, length = keys.shape[:2]
     per_row = length // BLOCK
@@ -52,8 +52,8 @@ def paged(keys: torch.Tensor, values: torch.Tensor):
 def decode_attention_check() -> dict:
     import dataclasses
 
-    from rlflow.generation import flash_decode
-    from rlflow.generation.decoder import Dims, LayerWeights, _reference_attention
+    from rlflow.generation.megatron import flash_decode
+    from rlflow.generation.megatron.decoder import Dims, LayerWeights, _reference_attention
 
     torch.manual_seed(0)
     rows, length, kv, group, dim = 37, 704, 2, 8, 128  # (661 tokens used in the longest row)
@@ -103,7 +103,7 @@ def decode_attention_timing() -> dict:
 def _time_decode(rows: int, context: int) -> dict:
     from triton.testing import do_bench
 
-    from rlflow.generation import flash_decode
+    from rlflow.generation.megatron import flash_decode
 
     kv, group, dim, length = 2, 8, 128, 4608
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -138,7 +138,7 @@ def _time_decode(rows: int, context: int) -> dict:
 
 
 def fp8_matmul_check() -> dict:
-    from rlflow.generation import fp8
+    from rlflow.generation.megatron import fp8
 
     torch.manual_seed(2)
     out = {}
@@ -175,7 +175,7 @@ def prefill_attention_check() -> dict:
 
 def tiny_engine_check(work: Path) -> dict:
     from rlflow.generation.base import SamplingParams
-    from rlflow.generation.megatron import MegatronGeneration
+    from rlflow.generation.megatron.engine import MegatronGeneration
     from rlflow.model.build import load_policy
     from tests.tiny import FP32, SINGLE, init_single_rank, mixed_prompts, tiny_checkpoint
 

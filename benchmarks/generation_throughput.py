@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rlflow import parallel  # noqa: E402
 from rlflow.generation.base import Prompt, SamplingParams  # noqa: E402
-from rlflow.generation.megatron import MegatronGeneration  # noqa: E402
+from rlflow.generation.megatron.engine import MegatronGeneration  # noqa: E402
 from rlflow.model.media import Media  # noqa: E402
 from rlflow.recipe.schema import ParallelismConfig  # noqa: E402
 from tests.tiny import FP32  # noqa: E402
@@ -259,8 +259,8 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from rlflow.compat import library_logs
     from rlflow.model.build import load_policy
-    from rlflow.model.compat import library_logs
 
     library_logs.quiet()
     parallel.init_parallel(

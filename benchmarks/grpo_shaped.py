@@ -117,7 +117,11 @@ def bench_checkpoint(
         return target
     if not (base / "config.json").exists():
         if model == "qwen3vl-4b":
-            from rlflow.model.qwen3vl import QWEN3VL_PRESETS, Qwen3VLSizes, write_tiny_qwen3vl
+            from rlflow.model.families.qwen3vl import (
+                QWEN3VL_PRESETS,
+                Qwen3VLSizes,
+                write_tiny_qwen3vl,
+            )
 
             sizes = Qwen3VLSizes() if tiny else QWEN3VL_PRESETS[model]
             write_tiny_qwen3vl(base, seed=0, sizes=sizes, device=str(device))
@@ -375,7 +379,7 @@ def run_rollout(policy, prompts, params, args, ceil, counts, gpus, device, log, 
     capture, compilation; `warm_params` may end it early with the same cache shape), then
     --reps timed calls, each against the roofline of its own per-row lengths; optionally one
     more, profiled call (`profile_params`: a shorter cap keeps the trace small)."""
-    from rlflow.generation.megatron import MegatronGeneration
+    from rlflow.generation.megatron.engine import MegatronGeneration
 
     backend = MegatronGeneration(
         policy,
@@ -914,8 +918,8 @@ def recipe_overrides(args, checkpoint: Path) -> list[str]:
 
 def rank_main(args) -> None:
     from rlflow import parallel
-    from rlflow.model.compat import library_logs
-    from rlflow.recipe import load_checked
+    from rlflow.compat import library_logs
+    from rlflow.rules import load_checked
 
     library_logs.quiet()
     began = time.perf_counter()
@@ -1097,7 +1101,7 @@ def print_summary(results: dict) -> None:
 def launch_ranks(args) -> int:
     """--tp N: N local ranks through rlflow's own launcher (`rlflow train --nproc`'s); rank 0's
     log is echoed here as it grows."""
-    from rlflow.train.local import run_local
+    from rlflow.job.local import run_local
 
     args.out.mkdir(parents=True, exist_ok=True)
     log_file = args.out / "logs" / "rank-0.log"

@@ -78,7 +78,7 @@ RESULTS = "moe_grpo_shaped_results.json"
 
 
 def bench_checkpoint(path: Path, tiny: bool, layers: int, device: torch.device) -> Path:
-    from rlflow.model.qwen3_moe import PRESETS, write_tiny_qwen3_moe
+    from rlflow.model.families.qwen3_moe import PRESETS, write_tiny_qwen3_moe
 
     if not (path / "config.json").exists():
         sizes = PRESETS["tiny"] if tiny else dataclasses.replace(
@@ -95,7 +95,7 @@ def model_counts(checkpoint: Path, dtype_bytes: int) -> dict:
     config = json.loads((checkpoint / "config.json").read_text())
     h, layers = config["hidden_size"], config["num_hidden_layers"]
     heads, kv, d = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
-    from rlflow.model.moe import num_experts
+    from rlflow.model.moe.experts import num_experts
 
     experts, topk = num_experts(config), config["num_experts_per_tok"]
     ffn, vocab = config["moe_intermediate_size"], config["vocab_size"]
@@ -204,8 +204,8 @@ def run_experts(device, dtype, tiny: bool, log) -> dict:
     from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from rlflow.generation.moe_decode import MoEWeights, routed_experts
-    from rlflow.model.moe import GroupedExperts
+    from rlflow.generation.megatron.moe_decode import MoEWeights, routed_experts
+    from rlflow.model.moe.experts import GroupedExperts
 
     experts, topk, hidden, ffn = (8, 2, 128, 64) if tiny else (128, 8, 2048, 768)
     config = TransformerConfig(
@@ -285,7 +285,7 @@ def run_experts(device, dtype, tiny: bool, log) -> dict:
 
 
 def run_rollout(policy, prompts, params, args, ceil, counts, device, log) -> dict:
-    from rlflow.generation.megatron import MegatronGeneration
+    from rlflow.generation.megatron.engine import MegatronGeneration
 
     backend = MegatronGeneration(
         policy, pad_token_id=args.pad_token_id, max_batch_size=0, cuda_graphs=True,
@@ -421,8 +421,8 @@ def overrides(args, checkpoint: Path) -> list[str]:
 def main() -> None:
     args = parse_args()
     from rlflow import parallel
-    from rlflow.model.compat import library_logs
-    from rlflow.recipe import load_checked
+    from rlflow.compat import library_logs
+    from rlflow.rules import load_checked
 
     library_logs.quiet()
     began = time.perf_counter()

@@ -119,7 +119,7 @@ def stop_signal() -> signal.Signals:
 
 
 def launch_main(args: argparse.Namespace) -> int:
-    from rlflow.train.local import run_local
+    from rlflow.job.local import run_local
 
     command = [sys.executable, str(HERE), "--rank", "--run-dir", args.run_dir]
     command += ["--save-seconds", str(args.save_seconds), "--max-steps", str(args.max_steps)]

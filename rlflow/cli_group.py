@@ -25,7 +25,7 @@ COMMANDS: dict[str, str] = {
     "cancel": "rlflow.launch.command:cancel",
     "train": "rlflow.train.command:train",
     "init-tiny-model": "rlflow.model.command:init_tiny_model",
-    "report": "rlflow.train.command:report",
+    "report": "rlflow.launch.report:report",
     "setup-env": "rlflow.envs.command:setup_env",
 }
 

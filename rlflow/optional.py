@@ -1,5 +1,5 @@
 """Optional packages a recipe can turn on, asked about without importing them (importing wandb
-takes seconds). The dry run and `rlflow train` share these rules (rlflow/recipe/checks.py);
+takes seconds). The dry run and `rlflow train` share these rules (rlflow/rules/checks.py);
 rlflow/train/wandb_log.py uses the package once the run starts. Standard library only.
 """
 

@@ -7,7 +7,7 @@ MASTER_ADDR and MASTER_PORT; run directly with none of them, this is a single ra
 parallel groups; everything else asks this module for ranks and groups.
 
 With `generation.placement: separate` the job's ranks split into two roles
-(rlflow.recipe.allocation.Placement): training ranks and generation ranks. Each role is a
+(rlflow.rules.allocation.Placement): training ranks and generation ranks. Each role is a
 torch.distributed world of its own, with megatron-core's groups inside it (the generation ranks
 with their own tensor-parallel size), so every collective of the trainer runs among trainers
 only. Groups that span both roles are separate process groups on the launcher's rendezvous
@@ -82,7 +82,7 @@ def init_parallel(
     global _info, _job
     from megatron.core import parallel_state
 
-    from rlflow.model.compat import cpu_compat
+    from rlflow.compat import cpu_compat
 
     cpu_compat.enable()
     job_rank = int(os.environ.get("RANK", "0"))

@@ -15,7 +15,7 @@ from tests.slurm.cluster import slurm_cluster, slurm_session  # noqa: F401
 @pytest.fixture(scope="session")
 def single_rank():
     """torch.distributed (gloo, world 1) + megatron parallel state, once per test process."""
-    from rlflow.model.compat import library_logs
+    from rlflow.compat import library_logs
     from tests.tiny import init_single_rank
 
     library_logs.quiet()
@@ -67,7 +67,7 @@ def tiny_processor(tiny_ckpt):
 @pytest.fixture(scope="session")
 def vllm_gen_cfg():
     """The tiny CPU recipe's generation section with backend=vllm, on the CPU pin set."""
-    from rlflow.recipe import load_checked
+    from rlflow.rules import load_checked
     from tests.tiny import TINY_CPU_RECIPE
 
     gen = load_checked(TINY_CPU_RECIPE, ["generation.backend=vllm"]).recipe.generation
@@ -108,7 +108,7 @@ SLOW_PATHS = (
     "tests/train/test_train_grpo_update.py",
     "tests/train/test_train_packing.py",
     "tests/train/test_train_wandb_log.py",  # a GRPO run logged to W&B (offline) and resumed
-    "tests/train/test_train_local_resume.py",  # 2 real ranks stopped by signals, resumed
+    "tests/job/test_job_local_resume.py",  # 2 real ranks stopped by signals, resumed
     "tests/launch/test_launch_slurm.py",  # the Slurm cluster (also through fixtures)
     "tests/job/test_job_recovery.py",
     "tests/job/test_job_watchdog.py",  # real stuck, stopped and killed rank processes

@@ -11,22 +11,26 @@ commands share lives in its own module, not in one of them.
 The layers, bottom first (LAYERS below); a module imports only its own layer and those below:
 
     errors                  exit codes, diagnostics
-    recipe.schema (.bounds, .scalars), job.files, slurm, optional, model.compat
-                            leaves: the recipe's types, the run directory's names, every Slurm
-                            call, optional packages, third-party patches
+    recipe, job.files, slurm, optional, compat
+                            leaves: the recipe's types and its loader, the run directory's names,
+                            every Slurm call, optional packages, third-party patches
     pins, cicheck           check-pins, check-tests
     data                    datasets, prompts, rewards
     parallel                process groups
-    model                   policies, one module per family (never generation, never train)
-    recipe                  the loader and the rules; they ask data/ and model/family.py, so they
-                            sit above both (while the types everything reads sit at the bottom)
-    envs, generation        the vLLM environment, rollout backends
-    job                     what runs in the job: node launcher, attempt decision, preflight
-    train                   a rank's trainer; `rlflow train --nproc` runs job/'s launcher
+    model                   policies, one module (or folder) per family under model/families/
+                            (never generation, never train)
+    rules                   the recipe's rules; they ask data/ and model/family.py, so they sit
+                            above both (while the types everything reads sit at the bottom)
+    envs, generation        the vLLM environment, rollout backends (generation/megatron/,
+                            generation/vllm/)
+    job                     what runs in the job: node launcher, attempt decision, preflight, and
+                            the same launcher on this machine (`rlflow train --nproc`: job/local.py)
+    train                   a rank's trainer, and the generation ranks' program
+                            (train/generation_role/)
     launch                  the login-node commands: they read job/files.py, never job's runtime
     cli                     the console script
 
-So model and recipe never import train, the job never imports launch, and train never imports
+So model, recipe and rules never import train, the job never imports launch, and train never imports
 launch. Apart from the order: the login-node modules never import torch (nor megatron,
 transformers or vLLM), and the family registry is login-node safe.
 """
@@ -156,32 +160,30 @@ def test_the_family_registry_is_login_node_safe():
 LAYERS = [
     # the ground: exit codes and diagnostics; `@frozen`, the cheaper frozen dataclass
     ("rlflow.errors", "rlflow.frozen", "rlflow.record_methods"),
-    # leaves: the recipe's types (with their bounds and scalar parsers), the run directory's file
-    # names, every Slurm call, optional packages, third-party patches
+    # leaves: the recipe's types (with their bounds and scalar parsers) and its loader, the run
+    # directory's file names, every Slurm call, optional packages, third-party patches
     (
-        "rlflow.recipe.schema",
-        "rlflow.recipe.bounds",
-        "rlflow.recipe.scalars",
-        "rlflow.recipe.placement",
+        "rlflow.recipe",
         "rlflow.job.files",
         "rlflow.slurm",
         "rlflow.optional",
-        "rlflow.model.compat",
+        "rlflow.compat",
     ),
     ("rlflow.pins", "rlflow.cicheck"),  # check-pins, check-tests
     ("rlflow.data",),  # datasets, prompts, rewards
     ("rlflow.parallel",),  # process groups
-    ("rlflow.model",),  # megatron-core policies, one module per family
-    ("rlflow.recipe",),  # the loader and the rules, which ask data/ and model/family.py
+    ("rlflow.model",),  # megatron-core policies, one module or folder per family (model/families/)
+    ("rlflow.rules",),  # the recipe's rules, which ask data/ and model/family.py
     ("rlflow.envs",),  # the vLLM environment
-    ("rlflow.generation",),  # rollout backends
-    ("rlflow.job",),  # in the job: the node launcher, the attempt decision, preflight
-    ("rlflow.train",),  # a rank's trainer (and `rlflow train --nproc`, through job/)
+    ("rlflow.generation",),  # rollout backends: generation/megatron/, generation/vllm/
+    ("rlflow.job",),  # in the job: the node launcher (also `rlflow train --nproc`), preflight
+    ("rlflow.train",),  # a rank's trainer, and the generation ranks' (train/generation_role/)
     ("rlflow.launch",),  # the login-node commands
     ("rlflow.cli", "rlflow"),  # the console script
 ]
 # Modules the login node imports: `--help`, submit --dry-run, status, check-pins. No torch.
 LOGIN_NODE = ("rlflow.cli", "rlflow.launch", "rlflow.pins", "rlflow.cicheck", "rlflow.recipe")
+LOGIN_NODE += ("rlflow.rules",)
 LOGIN_NODE += ("rlflow.job", "rlflow.slurm", "rlflow.errors", "rlflow.frozen", "rlflow.optional")
 LOGIN_NODE += ("rlflow.record_methods",)
 LOGIN_NODE += ("rlflow.model.family",)

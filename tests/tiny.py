@@ -48,7 +48,7 @@ def init_single_rank(seed: int = 1):
 
 def megatron_generation(policy, pad_token_id: int, **changes):
     """MegatronGeneration with base.yaml's generation knobs; `changes` for the ones a test is about."""
-    from rlflow.generation.megatron import MegatronGeneration
+    from rlflow.generation.megatron.engine import MegatronGeneration
 
     gen = base_recipe().generation
     knobs = {

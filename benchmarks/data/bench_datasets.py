@@ -15,7 +15,7 @@ from pathlib import Path
 from PIL import Image
 
 from rlflow.data import build_dataset, reference_completion, score
-from rlflow.recipe import load_checked
+from rlflow.rules import load_checked
 
 BASE = Path(__file__).resolve().parents[2] / "recipes" / "base.yaml"
 

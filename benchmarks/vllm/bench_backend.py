@@ -49,13 +49,13 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoProcessor
 
+    from rlflow.compat import library_logs
     from rlflow.generation.base import SamplingParams
     from rlflow.generation.hf import HFGeneration
-    from rlflow.generation.megatron import MegatronGeneration
-    from rlflow.generation.vllm import VLLMGeneration
+    from rlflow.generation.megatron.engine import MegatronGeneration
+    from rlflow.generation.vllm.client import VLLMGeneration
     from rlflow.model.build import load_policy
-    from rlflow.model.compat import library_logs
-    from rlflow.recipe import load_checked
+    from rlflow.rules import load_checked
     from tests.tiny import FP32, SINGLE, init_single_rank, make_prompt, tiny_checkpoint
 
     library_logs.quiet()

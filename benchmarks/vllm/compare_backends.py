@@ -6,7 +6,7 @@ Usage (from the repository root; the vLLM environment must be built: `rlflow set
 
 Runs `rlflow train R generation.backend=<b> OVERRIDES --run-dir D/<b>` for b in megatron, vllm
 (one after the other: each uses the whole machine), then writes next to this script:
-  grpo_accuracy.png  val/accuracy of both runs in one plot (rlflow.train.report.compare_runs)
+  grpo_accuracy.png  val/accuracy of both runs in one plot (rlflow.launch.report.compare_runs)
   grpo_train_accuracy.png, grpo_tmpe.png  train/accuracy and token_mult_prob_error per step
   grpo_parity.json   per-run summary: accuracies, token_mult_prob_error median/max, step times
   grpo_recipe.resolved.yaml  the recipe both runs used (backend aside)
@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--runs-dir", default="runs/bench-vllm", type=Path)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    from rlflow.train.report import compare_runs
+    from rlflow.launch.report import compare_runs
 
     dirs = {b: ROOT / args.runs_dir / b for b in BACKENDS}
     results = {}

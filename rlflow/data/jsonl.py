@@ -214,7 +214,7 @@ def read_rows(
 
 
 def first_rows_problems(data_cfg) -> list[Diagnostic]:
-    """The recipe check (rlflow.recipe.checks): what the trainer would refuse in the first
+    """The recipe check (rlflow.rules.checks): what the trainer would refuse in the first
     DRY_RUN_ROWS rows of each JSONL split. Login-node safe: no torch, no pixels decoded."""
     return [
         problem

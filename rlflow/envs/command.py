@@ -74,7 +74,7 @@ def setup_env(ctx, name, recipe, overrides, device, check, rebuild):
 
 
 def _recipe(path: str | None, overrides):
-    from rlflow.recipe import load_checked
+    from rlflow.rules import load_checked
 
     if path is None:
         run_dir = os.environ.get("RLFLOW_RUN_DIR")

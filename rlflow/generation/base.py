@@ -45,7 +45,7 @@ class GenerationBackend(abc.ABC):
 
     name: str
     # The weights generate() uses, as the optimizer steps behind them (0: the start of GRPO).
-    # Rollouts carry it, so the trainer can check how stale they are (rlflow.train.remote).
+    # Rollouts carry it, so the trainer can check how stale they are (rlflow.train.generation_role.remote).
     weight_version: int = 0
 
     @abc.abstractmethod

@@ -12,12 +12,12 @@ def check_backend_ready(gen_cfg) -> None:
     """What the recipe's backend needs on this node, checked before any model is loaded."""
     if gen_cfg.backend == "megatron" and gen_cfg.fp8:  # on this rank's device, after init
         from rlflow import parallel
-        from rlflow.generation.fp8 import require
+        from rlflow.generation.megatron.fp8 import require
 
         require(parallel.info().device)
     if gen_cfg.backend == "vllm":
         from rlflow.envs.spec import vllm_spec
-        from rlflow.generation.vllm import find_env
+        from rlflow.generation.vllm.client import find_env
 
         find_env(vllm_spec(gen_cfg.vllm), gen_cfg.vllm.env_root)  # raises, naming the setup command
 
@@ -27,7 +27,7 @@ def make_backend(
 ) -> GenerationBackend:
     """The backend the recipe names (`generation.backend`); heavy imports only for that one."""
     if gen_cfg.backend == "megatron":
-        from rlflow.generation.megatron import MegatronGeneration
+        from rlflow.generation.megatron.engine import MegatronGeneration
 
         return MegatronGeneration(
             policy,
@@ -46,7 +46,7 @@ def make_backend(
 
         return HFGeneration(policy, pad_token_id, gen_cfg.max_batch_size)
     if gen_cfg.backend == "vllm":
-        from rlflow.generation.vllm import VLLMGeneration
+        from rlflow.generation.vllm.client import VLLMGeneration
 
         return VLLMGeneration(
             policy, gen_cfg, run_dir, max_model_len=max_prompt_tokens + gen_cfg.max_new_tokens

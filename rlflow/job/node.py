@@ -1,7 +1,7 @@
 """The per-node launcher: start this node's ranks, watch them, end them together.
 
 The batch script runs one per node (`srun --ntasks-per-node=1 python -m rlflow.job.node ...
--- COMMAND`), and `rlflow train --nproc N` one on this machine (rlflow/train/local.py). It
+-- COMMAND`), and `rlflow train --nproc N` one on this machine (rlflow/job/local.py). It
 starts one rank per GPU (per requested rank on CPU-only nodes) and watches them until:
 
 - a rank exits non-zero (not 75): its siblings get SIGTERM, then SIGKILL after a grace; the
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlflow node launcher: error: {err}", file=sys.stderr, flush=True)
         return 2
     # Under srun: slurmstepd gone (a lost node) -> SIGTERM -> stop the ranks, then go. Not for
-    # `rlflow train --nproc` (rlflow.train.local), whose parent may be a shell that exits.
+    # `rlflow train --nproc` (rlflow.job.local), whose parent may be a shell that exits.
     set_parent_death_signal(signal.SIGTERM)
     launcher = Launcher(
         info,

@@ -16,8 +16,8 @@ import rlflow.launch.plan as planning
 from rlflow import slurm
 from rlflow.errors import Diagnostic
 from rlflow.launch.plan import JobPlan
-from rlflow.recipe.allocation import allocation_diagnostics
 from rlflow.recipe.load import LoadedRecipe
+from rlflow.rules.allocation import allocation_diagnostics
 
 # Values that land in `#SBATCH` lines: sbatch ends a line at a newline and drops backslashes.
 _SBATCH_UNSAFE = re.compile(r"[\x00-\x1f\x7f\\]")
@@ -33,7 +33,7 @@ def check_all(
     trains: bool = True,
 ) -> list[Diagnostic]:
     """Every check, in the order a user would fix things. The allocation rules are the ones
-    `rlflow train` runs at setup (rlflow.recipe.allocation), with the flags' nodes x GPUs;
+    `rlflow train` runs at setup (rlflow.rules.allocation), with the flags' nodes x GPUs;
     `trains=False` for a `--command` job, whose ranks run no trainer."""
     problems = allocation_diagnostics(loaded, plan.num_nodes, plan.gpus_per_node, trains=trains)
     problems += check_sbatch_values(loaded, plan)

@@ -206,7 +206,7 @@ def _worst_case(plan) -> str:
 def _summary(plan, loaded) -> str:
     from rlflow.launch import cost
     from rlflow.launch.prepare import shape
-    from rlflow.recipe.allocation import expert_layout
+    from rlflow.rules.allocation import expert_layout
 
     hours = plan.time_limit_seconds / 3600
     experts = expert_layout(loaded, plan.world_size)

@@ -3,7 +3,7 @@ and `cancel` see it: no Slurm, only the run directory and the live process.
 
 The launcher records itself in RUN_DIR/launcher.json when it starts (pid, start time, boot,
 host, attempt, the command line) and appends its attempt's outcome to attempts.jsonl when it
-ends (rlflow/train/local.py). So a run is:
+ends (rlflow/job/local.py). So a run is:
 
     RUNNING    its launcher's process is alive (the same pid *and* start time)
     FINISHED   its newest attempt completed

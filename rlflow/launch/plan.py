@@ -227,7 +227,7 @@ def make_plan(
 
 
 def _placement(loaded: LoadedRecipe, flags: SubmitFlags) -> str | None:
-    from rlflow.recipe.allocation import placement_of
+    from rlflow.rules.allocation import placement_of
 
     if flags.command is not None:
         return None

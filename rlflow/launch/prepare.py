@@ -49,8 +49,8 @@ def prepare(
     from rlflow.launch.check import check_all, check_cluster
     from rlflow.launch.plan import apply_flags, make_plan
     from rlflow.launch.render import render
-    from rlflow.recipe.checks import check_recipe
     from rlflow.recipe.load import dump_recipe, load_recipe
+    from rlflow.rules.checks import check_recipe
 
     cwd = cwd or os.getcwd()
     loaded = load_recipe(recipe, overrides)

@@ -42,7 +42,7 @@ class Policy:
     # Vision features, recomputed on every use unless the trainer shares one per-step cache
     # between the policy and the reference (frozen tower: rlflow.train.setup.share_vision_cache).
     vision_cache: VisionCache
-    # MoE: this step's routing statistics of the trainer's forwards (rlflow.model.routing.Stats;
+    # MoE: this step's routing statistics of the trainer's forwards (rlflow.model.moe.routing.Stats;
     # step_metrics reads and resets them)
     routing_stats: Any = None
 
@@ -167,7 +167,7 @@ def load_policy(
     checkpoint: Path, model_cfg: ModelConfig, parallel_cfg: ParallelismConfig, trainable: bool
 ) -> Policy:
     """Build the Megatron model for this rank and load the HF weights into it."""
-    from rlflow.model.compat import cpu_compat, library_logs, te_guard
+    from rlflow.compat import cpu_compat, library_logs, te_guard
 
     library_logs.quiet()
     te_guard.install()
@@ -235,7 +235,7 @@ def _configure_provider(provider, parallel_cfg: ParallelismConfig, dtype: torch.
     from rlflow.model import sequence_parallel
 
     # Always the local (non-TE) spec: identical numerics on CPU and GPU, and rlflow's generation
-    # decoder (rlflow/generation/decoder.py) reads this spec's weights directly.
+    # decoder (rlflow/generation/megatron/decoder.py) reads this spec's weights directly.
     provider.transformer_layer_spec = local_layer_spec
     provider.tensor_model_parallel_size = parallel_cfg.tensor_parallel_size
     provider.pipeline_model_parallel_size = parallel_cfg.pipeline_parallel_size

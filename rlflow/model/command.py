@@ -36,7 +36,7 @@ def init_tiny_model(directory, preset, seed, device):
     from rlflow.model.presets import QWEN3VL_PRESET_NAMES
 
     if preset in QWEN3VL_PRESET_NAMES:
-        from rlflow.model.qwen3vl import QWEN3VL_PRESETS, write_tiny_qwen3vl
+        from rlflow.model.families.qwen3vl import QWEN3VL_PRESETS, write_tiny_qwen3vl
 
         sizes = QWEN3VL_PRESETS[preset]
         path = write_tiny_qwen3vl(directory, seed=seed, sizes=sizes, device=device)

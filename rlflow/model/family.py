@@ -31,12 +31,12 @@ if TYPE_CHECKING:
 
 # Families shipped with rlflow, in the order their builtins are listed.
 _FAMILY_MODULES = (
-    "rlflow.model.qwen25vl",
-    "rlflow.model.qwen_text",
-    "rlflow.model.qwen2vl",
-    "rlflow.model.qwen3vl",
-    "rlflow.model.qwen3vl_moe",
-    "rlflow.model.qwen3_moe",
+    "rlflow.model.families.qwen25vl",
+    "rlflow.model.families.qwen_text",
+    "rlflow.model.families.qwen2vl",
+    "rlflow.model.families.qwen3vl",
+    "rlflow.model.families.qwen3vl_moe",
+    "rlflow.model.families.qwen3_moe",
 )
 
 
@@ -93,7 +93,7 @@ class ModelFamily:
     def vision_features(self, core, media: Media):
         """One batched run of the vision tower: (image, video) rows, one per pad token, in item
         order; each row is [H * (1 + deepstack layers)]: the embedding written at the pad token,
-        then the features added to the first layers' hidden states (rlflow/model/deepstack.py)."""
+        then the features added to the first layers' hidden states (rlflow/model/families/qwen3vl/deepstack.py)."""
         raise ValueError("a text-only model was given images or video")
 
     # --- loading through megatron-bridge -----------------------------------------------------------

@@ -4,7 +4,7 @@ Two copies of a model's weights (the trainer's and a generation engine's) are co
 every weight sync without moving the weights again: each side reads the same elements, drawn
 from the tensor's name and the weights' version, so every sync checks other elements. Bits,
 not values: an exact comparison, and integer sums of them add up the same however a tensor is
-split into shards (rlflow.train.reshard).
+split into shards (rlflow.train.generation_role.reshard).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ attention mask (so padded rows get wrong positions) and never passes a KV cache.
 pieces itself instead, the same for every family (rlflow/model/family.py says what differs): the
 family's rotary positions *with* the padding mask, the language model's embedding with the
 vision tower's features scattered at the image/video pad tokens (and their deepstack part added
-after the first layers, rlflow/model/deepstack.py), then the megatron-core decoder with an
+after the first layers, rlflow/model/families/qwen3vl/deepstack.py), then the megatron-core decoder with an
 explicit causal+padding mask. Training, logprob recomputation and the simple generation path all
 use this one function.
 """
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from rlflow.model import deepstack, sequence_parallel
+from rlflow.model import sequence_parallel
+from rlflow.model.families.qwen3vl import deepstack
 from rlflow.model.family import of_core
 from rlflow.model.media import Media
 

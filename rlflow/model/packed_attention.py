@@ -6,7 +6,7 @@ each token attends to the earlier tokens of its own row only. Two users:
 * the trainer's logprob passes and update: megatron-core's local attention (the only one without
   Transformer Engine) takes a padded [B, T, T] mask and materialises the scores, so `install()`
   gives each layer's core attention a packed path, switched on by `packing(...)` around a forward;
-* generation's prefill (rlflow/generation/decoder.py), which runs each unique prompt once.
+* generation's prefill (rlflow/generation/megatron/decoder.py), which runs each unique prompt once.
 
 On a GPU in bf16/fp16 this is one FlashAttention varlen call (torch.nn.attention.varlen, with
 grouped-query attention natively); elsewhere (CPU, fp32) one SDPA call per group of equal-length

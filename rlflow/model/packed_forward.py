@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlflow.model import deepstack, sequence_parallel
+from rlflow.model import sequence_parallel
+from rlflow.model.families.qwen3vl import deepstack
 from rlflow.model.family import of_core
 from rlflow.model.forward import language_model, media_slots, run_language_model
 from rlflow.model.media import Media

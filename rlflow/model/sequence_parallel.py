@@ -76,7 +76,7 @@ def scatter_deepstack(core, deepstack, shape: torch.Size):
     layer's features laid out over the whole sequence, then split like the hidden states."""
     if deepstack is None or not enabled(core):
         return deepstack
-    from rlflow.model.deepstack import DeepStack
+    from rlflow.model.families.qwen3vl.deepstack import DeepStack
 
     _, batch, width = shape
     local = [

@@ -184,7 +184,7 @@ def analyse(checkout, root_text: str, strict: bool) -> Analysis:
     # The lock level and the refs policy are imported only when there is something for them
     # to read (a uv.lock, `submodule-refs`): their modules are a twentieth of a check.
     if policy.lock_level and (policy.deployed_locks or (checkout.root / "uv.lock").is_file()):
-        from rlflow.pins.locks import lock_findings
+        from rlflow.pins.lock.level import lock_findings
 
         findings += lock_findings(checkout.root, manifests, docs, policy)
     if policy.submodule_refs:

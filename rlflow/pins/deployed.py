@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from rlflow.pins import uvlock
+from rlflow.pins.lock import uvlock
 from rlflow.pins.model import Finding, Location
 from rlflow.pins.pep508 import canonicalize_name
 from rlflow.pins.urls import normalize_repo

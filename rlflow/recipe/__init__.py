@@ -1,19 +1,7 @@
-"""Recipes: YAML files describing a whole run (see recipes/base.yaml)."""
+"""Recipes: YAML files describing a whole run (see recipes/base.yaml).
 
-from __future__ import annotations
-
-from pathlib import Path
-
-from rlflow.errors import RlflowError
-
-
-def load_checked(path: str | Path, overrides: list[str] | tuple[str, ...] = ()):
-    """Load a recipe, validate types and cross-field rules; raise with every problem found."""
-    from rlflow.recipe.checks import check_recipe
-    from rlflow.recipe.load import load_recipe
-
-    loaded = load_recipe(path, overrides)
-    problems = check_recipe(loaded)
-    if problems:
-        raise RlflowError(problems)
-    return loaded
+The recipe's types (schema.py, with their bounds and scalar parsers) and the loader (load.py,
+reader.py, values.py); they import nothing else of rlflow's, so every layer may read them. The
+rules between keys, and those that ask another package, are in rlflow/rules/, which also has
+`load_checked` (load, then check).
+"""

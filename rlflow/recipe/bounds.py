@@ -8,10 +8,10 @@
 A bound says what one value may be: a range for a number, `nonempty` for a string or list, a
 `pattern` or a `parse` function (a text format, e.g. a Slurm time) for a string. On a list it
 holds for every item and on a mapping for every value (`keys` bounds the mapping's keys).
-`bounded_values` walks a recipe; one rule (`_bounds` in rlflow.recipe.checks) reports every
+`bounded_values` walks a recipe; one rule (`_bounds` in rlflow.rules.checks) reports every
 value outside its bound, naming the key and the value. Every integer must also fit in 64 bits
 (torch, Slurm and C code take them), bound or not. A rule that relates two keys is not a
-bound: it is a rule of rlflow.recipe.checks.
+bound: it is a rule of rlflow.rules.checks.
 
 `quote_numbers` is the loader's part (rlflow.recipe.load): a key that holds a name refuses an
 unquoted number (`entity: 123`), which YAML tools read as a number, not a name.

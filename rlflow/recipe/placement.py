@@ -2,7 +2,7 @@
 and whether the trainer splits activations over its TP ranks (`splits_sequence`).
 
 Plain types and answers, below everything that reads them (rlflow.parallel builds each role's
-process groups from them); rlflow.recipe.allocation decides the placement from the recipe and
+process groups from them); rlflow.rules.allocation decides the placement from the recipe and
 the job's nodes x GPUs, and refuses what cannot run.
 """
 

@@ -7,7 +7,7 @@ unknown keys, missing keys and wrongly typed values with the file and line that 
 What one key may hold beyond its type is declared beside it, `field(metadata=bound(ge=1))`
 (rlflow.recipe.bounds: ranges, formats, patterns; one rule reports them all). A new single-key
 bound touches this file only. Rules between keys (parallel sizes, video keys, ...) live in
-`rlflow.recipe.checks`.
+`rlflow.rules.checks`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class RunConfig:
 
 @frozen
 class MoEConfig:
-    """Mixture-of-experts models only (rlflow/model/moe.py); null: the checkpoint's config."""
+    """Mixture-of-experts models only (rlflow/model/moe/experts.py); null: the checkpoint's config."""
 
     grouped_experts: bool  # experts as grouped matrix products (false: one matmul per expert)
     router_topk: int | None  # experts per token; None: the checkpoint's num_experts_per_tok
@@ -291,7 +291,7 @@ class ParallelismConfig:
 
 @frozen
 class ClusterConfig:
-    """The job's shape: the allocation rules (rlflow.recipe.allocation) read it, in the dry run
+    """The job's shape: the allocation rules (rlflow.rules.allocation) read it, in the dry run
     from the flags and in `rlflow train` from the run's recipe.yaml, checked against WORLD_SIZE."""
 
     # filled from `submit --nodes`; a recipe value must agree with the flag

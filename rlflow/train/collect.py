@@ -51,7 +51,7 @@ class _Group:
 def collect_rollouts(t, step: int, timer) -> Rollouts:
     """This rank's share of the step's prompt groups, generated, scored, with advantages.
 
-    `t` is a Trainer, or a generation rank's Generator (rlflow.train.generator): anything with
+    `t` is a Trainer, or a generation rank's Generator (rlflow.train.generation_role.generator): anything with
     recipe, info, sampler, train_data, encoder, backend and scorer."""
     recipe, info = t.recipe, t.info
     cfg = recipe.grpo
@@ -112,7 +112,7 @@ class _Scored:
     per_reward: dict[str, list[float]] = field(default_factory=dict)
     accuracy: list[float] = field(default_factory=list)
     generated: list[Completion] = field(default_factory=list)
-    preempted: int = 0  # rows the engine preempted (rlflow/generation/schedule.py)
+    preempted: int = 0  # rows the engine preempted (rlflow/generation/megatron/schedule.py)
 
     def sums(self) -> dict[str, float]:
         return {
@@ -248,7 +248,7 @@ def sampling(t, step: int, temperature: float, round_: int = 0) -> SamplingParam
 
 class LocalRollouts:
     """Colocated placement: every rank generates its own share with the policy's own engine,
-    and after each update the backend is told the weights changed (rlflow.train.remote has the
+    and after each update the backend is told the weights changed (rlflow.train.generation_role.remote has the
     separate placement's counterpart)."""
 
     def start(self, t) -> None:

@@ -1,4 +1,4 @@
-"""`rlflow train` and `rlflow report` (Click). Heavy imports stay inside the callbacks."""
+"""`rlflow train` (Click). Heavy imports stay inside the callback."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def train(recipe, overrides, run_dir, nproc):
     if nproc and nproc > 1:
         from pathlib import Path
 
-        from rlflow.recipe import load_checked
-        from rlflow.train.local import run_local
+        from rlflow.job.local import run_local
+        from rlflow.rules import load_checked
         from rlflow.train.storage import prepare_run_dir
 
         checked = load_checked(recipe, overrides).recipe
@@ -73,22 +73,3 @@ def train(recipe, overrides, run_dir, nproc):
         )
 
     sys.exit(run(recipe, list(overrides), run_dir))
-
-
-@click.command()
-@click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Folder for the PNG files (default: RUN_DIR/plots).",
-)
-def report(run_dir, out):
-    """Plot a run's metrics (reward, accuracy, KL, step time) to PNG files.
-
-    RUN_DIR is a run directory holding metrics.jsonl.
-    """
-    from rlflow.train.report import write_report
-
-    for path in write_report(run_dir, out):
-        click.echo(path)

@@ -15,7 +15,7 @@ import torch
 from rlflow import parallel
 from rlflow.errors import EX_TEMPFAIL, Diagnostic, RlflowError
 from rlflow.generation.base import Completion
-from rlflow.model import routing
+from rlflow.model.moe import routing
 from rlflow.train import grpo, hf_export, watchdog
 from rlflow.train.collect import effective_loss, sampling, sampling_metrics, score_rollouts
 from rlflow.train.faults import inject_failure

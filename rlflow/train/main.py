@@ -34,9 +34,9 @@ def default_run_dir(recipe) -> Path:
 
 def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
     """Returns the process exit code; never raises."""
+    from rlflow.compat import library_logs
     from rlflow.job.preflight import PreflightFailed
-    from rlflow.model.compat import library_logs
-    from rlflow.recipe import load_checked
+    from rlflow.rules import load_checked
     from rlflow.train import watchdog
 
     watchdog.start()  # stack dumps on request; progress reports when a launcher asks for them
@@ -58,7 +58,7 @@ def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
         from rlflow.train.setup import role_of
 
         if role_of(loaded) == "generate":  # generation.placement separate
-            from rlflow.train.generator import serve, setup_generator
+            from rlflow.train.generation_role.generator import serve, setup_generator
 
             generator = setup_generator(loaded, directory)
             code = serve(generator)

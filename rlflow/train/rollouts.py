@@ -29,7 +29,7 @@ class TrainBatch:
     advantages: torch.Tensor  # [N]
     media: list[Media]  # per row
     # MoE, megatron backend: each token's experts in generation, [N, L, layers, k], -1 where
-    # none (rlflow/model/routing.py); `router_replay`: the trainer routes tokens to them
+    # none (rlflow/model/moe/routing.py); `router_replay`: the trainer routes tokens to them
     routing: torch.Tensor | None = None
     router_replay: bool = False
 

@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from rlflow import parallel
-from rlflow.recipe.allocation import check_allocation
 from rlflow.recipe.load import LoadedRecipe
 from rlflow.recipe.placement import Role
 from rlflow.recipe.schema import ParallelismConfig, Recipe
+from rlflow.rules.allocation import check_allocation
 from rlflow.train import watchdog
 
 if TYPE_CHECKING:  # types only: setup imports these modules when it builds the trainer
@@ -27,8 +27,8 @@ if TYPE_CHECKING:  # types only: setup imports these modules when it builds the 
     from rlflow.model.processor import PromptEncoder
     from rlflow.train.checkpoint import Checkpointer
     from rlflow.train.collect import LocalRollouts
+    from rlflow.train.generation_role.remote import RemoteRollouts
     from rlflow.train.metrics import MetricsLog
-    from rlflow.train.remote import RemoteRollouts
     from rlflow.train.signals import StopRequest
     from rlflow.train.update import Optimizer
 
@@ -140,8 +140,8 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     from rlflow.model.processor import PromptEncoder
     from rlflow.train.checkpoint import Checkpointer
     from rlflow.train.collect import LocalRollouts
+    from rlflow.train.generation_role.remote import Link, RemoteRollouts
     from rlflow.train.metrics import MetricsLog
-    from rlflow.train.remote import Link, RemoteRollouts
     from rlflow.train.signals import StopRequest
     from rlflow.train.update import Optimizer
 

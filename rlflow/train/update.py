@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlflow import parallel
-from rlflow.model import routing
 from rlflow.model.build import Policy
 from rlflow.model.forward import policy_logits
 from rlflow.model.logits import vocab_parallel_logprobs
+from rlflow.model.moe import routing
 from rlflow.recipe.schema import LossConfig, OptimizerConfig
 from rlflow.train import grpo
 from rlflow.train.rollouts import TrainBatch

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlflow.recipe import load_checked
+from rlflow.rules import load_checked
 
 BASE_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "base.yaml"
 

@@ -16,7 +16,7 @@ import pytest
 
 from rlflow.data import build_dataset
 from rlflow.errors import RlflowError
-from rlflow.recipe import load_checked
+from rlflow.rules import load_checked
 
 ROOT = Path(__file__).resolve().parents[2]
 RLFLOW = ROOT / ".venv" / "bin" / "rlflow"

@@ -172,10 +172,10 @@ def test_many_problems_are_capped_with_a_count(configs, tmp_path):
 
 
 def test_jsonl_without_path_names_the_split_key():
-    """The recipe's rule (rlflow.recipe.checks), run before any dataset is built."""
+    """The recipe's rule (rlflow.rules.checks), run before any dataset is built."""
     from pathlib import Path
 
-    from rlflow.recipe import load_checked
+    from rlflow.rules import load_checked
 
     tiny = Path(__file__).resolve().parents[2] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
     with pytest.raises(

@@ -154,7 +154,7 @@ def test_rewards_import_without_torch_or_pil():
         "import sys, rlflow.data.rewards as r; "
         "import rlflow.data.scoring, rlflow.data.reward_pool, rlflow.data.user_rewards; "
         "from rlflow.data import REWARDS, score; "
-        "from rlflow.recipe import load_checked; "
+        "from rlflow.rules import load_checked; "
         f"load_checked({str(BASE_RECIPE)!r}); "
         "assert r.REWARDS is REWARDS; "
         "heavy = [m for m in ('torch', 'PIL', 'megatron', 'transformers') if m in sys.modules]; "

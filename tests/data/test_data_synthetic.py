@@ -172,8 +172,8 @@ def test_too_many_objects_for_the_image_is_an_error(configs):
     "overrides", [["data.train.kind=video"], ["data.train.kind=mixed", "data.mix={video: 1.0}"]]
 )
 def test_video_rows_need_num_frames(overrides):
-    """The rule is the recipe's (rlflow.recipe.checks), run before any dataset is built."""
-    from rlflow.recipe import load_checked
+    """The rule is the recipe's (rlflow.rules.checks), run before any dataset is built."""
+    from rlflow.rules import load_checked
 
     tiny = Path(__file__).resolve().parents[2] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
     with pytest.raises(RlflowError) as caught:

@@ -146,7 +146,7 @@ def test_setup_env_check_reports_a_missing_environment(tmp_path):
 
 def test_recipe_checks_catch_unusable_vllm_settings(tmp_path):
     from rlflow.errors import RlflowError
-    from rlflow.recipe import load_checked
+    from rlflow.rules import load_checked
 
     recipe = tmp_path / "vllm.yaml"
     recipe.write_text(

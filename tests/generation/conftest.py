@@ -24,7 +24,7 @@ def leftover_weight_files(backend) -> list[Path]:
 @pytest.fixture
 def start_vllm(vllm_env, vllm_gen_cfg, tmp_path):
     """Start VLLMGeneration backends for one test; every one is closed (by PID) afterwards."""
-    from rlflow.generation.vllm import VLLMGeneration
+    from rlflow.generation.vllm.client import VLLMGeneration
 
     started = []
 

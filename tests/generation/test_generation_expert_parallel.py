@@ -9,7 +9,7 @@ reduction; the gradients are exported through megatron-bridge as full HF tensors
 gathers the tensor- and expert-parallel shards). Reference: the same cycle on this process's
 single rank. Cases: EP 2 on 2 ranks, TP 2 x EP 2 on 4 ranks (the experts split over both:
 megatron-core's expert-tensor-parallel size is the TP size; its dispatcher's unequal
-per-TP-rank gathers run through rlflow/model/compat/cpu_compat.py on gloo), and EP 4 on 4
+per-TP-rank gathers run through rlflow/compat/cpu_compat.py on gloo), and EP 4 on 4
 ranks, where the 5 prompts give rank 0 two logprob micro-batches and the others one: the
 trainer's forwards stay in lockstep (rlflow/train/update.py `lockstep_parts`; it hung before).
 """
@@ -108,7 +108,7 @@ def _rank(rank: int, world: int, tp: int, ep: int, checkpoint: str, out: str, po
     )  # fmt: skip
     torch.set_num_threads(1)
     from rlflow import parallel
-    from rlflow.model.compat import library_logs
+    from rlflow.compat import library_logs
     from rlflow.recipe.schema import ParallelismConfig
     from tests.tiny import base_recipe
 
@@ -125,7 +125,7 @@ def _rank(rank: int, world: int, tp: int, ep: int, checkpoint: str, out: str, po
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from rlflow.model.qwen3_moe import write_tiny_qwen3_moe
+    from rlflow.model.families.qwen3_moe import write_tiny_qwen3_moe
 
     return write_tiny_qwen3_moe(tmp_path_factory.mktemp("qwen3moe-ep"), seed=0, lm_head_scale=8.0)
 

@@ -1,9 +1,9 @@
-"""The fused decode attention kernel (rlflow/generation/flash_decode.py) equals the exact path.
+"""The fused decode attention kernel (rlflow/generation/megatron/flash_decode.py) equals the exact path.
 
 The kernel's own source runs here on CPU tensors through Triton's interpreter (a subprocess with
 TRITON_INTERPRET=1: Triton reads it when it is first imported); the reference is
 the engine's CPU path (split and rotate the fused projection, write the paged cache, gather
-each row's blocks, length-masked SDPA: rlflow/generation/decoder.py), itself checked against
+each row's blocks, length-masked SDPA: rlflow/generation/megatron/decoder.py), itself checked against
 plain SDPA over each row's keys in order. On the GPU, benchmarks/engine_gpu_check.py compares the
 compiled kernel against the same reference. A CPU engine never imports the kernels.
 """
@@ -18,14 +18,14 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from rlflow.generation import flash_decode
-from rlflow.generation.decoder import Dims, LayerWeights, _reference_attention, _split_qkv
 from rlflow.generation.factory import make_backend
-from rlflow.generation.kv_cache import BLOCK
-from rlflow.recipe import load_checked
+from rlflow.generation.megatron import flash_decode
+from rlflow.generation.megatron.decoder import Dims, LayerWeights, _reference_attention, _split_qkv
+from rlflow.generation.megatron.kv_cache import BLOCK
+from rlflow.rules import load_checked
 from tests.tiny import TINY_CPU_RECIPE, greedy, mixed_prompts
 
-KERNELS = "rlflow.generation.flash_decode_kernels"
+KERNELS = "rlflow.generation.megatron.flash_decode_kernels"
 
 
 def _case(seed: int, qk_norm: bool):
@@ -33,7 +33,7 @@ def _case(seed: int, qk_norm: bool):
     rows, length, kv, group, dim = 5, 200, 2, 3, 16
     dims = Dims(kv * group, kv, dim, 1e-6, dim**-0.5, None)
     # the paged cache: each row's 4 blocks scattered over a shuffled pool, the table's last
-    # column (and block 0) scratch, as rlflow/generation/kv_cache.py lays them out
+    # column (and block 0) scratch, as rlflow/generation/megatron/kv_cache.py lays them out
     per_row = -(-length // BLOCK)
     blocks = 1 + rows * per_row + 3  # (three blocks nobody owns)
     keys = torch.randn(blocks, BLOCK, kv, dim)

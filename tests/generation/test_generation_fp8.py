@@ -1,4 +1,4 @@
-"""FP8 rollouts (rlflow/generation/fp8.py): quantization numerics, refusal, and the plumbing.
+"""FP8 rollouts (rlflow/generation/megatron/fp8.py): quantization numerics, refusal, and the plumbing.
 
 This machine has no FP8 matmul (torch's scaled matmul needs an FP8 GPU), so the engine refuses
 `fp8=True` here; the plumbing tests replace that check (and only it) and run the engine on the
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rlflow.errors import RlflowError
-from rlflow.generation import fp8
 from rlflow.generation.base import SamplingParams
+from rlflow.generation.megatron import fp8
 from tests.slurm.jobs import rlflow
 from tests.tiny import TINY_CPU_RECIPE, megatron_generation, mixed_prompts
 

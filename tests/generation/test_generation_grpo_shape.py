@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from rlflow.generation.base import Prompt, SamplingParams
-from rlflow.generation.megatron import MegatronGeneration, batch_buckets
+from rlflow.generation.megatron.engine import MegatronGeneration, batch_buckets
 from tests.tiny import megatron_generation, mixed_prompts
 
 G = 3  # samples per prompt

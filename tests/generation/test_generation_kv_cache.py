@@ -1,7 +1,7 @@
 """The paged KV cache: a cache too small for the rollout set changes no row's tokens.
 
 A row that outgrows the cache is preempted and runs again from its prompt in a later pass
-(rlflow/generation/schedule.py). Greedy decoding, fp32 on the CPU, the tiny Qwen2.5-VL (its
+(rlflow/generation/megatron/schedule.py). Greedy decoding, fp32 on the CPU, the tiny Qwen2.5-VL (its
 head scaled so that greedy decoding has no near-ties): a row's tokens are then the same in
 any pass. (Under T=1 sampling a row's draws depend on its seed and step only, but a different
 batch changes the fp32 matmuls by ~1e-6, and over 136 steps a draw near a boundary of the
@@ -15,8 +15,8 @@ import torch
 
 from rlflow.errors import RlflowError
 from rlflow.generation.base import SamplingParams
-from rlflow.generation.kv_cache import BLOCK, KVCache, blocks_for
-from rlflow.generation.schedule import RESERVE_SHARE, admit
+from rlflow.generation.megatron.kv_cache import BLOCK, KVCache, blocks_for
+from rlflow.generation.megatron.schedule import RESERVE_SHARE, admit
 from tests.tiny import megatron_generation, mixed_prompts
 
 G = 3  # samples per prompt

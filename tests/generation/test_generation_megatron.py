@@ -90,7 +90,7 @@ def test_a_prompt_whose_pad_tokens_do_not_match_its_media_is_refused(
 
 def test_generation_keeps_no_cache_alive(backends, mixed_prompts, tiny_processor):
     """Alternating with training must not accumulate KV caches: nothing outlives generate()."""
-    import rlflow.generation.megatron as engine
+    import rlflow.generation.megatron.engine as engine
 
     megatron, _ = backends
     caches = []

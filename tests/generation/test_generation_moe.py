@@ -25,7 +25,7 @@ def moe(single_rank, tmp_path_factory):
     from transformers import AutoTokenizer
 
     from rlflow.model.build import load_policy
-    from rlflow.model.qwen3_moe import write_tiny_qwen3_moe
+    from rlflow.model.families.qwen3_moe import write_tiny_qwen3_moe
 
     path = write_tiny_qwen3_moe(tmp_path_factory.mktemp("qwen3moe-gen"), seed=0, lm_head_scale=8.0)
     policy = load_policy(path, FP32, SINGLE, trainable=False)
@@ -87,7 +87,7 @@ def test_the_grpo_shape_never_changes_tokens(moe):
 def test_generation_equals_the_trainer_and_records_its_routing(moe):
     """The trainer's logprobs of sampled rollouts equal the engine's in fp32, and the experts
     the engine recorded for every token are the trainer's own choice (agreement 1)."""
-    from rlflow.model import routing
+    from rlflow.model.moe import routing
     from rlflow.train.rollouts import build_train_batch
     from rlflow.train.update import Batching, rollout_logprobs
 
@@ -114,7 +114,7 @@ def test_replay_routes_tokens_to_the_recorded_experts(moe):
     """Replaying other experts than the router's changes the trainer's logprobs; with replay
     off the agreement metric reports exactly the share of pairs that were left unchanged (with
     it on, later layers see other hidden states, so their own choices move too)."""
-    from rlflow.model import routing
+    from rlflow.model.moe import routing
     from rlflow.train.rollouts import build_train_batch
     from rlflow.train.update import Batching, rollout_logprobs
 
@@ -149,9 +149,9 @@ def test_one_minibatch_update_counts_the_routing_once(moe, tmp_path):
     after a real pass the update's forwards add nothing to them."""
     from pathlib import Path
 
-    from rlflow.model import routing
     from rlflow.model.build import load_policy
-    from rlflow.model.qwen3_moe import write_tiny_qwen3_moe
+    from rlflow.model.families.qwen3_moe import write_tiny_qwen3_moe
+    from rlflow.model.moe import routing
     from rlflow.recipe.load import load_recipe
     from rlflow.train.rollouts import build_train_batch
     from rlflow.train.update import Batching, rollout_logprobs

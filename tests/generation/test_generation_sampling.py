@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlflow.generation.base import SamplingParams
-from rlflow.generation.sampling import _sample_plain, row_seeds, sample_tokens, uniforms
+from rlflow.generation.megatron.sampling import _sample_plain, row_seeds, sample_tokens, uniforms
 
 
 def params(temperature=1.0, top_p=1.0, top_k=0) -> SamplingParams:

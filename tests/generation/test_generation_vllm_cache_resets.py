@@ -13,7 +13,7 @@ from tests.tiny import greedy, make_prompt
 
 
 def reload(backend, state, resets, folder):
-    from rlflow.generation.vllm import write_weights
+    from rlflow.generation.vllm.client import write_weights
 
     path = write_weights(state, folder)
     # the version the backend holds: only the caches differ from its own refresh_weights

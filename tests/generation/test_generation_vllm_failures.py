@@ -40,7 +40,7 @@ def wait_gone(pid: int, seconds: float = 60.0) -> bool:
 def test_missing_environment_is_an_error_naming_the_setup_command(
     tiny_policy, vllm_gen_cfg, tmp_path
 ):
-    from rlflow.generation.vllm import VLLMGeneration
+    from rlflow.generation.vllm.client import VLLMGeneration
 
     cfg = replace(vllm_gen_cfg, vllm=replace(vllm_gen_cfg.vllm, env_root=str(tmp_path / "envs")))
     with pytest.raises(RlflowError) as missing:
@@ -61,7 +61,7 @@ def test_broken_environment_fails_at_start_with_the_worker_log(tiny_policy, vllm
     import shutil
 
     from rlflow.envs.spec import MARKER, vllm_spec
-    from rlflow.generation.vllm import VLLMGeneration
+    from rlflow.generation.vllm.client import VLLMGeneration
 
     cfg = replace(vllm_gen_cfg, vllm=replace(vllm_gen_cfg.vllm, env_root=str(tmp_path / "envs")))
     spec = vllm_spec(cfg.vllm)
@@ -139,7 +139,7 @@ def test_a_refresh_that_loads_other_weights_fails_the_fingerprint_check(
 _ORPHAN_SCRIPT = """
 import json, os, sys, time
 from pathlib import Path
-from rlflow.generation.vllm_process import WorkerProcess
+from rlflow.generation.vllm.process import WorkerProcess
 python, config, log = sys.argv[1], json.loads(sys.argv[2]), Path(sys.argv[3])
 worker = WorkerProcess(Path(python), config, log, dict(os.environ), startup_timeout_s=600)
 print(worker.pid, flush=True)
@@ -150,7 +150,7 @@ time.sleep(600)
 @pytest.mark.timeout(600)
 def test_the_worker_does_not_outlive_a_killed_trainer(vllm_env, tiny_ckpt, tmp_path):
     """SIGKILL to the trainer (no cleanup runs): the kernel's parent-death signal ends the worker."""
-    from rlflow.generation.vllm import MEDIA_LIMITS
+    from rlflow.generation.vllm.client import MEDIA_LIMITS
 
     config = {
         "model": str(tiny_ckpt),

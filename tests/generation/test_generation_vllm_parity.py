@@ -33,7 +33,7 @@ def prompts(tiny_processor):
 @pytest.fixture(scope="module")
 def backends(policy, tiny_processor, vllm_env, vllm_gen_cfg, tmp_path_factory):
     from rlflow.generation.hf import HFGeneration
-    from rlflow.generation.vllm import VLLMGeneration
+    from rlflow.generation.vllm.client import VLLMGeneration
 
     pad = tiny_processor.tokenizer.pad_token_id
     vllm = VLLMGeneration(

@@ -1,7 +1,7 @@
 """`rlflow status`, `status --watch`, `logs` and `cancel` on a local run (`rlflow train --nproc N`,
-rlflow/launch/local.py), through the CLI, against the real launcher (rlflow/train/local.py) with
+rlflow/launch/local.py), through the CLI, against the real launcher (rlflow/job/local.py) with
 stand-in ranks (no torch) that report heartbeats and metrics as the trainer does and save on the
-stop signal. tests/train/test_train_local_resume.py runs the real trainer under that launcher."""
+stop signal. tests/job/test_job_local_resume.py runs the real trainer under that launcher."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ while True:
     time.sleep(3600)
 """
 LOCAL = (
-    "import sys\nfrom pathlib import Path\nfrom rlflow.train.local import run_local\n"
+    "import sys\nfrom pathlib import Path\nfrom rlflow.job.local import run_local\n"
     "sys.exit(run_local([sys.executable, '-c', sys.argv[2], sys.argv[1]], 2, Path(sys.argv[1]),"
     " startup_timeout=None, stop_signal='USR1',"
     " resume_command=['rlflow', 'train', 'tiny.yaml', '--run-dir', sys.argv[1], '--nproc', '2']))"

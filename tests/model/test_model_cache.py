@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from rlflow.model.build import resolve_checkpoint
-from rlflow.recipe import load_checked
+from rlflow.rules import load_checked
 
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
 

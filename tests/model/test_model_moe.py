@@ -9,14 +9,14 @@ import dataclasses
 import pytest
 import torch
 
-from rlflow.model import moe
 from rlflow.model.media import Media
+from rlflow.model.moe import experts as moe
 from tests.tiny import FP32, SINGLE
 
 
 @pytest.fixture(scope="module")
 def moe_checkpoint(tmp_path_factory):
-    from rlflow.model.qwen3_moe import write_tiny_qwen3_moe
+    from rlflow.model.families.qwen3_moe import write_tiny_qwen3_moe
 
     return write_tiny_qwen3_moe(
         tmp_path_factory.mktemp("qwen3moe-grouped"), seed=0, lm_head_scale=8.0

@@ -1,5 +1,5 @@
 """Qwen2-VL, the second vision-language family, added through rlflow/model/family.py only
-(rlflow/model/qwen2vl.py, one registry line, one recipe): it loads through megatron-bridge with
+(rlflow/model/families/qwen2vl.py, one registry line, one recipe): it loads through megatron-bridge with
 rlflow's bridge registration, and matches HF in the forward, in export and in generation (packed
 prefill, shared prompts and the vision cache included), packs like the padded path, and trains."""
 

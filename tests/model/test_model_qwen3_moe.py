@@ -23,7 +23,7 @@ def moe_model(single_rank, tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlflow.model.build import load_policy
-    from rlflow.model.qwen3_moe import write_tiny_qwen3_moe
+    from rlflow.model.families.qwen3_moe import write_tiny_qwen3_moe
 
     path = write_tiny_qwen3_moe(tmp_path_factory.mktemp("qwen3moe"), seed=0, lm_head_scale=8.0)
     policy = load_policy(path, FP32, SINGLE, trainable=False)

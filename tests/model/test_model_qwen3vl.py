@@ -51,7 +51,7 @@ def batches(qwen3vl):
 
 def test_the_family_is_found_and_builds_its_pieces(qwen3vl):
     from rlflow.model import family
-    from rlflow.model.qwen3vl_model import InterleavedMRoPE
+    from rlflow.model.families.qwen3vl.model import InterleavedMRoPE
 
     path, policy, _, _ = qwen3vl
     assert family.of_checkpoint(path) is policy.family
@@ -73,7 +73,7 @@ def test_without_deepstack_or_with_sectioned_mrope_the_logits_differ(qwen3vl, ba
         MultimodalRotaryEmbedding,
     )
 
-    from rlflow.model import deepstack
+    from rlflow.model.families.qwen3vl import deepstack
 
     _, policy, processor, hf = qwen3vl
     pad = processor.tokenizer.pad_token_id
@@ -242,7 +242,7 @@ def test_recipe_trains(tmp_path, recipe):
 def test_the_4b_preset_has_qwen3vl_4bs_parameter_count():
     """`init-tiny-model --preset qwen3vl-4b`'s config, on the meta device: Qwen3-VL-4B-Instruct's
     published 4,437,815,808 parameters (415,347,712 in the vision tower), tied head."""
-    from rlflow.model.qwen3vl import QWEN3VL_PRESETS, _hf_classes, qwen3vl_config
+    from rlflow.model.families.qwen3vl import QWEN3VL_PRESETS, _hf_classes, qwen3vl_config
     from rlflow.model.tiny import SPECIAL_TOKENS
 
     ids = {token: 151643 + i for i, token in enumerate(SPECIAL_TOKENS)}
@@ -262,7 +262,7 @@ def test_logits_match_hf_at_qwen3vl_4bs_proportions(tmp_path, single_rank):
     from transformers import AutoProcessor
 
     from rlflow.model.build import load_policy
-    from rlflow.model.qwen3vl import Qwen3VLSizes, write_tiny_qwen3vl
+    from rlflow.model.families.qwen3vl import Qwen3VLSizes, write_tiny_qwen3vl
 
     sizes = Qwen3VLSizes(hidden=96, intermediate=160, layers=4, heads=4, kv_heads=1, head_dim=64,
                          tie_embeddings=True, mrope_section=(12, 10, 10), vision_depth=4,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from real_tree import DATA
 
-from rlflow.pins import uvlock
-from rlflow.pins.locktables import read
+from rlflow.pins.lock import uvlock
+from rlflow.pins.lock.tables import read
 
 EDITS = [
     '"',

@@ -1,5 +1,5 @@
 """Single-key bounds, declared beside each schema field (rlflow.recipe.bounds) and reported by
-one rule; the rules of rlflow.recipe.checks, each listed once and none hiding another."""
+one rule; the rules of rlflow.rules.checks, each listed once and none hiding another."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from rlflow.errors import Diagnostic, RlflowError
-from rlflow.recipe import checks, elsewhere, load_checked, schema
+from rlflow.recipe import schema
 from rlflow.recipe.bounds import Bound, bound, bounded_values
+from rlflow.rules import checks, elsewhere, load_checked
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rlflow.errors import RlflowError
-from rlflow.recipe import load_checked
-from rlflow.recipe.allocation import check_allocation
+from rlflow.rules import load_checked
+from rlflow.rules.allocation import check_allocation
 
 ROOT = Path(__file__).resolve().parents[2]
 RLFLOW = str(ROOT / ".venv" / "bin" / "rlflow")

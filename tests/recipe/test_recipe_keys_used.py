@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 from rlflow.errors import RlflowError
-from rlflow.recipe import load_checked, schema
-from rlflow.recipe.allocation import check_allocation
+from rlflow.recipe import schema
+from rlflow.rules import load_checked
+from rlflow.rules.allocation import check_allocation
 
 ROOT = Path(__file__).resolve().parents[2]
 RLFLOW = str(ROOT / ".venv" / "bin" / "rlflow")
@@ -40,7 +41,7 @@ READ_BY = {
     "model.freeze_vision": ("rlflow/train/setup.py", "recipe.model.freeze_vision"),
     "model.tiny_seed": ("rlflow/model/build.py", "model_cfg.tiny_seed"),
     **{
-        f"model.moe.{key}": ("rlflow/model/moe.py", f"cfg.{key}")
+        f"model.moe.{key}": ("rlflow/model/moe/experts.py", f"cfg.{key}")
         for key in (
             "grouped_experts",
             "router_topk",
@@ -63,7 +64,7 @@ READ_BY = {
     "data.max_prompt_tokens": ("rlflow/train/setup.py", "recipe.data.max_prompt_tokens"),
     "data.video.num_frames": ("rlflow/data/dataset.py", "data_cfg.video.num_frames"),
     # the processor folds the checkpoint's own number of frames: the key must equal it
-    "data.video.temporal_patch_size": ("rlflow/recipe/checks.py", "video.temporal_patch_size"),
+    "data.video.temporal_patch_size": ("rlflow/rules/checks.py", "video.temporal_patch_size"),
     "data.video.fps": ("rlflow/model/processor.py", "self.data_cfg.video.fps"),
     "rewards": ("rlflow/train/setup.py", "recipe.rewards"),
     "scoring.accuracy": ("rlflow/train/setup.py", "scoring.accuracy"),
@@ -139,40 +140,46 @@ READ_BY = {
         for key in ("python", "installer", "packages", "remove", "patch_torchvision")
     },
     "generation.vllm.kv_cache_space_gb": (
-        "rlflow/generation/vllm.py",
+        "rlflow/generation/vllm/client.py",
         "self.cfg.kv_cache_space_gb",
     ),
     "generation.vllm.gpu_memory_utilization": (
-        "rlflow/generation/vllm.py",
+        "rlflow/generation/vllm/client.py",
         "self.cfg.gpu_memory_utilization",
     ),
-    "generation.vllm.enforce_eager": ("rlflow/generation/vllm.py", "self.cfg.enforce_eager"),
+    "generation.vllm.enforce_eager": ("rlflow/generation/vllm/client.py", "self.cfg.enforce_eager"),
     "generation.vllm.startup_timeout_s": (
-        "rlflow/generation/vllm.py",
+        "rlflow/generation/vllm/client.py",
         "self.cfg.startup_timeout_s",
     ),
     "generation.vllm.request_timeout_s": (
-        "rlflow/generation/vllm.py",
+        "rlflow/generation/vllm/client.py",
         "self.cfg.request_timeout_s",
     ),
     # Which ranks generate: the allocation rules compute the split (Placement), which
     # parallel.py and setup act on; the dry run prints it.
-    "generation.placement": ("rlflow/recipe/allocation.py", "gen.placement"),
-    "generation.gpus_per_node": ("rlflow/recipe/allocation.py", "gen.gpus_per_node"),
-    "generation.num_nodes": ("rlflow/recipe/allocation.py", "gen.num_nodes"),
+    "generation.placement": ("rlflow/rules/allocation.py", "gen.placement"),
+    "generation.gpus_per_node": ("rlflow/rules/allocation.py", "gen.gpus_per_node"),
+    "generation.num_nodes": ("rlflow/rules/allocation.py", "gen.num_nodes"),
     "generation.tensor_parallel_size": (
         "rlflow/train/setup.py",
         "recipe.generation.tensor_parallel_size",
     ),
-    "generation.sync_bucket_mb": ("rlflow/train/remote.py", "recipe.generation.sync_bucket_mb"),
-    "async_grpo.max_staleness": ("rlflow/train/remote.py", "self.recipe.async_grpo.max_staleness"),
+    "generation.sync_bucket_mb": (
+        "rlflow/train/generation_role/remote.py",
+        "recipe.generation.sync_bucket_mb",
+    ),
+    "async_grpo.max_staleness": (
+        "rlflow/train/generation_role/remote.py",
+        "self.recipe.async_grpo.max_staleness",
+    ),
     "parallelism.tensor_parallel_size": ("rlflow/parallel.py", "cfg.tensor_parallel_size"),
     "parallelism.pipeline_parallel_size": ("rlflow/parallel.py", "cfg.pipeline_parallel_size"),
     "parallelism.context_parallel_size": ("rlflow/parallel.py", "cfg.context_parallel_size"),
     "parallelism.expert_parallel_size": ("rlflow/parallel.py", "cfg.expert_parallel_size"),
-    "parallelism.sequence_parallel": ("rlflow/recipe/allocation.py", "par.sequence_parallel"),
-    "cluster.num_nodes": ("rlflow/recipe/allocation.py", "cluster.num_nodes"),
-    "cluster.gpus_per_node": ("rlflow/recipe/allocation.py", "cluster.gpus_per_node"),
+    "parallelism.sequence_parallel": ("rlflow/rules/allocation.py", "par.sequence_parallel"),
+    "cluster.num_nodes": ("rlflow/rules/allocation.py", "cluster.num_nodes"),
+    "cluster.gpus_per_node": ("rlflow/rules/allocation.py", "cluster.gpus_per_node"),
     "checkpointing.enabled": ("rlflow/train/loop.py", "recipe.checkpointing.enabled"),
     "checkpointing.save_period": ("rlflow/train/loop.py", "recipe.checkpointing.save_period"),
     "checkpointing.keep_last": ("rlflow/train/setup.py", "recipe.checkpointing.keep_last"),

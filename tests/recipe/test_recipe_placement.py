@@ -1,6 +1,6 @@
 """generation.placement: which ranks train and which generate, and the rules on the split.
 
-Every refusal is checked on both paths, as tests/recipe/test_recipe_allocation.py does: train's
+Every refusal is checked on both paths, as tests/rules/test_rules_allocation.py does: train's
 setup check (`check_allocation`) and the dry run (`prepare`) report the same code and message.
 """
 
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from rlflow.errors import RlflowError
 from rlflow.launch.plan import SubmitFlags
 from rlflow.launch.prepare import prepare
-from rlflow.recipe import load_checked
-from rlflow.recipe.allocation import check_allocation, placement_of
 from rlflow.recipe.placement import Placement
+from rlflow.rules import load_checked
+from rlflow.rules.allocation import check_allocation, placement_of
 
 ROOT = Path(__file__).resolve().parents[2]
 RLFLOW = str(ROOT / ".venv" / "bin" / "rlflow")

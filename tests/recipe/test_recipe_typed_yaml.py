@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from rlflow.errors import RlflowError
 from rlflow.recipe import load as load_module
-from rlflow.recipe import load_checked
 from rlflow.recipe.load import dump_recipe, load_recipe
+from rlflow.rules import load_checked
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "recipes" / "base.yaml"

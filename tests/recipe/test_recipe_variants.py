@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlflow.errors import RlflowError
-from rlflow.recipe import load_checked
+from rlflow.rules import load_checked
 from rlflow.train.collect import effective_loss
 
 ROOT = Path(__file__).resolve().parents[2]

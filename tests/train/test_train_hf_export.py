@@ -98,8 +98,8 @@ def _tensor_parallel_worker(rank: int, port: int, root: str, name: str) -> None:
     from pathlib import Path
 
     from rlflow import parallel
+    from rlflow.compat import library_logs
     from rlflow.model.build import load_policy
-    from rlflow.model.compat import library_logs
     from rlflow.recipe.schema import ParallelismConfig
     from rlflow.train import hf_export
 

@@ -179,7 +179,7 @@ def test_vision_feature_reuse_gives_the_same_loss_and_gradients(trainable, tiny_
 
 def test_a_negative_token_budget_is_refused():
     from rlflow.errors import RlflowError
-    from rlflow.recipe import load_checked
+    from rlflow.rules import load_checked
 
     with pytest.raises(RlflowError) as caught:
         load_checked(RECIPE, ["optimizer.max_tokens_per_micro_batch=-1"])
@@ -223,8 +223,8 @@ def _tensor_parallel_worker(rank: int, port: int, out: str) -> None:
     from transformers import AutoProcessor
 
     from rlflow import parallel
+    from rlflow.compat import library_logs
     from rlflow.model.build import load_policy
-    from rlflow.model.compat import library_logs
     from rlflow.recipe.schema import ParallelismConfig
     from tests.tiny import base_recipe, tiny_checkpoint
 

@@ -1,4 +1,4 @@
-"""The async protocol's rules, in-process (rlflow/train/remote.py): which weights generate which
+"""The async protocol's rules, in-process (rlflow/train/generation_role/remote.py): which weights generate which
 batch, when the weights move, and the trainer's tripwire for rollouts off that schedule. The
 runs that follow the protocol end to end: test_train_async.py."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from rlflow.errors import RlflowError
 from rlflow.recipe.load import load_recipe
-from rlflow.train.remote import RemoteRollouts, RolloutBatch, Schedule
+from rlflow.train.generation_role.remote import RemoteRollouts, RolloutBatch, Schedule
 from tests.train.test_train_runs import RECIPE
 
 ONE_STEP_OFF = [

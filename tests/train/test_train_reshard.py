@@ -1,7 +1,7 @@
 """Resharding between tensor-parallel sizes and the weight fingerprint, on plain tensors.
 
 The shards are cut the way megatron-core cuts them (contiguous chunks along partition_dim; a
-stride-2 weight part by part), independently of rlflow.train.reshard, and every pair of sizes
+stride-2 weight part by part), independently of rlflow.train.generation_role.reshard, and every pair of sizes
 is checked against the directly cut target shard.
 """
 
@@ -12,7 +12,7 @@ import itertools
 import pytest
 import torch
 
-from rlflow.train.reshard import (
+from rlflow.train.generation_role.reshard import (
     Layout,
     copy_overlap,
     layout_of,

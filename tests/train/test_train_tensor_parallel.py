@@ -62,8 +62,8 @@ def _worker(rank: int, port: int, out: str, name: str, checkpoint: str) -> None:
     from transformers import AutoProcessor
 
     from rlflow import parallel
+    from rlflow.compat import library_logs
     from rlflow.model.build import load_policy
-    from rlflow.model.compat import library_logs
     from rlflow.recipe.schema import ParallelismConfig
     from tests.tiny import base_recipe, mixed_prompts
     from tests.train.test_train_packing import rollout_batch

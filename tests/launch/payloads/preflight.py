@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from rlflow.job.preflight import PreflightFailed, run_preflight
-from rlflow.recipe import load_checked
+from rlflow.rules import load_checked
 from rlflow.train import watchdog
 
 

@@ -1,0 +1,194 @@
+"""A generation rank (`generation.placement: separate`): the Megatron generation engine, serving
+the trainers rollouts until they say stop.
+
+Each generation rank holds the policy with the generation engine's own tensor-parallel size
+(generation.tensor_parallel_size), the training data, the prompt sampler and the rewards: it
+does everything of a step before the trainer's forward passes (rlflow.train.collect: generate,
+score, advantages, dynamic sampling) and hands the first generation rank's merge of all replicas
+to the trainers. The order of messages and which weights generate which batch are the protocol
+in rlflow.train.generation_role.remote; this module is its generation side:
+
+    start: weights of the trainer's step S, the sampler's state
+    until "stop": order k -> (generate batch k if not ready) -> send it -> generate ahead
+                  -> if the weights of k are due: "ready", receive them, fingerprints
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlflow import parallel
+from rlflow.errors import Diagnostic, RlflowError
+from rlflow.recipe.load import LoadedRecipe
+from rlflow.recipe.schema import Recipe
+from rlflow.train import watchdog
+from rlflow.train.collect import Rollouts, collect_rollouts
+from rlflow.train.faults import inject_failure
+from rlflow.train.generation_role.remote import Link, RolloutBatch, Schedule
+from rlflow.train.metrics import StepTimer
+
+
+@dataclass
+class Generator:
+    """A generation rank's state (the fields collect_rollouts reads, as on a Trainer)."""
+
+    recipe: Recipe
+    info: parallel.ParallelInfo
+    policy: object
+    encoder: object
+    train_data: object
+    sampler: object
+    backend: object
+    scorer: object
+    stop: object
+    link: Link
+
+    def close(self) -> None:
+        self.backend.close()
+        self.scorer.close()
+
+
+def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
+    from rlflow.data import PromptSampler, build_dataset
+    from rlflow.generation.megatron.engine import MegatronGeneration
+    from rlflow.model.build import load_policy, resolve_checkpoint
+    from rlflow.model.processor import PromptEncoder
+    from rlflow.train import setup
+    from rlflow.train.signals import StopRequest
+
+    recipe = loaded.recipe
+    info = setup.start_rank(loaded, run_dir)
+    # The trainers decide when to stop; a time-limit warning here is only noted.
+    stop = StopRequest(recipe.checkpointing.save_on_signal, recipe.slurm.stop_signal)
+    checkpoint = resolve_checkpoint(recipe.model, cache_dir=run_dir / "model")
+    par = setup.role_parallelism(recipe, "generate")
+    policy = load_policy(checkpoint, recipe.model, par, trainable=False)
+    setup.share_vision_cache(policy, None, enabled=recipe.model.freeze_vision)
+    encoder = PromptEncoder(checkpoint, recipe.data)
+    train_data = build_dataset(recipe.data.train, recipe.data)
+    gen = recipe.generation
+    backend = MegatronGeneration(
+        policy,
+        encoder.pad_token_id,
+        max_batch_size=gen.max_batch_size,
+        cuda_graphs=gen.cuda_graphs,
+        compile_decode=gen.compile_decode,
+        share_prompts=gen.share_prompts,
+        fp8=gen.fp8,
+        keep_cache=True,  # a generation rank holds nothing else: keep the cache and graphs
+        cache_tokens=gen.kv_cache_tokens,
+    )
+    g = Generator(
+        recipe=recipe,
+        info=info,
+        policy=policy,
+        encoder=encoder,
+        train_data=train_data,
+        sampler=PromptSampler(len(train_data), recipe.grpo.num_prompts_per_step, recipe.run.seed),
+        backend=backend,
+        scorer=setup.build_scorer(recipe),
+        stop=stop,
+        link=Link(policy, recipe),
+    )
+    watchdog.beat("setup")
+    return g
+
+
+def serve(g: Generator) -> int:
+    """Rollouts for the trainers until they say stop; their exit code."""
+    link = g.link
+    watchdog.beat("wait_trainer")
+    start = link.message(src=0)
+    g.sampler.load_state_dict(start["sampler"])
+    _receive_weights(g, start["step"])
+    schedule = Schedule(
+        g.recipe.async_grpo.max_staleness, start["step"], g.recipe.grpo.max_num_steps
+    )
+    ready: dict[int, RolloutBatch | None] = {}
+    upcoming = start["step"] + 1
+    while True:
+        watchdog.beat("wait_trainer")
+        order = link.message(src=0)
+        if "stop" in order:
+            return order["stop"]
+        step = order["want"]
+        while upcoming <= step:  # not generated ahead (synchronous, or the first batch)
+            ready[upcoming], upcoming = _batch(g, upcoming, schedule), upcoming + 1
+        batch = ready.pop(step)
+        if link.rollouts is not None:
+            watchdog.beat("send_rollouts", step)
+            link.rollouts.broadcast_object(batch, link.leader)
+        while (
+            upcoming <= schedule.ahead(step) and schedule.version_for(upcoming) <= link.sync.version
+        ):
+            ready[upcoming], upcoming = _batch(g, upcoming, schedule), upcoming + 1
+        if schedule.sync_after(step):
+            watchdog.beat("wait_trainer")
+            link.message("ready", src=link.leader)
+            _receive_weights(g, step)
+
+
+def _receive_weights(g: Generator, version: int) -> None:
+    watchdog.beat("weight_sync")
+    g.link.weights(version)
+    g.backend.refresh_weights(version)  # in place: the engine's views of the weights are current
+
+
+def _batch(g: Generator, step: int, schedule: Schedule) -> RolloutBatch | None:
+    """Batch `step`, generated with the weights the schedule gives it; the whole batch on the
+    first generation rank (None on the others)."""
+    info = g.info
+    watchdog.beat("generation", step)
+    inject_failure(info.job_rank, f"step{step}")
+    if g.backend.weight_version != schedule.version_for(step):
+        raise RlflowError(
+            Diagnostic(
+                "async.schedule",
+                f"generation rank {info.job_rank} holds weights of version "
+                f"{g.backend.weight_version} for batch {step}; the schedule says "
+                f"{schedule.version_for(step)}",
+            )
+        )
+    g.policy.vision_cache.clear()  # frozen-tower features live for one batch
+    timer = StepTimer(sync=_sync_fn(info.device))
+    rollouts = collect_rollouts(g, step, timer)
+    sampler_state = g.sampler.state_dict()
+    replicas = parallel.all_gather_objects(rollouts if info.tp_rank == 0 else None)
+    if info.job_rank != g.link.leader:
+        return None
+    size = g.recipe.grpo.num_generations_per_prompt
+    replicas = [r for r in replicas if r is not None]
+    return _merged(step, g.backend.weight_version, replicas, size, sampler_state, timer.seconds)
+
+
+def _merged(
+    step, version, replicas: list[Rollouts], size: int, sampler_state, seconds
+) -> RolloutBatch:
+    """One batch from every generation replica's rollouts: groups in prompt order (replica r
+    drew prompts r, r + R, ...), sums added up."""
+    per_replica = [_groups(r, size) for r in replicas]
+    groups = [
+        per_replica[r][i]
+        for i in range(max(len(g) for g in per_replica))
+        for r in range(len(per_replica))
+        if i < len(per_replica[r])
+    ]
+    sums = {k: sum(r.sums[k] for r in replicas) for k in replicas[0].sums}
+    return RolloutBatch(step, version, groups, sums, sampler_state, dict(seconds))
+
+
+def _groups(rollouts: Rollouts, size: int) -> list:
+    """(prompt, its completions, their advantages) per prompt group of `size` rollouts."""
+    return [
+        (rollouts.prompts[i], rollouts.completions[i : i + size], rollouts.advantages[i : i + size])
+        for i in range(0, len(rollouts.prompts), size)
+    ]
+
+
+def _sync_fn(device):
+    if device.type == "cuda":
+        import torch
+
+        return lambda: torch.cuda.synchronize(device)
+    return None

@@ -1,0 +1,189 @@
+"""Rollouts from generation ranks of their own (`generation.placement: separate`).
+
+The trainers and the generation ranks (rlflow.train.generation_role.generator) run one fixed protocol over the
+job's cross-role groups (rlflow.parallel.cross_group). For step k of the trainer:
+
+    trainer ranks                              generation ranks
+    order: "batch k" -----------------------> batch k ready? (generate it now if not)
+    wait for batch k <----------------------- batch k: its rollouts, their weights' version
+    logprobs, update (weights -> version k)   generate ahead: batches up to k + max_staleness
+    wait for "ready" <----------------------- ready
+    weights of version k -------------------> receive, reshard into their own shards
+    fingerprints, compared by job rank 0 <--> fingerprints
+
+Batch s is generated with the weights of version max(start, s - 1 - max_staleness) (`Schedule`):
+0 gives synchronous GRPO on separate ranks, 1 one-step-off (batch k+1 is generated while step k
+trains), N at most N steps stale. The schedule depends on nothing but the step, so a run with a
+fixed seed does the same thing twice. The trainer checks every batch's version against it and
+logs the lag (async/staleness); a resumed run restarts the schedule from its checkpoint's
+weights (`start`), so its first batches are fresher than the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlflow import parallel
+from rlflow.errors import Diagnostic, RlflowError
+from rlflow.generation.base import Completion
+from rlflow.model.media import Prompt
+from rlflow.train import watchdog
+from rlflow.train.collect import Rollouts
+from rlflow.train.generation_role.weight_sync import WeightSync, check_layouts, synced_layouts
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Which weights generate which batch, and after which steps the weights move."""
+
+    staleness: int  # async_grpo.max_staleness
+    start: int  # the step the run (re)started at: the oldest weights the generators have
+    last: int  # grpo.max_num_steps
+
+    def version_for(self, batch: int) -> int:
+        return max(self.start, batch - 1 - self.staleness)
+
+    def sync_after(self, step: int) -> bool:
+        """Does a later batch need the weights of `step`?"""
+        return step + 1 + self.staleness <= self.last
+
+    def ahead(self, sent: int) -> int:
+        """The last batch that may be generated once batch `sent` has been handed over."""
+        return min(self.last, sent + self.staleness)
+
+
+@dataclass
+class RolloutBatch:
+    """One step's rollouts as the generation ranks hand them over (picklable)."""
+
+    step: int
+    weight_version: int
+    groups: list[tuple[Prompt, list[Completion], list[float]]]  # kept groups, prompt order
+    sums: dict[str, float]  # Rollouts.sums, over all generation replicas
+    sampler_state: dict  # the prompt sampler after this batch: what a checkpoint must hold
+    seconds: dict[str, float] = field(default_factory=dict)  # the generators' phase times
+
+    def share(self, dp_rank: int, dp_size: int) -> Rollouts:
+        """A training data-parallel rank's rollouts: groups dp_rank, dp_rank + dp_size, ... (as
+        a colocated rank takes prompts); the sums count once, on data-parallel rank 0."""
+        mine = self.groups[dp_rank::dp_size]
+        completions = [c for _, group, _ in mine for c in group]
+        return Rollouts(
+            prompts=[p for p, group, _ in mine for _ in group],
+            completions=completions,
+            advantages=[a for _, _, adv in mine for a in adv],
+            sums=self.sums if dp_rank == 0 else dict.fromkeys(self.sums, 0.0),
+            weight_versions=[self.weight_version] * len(completions),
+        )
+
+
+class Link:
+    """The cross-role groups of one job, built in the same order on every rank: the job-wide
+    message group, the rollout group (first generation rank -> trainers) and the weight sync.
+    Job rank 0 also checks that both sides hold the same weights (names, shapes, layouts)."""
+
+    def __init__(self, policy, recipe):
+        me, placement = parallel.info(), parallel.placement()
+        self.job = parallel.job_group()
+        self.leader = placement.generation[0]
+        mine = synced_layouts(policy, me.tp_size) if me.job_rank == 0 else None
+        layouts = self.job.broadcast_object(mine, src=0, keep_alive=watchdog.beat)
+        problems = check_layouts(layouts, policy, me.tp_size) if me.role == "generate" else []
+        reports = self.job.all_gather_object(problems)
+        if me.job_rank == 0 and any(reports):
+            raise _layout_error(reports)
+        self.rollouts = parallel.cross_group((self.leader, *placement.training), device=False)
+        self.sync = WeightSync(policy, layouts, recipe.generation.sync_bucket_mb)
+
+    def message(self, obj=None, *, src: int):
+        """A small message from job rank `src` to every rank, waiting as long as it takes."""
+        return self.job.broadcast_object(obj, src, keep_alive=watchdog.beat)
+
+    def weights(self, version: int) -> float:
+        """Both sides: the sync of `version`, then the fingerprint check; seconds spent."""
+        seconds = self.sync.run(version)
+        self.sync.verify(version)
+        return seconds
+
+
+class RemoteRollouts:
+    """The trainer's side: orders batches, checks their versions, sends the weights."""
+
+    def __init__(self, link: Link, recipe):
+        self.link, self.recipe = link, recipe
+        self.schedule: Schedule | None = None
+        self.sync_seconds = 0.0
+
+    def start(self, t) -> None:
+        """After the warm start or the resume: the weights of t.step and the sampler's state."""
+        self.link.message({"step": t.step, "sampler": t.sampler.state_dict()}, src=0)
+        watchdog.beat("weight_sync", t.step)
+        self.sync_seconds = self.link.weights(t.step)
+        self.schedule = Schedule(
+            self.recipe.async_grpo.max_staleness, t.step, self.recipe.grpo.max_num_steps
+        )
+
+    def collect(self, t, step: int, timer) -> Rollouts:
+        self.link.message({"want": step}, src=0)
+        with timer("wait_rollouts"):
+            batch = self.link.rollouts.broadcast_object(
+                None, self.link.leader, keep_alive=watchdog.beat
+            )
+        self._check(batch, step)
+        t.sampler.load_state_dict(batch.sampler_state)
+        for phase, seconds in batch.seconds.items():
+            timer.seconds[phase] = timer.seconds.get(phase, 0.0) + seconds
+        return batch.share(t.info.dp_rank, t.info.dp_size)
+
+    def after_update(self, t, step: int, timer) -> None:
+        if not self.schedule.sync_after(step):
+            return
+        with timer("wait_generation"):
+            self.link.message(src=self.link.leader)  # the generators are done generating ahead
+        with timer("weight_sync"):
+            self.link.weights(step)
+
+    def step_metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
+        version = min(rollouts.weight_versions, default=step - 1)
+        return {
+            "async/weight_version": float(version),
+            "async/staleness": float(step - 1 - version),
+        }
+
+    def finish(self, exit_code: int) -> None:
+        """Tell the generation ranks to leave, with the trainers' exit code."""
+        self.link.message({"stop": exit_code}, src=0)
+
+    def _check(self, batch: RolloutBatch, step: int) -> None:
+        """The tripwire: rollouts of the wrong step, from weights staler than max_staleness, or
+        newer than the trainer's own, stop the run."""
+        staleness = step - 1 - batch.weight_version
+        expected = self.schedule.version_for(step)
+        if batch.step == step and batch.weight_version == expected:
+            return
+        limit = self.recipe.async_grpo.max_staleness
+        raise RlflowError(
+            Diagnostic(
+                "async.stale-rollouts",
+                f"step {step} got rollouts of batch {batch.step} generated with weights of "
+                f"version {batch.weight_version} ({staleness} steps old; "
+                f"async_grpo.max_staleness is {limit}, the schedule says version {expected})",
+                help="the generation ranks are out of step with the trainer: the run stops "
+                "rather than train on rollouts from the wrong weights; resume from the last "
+                "checkpoint",
+            )
+        )
+
+
+def _layout_error(reports: list) -> RlflowError:
+    rank, problems = next((r, p) for r, p in enumerate(reports) if p)
+    return RlflowError(
+        Diagnostic(
+            "async.weight-layout",
+            f"generation rank {rank} does not hold the trainer's weights: {problems[0]}",
+            notes=tuple(problems[1:4]),
+            help="both sides load model.checkpoint; a tensor-parallel size that pads the "
+            "vocabulary differently also changes shapes: try another "
+            "generation.tensor_parallel_size",
+        )
+    )
