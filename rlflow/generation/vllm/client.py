@@ -2,7 +2,7 @@
 
 The trainer and vLLM need different torch builds, so vLLM runs in a per-node environment built
 by `rlflow setup-env vllm` (rlflow.envs), as a child process speaking over a socket
-(vllm_process.py, vllm_worker.py). This module turns rlflow's prompts into that worker's
+(process.py, worker.py). This module turns rlflow's prompts into that worker's
 requests and its replies into `Completion`s, and keeps its weights equal to the policy's:
 `refresh_weights` exports the Megatron policy under HF checkpoint names (megatron-bridge),
 writes one safetensors file on node-local storage, and has vLLM reload it in place.
@@ -34,7 +34,7 @@ from rlflow.model.media import Prompt
 # rlflow's datasets give each prompt at most one image or one video; vLLM sizes its encoder
 # budget by these limits at start-up.
 MEDIA_LIMITS = {"image": 1, "video": 1}
-RESETS = ("encoder", "prefix")  # both, always: see vllm_worker.reload
+RESETS = ("encoder", "prefix")  # both, always: see worker.reload
 # Variables of the trainer's torch.distributed job that must not leak into vLLM's own setup.
 _DIST_VARS = (
     "RANK",

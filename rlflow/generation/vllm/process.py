@@ -42,7 +42,7 @@ class WorkerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         ours, theirs = socket.socketpair()
         # -I: isolated from the trainer's PYTHONPATH/user site, and the script's folder (which
-        # holds rlflow's vllm.py) is not put first on sys.path where it would shadow vLLM.
+        # holds rlflow's own modules) is not put first on sys.path where they could shadow vLLM's.
         argv = [
             str(python),
             "-I",

@@ -2,7 +2,7 @@
 
 Started by `rlflow.generation.vllm.process.WorkerProcess` with the environment's interpreter:
 
-    ENV/bin/python vllm_worker.py --fd FD --parent PID --config JSON
+    ENV/bin/python worker.py --fd FD --parent PID --config JSON
 
 It must run under another Python and torch than the trainer, so it imports nothing from rlflow:
 standard library at module level (the trainer imports the framing helpers below from here) and

@@ -19,8 +19,8 @@ Staleness follows uv's own test (uv-resolver `Lock::satisfies` and `ValidatedLoc
 each local project's record (version, requires-dist, provides-extras, requires-dev) and the
 manifest (members, constraints, overrides, excludes, build constraints, dependency-metadata)
 must equal what the pyproject files ask for, after lowering (lowering.py); markers compare by
-meaning (markers.py). The checks live in locksettings.py (the settings in the lock's header
-and manifest) and lockprojects.py (each local project's record); the RF010 agreement of a
+meaning (markers.py). The checks live in settings.py (the settings in the lock's header
+and manifest) and projects.py (each local project's record); the RF010 agreement of a
 deployed lock with the root's in deployed.py.
 """
 
@@ -30,9 +30,7 @@ import os
 from pathlib import Path
 
 from rlflow.pins import workspace
-from rlflow.pins.lock import projects as lockprojects
-from rlflow.pins.lock import settings as locksettings
-from rlflow.pins.lock import uvlock
+from rlflow.pins.lock import projects, settings, uvlock
 from rlflow.pins.lock.words import Stale
 from rlflow.pins.model import Finding, Location
 from rlflow.pins.workspace import Undecidable
@@ -128,13 +126,13 @@ def _stale(lock: uvlock.UvLock, directory: Path, document) -> Stale | None:
     python = lock.requires_python
     undecided = None
     for check in (
-        locksettings.options,
-        locksettings.environments,
-        locksettings.conflicts,
-        locksettings.requires_python,
-        lockprojects.packages,
-        locksettings.manifest,
-        locksettings.indexes,
+        settings.options,
+        settings.environments,
+        settings.conflicts,
+        settings.requires_python,
+        projects.packages,
+        settings.manifest,
+        settings.indexes,
     ):
         try:
             found = check(lock, root, members, python)

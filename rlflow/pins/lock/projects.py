@@ -2,8 +2,8 @@
 member and every path dependency uv reads must be locked as what its pyproject.toml asks for now,
 after lowering (lowering.py): version, virtual or not, provides-extras, requires-dist,
 dependency groups (requires-dev) and, from lock revision 5, `default-groups`. Each check returns
-a `Stale` (lockwords.py) or None, or raises `Undecidable`; locks.py runs them after the
-settings of locksettings.py.
+a `Stale` (words.py) or None, or raises `Undecidable`; level.py runs them after the
+settings of settings.py.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 manifest. Resolution options and `exclude-newer`, `environments`, `conflicts`, requires-python,
 the workspace members, constraints, overrides, excludes, build constraints, dependency-metadata
 and the configured indexes must be what the pyproject files ask for now (uv-resolver
-`Lock::satisfies`); each check returns a `Stale` (lockwords.py) or None, or raises `Undecidable`.
-The local projects' records are lockprojects.py's; locks.py runs both.
+`Lock::satisfies`); each check returns a `Stale` (words.py) or None, or raises `Undecidable`.
+The local projects' records are projects.py's; level.py runs both.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import re
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from rlflow.pins import markers, workspace
-from rlflow.pins.lock import lowering, uvlock
-from rlflow.pins.lock import projects as lockprojects
+from rlflow.pins.lock import lowering, projects, uvlock
 from rlflow.pins.lock.words import Stale, difference, line, shown, texts
 from rlflow.pins.pep508 import canonicalize_name
 from rlflow.pins.workspace import Undecidable
@@ -288,7 +287,7 @@ def manifest(lock, root, members, python) -> Stale | None:
         # A virtual root's groups live in the manifest, where uv 0.13 skips empty ones (measured).
         want_groups = {g: e for g, e in lowering.groups(root).items() if e}
         have_groups = {g: e for g, e in (manifest.get("dependency-groups", {}) or {}).items() if e}
-        return lockprojects.groups(
+        return projects.groups(
             "the root's dependency-groups", have_groups, want_groups, lock, python, root
         )
     return None

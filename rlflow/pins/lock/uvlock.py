@@ -5,7 +5,7 @@ uv writes its lock in one canonical layout (`[[package]]` blocks that start with
 `version`, `source`), so a lock of 550 packages is split on its block headers and tomllib
 (pure Python, ~0.3 s for the 900 kB NeMo-RL lock) parses only the header and the few blocks that
 describe local projects, and of those only their `[package.metadata]` tables, which are what
-`uv lock --check` compares (locktables.py reads those tables in uv's own layout faster, with
+`uv lock --check` compares (tables.py reads those tables in uv's own layout faster, with
 tomllib's result). `full=True` parses every block whole (the dependency edges `deployed-locks`
 needs). A block that does not look like uv wrote it falls back to parsing the whole file.
 """

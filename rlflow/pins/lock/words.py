@@ -1,7 +1,7 @@
 """What a stale lock is, in words: the `Stale` verdict of the lock level's checks (what changed,
 and the pyproject line that changed it), and the wording they share: requirement entries shown
 as written, a changed setting's line found in pyproject.toml, values shown as `unset` or quoted.
-Used by locks.py (the lock level), locksettings.py and lockprojects.py (uv's staleness test).
+Used by level.py (the lock level), settings.py and projects.py (uv's staleness test).
 """
 
 from __future__ import annotations
