@@ -189,7 +189,7 @@ def tiny_engine_check(work: Path) -> dict:
     pad = processor.tokenizer.pad_token_id
     free = SamplingParams(32, 1.0, 1.0, 0, 5, (-1,), True)
     knobs = dict(max_batch_size=0, compile_decode=False, share_prompts=True, fp8=False,
-                 keep_cache=True, cache_tokens=0)  # fmt: skip
+                 release_cache=False, cache_tokens=0)  # fmt: skip
     graphs = MegatronGeneration(policy, pad, cuda_graphs=True, **knobs)
     eager = MegatronGeneration(policy, pad, cuda_graphs=False, **knobs)
     a, b = graphs.generate(rows, free), eager.generate(rows, free)

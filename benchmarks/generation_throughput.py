@@ -302,7 +302,7 @@ def main() -> None:
             compile_decode="compile" in variant,
             share_prompts=True,
             fp8=False,
-            keep_cache=True,
+            release_cache=False,
             cache_tokens=0,
         )
         try:

@@ -389,7 +389,7 @@ def run_rollout(policy, prompts, params, args, ceil, counts, gpus, device, log, 
         compile_decode=args.compile_decode,
         share_prompts=True,
         fp8=fp8,
-        keep_cache=True,  # a rollout-only process: the engine keeps its cache and graphs
+        release_cache=False,  # a rollout-only process: the engine keeps its cache and graphs
         cache_tokens=0,
     )
     warm_s, _ = timed_generate(backend, prompts, warm_params or params, device)

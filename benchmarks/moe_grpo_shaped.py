@@ -289,7 +289,7 @@ def run_rollout(policy, prompts, params, args, ceil, counts, device, log) -> dic
 
     backend = MegatronGeneration(
         policy, pad_token_id=args.pad_token_id, max_batch_size=0, cuda_graphs=True,
-        compile_decode=not args.tiny, share_prompts=True, fp8=False, keep_cache=True,
+        compile_decode=not args.tiny, share_prompts=True, fp8=False, release_cache=False,
         cache_tokens=0,
     )  # fmt: skip
     warm_s, _ = gs.timed_generate(backend, prompts, params, device)

@@ -57,7 +57,7 @@ def megatron_generation(policy, pad_token_id: int, **changes):
         "compile_decode": gen.compile_decode,
         "share_prompts": gen.share_prompts,
         "fp8": gen.fp8,
-        "keep_cache": not gen.release_cache,
+        "release_cache": gen.release_cache,
         "cache_tokens": gen.kv_cache_tokens,
     }
     return MegatronGeneration(policy, pad_token_id, **{**knobs, **changes})

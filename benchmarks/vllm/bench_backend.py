@@ -83,7 +83,7 @@ def main() -> None:
     startup = time.perf_counter() - start
     megatron = MegatronGeneration(
         policy, pad, max_batch_size=64, cuda_graphs=True, compile_decode=False,
-        share_prompts=True, fp8=False, keep_cache=True, cache_tokens=0,
+        share_prompts=True, fp8=False, release_cache=False, cache_tokens=0,
     )  # fmt: skip
     hf = HFGeneration(policy, pad, 64)
     greedy = SamplingParams(24, 0.0, 1.0, 0, 0, (eos,), True)

@@ -6,6 +6,7 @@ Heavy imports happen only for the chosen backend (vLLM's environment is checked,
 from __future__ import annotations
 
 from rlflow.generation.base import GenerationBackend
+from rlflow.recipe.placement import Role
 
 
 def check_backend_ready(gen_cfg) -> None:
@@ -23,9 +24,15 @@ def check_backend_ready(gen_cfg) -> None:
 
 
 def make_backend(
-    gen_cfg, policy, pad_token_id: int, run_dir, max_prompt_tokens: int
+    gen_cfg, policy, pad_token_id: int, run_dir, max_prompt_tokens: int, *, role: Role
 ) -> GenerationBackend:
-    """The backend the recipe names (`generation.backend`); heavy imports only for that one."""
+    """The backend the recipe names (`generation.backend`); heavy imports only for that one.
+
+    Every engine is built here. `role` is whose engine it is: a trainer's ("train": rollouts
+    when colocated, validation when separate) frees its KV cache after each call when
+    `generation.release_cache` says so; a generation rank's ("generate") holds nothing else
+    and keeps it.
+    """
     if gen_cfg.backend == "megatron":
         from rlflow.generation.megatron.engine import MegatronGeneration
 
@@ -37,8 +44,7 @@ def make_backend(
             compile_decode=gen_cfg.compile_decode,
             share_prompts=gen_cfg.share_prompts,
             fp8=gen_cfg.fp8,
-            # the trainer's own engine (rollouts when colocated, validation when separate)
-            keep_cache=not gen_cfg.release_cache,
+            release_cache=gen_cfg.release_cache and role == "train",
             cache_tokens=gen_cfg.kv_cache_tokens,
         )
     if gen_cfg.backend == "hf":

@@ -161,7 +161,12 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     sampler = PromptSampler(len(train_data), recipe.grpo.num_prompts_per_step, recipe.run.seed)
     # Separate placement: this engine (the policy's own) only validates.
     backend = make_backend(
-        recipe.generation, policy, encoder.pad_token_id, run_dir, recipe.data.max_prompt_tokens
+        recipe.generation,
+        policy,
+        encoder.pad_token_id,
+        run_dir,
+        recipe.data.max_prompt_tokens,
+        role="train",
     )
     log = MetricsLog(
         run_dir,

@@ -59,7 +59,9 @@ def test_a_cpu_engine_never_imports_the_kernels(tiny_policy, tiny_processor):
     # imports it at `import megatron.core`.)
     sys.modules.pop(KERNELS, None)
     gen = load_checked(TINY_CPU_RECIPE, []).recipe.generation
-    engine = make_backend(gen, tiny_policy, tiny_processor.tokenizer.pad_token_id, None, 64)
+    engine = make_backend(
+        gen, tiny_policy, tiny_processor.tokenizer.pad_token_id, None, 64, role="train"
+    )
     prompts = mixed_prompts(tiny_processor)
     done = engine.generate(prompts, greedy(3, tiny_processor.tokenizer.eos_token_id))
     assert [len(c.token_ids) for c in done] == [3] * len(prompts)

@@ -75,7 +75,7 @@ class MegatronGeneration(GenerationBackend):
         compile_decode: bool,
         share_prompts: bool,
         fp8: bool,
-        keep_cache: bool,
+        release_cache: bool,
         cache_tokens: int,
     ):
         self.policy = policy
@@ -86,18 +86,16 @@ class MegatronGeneration(GenerationBackend):
         self.cuda_graphs = cuda_graphs and device.type == "cuda"  # graphs exist on GPUs only
         self.compile_decode = compile_decode and self.cuda_graphs  # compiled for GPU graphs only
         self.share_prompts = share_prompts
-        if (
-            fp8
-        ):  # decode matmuls in FP8 (rlflow/generation/megatron/fp8.py); refused without FP8 GPUs
+        if fp8:  # decode matmuls in FP8 (generation/megatron/fp8.py); refused without FP8 GPUs
             fp8_ops.require(device)
         self.fp8 = fp8
         self._stale = False  # FP8 copies older than the policy's weights
         self._decoder: Decoder | None = None
         self._cache: KVCache | None = None  # GPU: kept across calls (the graphs point into it)
-        # False (`generation.release_cache`, the trainer's engine): cache and graphs are freed
-        # after every call, so logprobs and the update get that memory back (recipes/base.yaml
-        # says why); the graphs are captured again at the next call.
-        self.keep_cache = keep_cache
+        # `generation.release_cache` (recipes/base.yaml says why): cache and graphs are freed
+        # after every call, so logprobs and the update get that memory back; the graphs are
+        # captured again at the next call. factory.make_backend decides it by the engine's role.
+        self.release_cache = release_cache
         self.cache_tokens = cache_tokens  # 0: sized from free GPU memory (CPU: worst case)
         self._graphs: dict[int, DecodeGraph] = {}
         self._step_routing: torch.Tensor | None = None  # MoE: experts per row, every step
@@ -117,7 +115,7 @@ class MegatronGeneration(GenerationBackend):
                 return self._generate(core, prompts, params)
         finally:
             core.train(was_training)
-            if not self.keep_cache and self._cache is not None:
+            if self.release_cache and self._cache is not None:
                 self.close()
                 torch.cuda.empty_cache()
 
@@ -200,7 +198,7 @@ class MegatronGeneration(GenerationBackend):
         held = 0  # a kept cache is freed before a larger one is made
         if self._cache is not None:
             held = self._cache.blocks * per_block
-        if not self.keep_cache:
+        if self.release_cache:
             # The trainer's engine: blocks the allocator caches belong to no tensor now (the
             # cache is freed before logprobs and the update run, which allocate them again).
             torch.cuda.empty_cache()

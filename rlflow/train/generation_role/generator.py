@@ -51,7 +51,7 @@ class Generator:
 
 def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
     from rlflow.data import PromptSampler, build_dataset
-    from rlflow.generation.megatron.engine import MegatronGeneration
+    from rlflow.generation.factory import make_backend
     from rlflow.model.build import load_policy, resolve_checkpoint
     from rlflow.model.processor import PromptEncoder
     from rlflow.train import setup
@@ -67,17 +67,13 @@ def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
     setup.share_vision_cache(policy, None, enabled=recipe.model.freeze_vision)
     encoder = PromptEncoder(checkpoint, recipe.data)
     train_data = build_dataset(recipe.data.train, recipe.data)
-    gen = recipe.generation
-    backend = MegatronGeneration(
+    backend = make_backend(  # a generation rank holds nothing else: it keeps its KV cache
+        recipe.generation,
         policy,
         encoder.pad_token_id,
-        max_batch_size=gen.max_batch_size,
-        cuda_graphs=gen.cuda_graphs,
-        compile_decode=gen.compile_decode,
-        share_prompts=gen.share_prompts,
-        fp8=gen.fp8,
-        keep_cache=True,  # a generation rank holds nothing else: keep the cache and graphs
-        cache_tokens=gen.kv_cache_tokens,
+        run_dir,
+        recipe.data.max_prompt_tokens,
+        role="generate",
     )
     g = Generator(
         recipe=recipe,
