@@ -110,10 +110,13 @@ class ModelFamily:
     # --- HF side ---------------------------------------------------------------------------------
 
     def hf_class(self):
-        """The transformers class that loads this checkpoint (the HF generation backend)."""
-        from transformers import AutoModelForCausalLM
+        """The transformers class that loads this checkpoint (the HF generation backend): the
+        one its architecture names; AutoModelForCausalLM for a family of several."""
+        import transformers
 
-        return AutoModelForCausalLM
+        if len(self.architectures) == 1:
+            return getattr(transformers, self.architectures[0])
+        return transformers.AutoModelForCausalLM
 
     def hf_module_name(self, exported: str) -> str:
         """On-disk name (what the bridge exports) -> the HF model's in-memory parameter name."""
@@ -212,3 +215,59 @@ def of_core(core) -> ModelFamily:
             "rlflow.model.build.load_policy"
         )
     return family
+
+
+# --- shared by the family modules (model/families/): what families used to copy from each other
+
+
+def provide_frozen(provider, model):
+    """`model`, frozen as its megatron-bridge provider's three flags say: the end of every
+    vision-language provider's `provide()` (rlflow sets the flags in `configure_provider`)."""
+    if (
+        provider.freeze_language_model
+        or provider.freeze_vision_model
+        or provider.freeze_vision_projection
+    ):
+        model.freeze(
+            freeze_language_model=provider.freeze_language_model,
+            freeze_vision_model=provider.freeze_vision_model,
+            freeze_vision_projection=provider.freeze_vision_projection,
+        )
+    return model
+
+
+# HF's methods a Qwen-VL megatron model borrows (bound to it): media features and positions.
+HF_VL_METHODS = (
+    "get_placeholder_mask",
+    "get_image_features",
+    "get_video_features",
+    "get_rope_index",
+    "get_vision_position_ids",
+)
+
+
+def init_vl_model(model, config, pre_process, post_process, vp_stage, tower) -> None:
+    """The start of a Qwen-VL megatron model's `__init__`: HF's vision `tower` class on the first
+    pipeline stage, megatron-core's language model from the provider `config`."""
+    from megatron.bridge.utils.common_utils import hook_hf_module_setattr_for_tp_grad_sync
+    from megatron.core.transformer.module import MegatronModule
+
+    MegatronModule.__init__(model, config=config)  # not Qwen25VLModel's: another tower
+    model.pre_process, model.post_process, model.vp_stage = pre_process, post_process, vp_stage
+    if pre_process:
+        model.visual = tower._from_config(config.vision_config)
+        hook_hf_module_setattr_for_tp_grad_sync(model.visual)
+    model.language_model = config.provide_language_model(
+        pre_process=pre_process, post_process=post_process, vp_stage=vp_stage
+    )
+
+
+def finish_vl_model(model, config, hf_model) -> None:
+    """The end of a Qwen-VL megatron model's `__init__`: shared embeddings, and `hf_model`'s
+    HF_VL_METHODS bound to the model."""
+    import types
+
+    model.share_embeddings_and_output_weights = config.share_embeddings_and_output_weights
+    model.shared_embedding_or_output_weight = model.language_model.shared_embedding_or_output_weight
+    for name in HF_VL_METHODS:
+        setattr(model, name, types.MethodType(getattr(hf_model, name), model))

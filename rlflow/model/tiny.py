@@ -86,25 +86,19 @@ class ModelSizes:
     vision_full_attention: tuple[int, ...] = (1,)
 
 
+# A preset: the language model's shapes, then the vision tower's, a few to a line.
+# fmt: off
 PRESETS = {
     "tiny": ModelSizes(),
-    # Qwen2.5-VL-3B's shapes (3.75 B parameters), for GPU benchmarks with random weights.
+    # Qwen2.5-VL-3B's shapes (3.75 B parameters), for GPU benchmarks with random weights
     "qwen25vl-3b": ModelSizes(
-        vocab_size=151936,
-        hidden=2048,
-        intermediate=11008,
-        layers=36,
-        heads=16,
-        kv_heads=2,
-        tie_embeddings=True,
-        rope_theta=1000000.0,
-        vision_depth=32,
-        vision_hidden=1280,
-        vision_intermediate=3420,
-        vision_heads=16,
+        vocab_size=151936, hidden=2048, intermediate=11008, layers=36, heads=16, kv_heads=2,
+        tie_embeddings=True, rope_theta=1000000.0,
+        vision_depth=32, vision_hidden=1280, vision_intermediate=3420, vision_heads=16,
         vision_full_attention=(7, 15, 23, 31),
     ),
 }
+# fmt: on
 assert tuple(PRESETS) == QWEN25VL_PRESET_NAMES, "rlflow/model/presets.py lists the CLI's presets"
 
 
@@ -132,6 +126,24 @@ def mrope_text_config(sizes: ModelSizes, ids: dict[str, int], tokens: int, tie: 
     )
 
 
+def vision_config(sizes, *, patch_size: int, **family_keys) -> dict:
+    """The vision tower's part of a Qwen2.5-VL or Qwen3-VL config at `sizes` (the tower's
+    vision_* fields): `patch_size`-pixel patches, merged 2 x 2, two frames to a temporal patch,
+    the merger's output as wide as the language model; `family_keys`: the family's own."""
+    return dict(
+        depth=sizes.vision_depth,
+        hidden_size=sizes.vision_hidden,
+        intermediate_size=sizes.vision_intermediate,
+        num_heads=sizes.vision_heads,
+        in_channels=3,
+        patch_size=patch_size,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=sizes.hidden,
+        **family_keys,
+    )
+
+
 def media_token_config(ids: dict[str, int]) -> dict:
     """A Qwen-VL config's media placeholder token ids."""
     return dict(
@@ -155,49 +167,33 @@ def write_tiny_checkpoint(
     lm_head_scale > 1 widens the random logits (fewer near-ties): parity tests use it so greedy
     decoding is not decided by rounding noise between two equal tokens.
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(sizes.tokenizer_vocab, seed)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    config = Qwen2_5_VLConfig(
-        text_config=mrope_text_config(sizes, ids, len(tokenizer), sizes.tie_embeddings),
-        vision_config=dict(
-            depth=sizes.vision_depth,
-            hidden_size=sizes.vision_hidden,
-            intermediate_size=sizes.vision_intermediate,
-            num_heads=sizes.vision_heads,
-            in_channels=3,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            window_size=112,
-            out_hidden_size=sizes.hidden,
-            fullatt_block_indexes=list(sizes.vision_full_attention),
-            tokens_per_second=2,
-        ),
-        **media_token_config(ids),
-        tie_word_embeddings=sizes.tie_embeddings,
+    def config(ids: dict[str, int], tokens: int):
+        return Qwen2_5_VLConfig(
+            text_config=mrope_text_config(sizes, ids, tokens, sizes.tie_embeddings),
+            vision_config=vision_config(
+                sizes,
+                patch_size=14,
+                window_size=112,
+                fullatt_block_indexes=list(sizes.vision_full_attention),
+                tokens_per_second=2,
+            ),
+            **media_token_config(ids),
+            tie_word_embeddings=sizes.tie_embeddings,
+        )
+
+    out = write_tiny(
+        out_dir,
+        seed=seed,
+        tokenizer_vocab=sizes.tokenizer_vocab,
+        model_class=Qwen2_5_VLForConditionalGeneration,
+        config=config,
+        device=device,
+        lm_head_scale=lm_head_scale,
+        bos=True,
+        save_processor=save_processor,
     )
-    torch.manual_seed(seed)
-    with torch.device(device):  # a 3B-shaped model initialises in seconds on a GPU
-        model = Qwen2_5_VLForConditionalGeneration._from_config(
-            config, dtype=torch.float32 if device == "cpu" else torch.bfloat16
-        ).eval()
-    if lm_head_scale != 1.0 and not sizes.tie_embeddings:
-        with torch.no_grad():
-            model.lm_head.weight.mul_(lm_head_scale)
-    model.generation_config = GenerationConfig(
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        do_sample=False,
-    )
-    model.save_pretrained(out, safe_serialization=True)
-    save_processor(out, tokenizer)
     (out / "rlflow_tiny.json").write_text(
         json.dumps({"seed": seed, "lm_head_scale": lm_head_scale, **sizes.__dict__}, indent=2)
     )
@@ -318,3 +314,62 @@ def save_processor(out: Path, tokenizer, processor_cls=None) -> None:
         chat_template=CHAT_TEMPLATE,
     )
     processor.save_pretrained(out)
+
+
+# --- the writer every family's tiny checkpoint goes through ------------------------------------
+
+
+def write_tiny(
+    out_dir: str | Path,
+    *,
+    seed: int,
+    tokenizer_vocab: int,
+    model_class,
+    config,
+    device: str,
+    lm_head_scale: float,
+    bos: bool,
+    init=None,
+    save_processor=None,
+) -> Path:
+    """Write a random HF checkpoint to `out_dir` (created): the tiny checkpoint writer every
+    family shares, so a family keeps only its config and sizes.
+
+    The tokenizer is rlflow's locally built one (`build_tokenizer`) with `tokenizer_vocab`
+    entries; `config(ids, tokens)` gives the family's HF config from its special token ids and
+    the tokenizer's length. The weights are made on `device` (fp32 on the CPU, bf16 elsewhere: a
+    real-shaped model initialises in seconds on a GPU) from `seed`; `init(model)` changes them
+    (e.g. a wider router), and an untied lm_head is scaled by `lm_head_scale` (> 1: fewer
+    near-ties in greedy decoding). The generation config names pad and eos (and bos with
+    `bos`); `save_processor(out, tokenizer)` saves the processors (default: the tokenizer)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from transformers import GenerationConfig
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(tokenizer_vocab, seed)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    hf_config = config(ids, len(tokenizer))
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = model_class._from_config(
+            hf_config, dtype=torch.float32 if device == "cpu" else torch.bfloat16
+        ).eval()
+    with torch.no_grad():
+        if init is not None:
+            init(model)
+        if lm_head_scale != 1.0 and not hf_config.tie_word_embeddings:
+            model.lm_head.weight.mul_(lm_head_scale)
+    model.generation_config = GenerationConfig(
+        **({"bos_token_id": ids["<|endoftext|>"]} if bos else {}),
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        do_sample=False,
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    if save_processor is None:
+        tokenizer.save_pretrained(out)
+    else:
+        save_processor(out, tokenizer)
+    return out

@@ -77,11 +77,13 @@ class QwenVLFamily(ModelFamily):
             (media.pixel_values, media.image_grid_thw, core.get_image_features),
             (media.pixel_values_videos, media.video_grid_thw, core.get_video_features),
         ):
-            if pixels is None:
-                out.append(None)
-                continue
-            out.append(features_fn(pixels, grid, return_dict=True).pooler_output)
-        return tuple(None if o is None else _cat(o) for o in out)
+            result = None if pixels is None else features_fn(pixels, grid, return_dict=True)
+            out.append(None if result is None else self.media_features(result))
+        return out[0], out[1]
+
+    def media_features(self, result):
+        """One media kind's rows, from HF's tower output (`vision_features`): the merger's."""
+        return cat_rows(result.pooler_output)
 
     def hf_generate_inputs(self, input_ids, tokens: MediaTokens) -> dict:
         # HF's generate computes mrope positions from the token types (0 text, 1 image, 2 video).
@@ -115,11 +117,6 @@ class Qwen25VL(QwenVLFamily):
         if getattr(core, "visual", None) is not None:
             vision_attention.install(core.visual)
 
-    def hf_class(self):
-        from transformers import Qwen2_5_VLForConditionalGeneration
-
-        return Qwen2_5_VLForConditionalGeneration
-
     def write_tiny(self, out_dir: Path, name: str, seed: int, lm_head_scale: float = 1.0) -> Path:
         from rlflow.model.tiny import write_tiny_checkpoint
 
@@ -135,7 +132,7 @@ def placeholder_counts(media: Media, merge_size: int) -> tuple[int, int]:
     return per_item(media.image_grid_thw), per_item(media.video_grid_thw)
 
 
-def _cat(parts):
+def cat_rows(parts):
     import torch
 
     return torch.cat(list(parts))

@@ -27,11 +27,6 @@ class Qwen2VL(QwenVLFamily):
     def register_bridge(self) -> None:
         _register_bridge()
 
-    def hf_class(self):
-        from transformers import Qwen2VLForConditionalGeneration
-
-        return Qwen2VLForConditionalGeneration
-
     def write_tiny(self, out_dir: Path, name: str, seed: int, lm_head_scale: float = 1.0) -> Path:
         return write_tiny_qwen2vl(out_dir, seed=seed, lm_head_scale=lm_head_scale)
 
@@ -42,58 +37,32 @@ FAMILY = Qwen2VL()
 @functools.cache
 def _register_bridge() -> None:
     """Define and register the megatron-bridge classes (once; megatron imports are heavy)."""
-    import types
-
     from megatron.bridge.models.conversion.model_bridge import MegatronModelBridge
     from megatron.bridge.models.qwen_vl.modeling_qwen25_vl import Qwen25VLModel
     from megatron.bridge.models.qwen_vl.qwen25_vl_bridge import Qwen25VLBridge
     from megatron.bridge.models.qwen_vl.qwen25_vl_provider import Qwen25VLModelProvider
-    from megatron.bridge.utils.common_utils import hook_hf_module_setattr_for_tp_grad_sync
-    from megatron.core.transformer.module import MegatronModule
     from transformers import Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl import modeling_qwen2_vl as hf
+
+    from rlflow.model.family import finish_vl_model, init_vl_model, provide_frozen
 
     class Qwen2VLModel(Qwen25VLModel):
         """Qwen25VLModel with Qwen2-VL's HF tower and HF Qwen2-VL's methods bound to it."""
 
         def __init__(self, config, pre_process=True, post_process=True, vp_stage=None):
-            MegatronModule.__init__(self, config=config)  # not Qwen25VLModel's: another tower
-            self.pre_process, self.post_process, self.vp_stage = pre_process, post_process, vp_stage
-            if pre_process:
-                self.visual = hf.Qwen2VisionTransformerPretrainedModel._from_config(
-                    config.vision_config
-                )
-                hook_hf_module_setattr_for_tp_grad_sync(self.visual)
-            self.language_model = config.provide_language_model(
-                pre_process=pre_process, post_process=post_process, vp_stage=vp_stage
+            init_vl_model(
+                self,
+                config,
+                pre_process,
+                post_process,
+                vp_stage,
+                tower=hf.Qwen2VisionTransformerPretrainedModel,
             )
-            self.share_embeddings_and_output_weights = config.share_embeddings_and_output_weights
-            self.shared_embedding_or_output_weight = (
-                self.language_model.shared_embedding_or_output_weight
-            )
-            for name in (
-                "get_placeholder_mask",
-                "get_image_features",
-                "get_video_features",
-                "get_rope_index",
-                "get_vision_position_ids",
-            ):
-                setattr(self, name, types.MethodType(getattr(hf.Qwen2VLModel, name), self))
+            finish_vl_model(self, config, hf.Qwen2VLModel)
 
     class Qwen2VLModelProvider(Qwen25VLModelProvider):
         def provide(self, pre_process=None, post_process=None, vp_stage=None):
-            model = Qwen2VLModel(self, pre_process, post_process, vp_stage)
-            if (
-                self.freeze_language_model
-                or self.freeze_vision_model
-                or self.freeze_vision_projection
-            ):
-                model.freeze(
-                    freeze_language_model=self.freeze_language_model,
-                    freeze_vision_model=self.freeze_vision_model,
-                    freeze_vision_projection=self.freeze_vision_projection,
-                )
-            return model
+            return provide_frozen(self, Qwen2VLModel(self, pre_process, post_process, vp_stage))
 
     @MegatronModelBridge.register_bridge(
         source=Qwen2VLForConditionalGeneration,
@@ -112,59 +81,44 @@ def write_tiny_qwen2vl(
     out_dir: str | Path, *, seed: int, lm_head_scale: float = 1.0, device: str = "cpu"
 ) -> Path:
     """A tiny random Qwen2-VL checkpoint (the tiny Qwen2.5-VL's sizes, tokenizer and processors)."""
-    import os
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    from transformers import (
-        GenerationConfig,
-        Qwen2VLConfig,
-        Qwen2VLForConditionalGeneration,
-        Qwen2VLProcessor,
-    )
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
 
     from rlflow.model.tiny import (
         PRESETS,
-        SPECIAL_TOKENS,
-        build_tokenizer,
         media_token_config,
         mrope_text_config,
         save_processor,
+        write_tiny,
     )
 
     sizes = PRESETS["tiny"]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(sizes.tokenizer_vocab, seed)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    config = Qwen2VLConfig(
-        text_config=mrope_text_config(sizes, ids, len(tokenizer), tie=False),
-        vision_config=dict(
-            depth=sizes.vision_depth,
-            embed_dim=sizes.vision_hidden,
-            hidden_size=sizes.hidden,  # the merger's output: the language model's width
-            num_heads=sizes.vision_heads,
-            mlp_ratio=sizes.vision_intermediate // sizes.vision_hidden,
-            in_channels=3,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-        ),
-        **media_token_config(ids),
-        tie_word_embeddings=False,
+
+    def config(ids: dict[str, int], tokens: int):
+        return Qwen2VLConfig(
+            text_config=mrope_text_config(sizes, ids, tokens, tie=False),
+            vision_config=dict(
+                depth=sizes.vision_depth,
+                embed_dim=sizes.vision_hidden,
+                hidden_size=sizes.hidden,  # the merger's output: the language model's width
+                num_heads=sizes.vision_heads,
+                mlp_ratio=sizes.vision_intermediate // sizes.vision_hidden,
+                in_channels=3,
+                patch_size=14,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+            ),
+            **media_token_config(ids),
+            tie_word_embeddings=False,
+        )
+
+    return write_tiny(
+        out_dir,
+        seed=seed,
+        tokenizer_vocab=sizes.tokenizer_vocab,
+        model_class=Qwen2VLForConditionalGeneration,
+        config=config,
+        device=device,
+        lm_head_scale=lm_head_scale,
+        bos=True,
+        save_processor=lambda out, tokenizer: save_processor(out, tokenizer, Qwen2VLProcessor),
     )
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = Qwen2VLForConditionalGeneration._from_config(config, dtype=torch.float32).eval()
-    if lm_head_scale != 1.0:
-        with torch.no_grad():
-            model.lm_head.weight.mul_(lm_head_scale)
-    model.generation_config = GenerationConfig(
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        do_sample=False,
-    )
-    model.save_pretrained(out, safe_serialization=True)
-    save_processor(out, tokenizer, Qwen2VLProcessor)
-    return out

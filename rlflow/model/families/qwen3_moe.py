@@ -12,31 +12,21 @@ that layout for the HF backend.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from rlflow.model.families.qwen_text import QwenText
+from rlflow.model.moe import MixtureOfExperts
 
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
-class Qwen3Moe(QwenText):
+class Qwen3Moe(MixtureOfExperts, QwenText):
     model_types = ("qwen3_moe",)
     architectures = ("Qwen3MoeForCausalLM",)
     builtins = ("tiny-qwen3-moe",)
     builtin_experts = {"tiny-qwen3-moe": 8}  # read by the dry run (rlflow.model.moe.experts)
-
-    def configure_provider(self, provider, hf_config, model_cfg) -> None:
-        from rlflow.model.moe import experts as moe
-
-        moe.configure_provider(provider, hf_config, model_cfg)
-
-    def hf_class(self):
-        from transformers import Qwen3MoeForCausalLM
-
-        return Qwen3MoeForCausalLM
 
     def hf_state_dict(self, exported: dict) -> dict:
         """On-disk (per-expert) names -> HF's in-memory fused expert tensors."""
@@ -82,22 +72,17 @@ class MoESizes:
     rope_theta: float = 10000.0
 
 
+# A preset: the language model's shapes, then the vision tower's, a few to a line.
+# fmt: off
 PRESETS = {
     "tiny": MoESizes(),
     # Qwen3-30B-A3B's shapes (48 layers: 30.5 B parameters, 3.3 B active); benchmarks cut depth
     "qwen3-30b-a3b": MoESizes(
-        vocab_size=151936,
-        hidden=2048,
-        heads=32,
-        kv_heads=4,
-        head_dim=128,
-        layers=48,
-        experts=128,
-        topk=8,
-        expert_intermediate=768,
-        rope_theta=1000000.0,
-    ),  # fmt: skip
+        vocab_size=151936, hidden=2048, heads=32, kv_heads=4, head_dim=128, layers=48,
+        experts=128, topk=8, expert_intermediate=768, rope_theta=1000000.0,
+    ),
 }
+# fmt: on
 
 
 def write_tiny_qwen3_moe(
@@ -111,54 +96,49 @@ def write_tiny_qwen3_moe(
     """A random Qwen3-MoE checkpoint (the builtin: 8 experts, top-2, 2 layers) with the same
     locally built tokenizer and chat template as the other tiny models; bf16 when built on a GPU
     (a 30B-A3B-shaped model initialises in seconds there)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from rlflow.model.tiny import PRESETS as DENSE
-    from rlflow.model.tiny import SPECIAL_TOKENS, build_tokenizer
+    from rlflow.model.tiny import write_tiny
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(DENSE["tiny"].tokenizer_vocab, seed)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    config = Qwen3MoeConfig(
-        vocab_size=sizes.vocab_size or len(tokenizer),
-        hidden_size=sizes.hidden,
-        intermediate_size=4 * sizes.hidden,  # unused: every layer is MoE
-        moe_intermediate_size=sizes.expert_intermediate,
-        num_experts=sizes.experts,
-        num_experts_per_tok=sizes.topk,
-        norm_topk_prob=True,
-        decoder_sparse_step=1,
-        router_aux_loss_coef=0.001,
-        num_hidden_layers=sizes.layers,
-        num_attention_heads=sizes.heads,
-        num_key_value_heads=sizes.kv_heads,
-        head_dim=sizes.head_dim,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": sizes.rope_theta},
-        tie_word_embeddings=False,
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-    )
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = Qwen3MoeForCausalLM._from_config(
-            config, dtype=torch.float32 if device == "cpu" else torch.bfloat16
-        ).eval()
-    with torch.no_grad():
+    def config(ids: dict[str, int], tokens: int):
+        return Qwen3MoeConfig(
+            vocab_size=sizes.vocab_size or tokens,
+            hidden_size=sizes.hidden,
+            intermediate_size=4 * sizes.hidden,  # unused: every layer is MoE
+            moe_intermediate_size=sizes.expert_intermediate,
+            num_experts=sizes.experts,
+            num_experts_per_tok=sizes.topk,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            router_aux_loss_coef=0.001,
+            num_hidden_layers=sizes.layers,
+            num_attention_heads=sizes.heads,
+            num_key_value_heads=sizes.kv_heads,
+            head_dim=sizes.head_dim,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": sizes.rope_theta},
+            tie_word_embeddings=False,
+            bos_token_id=ids["<|endoftext|>"],
+            eos_token_id=ids["<|im_end|>"],
+            pad_token_id=ids["<|endoftext|>"],
+        )
+
+    def router(model) -> None:
         # HF initialises the router with std 0.02: near-equal scores, choices decided by
         # rounding. A wider random router makes every token's top-k clear.
         for layer in model.model.layers:
             layer.mlp.gate.weight.normal_(0.0, 0.5)
-        if lm_head_scale != 1.0:
-            model.lm_head.weight.mul_(lm_head_scale)
-    model.generation_config = GenerationConfig(
-        eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"], do_sample=False
+
+    return write_tiny(
+        out_dir,
+        seed=seed,
+        tokenizer_vocab=DENSE["tiny"].tokenizer_vocab,
+        model_class=Qwen3MoeForCausalLM,
+        config=config,
+        device=device,
+        lm_head_scale=lm_head_scale,
+        bos=False,
+        init=router,
     )
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out

@@ -13,24 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlflow.model.families.qwen3vl import Qwen3VL, write_tiny_qwen3vl
+from rlflow.model.moe import MixtureOfExperts
 
 
-class Qwen3VLMoe(Qwen3VL):
+class Qwen3VLMoe(MixtureOfExperts, Qwen3VL):
     model_types = ("qwen3_vl_moe",)
     architectures = ("Qwen3VLMoeForConditionalGeneration",)
     builtins = ("tiny-qwen3vl-moe",)
     builtin_experts = {"tiny-qwen3vl-moe": 4}  # read by the dry run (rlflow.model.moe.experts)
-
-    def configure_provider(self, provider, hf_config, model_cfg) -> None:
-        from rlflow.model.moe import experts as moe
-
-        super().configure_provider(provider, hf_config, model_cfg)
-        moe.configure_provider(provider, hf_config, model_cfg)
-
-    def hf_class(self):
-        from transformers import Qwen3VLMoeForConditionalGeneration
-
-        return Qwen3VLMoeForConditionalGeneration
 
     def write_tiny(self, out_dir: Path, name: str, seed: int, lm_head_scale: float = 1.0) -> Path:
         return write_tiny_qwen3vl(out_dir, seed=seed, lm_head_scale=lm_head_scale, moe=True)

@@ -23,14 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rlflow.errors import Diagnostic, RlflowError
-from rlflow.model.families.qwen25vl import QwenVLFamily
+from rlflow.model.families.qwen25vl import QwenVLFamily, cat_rows
 from rlflow.model.presets import QWEN3VL_PRESET_NAMES
-
-if TYPE_CHECKING:
-    from rlflow.model.media import Media
 
 
 class Qwen3VL(QwenVLFamily):
@@ -65,27 +61,11 @@ class Qwen3VL(QwenVLFamily):
         layers = len(core.config.vision_config.deepstack_visual_indexes)
         deepstack.install(core.language_model, layers)
 
-    def vision_features(self, core, media: Media):
+    def media_features(self, result):
         """Rows [H * (1 + DeepStack layers)]: the merger's output, then each DeepStack merger's."""
         import torch
 
-        out = []
-        for pixels, grid, features_fn in (
-            (media.pixel_values, media.image_grid_thw, core.get_image_features),
-            (media.pixel_values_videos, media.video_grid_thw, core.get_video_features),
-        ):
-            if pixels is None:
-                out.append(None)
-                continue
-            result = features_fn(pixels, grid, return_dict=True)
-            main = torch.cat(list(result.pooler_output))
-            out.append(torch.cat([main, *result.deepstack_features], dim=-1))
-        return out[0], out[1]
-
-    def hf_class(self):
-        from transformers import Qwen3VLForConditionalGeneration
-
-        return Qwen3VLForConditionalGeneration
+        return torch.cat([cat_rows(result.pooler_output), *result.deepstack_features], dim=-1)
 
     def hf_module_name(self, exported: str) -> str:
         return exported  # transformers 5 writes Qwen3-VL under its in-memory names
@@ -124,28 +104,19 @@ class Qwen3VLSizes:
     deepstack_visual_indexes: tuple[int, ...] = (0, 1)
 
 
+# A preset: the language model's shapes, then the vision tower's, a few to a line.
+# fmt: off
 QWEN3VL_PRESETS = {
-    # Qwen3-VL-4B-Instruct's shapes (its config.json), for GPU benchmarks with random weights.
+    # Qwen3-VL-4B-Instruct's shapes (its config.json), for GPU benchmarks with random weights
     "qwen3vl-4b": Qwen3VLSizes(
-        vocab_size=151936,
-        hidden=2560,
-        intermediate=9728,
-        layers=36,
-        heads=32,
-        kv_heads=8,
-        head_dim=128,
-        tie_embeddings=True,
-        rope_theta=5000000.0,
-        mrope_section=(24, 20, 20),
+        vocab_size=151936, hidden=2560, intermediate=9728, layers=36, heads=32, kv_heads=8,
+        head_dim=128, tie_embeddings=True, rope_theta=5000000.0, mrope_section=(24, 20, 20),
         max_position_embeddings=262144,
-        vision_depth=24,
-        vision_hidden=1024,
-        vision_intermediate=4096,
-        vision_heads=16,
-        vision_position_embeddings=2304,
-        deepstack_visual_indexes=(5, 11, 17),
+        vision_depth=24, vision_hidden=1024, vision_intermediate=4096, vision_heads=16,
+        vision_position_embeddings=2304, deepstack_visual_indexes=(5, 11, 17),
     ),
 }
+# fmt: on
 assert tuple(QWEN3VL_PRESETS) == QWEN3VL_PRESET_NAMES, "rlflow/model/presets.py lists the presets"
 
 
@@ -163,46 +134,30 @@ def write_tiny_qwen3vl(
     patches; MoE: 4 experts, top-2. The tokenizer and chat template are the other tiny models'.
     `sizes` gives other shapes (QWEN3VL_PRESETS); off the CPU (`device`) the weights are made
     there in bf16 (a 4B-shaped model initialises in seconds on a GPU) and saved in bf16."""
-    import os
+    from rlflow.model.tiny import write_tiny
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import torch
-    from transformers import GenerationConfig
+    def router(model) -> None:  # HF initialises the router to zeros: every expert would tie
+        for layer in model.model.language_model.layers:
+            layer.mlp.gate.weight.normal_(0.0, 0.5)
 
-    from rlflow.model.tiny import SPECIAL_TOKENS, build_tokenizer
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(sizes.tokenizer_vocab, seed)
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    config = qwen3vl_config(sizes, ids, len(tokenizer), moe)
-    config_cls, model_cls = _hf_classes(moe)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = model_cls._from_config(
-            config, dtype=torch.float32 if device == "cpu" else torch.bfloat16
-        ).eval()
-    with torch.no_grad():
-        if moe:  # HF initialises the router to zeros: every expert would tie
-            for layer in model.model.language_model.layers:
-                layer.mlp.gate.weight.normal_(0.0, 0.5)
-        if lm_head_scale != 1.0 and not sizes.tie_embeddings:
-            model.lm_head.weight.mul_(lm_head_scale)
-    model.generation_config = GenerationConfig(
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        do_sample=False,
+    return write_tiny(
+        out_dir,
+        seed=seed,
+        tokenizer_vocab=sizes.tokenizer_vocab,
+        model_class=_hf_classes(moe)[1],
+        config=lambda ids, tokens: qwen3vl_config(sizes, ids, tokens, moe),
+        device=device,
+        lm_head_scale=lm_head_scale,
+        bos=True,
+        init=router if moe else None,
+        save_processor=_save_processor,
     )
-    model.save_pretrained(out, safe_serialization=True)
-    _save_processor(out, tokenizer)
-    return out
 
 
 def qwen3vl_config(sizes: Qwen3VLSizes, ids: dict[str, int], tokens: int, moe: bool = False):
     """The HF config of a random Qwen3-VL at `sizes` (ids: the media and special token ids;
     tokens: the tokenizer's length, a floor for the vocabulary)."""
-    from rlflow.model.tiny import media_token_config
+    from rlflow.model.tiny import media_token_config, vision_config
 
     text = dict(
         vocab_size=max(sizes.vocab_size, tokens),
@@ -228,16 +183,9 @@ def qwen3vl_config(sizes: Qwen3VLSizes, ids: dict[str, int], tokens: int, moe: b
         text["tie_word_embeddings"] = True
     if moe:
         text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
-    vision = dict(
-        depth=sizes.vision_depth,
-        hidden_size=sizes.vision_hidden,
-        intermediate_size=sizes.vision_intermediate,
-        num_heads=sizes.vision_heads,
-        in_channels=3,
+    vision = vision_config(
+        sizes,
         patch_size=16,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-        out_hidden_size=sizes.hidden,
         num_position_embeddings=sizes.vision_position_embeddings,
         deepstack_visual_indexes=list(sizes.deepstack_visual_indexes),
     )

@@ -24,7 +24,6 @@ so the TE model would not serve them even where TE is installed.
 from __future__ import annotations
 
 import functools
-import types
 
 import torch
 
@@ -94,36 +93,20 @@ def _model_classes():
         Qwen3VLModelProvider,
         Qwen3VLMoEModelProvider,
     )
-    from megatron.bridge.utils.common_utils import hook_hf_module_setattr_for_tp_grad_sync
-    from megatron.core.transformer.module import MegatronModule
     from transformers.models.qwen3_vl import modeling_qwen3_vl as hf
+
+    from rlflow.model.family import finish_vl_model, init_vl_model, provide_frozen
 
     class Qwen3VLModel(Qwen25VLModel):
         """HF's Qwen3-VL tower + megatron-core GPT (local spec, interleaved mrope)."""
 
         def __init__(self, config, pre_process=True, post_process=True, vp_stage=None):
-            MegatronModule.__init__(self, config=config)  # not Qwen25VLModel's: another tower
-            self.pre_process, self.post_process, self.vp_stage = pre_process, post_process, vp_stage
-            if pre_process:
-                self.visual = hf.Qwen3VLVisionModel._from_config(config.vision_config)
-                hook_hf_module_setattr_for_tp_grad_sync(self.visual)
-            self.language_model = config.provide_language_model(
-                pre_process=pre_process, post_process=post_process, vp_stage=vp_stage
+            init_vl_model(
+                self, config, pre_process, post_process, vp_stage, tower=hf.Qwen3VLVisionModel
             )
             rotary = self.language_model.rotary_pos_emb
             self.language_model.rotary_pos_emb = InterleavedMRoPE.like(rotary)
-            self.share_embeddings_and_output_weights = config.share_embeddings_and_output_weights
-            self.shared_embedding_or_output_weight = (
-                self.language_model.shared_embedding_or_output_weight
-            )
-            for name in (
-                "get_placeholder_mask",
-                "get_image_features",
-                "get_video_features",
-                "get_rope_index",
-                "get_vision_position_ids",
-            ):
-                setattr(self, name, types.MethodType(getattr(hf.Qwen3VLModel, name), self))
+            finish_vl_model(self, config, hf.Qwen3VLModel)
 
         def freeze(self, freeze_language_model, freeze_vision_model, freeze_vision_projection):
             """As Qwen2.5-VL's, with Qwen3-VL's position table and DeepStack mergers: a frozen
@@ -156,18 +139,7 @@ def _model_classes():
             GPTModelProvider.finalize(self)
 
         def provide(self, pre_process=None, post_process=None, vp_stage=None):
-            model = Qwen3VLModel(self, pre_process, post_process, vp_stage)
-            if (
-                self.freeze_language_model
-                or self.freeze_vision_model
-                or self.freeze_vision_projection
-            ):
-                model.freeze(
-                    freeze_language_model=self.freeze_language_model,
-                    freeze_vision_model=self.freeze_vision_model,
-                    freeze_vision_projection=self.freeze_vision_projection,
-                )
-            return model
+            return provide_frozen(self, Qwen3VLModel(self, pre_process, post_process, vp_stage))
 
     providers = {
         model_type: type(f"Rlflow{base.__name__}", (Provide, base), {})
