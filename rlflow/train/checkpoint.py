@@ -38,10 +38,17 @@ import torch
 
 from rlflow import parallel
 from rlflow.errors import Diagnostic, RlflowError
+from rlflow.recipe.schema import CheckpointConfig
 from rlflow.train import manifest, storage
 
 _STEP_DIR = re.compile(r"step_(\d+)")
 TRAINER_STATE = "trainer.json"
+
+
+def due(cfg: CheckpointConfig, step: int, *, last: bool, stop: bool) -> bool:
+    """Whether step `step` ends with a checkpoint (checkpointing.enabled): every save_period
+    steps, the last step, and the step a stop request ends."""
+    return cfg.enabled and (step % cfg.save_period == 0 or last or stop)
 
 
 class Checkpointer:

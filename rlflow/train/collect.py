@@ -14,14 +14,22 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from rlflow import parallel
 from rlflow.errors import Diagnostic, RlflowError
-from rlflow.generation.base import Completion, SamplingParams
+from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
 from rlflow.model.media import Prompt
+from rlflow.recipe.schema import Recipe
 from rlflow.train import grpo
+
+if TYPE_CHECKING:  # types only
+    from rlflow.data.dataset import Dataset
+    from rlflow.data.sampler import PromptSampler
+    from rlflow.data.scoring import Scorer
+    from rlflow.model.processor import PromptEncoder
 
 
 @dataclass
@@ -39,6 +47,42 @@ class Rollouts:
     weight_versions: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class RolloutContext:
+    """What making rollouts reads, and nothing else of the rank: a trainer's (setup.Trainer), or
+    a generation rank's (rlflow.train.generation_role.generator). The sampler is read and
+    advanced in place; the backend is the rank's engine."""
+
+    recipe: Recipe
+    info: parallel.ParallelInfo
+    sampler: PromptSampler
+    train_data: Dataset
+    encoder: PromptEncoder
+    backend: GenerationBackend
+    scorer: Scorer
+
+
+class RolloutSource(Protocol):
+    """Where a trainer's rollouts come from, step by step (train/loop.py calls these in order):
+    its own engine (LocalRollouts, `generation.placement: colocated`) or the generation ranks
+    (rlflow.train.generation_role.remote.RemoteRollouts, `separate`)."""
+
+    def start(self, step: int) -> None:
+        """Once, after the warm start or the resume, before step `step + 1`."""
+
+    def collect(self, step: int, timer) -> Rollouts:
+        """This rank's share of step `step`'s rollouts."""
+
+    def after_update(self, step: int, timer) -> None:
+        """The policy's weights changed (version `step`)."""
+
+    def step_metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
+        """The source's own metrics of the step."""
+
+    def finish(self, exit_code: int) -> None:
+        """The run ends with `exit_code`."""
+
+
 @dataclass
 class _Group:
     """One prompt's G scored rollouts."""
@@ -48,11 +92,8 @@ class _Group:
     rewards: list[float]
 
 
-def collect_rollouts(t, step: int, timer) -> Rollouts:
-    """This rank's share of the step's prompt groups, generated, scored, with advantages.
-
-    `t` is a Trainer, or a generation rank's Generator (rlflow.train.generation_role.generator): anything with
-    recipe, info, sampler, train_data, encoder, backend and scorer."""
+def collect_rollouts(t: RolloutContext, step: int, timer) -> Rollouts:
+    """This rank's share of the step's prompt groups, generated, scored, with advantages."""
     recipe, info = t.recipe, t.info
     cfg = recipe.grpo
     dynamic = cfg.dynamic_sampling
@@ -137,7 +178,9 @@ def sampling_metrics(totals: dict[str, float]) -> dict[str, float]:
     }
 
 
-def _generate_and_score(t, step: int, round_: int, indices, timer, out: _Scored) -> list[_Group]:
+def _generate_and_score(
+    t: RolloutContext, step: int, round_: int, indices, timer, out: _Scored
+) -> list[_Group]:
     recipe = t.recipe
     G = recipe.grpo.num_generations_per_prompt
     samples = [t.train_data[i] for i in indices]
@@ -188,7 +231,9 @@ def _raise_exhausted(kept, want, rounds, generated, filtered) -> None:
     )
 
 
-def score_rollouts(t, samples, completions) -> tuple[list[float], dict[str, list[float]], list]:
+def score_rollouts(
+    t: RolloutContext, samples, completions
+) -> tuple[list[float], dict[str, list[float]], list]:
     """(weighted reward, each reward and component, accuracy) of each rollout."""
     from rlflow.data.rewards import RewardBatch
 
@@ -231,7 +276,7 @@ def effective_loss(recipe):
     return dataclasses.replace(recipe.loss, importance_sampling=dataclasses.replace(cfg, mode=mode))
 
 
-def sampling(t, step: int, temperature: float, round_: int = 0) -> SamplingParams:
+def sampling(t: RolloutContext, step: int, temperature: float, round_: int = 0) -> SamplingParams:
     gen = t.recipe.generation
     # One seed per (run, step, round, data-parallel rank); tensor-parallel peers share it.
     seed = (t.recipe.run.seed * 1_000_003 + step * 9_973 + round_ * 7_919 + t.info.dp_rank) % 2**31
@@ -248,18 +293,21 @@ def sampling(t, step: int, temperature: float, round_: int = 0) -> SamplingParam
 
 class LocalRollouts:
     """Colocated placement: every rank generates its own share with the policy's own engine,
-    and after each update the backend is told the weights changed (rlflow.train.generation_role.remote has the
-    separate placement's counterpart)."""
+    and after each update the backend is told the weights changed
+    (rlflow.train.generation_role.remote has the separate placement's counterpart)."""
 
-    def start(self, t) -> None:
+    def __init__(self, context: RolloutContext):
+        self.context = context
+
+    def start(self, step: int) -> None:
         """Nothing to hand over: the engine reads the policy's weights."""
 
-    def collect(self, t, step: int, timer) -> Rollouts:
-        return collect_rollouts(t, step, timer)
+    def collect(self, step: int, timer) -> Rollouts:
+        return collect_rollouts(self.context, step, timer)
 
-    def after_update(self, t, step: int, timer) -> None:
+    def after_update(self, step: int, timer) -> None:
         with timer("weight_refresh"):
-            t.backend.refresh_weights(step)
+            self.context.backend.refresh_weights(step)
 
     def step_metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
         return {}

@@ -16,7 +16,8 @@ from rlflow import parallel
 from rlflow.errors import EX_TEMPFAIL, Diagnostic, RlflowError
 from rlflow.generation.base import Completion
 from rlflow.model.moe import routing
-from rlflow.train import grpo, hf_export, watchdog
+from rlflow.recipe.schema import GRPOConfig
+from rlflow.train import checkpoint, grpo, hf_export, watchdog
 from rlflow.train.collect import effective_loss, sampling, sampling_metrics, score_rollouts
 from rlflow.train.faults import inject_failure
 from rlflow.train.metrics import StepTimer
@@ -36,7 +37,9 @@ def train(t: Trainer) -> int:
     """Run until grpo.max_num_steps; return the exit code (0, or EX_TEMPFAIL on a stop request)."""
     recipe = t.recipe
     resumed = _resume_or_start(t)
-    t.rollouts.start(t)  # separate placement: the generation ranks get the weights and the data
+    t.rollouts.start(
+        t.step
+    )  # separate placement: the generation ranks get the weights and the data
     if not resumed and recipe.grpo.val_at_start:
         t.log.log(0, validate(t))
     while t.step < recipe.grpo.max_num_steps:
@@ -44,17 +47,13 @@ def train(t: Trainer) -> int:
         metrics = grpo_step(t, step)
         t.step = step
         last = step == recipe.grpo.max_num_steps
-        if (recipe.grpo.val_period and step % recipe.grpo.val_period == 0) or (
-            last and recipe.grpo.val_at_end
-        ):
+        if validation_due(recipe.grpo, step, last=last):
             metrics.update(validate(t))
         t.log.log(step, metrics)
         stop = t.stop.agreed()
         if stop:
             t.stop.stopping()
-        if recipe.checkpointing.enabled and (
-            step % recipe.checkpointing.save_period == 0 or last or stop
-        ):
+        if checkpoint.due(recipe.checkpointing, step, last=last, stop=stop):
             save(t)
         hf_export.after_step(t, step, last)
         if stop and not last:
@@ -93,15 +92,20 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
     watchdog.beat("prompts", step)
     inject_failure(info.job_rank, f"step{step}")
     t.policy.vision_cache.clear()  # frozen-tower features live for one step
-    rollouts = t.rollouts.collect(t, step, timer)
+    rollouts = t.rollouts.collect(step, timer)
     batch = _train_batch(t, rollouts.prompts, rollouts.completions, rollouts.advantages)
     batching = Batching.from_config(recipe.optimizer)
     old_logprobs = entropy = ref_logprobs = None
+    replay = recipe.loss.router_replay  # MoE: both logprob passes route as generation did
     with timer("logprobs"):
         if not update_gives_old_logprobs(recipe.grpo.num_minibatches):
-            old_logprobs, entropy = rollout_logprobs(t.policy, batch, batching, with_entropy=True)
+            old_logprobs, entropy = rollout_logprobs(
+                t.policy, batch, batching, with_entropy=True, router_replay=replay
+            )
         if t.reference is not None:
-            ref_logprobs, _ = rollout_logprobs(t.reference, batch, batching, with_entropy=False)
+            ref_logprobs, _ = rollout_logprobs(
+                t.reference, batch, batching, with_entropy=False, router_replay=replay
+            )
     with timer("training"):
         update = grpo_update(
             t.policy,
@@ -115,7 +119,7 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
         )
     if old_logprobs is None:  # the update's own forward gave them
         old_logprobs, entropy = update.old_logprobs, update.entropy
-    t.rollouts.after_update(t, step, timer)
+    t.rollouts.after_update(step, timer)
     return _step_metrics(
         t,
         step=step,
@@ -129,6 +133,12 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
     )
 
 
+def validation_due(cfg: GRPOConfig, step: int, *, last: bool) -> bool:
+    """Whether step `step` ends with a validation: every val_period steps, and the last step
+    with val_at_end."""
+    return bool(cfg.val_period and step % cfg.val_period == 0) or (last and cfg.val_at_end)
+
+
 @torch.no_grad()
 def validate(t: Trainer) -> dict[str, float]:
     """Greedy (val_temperature) answers on the first max_val_samples validation rows."""
@@ -138,8 +148,10 @@ def validate(t: Trainer) -> dict[str, float]:
     count = min(recipe.grpo.max_val_samples, len(t.val_data))
     samples = [t.val_data[i] for i in range(info.dp_rank, count, info.dp_size)]
     prompts = [t.encoder.encode(s) for s in samples]
-    completions = t.backend.generate(prompts, sampling(t, 0, recipe.generation.val_temperature))
-    rewards, _, correct = score_rollouts(t, samples, completions)
+    completions = t.backend.generate(
+        prompts, sampling(t.context, 0, recipe.generation.val_temperature)
+    )
+    rewards, _, correct = score_rollouts(t.context, samples, completions)
     sums = {
         "val/accuracy": sum(correct),
         "val/reward": sum(rewards),
@@ -227,15 +239,13 @@ def _resume_or_start(t: Trainer) -> bool:
 
 
 def _train_batch(t: Trainer, prompts, completions, advantages):
-    batch = build_train_batch(
+    return build_train_batch(
         prompts,
         completions,
         advantages,
         prompt_ids=t.policy.prompt_ids,
         pad_token_id=t.encoder.pad_token_id,
     )
-    batch.router_replay = t.recipe.loss.router_replay  # MoE: route as generation did
-    return batch
 
 
 def _step_metrics(

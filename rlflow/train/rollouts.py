@@ -29,9 +29,8 @@ class TrainBatch:
     advantages: torch.Tensor  # [N]
     media: list[Media]  # per row
     # MoE, megatron backend: each token's experts in generation, [N, L, layers, k], -1 where
-    # none (rlflow/model/moe/routing.py); `router_replay`: the trainer routes tokens to them
+    # none (rlflow/model/moe/routing.py); with loss.router_replay the trainer routes tokens to them
     routing: torch.Tensor | None = None
-    router_replay: bool = False
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -56,7 +55,6 @@ class TrainBatch:
             advantages=self.advantages[pick],
             media=[self.media[i] for i in pick],
             routing=None if self.routing is None else self.routing[pick],
-            router_replay=self.router_replay,
         )
         return batch.trimmed()
 
@@ -74,7 +72,6 @@ class TrainBatch:
             self.advantages,
             self.media,
             None if self.routing is None else self.routing[:, :width],
-            self.router_replay,
         )
 
     def to(self, device) -> TrainBatch:
@@ -87,7 +84,6 @@ class TrainBatch:
             self.advantages.to(device),
             self.media,
             None if self.routing is None else self.routing.to(device),
-            self.router_replay,
         )
 
     def stacked_media(self, device) -> Media:

@@ -26,8 +26,7 @@ if TYPE_CHECKING:  # types only: setup imports these modules when it builds the 
     from rlflow.model.build import Policy
     from rlflow.model.processor import PromptEncoder
     from rlflow.train.checkpoint import Checkpointer
-    from rlflow.train.collect import LocalRollouts
-    from rlflow.train.generation_role.remote import RemoteRollouts
+    from rlflow.train.collect import RolloutContext, RolloutSource
     from rlflow.train.metrics import MetricsLog
     from rlflow.train.signals import StopRequest
     from rlflow.train.update import Optimizer
@@ -50,7 +49,8 @@ class Trainer:
     stop: StopRequest
     optimizer: Optimizer  # GRPO's (a warm start builds its own, with warm_start.lr)
     scorer: Scorer  # the recipe's rewards; a pool of workers for rewards from user code
-    rollouts: LocalRollouts | RemoteRollouts  # this rank's engine, or the generation ranks
+    context: RolloutContext  # what the rollouts (and validation) read: the fields above
+    rollouts: RolloutSource  # this rank's engine, or the generation ranks
     step: int = 0
 
     def close(self) -> None:
@@ -139,7 +139,7 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     from rlflow.model.build import load_policy, resolve_checkpoint
     from rlflow.model.processor import PromptEncoder
     from rlflow.train.checkpoint import Checkpointer
-    from rlflow.train.collect import LocalRollouts
+    from rlflow.train.collect import LocalRollouts, RolloutContext
     from rlflow.train.generation_role.remote import Link, RemoteRollouts
     from rlflow.train.metrics import MetricsLog
     from rlflow.train.signals import StopRequest
@@ -177,8 +177,10 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
         wandb=recipe.logging.wandb,
         config=loaded.data,
     )
+    scorer = build_scorer(recipe)
+    context = RolloutContext(recipe, info, sampler, train_data, encoder, backend, scorer)
     separate = parallel.placement() is not None
-    rollouts = RemoteRollouts(Link(policy, recipe), recipe) if separate else LocalRollouts()
+    rollouts = RemoteRollouts(Link(policy, recipe), context) if separate else LocalRollouts(context)
     watchdog.beat("setup")
     return Trainer(
         recipe=recipe,
@@ -195,6 +197,7 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
         log=log,
         stop=stop,
         optimizer=Optimizer.from_config(policy, recipe.optimizer),
-        scorer=build_scorer(recipe),
+        scorer=scorer,
+        context=context,
         rollouts=rollouts,
     )

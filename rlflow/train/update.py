@@ -115,18 +115,20 @@ def policy_token_logprobs(
     with_entropy: bool = False,
     *,
     packed: bool,
+    router_replay: bool,
     count_routing: bool | None = None,
 ):
     """Per-target logprobs [N, L-1] (and entropy) of the batch under the policy's weights.
 
     packed: one packed sequence, logprobs at target positions only (0 elsewhere); otherwise
-    the padded reference path (every position). count_routing: MoE routing statistics from
-    this forward (`routing.replayed`; default: without gradients only).
+    the padded reference path (every position). router_replay (loss.router_replay): MoE
+    tokens go to the experts they had in generation. count_routing: MoE routing statistics
+    from this forward (`routing.replayed`; default: without gradients only).
     """
     info = parallel.info()
     batch = batch.to(info.device)
     # MoE: router replay (a no-op when dense)
-    with routing.replayed(policy, batch, packed, count=count_routing):
+    with routing.replayed(policy, batch, packed, replay=router_replay, count=count_routing):
         if packed:
             return _packed_token_logprobs(policy, batch, with_entropy)
         return _padded_token_logprobs(policy, batch, with_entropy)
@@ -214,9 +216,15 @@ def micro_batches(
 
 @torch.no_grad()
 def rollout_logprobs(
-    policy: Policy, batch: TrainBatch, batching: Batching, *, with_entropy: bool
+    policy: Policy,
+    batch: TrainBatch,
+    batching: Batching,
+    *,
+    with_entropy: bool,
+    router_replay: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprobs of every rollout in micro-batches, padded back to the batch width (no grad)."""
+    """Logprobs of every rollout in micro-batches, padded back to the batch width (no grad);
+    router_replay: loss.router_replay (MoE)."""
     width = batch.input_ids.shape[1] - 1
     logprobs = torch.zeros(len(batch), width)
     entropy = torch.zeros(len(batch), width) if with_entropy else None
@@ -227,10 +235,16 @@ def rollout_logprobs(
             micro = batch.rows(pick)
             if filler:  # joins the peers' collectives; its results are not this rank's
                 with routing.uncounted(policy):
-                    policy_token_logprobs(policy, micro, packed=batching.packed)
+                    policy_token_logprobs(
+                        policy, micro, packed=batching.packed, router_replay=router_replay
+                    )
                 continue
             lp, ent = policy_token_logprobs(
-                policy, micro, with_entropy=with_entropy, packed=batching.packed
+                policy,
+                micro,
+                with_entropy=with_entropy,
+                packed=batching.packed,
+                router_replay=router_replay,
             )
             logprobs[pick, : lp.shape[1]] = lp.cpu()
             if entropy is not None:
@@ -382,6 +396,7 @@ def _grpo_micro_step(
         micro,
         with_entropy=old_lp is None,
         packed=packed,
+        router_replay=loss_cfg.router_replay,  # MoE: route as generation did
         count_routing=record is not None,  # the old-logprob pass's routing statistics
     )
     mask = micro.target_mask.to(device)
@@ -444,7 +459,12 @@ def sft_update(
         micro = batch.rows(pick)
         if filler:
             routing.mute_aux_loss(policy)
-        logprobs, _ = policy_token_logprobs(policy, micro, packed=batching.packed)
+        logprobs, _ = policy_token_logprobs(
+            policy,
+            micro,
+            packed=batching.packed,
+            router_replay=False,  # no generation to follow
+        )
         mask = micro.target_mask.to(device)
         loss = -(logprobs * mask).sum() / num_tokens
         _backward(loss * (0.0 if filler else 1.0))

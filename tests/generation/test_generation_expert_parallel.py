@@ -75,15 +75,18 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
         prompt_ids=policy.prompt_ids,
         pad_token_id=tokenizer.pad_token_id,
     )
-    batch.router_replay = True
     logprobs, _ = rollout_logprobs(
-        policy, batch, Batching(3, max_tokens=0, packed=True), with_entropy=False
+        policy,
+        batch,
+        Batching(3, max_tokens=0, packed=True),
+        with_entropy=False,
+        router_replay=True,
     )
     mask = batch.target_mask
     tokens = parallel.all_reduce_sum([float(mask.sum())], parallel.data_parallel_group())[0]
     chunk = policy.chunks[0]
     chunk.zero_grad_buffer()
-    lp, _ = policy_token_logprobs(policy, batch, packed=True)
+    lp, _ = policy_token_logprobs(policy, batch, packed=True, router_replay=True)
     loss = -(lp * mask * batch.advantages[:, None]).sum() / tokens
     _backward(loss)
     finalize_model_grads(policy.chunks)

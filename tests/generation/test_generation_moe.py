@@ -99,9 +99,12 @@ def test_generation_equals_the_trainer_and_records_its_routing(moe):
     )
     assert batch.routing is not None and batch.routing.shape[2:] == (2, 2)
     for replay in (False, True):
-        batch.router_replay = replay
         trainer, _ = rollout_logprobs(
-            policy, batch, Batching(4, max_tokens=0, packed=True), with_entropy=False
+            policy,
+            batch,
+            Batching(4, max_tokens=0, packed=True),
+            with_entropy=False,
+            router_replay=replay,
         )
         mask = batch.target_mask
         assert (trainer[mask] - batch.gen_logprobs[mask]).abs().max() < 1e-5
@@ -131,9 +134,12 @@ def test_replay_routes_tokens_to_the_recorded_experts(moe):
     mask = batch.target_mask
     results = {}
     for replay in (False, True):
-        batch.router_replay = replay
         results[replay], _ = rollout_logprobs(
-            policy, batch, Batching(8, max_tokens=0, packed=True), with_entropy=False
+            policy,
+            batch,
+            Batching(8, max_tokens=0, packed=True),
+            with_entropy=False,
+            router_replay=replay,
         )
         metrics = routing.step_metrics(policy)
         if not replay:
@@ -175,7 +181,7 @@ def test_one_minibatch_update_counts_the_routing_once(moe, tmp_path):
             policy, batch, recipe, old_logprobs=old_logprobs, ref_logprobs=None, batching=batching
         )
 
-    old, _ = rollout_logprobs(policy, batch, batching, with_entropy=False)
+    old, _ = rollout_logprobs(policy, batch, batching, with_entropy=False, router_replay=False)
     update(old)  # the two-pass step: the pass counts, the update's forwards do not
     two_pass = routing.step_metrics(policy)
     update(None)  # the one-pass step

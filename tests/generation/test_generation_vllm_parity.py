@@ -106,7 +106,11 @@ def test_logprobs_are_the_unmodified_distribution_the_trainer_recomputes(
         pad_token_id=tokenizer.pad_token_id,
     )
     trainer_logprobs, _ = rollout_logprobs(
-        policy, batch, Batching(8, max_tokens=0, packed=True), with_entropy=False
+        policy,
+        batch,
+        Batching(8, max_tokens=0, packed=True),
+        with_entropy=False,
+        router_replay=False,
     )
     gap = (batch.gen_logprobs - trainer_logprobs).abs()[batch.target_mask]
     assert float(gap.max()) < TOLERANCE

@@ -103,8 +103,12 @@ def test_packed_logprobs_equal_padded(qwen2vl):
     _, policy, processor, _ = qwen2vl
     batch = rollout_batch(policy, processor.tokenizer.pad_token_id, mixed_prompts(processor))
     with torch.no_grad():
-        padded, padded_entropy = policy_token_logprobs(policy, batch, True, packed=False)
-        packed, packed_entropy = policy_token_logprobs(policy, batch, True, packed=True)
+        padded, padded_entropy = policy_token_logprobs(
+            policy, batch, True, packed=False, router_replay=False
+        )
+        packed, packed_entropy = policy_token_logprobs(
+            policy, batch, True, packed=True, router_replay=False
+        )
     assert_close_on_targets(packed, padded, batch.target_mask)
     assert_close_on_targets(packed_entropy, padded_entropy, batch.target_mask)
 

@@ -125,7 +125,7 @@ def test_packed_logprobs_match_hf(qwen3vl, batches):
     )
     media = Media.concat(batch.media)
     with torch.no_grad():
-        packed, _ = policy_token_logprobs(policy, batch, False, packed=True)
+        packed, _ = policy_token_logprobs(policy, batch, False, packed=True, router_replay=False)
         logits = hf(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask.long(),

@@ -88,11 +88,6 @@ NOT_A_RECIPE_KEY = {
         "device",
     ): "the torch device to build on",
     ("rlflow/model/moe/routing.py", "step_metrics", "group"): "a process group",
-    (
-        "rlflow/train/rollouts.py",
-        "TrainBatch",
-        "router_replay",
-    ): "the loop sets it from loss.router_replay (_train_batch); off for batches built elsewhere",
 }
 
 

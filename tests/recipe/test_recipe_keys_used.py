@@ -50,7 +50,7 @@ READ_BY = {
             "z_loss_coeff",
         )
     },  # fmt: skip
-    "loss.router_replay": ("rlflow/train/loop.py", "t.recipe.loss.router_replay"),
+    "loss.router_replay": ("rlflow/train/update.py", "loss_cfg.router_replay"),
     "data.train.kind": ("rlflow/data/dataset.py", "split_cfg.kind"),
     "data.train.num_samples": ("rlflow/data/dataset.py", "split_cfg.num_samples"),
     "data.train.seed": ("rlflow/data/dataset.py", "split_cfg.seed"),
@@ -82,9 +82,9 @@ READ_BY = {
         "rlflow/train/collect.py",
         "cfg.use_leave_one_out_baseline",
     ),
-    "grpo.val_period": ("rlflow/train/loop.py", "recipe.grpo.val_period"),
+    "grpo.val_period": ("rlflow/train/loop.py", "cfg.val_period"),
     "grpo.val_at_start": ("rlflow/train/loop.py", "recipe.grpo.val_at_start"),
-    "grpo.val_at_end": ("rlflow/train/loop.py", "recipe.grpo.val_at_end"),
+    "grpo.val_at_end": ("rlflow/train/loop.py", "cfg.val_at_end"),
     "grpo.max_val_samples": ("rlflow/train/loop.py", "recipe.grpo.max_val_samples"),
     "grpo.dynamic_sampling.enabled": ("rlflow/train/collect.py", "dynamic.enabled"),
     "grpo.dynamic_sampling.max_extra_rounds": (
@@ -180,8 +180,8 @@ READ_BY = {
     "parallelism.sequence_parallel": ("rlflow/rules/allocation.py", "par.sequence_parallel"),
     "cluster.num_nodes": ("rlflow/rules/allocation.py", "cluster.num_nodes"),
     "cluster.gpus_per_node": ("rlflow/rules/allocation.py", "cluster.gpus_per_node"),
-    "checkpointing.enabled": ("rlflow/train/loop.py", "recipe.checkpointing.enabled"),
-    "checkpointing.save_period": ("rlflow/train/loop.py", "recipe.checkpointing.save_period"),
+    "checkpointing.enabled": ("rlflow/train/checkpoint.py", "cfg.enabled"),
+    "checkpointing.save_period": ("rlflow/train/checkpoint.py", "cfg.save_period"),
     "checkpointing.keep_last": ("rlflow/train/setup.py", "recipe.checkpointing.keep_last"),
     "checkpointing.hf_export_period": ("rlflow/train/hf_export.py", "cfg.hf_export_period"),
     "checkpointing.hf_export_keep_last": ("rlflow/train/hf_export.py", "cfg.hf_export_keep_last"),

@@ -50,7 +50,7 @@ def test_update_raises_logprob_of_rewarded_answers(trainable, tiny_processor):
         pad_token_id=tiny_processor.tokenizer.pad_token_id,
     )
     batching = Batching(8, max_tokens=0, packed=True)
-    before, _ = rollout_logprobs(policy, batch, batching, with_entropy=False)
+    before, _ = rollout_logprobs(policy, batch, batching, with_entropy=False, router_replay=False)
     weights_before = [p.detach().clone() for p in policy.core.language_model.parameters()]
     optimizer_cfg = OptimizerConfig(
         lr=1e-3,
@@ -85,7 +85,7 @@ def test_update_raises_logprob_of_rewarded_answers(trainable, tiny_processor):
         batching=Batching.from_config(optimizer_cfg),
         num_minibatches=1,
     ).metrics
-    after, _ = rollout_logprobs(policy, batch, batching, with_entropy=False)
+    after, _ = rollout_logprobs(policy, batch, batching, with_entropy=False, router_replay=False)
 
     changed = [
         not torch.equal(a, p)

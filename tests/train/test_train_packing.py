@@ -71,8 +71,12 @@ def assert_close_on_targets(packed, padded, mask, tol=1e-5):
 def test_packed_logprobs_equal_padded(kind, tiny_policy, tiny_processor, prompts):
     batch = rollout_batch(tiny_policy, tiny_processor.tokenizer.pad_token_id, prompts[kind])
     with torch.no_grad():
-        padded, padded_entropy = policy_token_logprobs(tiny_policy, batch, True, packed=False)
-        packed, packed_entropy = policy_token_logprobs(tiny_policy, batch, True, packed=True)
+        padded, padded_entropy = policy_token_logprobs(
+            tiny_policy, batch, True, packed=False, router_replay=False
+        )
+        packed, packed_entropy = policy_token_logprobs(
+            tiny_policy, batch, True, packed=True, router_replay=False
+        )
     assert_close_on_targets(packed, padded, batch.target_mask)
     assert_close_on_targets(packed_entropy, padded_entropy, batch.target_mask)
 
@@ -95,8 +99,8 @@ def test_packed_logprobs_equal_padded_text_only_qwen3(single_rank, tmp_path_fact
         prompts.append(Prompt(f"t{i}", question, tuple(ids), Media()))
     batch = rollout_batch(policy, tokenizer.pad_token_id, prompts, group=3)
     with torch.no_grad():
-        padded, _ = policy_token_logprobs(policy, batch, packed=False)
-        packed, _ = policy_token_logprobs(policy, batch, packed=True)
+        padded, _ = policy_token_logprobs(policy, batch, packed=False, router_replay=False)
+        packed, _ = policy_token_logprobs(policy, batch, packed=True, router_replay=False)
     assert_close_on_targets(packed, padded, batch.target_mask)
 
 
@@ -113,12 +117,20 @@ def test_micro_batches_by_rows_or_token_budget():
 def test_budgeted_packed_rollout_logprobs_equal_padded(tiny_policy, tiny_processor, prompts):
     batch = rollout_batch(tiny_policy, tiny_processor.tokenizer.pad_token_id, prompts["mixed"])
     padded, padded_entropy = rollout_logprobs(
-        tiny_policy, batch, Batching(3, max_tokens=0, packed=False), with_entropy=True
+        tiny_policy,
+        batch,
+        Batching(3, max_tokens=0, packed=False),
+        with_entropy=True,
+        router_replay=False,
     )
     budget = max(batch.lengths) + 10  # several micro-batches of different row counts
     assert 1 < len(micro_batches(batch.lengths, 3, max_tokens=budget, packed=True)) < len(batch)
     packed, packed_entropy = rollout_logprobs(
-        tiny_policy, batch, Batching(3, max_tokens=budget, packed=True), with_entropy=True
+        tiny_policy,
+        batch,
+        Batching(3, max_tokens=budget, packed=True),
+        with_entropy=True,
+        router_replay=False,
     )
     assert_close_on_targets(packed, padded, batch.target_mask)
     assert_close_on_targets(packed_entropy, padded_entropy, batch.target_mask)
@@ -138,7 +150,9 @@ def loss_and_grads(policy, batch, cache: VisionCache):
 
     policy.vision_cache = cache
     batching = Batching(len(batch), max_tokens=0, packed=True)
-    old, _ = rollout_logprobs(policy, batch, batching, with_entropy=False)  # fills the cache
+    old, _ = rollout_logprobs(
+        policy, batch, batching, with_entropy=False, router_replay=False
+    )  # fills the cache
     recipe = load_recipe(
         RECIPE, ["loss.kl_penalty=0", "optimizer.lr=0", "optimizer.max_grad_norm=0"]
     ).recipe
@@ -240,8 +254,12 @@ def _tensor_parallel_worker(rank: int, port: int, out: str) -> None:
     processor = AutoProcessor.from_pretrained(str(checkpoint))
     batch = rollout_batch(policy, processor.tokenizer.pad_token_id, mixed_prompts(processor))
     with torch.no_grad():
-        padded, padded_entropy = policy_token_logprobs(policy, batch, True, packed=False)
-        packed, packed_entropy = policy_token_logprobs(policy, batch, True, packed=True)
+        padded, padded_entropy = policy_token_logprobs(
+            policy, batch, True, packed=False, router_replay=False
+        )
+        packed, packed_entropy = policy_token_logprobs(
+            policy, batch, True, packed=True, router_replay=False
+        )
     mask = batch.target_mask
     if rank == 0:
         result = {
@@ -279,7 +297,9 @@ def test_one_minibatch_update_gives_the_old_logprobs_itself(trainable, tiny_proc
     recipe = load_recipe(RECIPE, [*overrides, "optimizer.max_grad_norm=0"]).recipe
     batch = rollout_batch(trainable, tiny_processor.tokenizer.pad_token_id, prompts["mixed"])
     batching = Batching(3, max_tokens=0, packed=True)
-    old, entropy = rollout_logprobs(trainable, batch, batching, with_entropy=True)
+    old, entropy = rollout_logprobs(
+        trainable, batch, batching, with_entropy=True, router_replay=False
+    )
     ref = old - 0.1 * batch.target_mask  # a reference that disagrees: the KL term is not 0
 
     def update(old_logprobs, minibatches=1):

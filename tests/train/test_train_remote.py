@@ -8,6 +8,7 @@ import pytest
 
 from rlflow.errors import RlflowError
 from rlflow.recipe.load import load_recipe
+from rlflow.train.collect import RolloutContext
 from rlflow.train.generation_role.remote import RemoteRollouts, RolloutBatch, Schedule
 from tests.train.test_train_runs import RECIPE
 
@@ -46,7 +47,9 @@ def test_the_trainer_refuses_rollouts_off_the_schedule(batch_step, version):
     """Step 3 of a one-step-off run wants batch 3 from the weights of version 1; a batch of
     another step, or from newer or staler weights, stops the run naming both versions."""
     recipe = load_recipe(RECIPE, ONE_STEP_OFF).recipe
-    remote = RemoteRollouts(link=None, recipe=recipe)
+    # the check reads only the recipe: no engine, data or rewards behind the context
+    context = RolloutContext(recipe, None, None, None, None, None, None)
+    remote = RemoteRollouts(link=None, context=context)
     remote.schedule = Schedule(1, start=0, last=4)
     remote._check(RolloutBatch(step=3, weight_version=1, groups=[], sums={}, sampler_state={}), 3)
     batch = RolloutBatch(

@@ -33,10 +33,10 @@ def _results(policy, batch, packed: bool) -> dict[str, torch.Tensor]:
 
     mask = batch.target_mask
     with torch.no_grad():
-        _, entropy = policy_token_logprobs(policy, batch, True, packed=packed)
+        _, entropy = policy_token_logprobs(policy, batch, True, packed=packed, router_replay=False)
     for chunk in policy.chunks:
         chunk.zero_grad_buffer()
-    logprobs, _ = policy_token_logprobs(policy, batch, packed=packed)
+    logprobs, _ = policy_token_logprobs(policy, batch, packed=packed, router_replay=False)
     weights = torch.linspace(-1.0, 1.0, int(mask.sum()))
     (logprobs[mask] * weights).sum().backward()
     finalize_model_grads(policy.chunks)

@@ -151,9 +151,10 @@ class Stats:
 
 
 @contextlib.contextmanager
-def replayed(policy, batch, packed: bool, count: bool | None = None):
+def replayed(policy, batch, packed: bool, *, replay: bool, count: bool | None = None):
     """One forward of `batch` under router replay (MoE models; a no-op for dense ones): the
-    targets are the batch's recorded experts in the forward's token order. A counted forward
+    targets are the batch's recorded experts in the forward's token order, followed with `replay`
+    (loss.router_replay) and compared either way. A counted forward
     compares and counts, and adds to the policy's step statistics: by default the logprob
     passes (no grad); `count=True` for an update forward that stands in for the old-logprob
     pass (one mini-batch: rlflow/train/update.py), so each rollout is counted once a step."""
@@ -165,7 +166,7 @@ def replayed(policy, batch, packed: bool, count: bool | None = None):
         recorded = batch.routing.to(batch.attention_mask.device)
         targets = packed_order(recorded, batch.attention_mask) if packed else padded_order(recorded)
     count = not torch.is_grad_enabled() if count is None else count
-    current = Plan(targets, replay=batch.router_replay and targets is not None, count_load=count)
+    current = Plan(targets, replay=replay and targets is not None, count_load=count)
     with plan(current):
         yield current
     if policy.routing_stats is None:

@@ -21,9 +21,8 @@ from pathlib import Path
 from rlflow import parallel
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe.load import LoadedRecipe
-from rlflow.recipe.schema import Recipe
 from rlflow.train import watchdog
-from rlflow.train.collect import Rollouts, collect_rollouts
+from rlflow.train.collect import RolloutContext, Rollouts, collect_rollouts
 from rlflow.train.faults import inject_failure
 from rlflow.train.generation_role.remote import Link, RolloutBatch, Schedule
 from rlflow.train.metrics import StepTimer
@@ -31,22 +30,17 @@ from rlflow.train.metrics import StepTimer
 
 @dataclass
 class Generator:
-    """A generation rank's state (the fields collect_rollouts reads, as on a Trainer)."""
+    """A generation rank's state: what its rollouts read (the same context a trainer's do), and
+    its own parts."""
 
-    recipe: Recipe
-    info: parallel.ParallelInfo
+    context: RolloutContext
     policy: object
-    encoder: object
-    train_data: object
-    sampler: object
-    backend: object
-    scorer: object
     stop: object
     link: Link
 
     def close(self) -> None:
-        self.backend.close()
-        self.scorer.close()
+        self.context.backend.close()
+        self.context.scorer.close()
 
 
 def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
@@ -75,15 +69,12 @@ def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
         recipe.data.max_prompt_tokens,
         role="generate",
     )
+    sampler = PromptSampler(len(train_data), recipe.grpo.num_prompts_per_step, recipe.run.seed)
     g = Generator(
-        recipe=recipe,
-        info=info,
+        context=RolloutContext(
+            recipe, info, sampler, train_data, encoder, backend, setup.build_scorer(recipe)
+        ),
         policy=policy,
-        encoder=encoder,
-        train_data=train_data,
-        sampler=PromptSampler(len(train_data), recipe.grpo.num_prompts_per_step, recipe.run.seed),
-        backend=backend,
-        scorer=setup.build_scorer(recipe),
         stop=stop,
         link=Link(policy, recipe),
     )
@@ -96,10 +87,12 @@ def serve(g: Generator) -> int:
     link = g.link
     watchdog.beat("wait_trainer")
     start = link.message(src=0)
-    g.sampler.load_state_dict(start["sampler"])
+    g.context.sampler.load_state_dict(start["sampler"])
     _receive_weights(g, start["step"])
     schedule = Schedule(
-        g.recipe.async_grpo.max_staleness, start["step"], g.recipe.grpo.max_num_steps
+        g.context.recipe.async_grpo.max_staleness,
+        start["step"],
+        g.context.recipe.grpo.max_num_steps,
     )
     ready: dict[int, RolloutBatch | None] = {}
     upcoming = start["step"] + 1
@@ -128,34 +121,38 @@ def serve(g: Generator) -> int:
 def _receive_weights(g: Generator, version: int) -> None:
     watchdog.beat("weight_sync")
     g.link.weights(version)
-    g.backend.refresh_weights(version)  # in place: the engine's views of the weights are current
+    g.context.backend.refresh_weights(
+        version
+    )  # in place: the engine's views of the weights are current
 
 
 def _batch(g: Generator, step: int, schedule: Schedule) -> RolloutBatch | None:
     """Batch `step`, generated with the weights the schedule gives it; the whole batch on the
     first generation rank (None on the others)."""
-    info = g.info
+    info = g.context.info
     watchdog.beat("generation", step)
     inject_failure(info.job_rank, f"step{step}")
-    if g.backend.weight_version != schedule.version_for(step):
+    if g.context.backend.weight_version != schedule.version_for(step):
         raise RlflowError(
             Diagnostic(
                 "async.schedule",
                 f"generation rank {info.job_rank} holds weights of version "
-                f"{g.backend.weight_version} for batch {step}; the schedule says "
+                f"{g.context.backend.weight_version} for batch {step}; the schedule says "
                 f"{schedule.version_for(step)}",
             )
         )
     g.policy.vision_cache.clear()  # frozen-tower features live for one batch
     timer = StepTimer(sync=_sync_fn(info.device))
-    rollouts = collect_rollouts(g, step, timer)
-    sampler_state = g.sampler.state_dict()
+    rollouts = collect_rollouts(g.context, step, timer)
+    sampler_state = g.context.sampler.state_dict()
     replicas = parallel.all_gather_objects(rollouts if info.tp_rank == 0 else None)
     if info.job_rank != g.link.leader:
         return None
-    size = g.recipe.grpo.num_generations_per_prompt
+    size = g.context.recipe.grpo.num_generations_per_prompt
     replicas = [r for r in replicas if r is not None]
-    return _merged(step, g.backend.weight_version, replicas, size, sampler_state, timer.seconds)
+    return _merged(
+        step, g.context.backend.weight_version, replicas, size, sampler_state, timer.seconds
+    )
 
 
 def _merged(

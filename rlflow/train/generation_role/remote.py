@@ -28,7 +28,7 @@ from rlflow.errors import Diagnostic, RlflowError
 from rlflow.generation.base import Completion
 from rlflow.model.media import Prompt
 from rlflow.train import watchdog
-from rlflow.train.collect import Rollouts
+from rlflow.train.collect import RolloutContext, Rollouts
 from rlflow.train.generation_role.weight_sync import WeightSync, check_layouts, synced_layouts
 
 
@@ -109,33 +109,34 @@ class Link:
 class RemoteRollouts:
     """The trainer's side: orders batches, checks their versions, sends the weights."""
 
-    def __init__(self, link: Link, recipe):
-        self.link, self.recipe = link, recipe
+    def __init__(self, link: Link, context: RolloutContext):
+        self.link, self.context, self.recipe = link, context, context.recipe
         self.schedule: Schedule | None = None
         self.sync_seconds = 0.0
 
-    def start(self, t) -> None:
-        """After the warm start or the resume: the weights of t.step and the sampler's state."""
-        self.link.message({"step": t.step, "sampler": t.sampler.state_dict()}, src=0)
-        watchdog.beat("weight_sync", t.step)
-        self.sync_seconds = self.link.weights(t.step)
+    def start(self, step: int) -> None:
+        """After the warm start or the resume: the weights of `step` and the sampler's state."""
+        self.link.message({"step": step, "sampler": self.context.sampler.state_dict()}, src=0)
+        watchdog.beat("weight_sync", step)
+        self.sync_seconds = self.link.weights(step)
         self.schedule = Schedule(
-            self.recipe.async_grpo.max_staleness, t.step, self.recipe.grpo.max_num_steps
+            self.recipe.async_grpo.max_staleness, step, self.recipe.grpo.max_num_steps
         )
 
-    def collect(self, t, step: int, timer) -> Rollouts:
+    def collect(self, step: int, timer) -> Rollouts:
         self.link.message({"want": step}, src=0)
         with timer("wait_rollouts"):
             batch = self.link.rollouts.broadcast_object(
                 None, self.link.leader, keep_alive=watchdog.beat
             )
         self._check(batch, step)
-        t.sampler.load_state_dict(batch.sampler_state)
+        self.context.sampler.load_state_dict(batch.sampler_state)
         for phase, seconds in batch.seconds.items():
             timer.seconds[phase] = timer.seconds.get(phase, 0.0) + seconds
-        return batch.share(t.info.dp_rank, t.info.dp_size)
+        info = self.context.info
+        return batch.share(info.dp_rank, info.dp_size)
 
-    def after_update(self, t, step: int, timer) -> None:
+    def after_update(self, step: int, timer) -> None:
         if not self.schedule.sync_after(step):
             return
         with timer("wait_generation"):
