@@ -83,7 +83,7 @@ def vllm_env(vllm_gen_cfg):
     return ensure_env(vllm_spec(cfg), cfg.env_root)
 
 
-# --- the fast tier: `uv run pytest -m "not slow"` (README: "Quick start") -----------------------------
+# --- the fast tier: `uv run pytest -m "not slow"` (README: "Set up") -----------------------------
 # Slow: a test that starts the Slurm cluster, loads a megatron-core model, trains, or runs vLLM.
 # Marked here, by what a test uses, so a new test of that kind is slow without remembering to
 # say so. CI runs everything (`uv run pytest`).
