@@ -226,7 +226,6 @@ def _summary(plan, loaded) -> str:
 
 def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
     """Write the run directory aside, sbatch it on hold, rename it into place, release the job."""
-    from rlflow import slurm
     from rlflow.launch import rundir
     from rlflow.launch.prepare import unwritable_output
 
@@ -240,29 +239,7 @@ def submit_prepared(prepared: Prepared) -> tuple[str, Path]:
         staged = rundir.stage(plan.run_dir, files)
     except OSError as err:
         raise unwritable_output(prepared.loaded, "run directory", plan.run_dir, err) from None
-    try:
-        job_id = slurm.sbatch_held(staged.script)
-    except BaseException:
-        staged.discard()
-        raise
-    try:
-        final = staged.publish(job_id)
-        slurm.release(job_id)
-    except BaseException as err:
-        slurm.cancel_quietly(job_id)  # the held job never ran; take it back with its directory
-        staged.discard()
-        rundir.remove_published(staged.final)
-        if isinstance(err, OSError):
-            raise RlflowError(
-                Diagnostic(
-                    "submit.run-dir",
-                    f"could not move the run directory into place at {staged.final}: "
-                    f"{err.strerror or err}",
-                    help=f"job {job_id} was cancelled and nothing is left behind; submit again",
-                )
-            ) from None
-        raise
-    return job_id, final
+    return rundir.submit_held(staged, "run")
 
 
 def show_submitted(prepared: Prepared, job_id: str, run_dir: Path, parsable: bool) -> None:

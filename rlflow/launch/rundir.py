@@ -20,6 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlflow.errors import Diagnostic, RlflowError
 from rlflow.job.files import JOB_ID, LOGS
 
 GIT_TIMEOUT_SECONDS = 30
@@ -67,6 +68,41 @@ def stage(run_dir: str, files: dict[str, str]) -> StagedRun:
 def remove_published(run_dir: Path) -> None:
     """Undo `publish` when the job could not be released (the job is cancelled by then)."""
     shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def submit_held(staged: StagedRun, what: str, before_publish=None) -> tuple[str, Path]:
+    """The submit transaction: sbatch the staged script on hold, `before_publish(job_id)` (files
+    that name the job), rename the directory into place, release the job. On any failure nothing
+    is left: the held job is cancelled and the directory removed, and an OSError is a diagnostic
+    naming `what` ("run": a job, "sweep": a job array)."""
+    from rlflow import slurm
+
+    try:
+        job_id = slurm.sbatch_held(staged.script)
+    except BaseException:
+        staged.discard()
+        raise
+    try:
+        if before_publish is not None:
+            before_publish(job_id)
+        final = staged.publish(job_id)
+        slurm.release(job_id)
+    except BaseException as err:
+        slurm.cancel_quietly(job_id)  # the held job never ran; take it back with its directory
+        staged.discard()
+        remove_published(staged.final)
+        if isinstance(err, OSError):
+            job = "job array" if what == "sweep" else "job"
+            raise RlflowError(
+                Diagnostic(
+                    "submit.run-dir",
+                    f"could not move the {what} directory into place at {staged.final}: "
+                    f"{err.strerror or err}",
+                    help=f"{job} {job_id} was cancelled and nothing is left behind; submit again",
+                )
+            ) from None
+        raise
+    return job_id, final
 
 
 def git_state(directory: str) -> dict:

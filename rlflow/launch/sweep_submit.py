@@ -236,7 +236,6 @@ def _element_recipe(swept: PreparedSweep, index: int) -> str:
 
 def submit_sweep(swept: PreparedSweep) -> str:
     """Write SWEEP_DIR aside, sbatch the array on hold, move SWEEP_DIR into place, release."""
-    from rlflow import slurm
     from rlflow.job import files
     from rlflow.launch import rundir
 
@@ -255,34 +254,15 @@ def submit_sweep(swept: PreparedSweep) -> str:
         if staged is not None:
             staged.discard()
         raise unwritable_output(first.loaded, "sweep directory", swept.sweep_dir, err) from None
-    try:
-        array_id = slurm.sbatch_held(staged.script)
-    except BaseException:
-        staged.discard()
-        raise
-    try:
+
+    def name_the_elements(array_id: str) -> None:
         for element in swept.elements:
             (staged.temp / element.name / files.JOB_ID).write_text(f"{array_id}_{element.index}\n")
         sweep.write_manifest(
             staged.temp, swept.axes, swept.elements, array_id, swept.max_concurrent
         )
-        staged.publish(array_id)
-        slurm.release(array_id)
-    except BaseException as err:
-        slurm.cancel_quietly(array_id)  # the held array never ran; take it back with its directory
-        staged.discard()
-        rundir.remove_published(staged.final)
-        if isinstance(err, OSError):
-            raise RlflowError(
-                Diagnostic(
-                    "submit.run-dir",
-                    f"could not move the sweep directory into place at {staged.final}: "
-                    f"{err.strerror or err}",
-                    help=f"job array {array_id} was cancelled and nothing is left behind; "
-                    "submit again",
-                )
-            ) from None
-        raise
+
+    array_id, _ = rundir.submit_held(staged, "sweep", before_publish=name_the_elements)
     return array_id
 
 

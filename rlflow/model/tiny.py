@@ -63,12 +63,10 @@ _WORDS = (
 
 
 @dataclass(frozen=True)
-class ModelSizes:
-    """Shapes of a random Qwen2.5-VL. head_dim = hidden / heads must be >= 32 for vLLM's CPU attention.
-
-    vocab_size is the model's (embedding rows); the tokenizer has tokenizer_vocab entries, like real
-    checkpoints whose embedding is padded past the tokenizer.
-    """
+class LanguageSizes:
+    """The language model's shapes of a random Qwen (a family's sizes add their own); the
+    defaults are the tiny CPU models'. vocab_size is the model's (embedding rows); the tokenizer
+    has tokenizer_vocab entries, like real checkpoints whose embedding is padded past it."""
 
     vocab_size: int = 512
     tokenizer_vocab: int = 512
@@ -79,6 +77,13 @@ class ModelSizes:
     kv_heads: int = 2
     tie_embeddings: bool = False
     rope_theta: float = 10000.0
+
+
+@dataclass(frozen=True)
+class ModelSizes(LanguageSizes):
+    """Shapes of a random Qwen2.5-VL. head_dim = hidden / heads must be >= 32 for vLLM's CPU
+    attention."""
+
     vision_depth: int = 2
     vision_hidden: int = 64
     vision_intermediate: int = 128
@@ -106,12 +111,7 @@ def mrope_text_config(sizes: ModelSizes, ids: dict[str, int], tokens: int, tie: 
     """The language model's part of a Qwen-VL config (Qwen2-VL and Qwen2.5-VL share it)."""
     half = sizes.hidden // sizes.heads // 2  # mrope sections (temporal, height, width) sum to this
     return dict(
-        vocab_size=max(sizes.vocab_size, tokens),
-        hidden_size=sizes.hidden,
-        intermediate_size=sizes.intermediate,
-        num_hidden_layers=sizes.layers,
-        num_attention_heads=sizes.heads,
-        num_key_value_heads=sizes.kv_heads,
+        **language_config(sizes, tokens),
         max_position_embeddings=4096,
         rms_norm_eps=1e-6,
         rope_parameters={
@@ -119,9 +119,7 @@ def mrope_text_config(sizes: ModelSizes, ids: dict[str, int], tokens: int, tie: 
             "rope_theta": sizes.rope_theta,
             "mrope_section": [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8],
         },
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
+        **token_ids_config(ids),
         tie_word_embeddings=tie,
     )
 
@@ -141,6 +139,28 @@ def vision_config(sizes, *, patch_size: int, **family_keys) -> dict:
         temporal_patch_size=2,
         out_hidden_size=sizes.hidden,
         **family_keys,
+    )
+
+
+def language_config(sizes: LanguageSizes, tokens: int) -> dict:
+    """A Qwen language model's sizes in an HF config (`tokens`: the tokenizer's length, a floor
+    for the vocabulary)."""
+    return dict(
+        vocab_size=max(sizes.vocab_size, tokens),
+        hidden_size=sizes.hidden,
+        intermediate_size=sizes.intermediate,
+        num_hidden_layers=sizes.layers,
+        num_attention_heads=sizes.heads,
+        num_key_value_heads=sizes.kv_heads,
+    )
+
+
+def token_ids_config(ids: dict[str, int]) -> dict:
+    """A config's bos, eos and pad token ids from the tiny tokenizer's special tokens."""
+    return dict(
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
     )
 
 
@@ -236,9 +256,7 @@ def write_tiny_text_checkpoint(
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
         tie_word_embeddings=False,
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
+        **token_ids_config(ids),
     )
     torch.manual_seed(seed)
     model = model_cls(config).eval()

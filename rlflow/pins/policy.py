@@ -151,21 +151,16 @@ def apply_allowlist(
     first = [e for e in policy.allow if e.code != "RF009"]
     second = [e for e in policy.allow if e.code == "RF009"]
     _split(findings, first, kept, allowed, used)
-    stale = [
-        Finding(
-            "RF009",
-            "warning",
-            package=entry.package,
-            location=entry.location,
-            detail=f"allow entry for {entry.label}",
-        )
-        for entry in first
-        if id(entry) not in used
-    ]
-    rf009 = [f for f in kept if f.code == "RF009"] + stale
+    rf009 = [f for f in kept if f.code == "RF009"] + _unused(first, used)
     kept = [f for f in kept if f.code != "RF009"]
     _split(rf009, second, kept, allowed, used)  # RF009 itself can be allowed, once
-    kept += [
+    kept += _unused(second, used)
+    return kept, allowed
+
+
+def _unused(entries: list, used: set[int]) -> list[Finding]:
+    """RF009 for each allow entry that allowed nothing."""
+    return [
         Finding(
             "RF009",
             "warning",
@@ -173,10 +168,9 @@ def apply_allowlist(
             location=entry.location,
             detail=f"allow entry for {entry.label}",
         )
-        for entry in second
+        for entry in entries
         if id(entry) not in used
     ]
-    return kept, allowed
 
 
 def _split(findings, entries, kept, allowed, used) -> None:

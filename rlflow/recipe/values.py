@@ -48,8 +48,9 @@ def hints(tp: type) -> dict[str, Any]:
     return typing.get_type_hints(tp)
 
 
-def type_at(path: KeyPath) -> Any:
-    """The schema type of `path` (a mapping's value type under rewards, env, mix), or None."""
+def _schema_type(path: KeyPath) -> Any:
+    """The schema's type at `path`, a section's dataclass included (a mapping's value type under
+    rewards, env, mix), or None where the schema has no such key."""
     tp: Any = Recipe
     for key in path:
         if dataclasses.is_dataclass(tp):
@@ -60,19 +61,18 @@ def type_at(path: KeyPath) -> Any:
             return None
         if tp is None:
             return None
+    return tp
+
+
+def type_at(path: KeyPath) -> Any:
+    """The schema type of `path` (a mapping's value type under rewards, env, mix), or None."""
+    tp = _schema_type(path)
     return None if dataclasses.is_dataclass(tp) else tp
 
 
 def holds_text(path: KeyPath) -> bool:
     """True when the schema types `path` as a string (or a string or null)."""
-    tp: Any = Recipe
-    for key in path:
-        if dataclasses.is_dataclass(tp):
-            tp = hints(tp).get(key)
-        elif get_origin(tp) is dict:
-            tp = get_args(tp)[1]
-        else:
-            return False
+    tp = _schema_type(path)
     options = get_args(tp) if get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
     return any(o is str or get_origin(o) is Literal for o in options)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rlflow.model.families.qwen_text import QwenText
 from rlflow.model.moe import MixtureOfExperts
+from rlflow.model.tiny import LanguageSizes
 
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
@@ -56,16 +57,13 @@ FAMILY = Qwen3Moe()
 
 
 @dataclass(frozen=True)
-class MoESizes:
+class MoESizes(LanguageSizes):
     """Shapes of a random Qwen3-MoE (the tokenizer stays the tiny one: vocab_size may exceed it,
-    as real checkpoints pad their embedding)."""
+    as real checkpoints pad their embedding; `intermediate` is unused: every layer is MoE)."""
 
     vocab_size: int = 0  # 0: the tokenizer's size
-    hidden: int = 128
-    heads: int = 4
-    kv_heads: int = 2
-    head_dim: int = 32
     layers: int = 2
+    head_dim: int = 32
     experts: int = 8
     topk: int = 2
     expert_intermediate: int = 64
@@ -98,8 +96,7 @@ def write_tiny_qwen3_moe(
     (a 30B-A3B-shaped model initialises in seconds there)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from rlflow.model.tiny import PRESETS as DENSE
-    from rlflow.model.tiny import write_tiny
+    from rlflow.model.tiny import token_ids_config, write_tiny
 
     def config(ids: dict[str, int], tokens: int):
         return Qwen3MoeConfig(
@@ -120,9 +117,7 @@ def write_tiny_qwen3_moe(
             rms_norm_eps=1e-6,
             rope_parameters={"rope_type": "default", "rope_theta": sizes.rope_theta},
             tie_word_embeddings=False,
-            bos_token_id=ids["<|endoftext|>"],
-            eos_token_id=ids["<|im_end|>"],
-            pad_token_id=ids["<|endoftext|>"],
+            **token_ids_config(ids),
         )
 
     def router(model) -> None:
@@ -134,7 +129,7 @@ def write_tiny_qwen3_moe(
     return write_tiny(
         out_dir,
         seed=seed,
-        tokenizer_vocab=DENSE["tiny"].tokenizer_vocab,
+        tokenizer_vocab=sizes.tokenizer_vocab,
         model_class=Qwen3MoeForCausalLM,
         config=config,
         device=device,

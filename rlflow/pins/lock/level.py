@@ -26,12 +26,13 @@ deployed lock with the root's in deployed.py.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 from rlflow.pins import workspace
 from rlflow.pins.lock import projects, settings, uvlock
-from rlflow.pins.lock.words import Stale
+from rlflow.pins.lock.words import Stale, first_stale
 from rlflow.pins.model import Finding, Location
 from rlflow.pins.workspace import Undecidable
 
@@ -124,8 +125,7 @@ def _stale(lock: uvlock.UvLock, directory: Path, document) -> Stale | None:
     )
     members = workspace.workspace_members(root)
     python = lock.requires_python
-    undecided = None
-    for check in (
+    checks = (
         settings.options,
         settings.environments,
         settings.conflicts,
@@ -133,14 +133,5 @@ def _stale(lock: uvlock.UvLock, directory: Path, document) -> Stale | None:
         projects.packages,
         settings.manifest,
         settings.indexes,
-    ):
-        try:
-            found = check(lock, root, members, python)
-        except Undecidable as why:  # a later check may still find the lock stale for certain
-            undecided = undecided or why
-            continue
-        if found:
-            return found
-    if undecided:
-        raise undecided
-    return None
+    )
+    return first_stale(functools.partial(check, lock, root, members, python) for check in checks)

@@ -8,11 +8,12 @@ settings of settings.py.
 
 from __future__ import annotations
 
+import functools
 import os
 
 from rlflow.pins import workspace
 from rlflow.pins.lock import lowering, uvlock
-from rlflow.pins.lock.words import Stale, difference, line, rel, shown
+from rlflow.pins.lock.words import Stale, difference, first_stale, line, rel, shown
 from rlflow.pins.pep508 import canonicalize_name
 from rlflow.pins.workspace import Undecidable
 
@@ -29,18 +30,9 @@ def packages(lock, root, members, python) -> Stale | None:
         if virtual is not None and virtual != (package.local_kind == "virtual"):
             now = "virtual (not built)" if virtual else "a package"
             return Stale(f"`{name}` is now {now}; the lock has it {package.local_kind}")
-    undecided = None
-    for package in local:
-        try:
-            found = _local(lock, package, by_dir, members, python, root)
-        except Undecidable as why:  # another project may still be stale for certain
-            undecided = undecided or why
-            continue
-        if found:
-            return found
-    if undecided:
-        raise undecided
-    return None
+    return first_stale(
+        functools.partial(_local, lock, package, by_dir, members, python, root) for package in local
+    )
 
 
 def _local(lock, package, by_dir, members, python, root) -> Stale | None:

@@ -81,3 +81,23 @@ def line(project, key: str, diff=None) -> Location | None:
 
 def texts(value) -> list[str]:
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def first_stale(checks) -> Stale | None:
+    """The first verdict of `checks` (callables, run in order) that finds the lock stale. A check
+    that cannot decide offline (`Undecidable`) does not stop the others, which may still find it
+    stale for certain; if none does, the first undecided one is raised."""
+    from rlflow.pins.workspace import Undecidable
+
+    undecided = None
+    for check in checks:
+        try:
+            found = check()
+        except Undecidable as why:
+            undecided = undecided or why
+            continue
+        if found:
+            return found
+    if undecided:
+        raise undecided
+    return None

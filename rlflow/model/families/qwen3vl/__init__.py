@@ -27,6 +27,7 @@ from pathlib import Path
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.model.families.qwen25vl import QwenVLFamily, cat_rows
 from rlflow.model.presets import QWEN3VL_PRESET_NAMES
+from rlflow.model.tiny import LanguageSizes
 
 
 class Qwen3VL(QwenVLFamily):
@@ -78,21 +79,12 @@ FAMILY = Qwen3VL()
 
 
 @dataclass(frozen=True)
-class Qwen3VLSizes:
+class Qwen3VLSizes(LanguageSizes):
     """Shapes of a random Qwen3-VL. The defaults are the tiny CPU model's (head_dim 32 >= vLLM's
-    CPU minimum); `QWEN3VL_PRESETS` holds the real shapes. vocab_size is the embedding's rows
-    (at least the tokenizer's tokenizer_vocab entries, which are locally built)."""
+    CPU minimum); `QWEN3VL_PRESETS` holds the real shapes."""
 
-    vocab_size: int = 512
-    tokenizer_vocab: int = 512
-    hidden: int = 128
-    intermediate: int = 384
     layers: int = 3
-    heads: int = 4
-    kv_heads: int = 2
     head_dim: int = 32
-    tie_embeddings: bool = False
-    rope_theta: float = 10000.0
     # Qwen3-VL's [24, 20, 20] of 64 frequencies, scaled to head_dim / 2 = 16
     mrope_section: tuple[int, int, int] = (6, 5, 5)
     max_position_embeddings: int = 4096
@@ -157,15 +149,15 @@ def write_tiny_qwen3vl(
 def qwen3vl_config(sizes: Qwen3VLSizes, ids: dict[str, int], tokens: int, moe: bool = False):
     """The HF config of a random Qwen3-VL at `sizes` (ids: the media and special token ids;
     tokens: the tokenizer's length, a floor for the vocabulary)."""
-    from rlflow.model.tiny import media_token_config, vision_config
+    from rlflow.model.tiny import (
+        language_config,
+        media_token_config,
+        token_ids_config,
+        vision_config,
+    )
 
     text = dict(
-        vocab_size=max(sizes.vocab_size, tokens),
-        hidden_size=sizes.hidden,
-        intermediate_size=sizes.intermediate,
-        num_hidden_layers=sizes.layers,
-        num_attention_heads=sizes.heads,
-        num_key_value_heads=sizes.kv_heads,
+        **language_config(sizes, tokens),
         head_dim=sizes.head_dim,
         max_position_embeddings=sizes.max_position_embeddings,
         rms_norm_eps=1e-6,
@@ -175,9 +167,7 @@ def qwen3vl_config(sizes: Qwen3VLSizes, ids: dict[str, int], tokens: int, moe: b
             "mrope_section": list(sizes.mrope_section),
             "mrope_interleaved": True,
         },
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
+        **token_ids_config(ids),
     )
     if sizes.tie_embeddings:  # (left out when untied: the tiny checkpoint stays byte-identical)
         text["tie_word_embeddings"] = True
