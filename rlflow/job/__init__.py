@@ -12,6 +12,8 @@
     preflight.py   called by every rank before the model loads: GPUs, GEMM, disk, env, all-reduce
     files.py       the run directory's file names and record formats (the login-node commands
                    read them too)
+    local.py       `rlflow train --nproc N`: node.py's launcher on this machine, with its
+                   attempt record and a resume command
 
 Everything here but preflight.py is standard library only: the launcher starts in a fraction of
 a second on every node. Nothing here imports rlflow.launch (the login-node commands).

@@ -1,4 +1,4 @@
-"""`rlflow submit`, `status`, `logs` and `cancel`: the login-node commands. What runs inside the
+"""`rlflow submit`, `status`, `logs`, `cancel` and `report`: the login-node commands. What runs inside the
 job lives in rlflow/job/; every call to Slurm goes through rlflow/slurm.py.
 
 The submit flow is `load -> plan -> render -> check -> (dry run: show) -> stage -> sbatch`:
@@ -15,6 +15,7 @@ The submit flow is `load -> plan -> render -> check -> (dry run: show) -> stage 
     sweep.py         `--sweep` axes -> elements, and the sweep directory's manifest
     sweep_submit.py  a sweep's elements planned, checked and submitted as one job array
     sweep_jobs.py    `rlflow status` and `cancel` of a sweep
+    report.py        `rlflow report`: PNG plots of a run's metrics.jsonl
 
 Everything here runs on login nodes: no torch, megatron or transformers.
 """

@@ -1,2 +1,3 @@
-"""Policy models: one module per model family behind family.py, HF checkpoint <-> Megatron
-through megatron-bridge (build.py), the forwards, and third-party patches (compat/)."""
+"""Policy models: the family interface and registry (family.py), one module or folder per family
+(families/), mixture-of-experts (moe/), HF checkpoint <-> Megatron through megatron-bridge
+(build.py), the forwards, and the tiny checkpoints (tiny.py). Third-party patches: rlflow/compat/."""
