@@ -103,29 +103,30 @@ def _flat(obj, prefix: str = "") -> dict:
     return {prefix: obj}
 
 
-def uncompiled_megatron(prefix: Path) -> dict[str, str]:
+def uncompiled_megatron(folder: Path) -> dict[str, str]:
     """The environment of a process that finds no bytecode for megatron's sources (a fresh
-    install's first run, or every run under PYTHONDONTWRITEBYTECODE): PYTHONPYCACHEPREFIX is a
-    folder that mirrors every other module's bytecode (links), so only megatron compiles."""
-    for entry in map(Path, sys.path):
-        if not entry.is_dir() or entry == ROOT:
-            continue
-        for cache in entry.rglob("__pycache__"):
-            if "megatron" in cache.parts:
-                continue
-            mirror = prefix / os.path.abspath(cache.parent).lstrip("/")
-            mirror.mkdir(parents=True, exist_ok=True)
-            for pyc in cache.glob("*.pyc"):
-                if not (mirror / pyc.name).exists():
-                    (mirror / pyc.name).symlink_to(pyc)
-    return {"PYTHONPYCACHEPREFIX": str(prefix)}
+    install's first run, or every run under PYTHONDONTWRITEBYTECODE): megatron's files, linked
+    into `folder` without their __pycache__, come first on PYTHONPATH, so Python compiles them
+    (and nothing else) from source."""
+    import importlib.util
+
+    core = importlib.util.find_spec("megatron.core").origin  # found, not imported
+    installed = Path(core).parents[1]  # site-packages/megatron, a namespace package
+    for source in installed.rglob("*"):
+        relative = source.relative_to(installed.parent)
+        if source.is_file() and "__pycache__" not in relative.parts:
+            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+            (folder / relative).symlink_to(source)
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    }
 
 
 @pytest.fixture(scope="module")
 def reference_output(tmp_path_factory) -> tuple[Path, str]:
     """The reference run (rank 0 of one) and what it printed, run as on a fresh install."""
     run_dir = tmp_path_factory.mktemp("reference")
-    fresh = uncompiled_megatron(tmp_path_factory.mktemp("pycache"))
+    fresh = uncompiled_megatron(tmp_path_factory.mktemp("uncompiled"))
     result = train(run_dir, env={"PYTHONHASHSEED": "0", **fresh})
     assert result.returncode == 0, result.stderr[-3000:]
     return run_dir, result.stdout + result.stderr
