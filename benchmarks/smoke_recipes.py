@@ -121,6 +121,10 @@ def run_one(recipe: Path, rlflow: str, args) -> dict:
             rc = None
             log.write(f"timed out after {args.timeout} s\n")
     seconds = round(time.perf_counter() - start, 1)
+    if rc != 0:  # the ranks' own logs too: a rank's error may not reach the launcher's output
+        with open(log_path, "a") as log:
+            for rank_log in sorted((run_dir / "logs").glob("*.log")):
+                log.write(f"\n--- {rank_log.name}\n{rank_log.read_text(errors='replace')[-20000:]}")
     text = log_path.read_text(errors="replace")
     result = {
         "recipe": recipe.name,
