@@ -9,9 +9,10 @@ fails here fails for its users. On a GPU machine the run uses the GPU (the train
     python benchmarks/smoke_recipes.py --out DIR [--steps 3] [--only qwen3-moe,qwen3vl-moe]
 
 writes DIR/smoke_recipes.json, DIR/smoke_recipes.md (recipe, exit code, seconds, last line or
-error) and DIR/<recipe>.log (run directories: --work, /tmp/rlflow-smoke). Where rlflow is not installed (PYTHONPATH only, as on the GPU
-machine of benchmarks/smoke_recipes.md), the script writes the console script pip would
-(`from rlflow.cli import main`) into the --work folder and runs that. Once the record is kept,
+error) and DIR/<recipe>.log; the run directories go under --work (/tmp/rlflow-smoke). Where
+rlflow is not installed (PYTHONPATH only, as on the GPU machine of benchmarks/smoke_recipes.md),
+the script writes the console script pip would (`from rlflow.cli import main`) into the --work
+folder and runs that. Once the record is kept,
 
     python benchmarks/smoke_recipes.py --stamp DIR/smoke_recipes.json [MORE.json ...]
 

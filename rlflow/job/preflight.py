@@ -11,7 +11,8 @@ check, the failing node's ranks exit 78 (a node failure: the batch script requeu
 node) and the others 76 (a peer failed); the caller puts `PreflightFailed.note` into the rank's
 progress report, where the launcher reads why (rlflow/train/main.py). Then one all-reduce over
 all ranks, with its bandwidth logged where there are several. The line names only the checks
-that had something to check on the job's machines. torch is imported inside the functions: the login node imports this module's names only.
+that had something to check on the job's machines. torch is imported inside the functions: the
+login node imports this module's names only.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ rlflow classes swapped in:
   megatron-bridge mappings) whose per-expert weights live in one [experts, out, in] tensor, so
   the experts run as two grouped matrix products (`torch._grouped_mm`: a CUTLASS kernel on
   GPUs in bfloat16, an exact per-group loop in C++ on CPUs) with device-side offsets, never a
-  Python loop over experts and no host sync (float32 on GPUs: see `grouped_mm`). `model.moe.grouped_experts: false` keeps SequentialMLP (the
-  reference the tests compare against; benchmarks/moe_experts.py measures both).
+  Python loop over experts and no host sync (float32 on GPUs: see `grouped_mm`).
+  `model.moe.grouped_experts: false` keeps SequentialMLP (the reference the tests compare
+  against; benchmarks/moe_experts.py measures both).
 * `MoELayer`: megatron-core's, with the router hook of rlflow/model/routing.py (recording and
   replaying expert choices, load statistics), and under tensor parallelism (which rlflow runs
   without sequence parallelism) each TP rank dispatching its own slice of the tokens.
