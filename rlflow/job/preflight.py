@@ -9,8 +9,10 @@
 The results are gathered on every rank, so all of them agree: a failure names the node and the
 check, the failing node's ranks exit 78 (a node failure: the batch script requeues without that
 node) and the others 76 (a peer failed); the caller puts `PreflightFailed.note` into the rank's
-progress report, where the launcher reads why (rlflow/train/main.py). Then one all-reduce over all ranks, with its bandwidth
-logged. torch is imported inside the functions: the login node imports this module's names only.
+progress report, where the launcher reads why (rlflow/train/main.py). Then one all-reduce over
+all ranks, with its bandwidth logged where there are several. The line names only the checks
+that had something to check on the job's machines. torch is imported inside the functions: the
+login node imports this module's names only.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class NodeReport:
     node_rank: int
     host: str
     failures: list[str] = field(default_factory=list)  # "check: what is wrong"
+    checked: list[str] = field(default_factory=list)  # the checks that had something to check
     versions: dict[str, str] = field(default_factory=dict)
 
 
@@ -75,8 +78,8 @@ def _test_visible_gpus() -> int | None:
     return None
 
 
-def check_gpus(wanted: int) -> list[str]:
-    visible = visible_gpus()
+def check_gpus(wanted: int, visible: int | None = None) -> list[str]:
+    visible = visible_gpus() if visible is None else visible
     if visible is None or visible >= wanted:
         return []
     return [f"gpus: {visible} GPU{'s' * (visible != 1)} visible, {wanted} requested"]
@@ -149,17 +152,27 @@ def versions() -> dict[str, str]:
 
 
 def local_report(cfg, run_dir: Path, model_dir: str | None, info) -> NodeReport:
-    """This rank's checks (node-wide ones on local rank 0 only)."""
+    """This rank's checks (node-wide ones on local rank 0 only), and the names of those that had
+    something to check here: no "gpus" on a node without GPUs, no "env" where no variable is
+    required and no other rank's versions can differ."""
     report = NodeReport(info.rank, int(os.environ.get("NODE_RANK", "0")), hostname())
     report.versions = versions()
     if info.local_rank == 0:
-        report.failures += check_gpus(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        visible = visible_gpus()
+        if visible is not None:
+            report.checked.append("gpus")
+            report.failures += check_gpus(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), visible)
+    if info.device.type == "cuda":
+        report.checked.append("gemm")
+        report.failures += check_gemm(cfg.gemm_size, cfg.gemm_tolerance, info.device)
+    if info.local_rank == 0:
+        report.checked.append("disk")
         report.failures += check_disk(
             run_dir, checkpoint_bytes(run_dir, model_dir), cfg.min_free_disk_gb
         )
         report.failures += check_env(cfg.required_env)
-    if info.device.type == "cuda":
-        report.failures += check_gemm(cfg.gemm_size, cfg.gemm_tolerance, info.device)
+    if cfg.required_env or info.world_size > 1:
+        report.checked.append("env")
     return report
 
 
@@ -198,14 +211,23 @@ def run_preflight(cfg, run_dir: Path, model_dir: str | None, info, log=print) ->
         )
     seconds, size = allreduce_seconds(cfg.allreduce_mb, info)
     if info.is_main:
-        nodes = len({r.host for r in reports})
-        checks = "gpus, gemm, disk, env" if info.device.type == "cuda" else "gpus, disk, env"
-        bus = 2 * (info.world_size - 1) / info.world_size * size / max(seconds, 1e-9)
-        log(
-            f"preflight: {nodes} node{'s' * (nodes != 1)} passed ({checks}); all-reduce of "
-            f"{size / 2**20:.0f} MiB over {info.world_size} ranks: {seconds * 1e3:.1f} ms, bus "
-            f"bandwidth {bus / 1e9:.2f} GB/s; preflight took {time.perf_counter() - start:.2f} s"
+        log(summary(reports, info.world_size, seconds, size, time.perf_counter() - start))
+
+
+def summary(reports: list[NodeReport], world_size: int, seconds: float, size: int, took: float):
+    """The line rank 0 logs: the checks that ran on some node, in their fixed order, and the
+    all-reduce's bandwidth where there was an all-reduce (more than one rank)."""
+    nodes = len({r.host for r in reports})
+    ran = {name for r in reports for name in r.checked}
+    checks = ", ".join(n for n in ("gpus", "gemm", "disk", "env") if n in ran)
+    line = f"preflight: {nodes} node{'s' * (nodes != 1)} passed ({checks})"
+    if world_size > 1:
+        bus = 2 * (world_size - 1) / world_size * size / max(seconds, 1e-9)
+        line += (
+            f"; all-reduce of {size / 2**20:.0f} MiB over {world_size} ranks: "
+            f"{seconds * 1e3:.1f} ms, bus bandwidth {bus / 1e9:.2f} GB/s"
         )
+    return f"{line}; preflight took {took:.2f} s"
 
 
 def allreduce_seconds(megabytes: int, info) -> tuple[float, int]:
@@ -213,9 +235,9 @@ def allreduce_seconds(megabytes: int, info) -> tuple[float, int]:
     import torch.distributed as dist
 
     numel = max(1, megabytes * 2**20 // 4)
-    tensor = torch.ones(numel, dtype=torch.float32, device=info.device)
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return 0.0, numel * 4
+    tensor = torch.ones(numel, dtype=torch.float32, device=info.device)
     dist.all_reduce(tensor)  # warm-up: connections are set up on first use
     if info.device.type == "cuda":
         torch.cuda.synchronize(info.device)

@@ -175,6 +175,8 @@ def load_policy(
     from megatron.bridge import AutoBridge
 
     library_logs.restore_root()
+    library_logs.quiet_loading()
+    start = time.perf_counter()
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     family = families.of_checkpoint(checkpoint)
@@ -214,6 +216,13 @@ def load_policy(
         if not trainable:
             for param in chunk.parameters():
                 param.requires_grad_(False)
+    if trainable and _is_first_rank():  # the reference model loads the same weights
+        params = sum(p.numel() for chunk in chunks for p in chunk.parameters())
+        print(
+            f"model: loaded {checkpoint} ({params:,} parameters on rank 0, {model_cfg.dtype}) "
+            f"in {time.perf_counter() - start:.1f} s",
+            flush=True,
+        )
     policy = Policy(
         chunks=chunks,
         bridge=bridge,
@@ -225,6 +234,12 @@ def load_policy(
         vision_cache=VisionCache(enabled=False),
     )
     return policy
+
+
+def _is_first_rank() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def _configure_provider(provider, parallel_cfg: ParallelismConfig, dtype: torch.dtype) -> None:

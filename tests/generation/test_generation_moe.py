@@ -189,3 +189,36 @@ def test_one_minibatch_update_counts_the_routing_once(moe, tmp_path):
     assert two_pass["moe/routing_agreement"] == 1.0
     routed = [k for k in two_pass if k != "moe/aux_loss"]
     assert routed and {k: one_pass[k] for k in routed} == {k: two_pass[k] for k in routed}
+
+
+@pytest.mark.parametrize(
+    ("dtype", "hidden", "ffn"),
+    [(torch.float32, 32, 16), (torch.bfloat16, 12, 6)],
+    ids=["float32", "bfloat16-unaligned"],
+)
+def test_moe_decode_never_reads_the_gpu_from_the_host(dtype, hidden, ffn):
+    """The decode step is replayed as a CUDA graph (generation.cuda_graphs), and a host read of
+    a GPU tensor fails its capture: an fp32 tiny MoE recipe stopped in its first rollout there.
+    CUDA tensors of torch's FakeTensorMode (shapes and devices, no data, no GPU needed) raise on
+    every host read (.tolist(), .item(), .cpu()), and torch's grouped kernel accepts them only
+    where its CUDA build runs without one (bfloat16), so the layer must run on them in every
+    dtype a recipe can choose."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from rlflow.generation.megatron.moe_decode import MoEWeights, moe_mlp
+
+    experts, rows = 4, 6
+    with FakeTensorMode():
+
+        def cuda(*shape):
+            return torch.empty(shape, dtype=dtype, device="cuda")
+
+        weights = MoEWeights(
+            norm=cuda(hidden), router=cuda(experts, hidden), router_bias=None,
+            expert_bias=None, fc1=cuda(experts, 2 * ffn, hidden), fc2=cuda(experts, hidden, ffn),
+            first=0, topk=2, pre_softmax=False, score_function="softmax", scaling=None,
+            num_groups=None, group_topk=None, router_dtype=None, ep_group=None,
+        )  # fmt: skip
+        out, chosen = moe_mlp(cuda(rows, hidden), weights, eps=1e-6)
+        assert out.device.type == "cuda" and out.shape == (rows, hidden) and out.dtype == dtype
+        assert chosen.shape == (rows, 2)

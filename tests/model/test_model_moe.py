@@ -72,6 +72,11 @@ def test_grouped_mm_loop_fallback_equals_the_kernel():
     assert torch.allclose(moe.grouped_mm(x, w, offsets), expected, atol=1e-6)  # kernel
     low = moe.grouped_mm(x.bfloat16(), w.bfloat16(), offsets)  # 6 x bf16: unaligned, a loop
     assert torch.allclose(low.float(), expected, atol=0.1)
+    # the GPUs' way where the kernel cannot run (float32): every group's product, one per row
+    padded = torch.cat([x, torch.randn(2, 8, generator=generator)])  # rows past the last end
+    on_device = moe._grouped_mm_on_device(padded, w, offsets)
+    assert torch.allclose(on_device[:13], expected, atol=1e-6)
+    assert not on_device[13:].any()
 
 
 def test_expert_count_from_config_json():

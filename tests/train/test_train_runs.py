@@ -15,6 +15,8 @@ from rlflow.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
+RECIPE_MODEL = "tiny-qwen25vl-seed0"  # the recipe's builtin model, under the run's model/
+CONSOLE_SCRIPT = str(Path(sys.executable).with_name("rlflow"))  # as users run it
 # Small and fast: 8 prompts x 4 generations, short answers, a few warm-start steps.
 SMALL = [
     "grpo.num_prompts_per_step=4",
@@ -36,9 +38,7 @@ def train(
     run_dir: Path, *overrides: str, nproc: int = 1, env: dict | None = None, timeout: int = 600
 ) -> subprocess.CompletedProcess:
     command = [
-        sys.executable,
-        "-m",
-        "rlflow.cli",
+        CONSOLE_SCRIPT,
         "train",
         str(RECIPE),
         *SMALL,
@@ -103,12 +103,52 @@ def _flat(obj, prefix: str = "") -> dict:
     return {prefix: obj}
 
 
+def uncompiled_megatron(folder: Path) -> dict[str, str]:
+    """The environment of a process that finds no bytecode for megatron's sources (a fresh
+    install's first run, or every run under PYTHONDONTWRITEBYTECODE): megatron's files, linked
+    into `folder` without their __pycache__, come first on PYTHONPATH, so Python compiles them
+    (and nothing else) from source."""
+    import importlib.util
+
+    core = importlib.util.find_spec("megatron.core").origin  # found, not imported
+    installed = Path(core).parents[1]  # site-packages/megatron, a namespace package
+    for source in installed.rglob("*"):
+        relative = source.relative_to(installed.parent)
+        if source.is_file() and "__pycache__" not in relative.parts:
+            (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+            (folder / relative).symlink_to(source)
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    }
+
+
 @pytest.fixture(scope="module")
-def reference_run(tmp_path_factory) -> Path:
+def reference_output(tmp_path_factory) -> tuple[Path, str]:
+    """The reference run (rank 0 of one) and what it printed, run as on a fresh install."""
     run_dir = tmp_path_factory.mktemp("reference")
-    result = train(run_dir, env={"PYTHONHASHSEED": "0"})
+    fresh = uncompiled_megatron(tmp_path_factory.mktemp("uncompiled"))
+    result = train(run_dir, env={"PYTHONHASHSEED": "0", **fresh})
     assert result.returncode == 0, result.stderr[-3000:]
-    return run_dir
+    return run_dir, result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def reference_run(reference_output) -> Path:
+    return reference_output[0]
+
+
+def test_start_up_says_what_it_checked_and_nothing_else(reference_output):
+    """One CPU rank: the preflight names only the checks that had something to check (no
+    "gpus" without GPUs, no all-reduce bandwidth for one rank); the model's loading is one whole
+    line, printed once (not the bridge's progress bar for the policy and again for the
+    reference model); megatron-core's SyntaxWarnings while Python compiles it are filtered."""
+    run_dir, output = reference_output
+    [preflight] = [line for line in output.splitlines() if line.startswith("preflight:")]
+    assert preflight.startswith("preflight: 1 node passed (disk); preflight took ")
+    [loaded] = [line for line in output.splitlines() if line.startswith("model: loaded ")]
+    assert f"model/{RECIPE_MODEL}" in loaded and "float32" in loaded
+    assert "Loading from" not in output and "number of parameters" not in output
+    assert "Warning" not in output, output[:3000]
 
 
 def test_run_writes_metrics_checkpoints_and_tensorboard(reference_run):

@@ -9,9 +9,10 @@ rlflow classes swapped in:
 * `GroupedExperts`: megatron-core's `SequentialMLP` (same parameters, names, checkpoints and
   megatron-bridge mappings) whose per-expert weights live in one [experts, out, in] tensor, so
   the experts run as two grouped matrix products (`torch._grouped_mm`: a CUTLASS kernel on
-  GPUs, an exact per-group loop in C++ on CPUs) with device-side offsets, never a Python loop
-  over experts and no host sync. `model.moe.grouped_experts: false` keeps SequentialMLP (the
-  reference the tests compare against; benchmarks/moe_experts.py measures both).
+  GPUs in bfloat16, an exact per-group loop in C++ on CPUs) with device-side offsets, never a
+  Python loop over experts and no host sync (float32 on GPUs: see `grouped_mm`).
+  `model.moe.grouped_experts: false` keeps SequentialMLP (the reference the tests compare
+  against; benchmarks/moe_experts.py measures both).
 * `MoELayer`: megatron-core's, with the router hook of rlflow/model/moe/routing.py (recording and
   replaying expert choices, load statistics), and under tensor parallelism (which rlflow runs
   without sequence parallelism) each TP rank dispatching its own slice of the tokens.
@@ -154,18 +155,55 @@ def grouped_mm(x, weight, offsets):
     """x [P, in] sorted by group, weight [groups, out, in], offsets [groups] int32 (cumulative
     ends) -> [P, out]; rows past offsets[-1] are left as the kernel leaves them.
 
-    torch's grouped mm wants 16-byte aligned strides; tiny test shapes in bf16 miss that, and
-    there a loop over the groups (host-side offsets) computes the same products."""
+    Three ways, one result, and none reads the offsets on the host where they live on a GPU
+    (a host read fails inside CUDA-graph capture, which replays the engine's decode step):
+    * torch's grouped kernel where it runs: on CPUs (an exact loop in C++), on GPUs only in
+      bfloat16 on Hopper/Blackwell (its CUDA fallback for other dtypes and GPUs copies the
+      offsets to the host). It wants 16-byte aligned strides, which tiny test shapes miss;
+    * on CPUs otherwise, a loop over the groups with host-side offsets;
+    * on GPUs otherwise (float32, older GPUs, misaligned shapes): every group's product over all
+      rows, each row keeping its own group's (`_grouped_mm_on_device`)."""
     import torch
 
-    bytes_per = x.element_size()
-    if (x.shape[1] * bytes_per) % 16 == 0 and (weight.shape[1] * bytes_per) % 16 == 0:
+    if _grouped_kernel_runs(x, weight):
         return torch._grouped_mm(x, weight.transpose(1, 2), offs=offsets)
+    if x.device.type != "cpu":
+        return _grouped_mm_on_device(x, weight, offsets)
     ends = [0, *offsets.tolist()]
     out = x.new_zeros(x.shape[0], weight.shape[1])
     for group in range(weight.shape[0]):
         rows = slice(ends[group], ends[group + 1])
         out[rows] = x[rows] @ weight[group].T
+    return out
+
+
+def _grouped_kernel_runs(x, weight) -> bool:
+    """Whether torch._grouped_mm computes x's products without reading offsets on the host."""
+    import torch
+
+    bytes_per = x.element_size()
+    if (x.shape[1] * bytes_per) % 16 or (weight.shape[1] * bytes_per) % 16:
+        return False
+    if x.device.type == "cpu":
+        return True
+    return (
+        x.device.type == "cuda"
+        and x.dtype == weight.dtype == torch.bfloat16
+        and torch.cuda.get_device_capability(x.device)[0] in (9, 10)
+    )
+
+
+def _grouped_mm_on_device(x, weight, offsets):
+    """grouped_mm with device-side work only (CUDA-graph capturable): each group's product over
+    all P rows, selected per row, so `groups` times the FLOPs of the grouped kernel. That is the
+    float32 path on GPUs, where the tiny recipes run; bfloat16 takes the grouped kernel."""
+    import torch
+
+    rows = torch.arange(x.shape[0], device=x.device, dtype=offsets.dtype)
+    group = torch.bucketize(rows, offsets, right=True)  # offsets[g-1] <= row < offsets[g]
+    out = x.new_zeros(x.shape[0], weight.shape[1])
+    for g in range(weight.shape[0]):
+        out = torch.where((group == g).unsqueeze(1), x @ weight[g].T, out)
     return out
 
 
