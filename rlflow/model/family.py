@@ -132,6 +132,12 @@ class ModelFamily:
     def write_tiny(self, out_dir: Path, name: str, seed: int, lm_head_scale: float = 1.0) -> Path:
         raise NotImplementedError(f"{type(self).__name__} has no builtin checkpoint")
 
+    def builtin_config(self, name: str) -> dict[str, Any]:
+        """The config.json keys of builtin `name` that rlflow.model.shape reads (heads, layers,
+        positions, experts), from the sizes `write_tiny` uses: the dry run asks, nothing is
+        written and no torch imported."""
+        raise NotImplementedError(f"{type(self).__name__} has no builtin checkpoint")
+
 
 _loaded: list[ModelFamily] | None = None
 

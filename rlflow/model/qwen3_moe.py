@@ -26,7 +26,6 @@ class Qwen3Moe(QwenText):
     model_types = ("qwen3_moe",)
     architectures = ("Qwen3MoeForCausalLM",)
     builtins = ("tiny-qwen3-moe",)
-    builtin_experts = {"tiny-qwen3-moe": 8}  # read by the dry run (rlflow.model.moe)
 
     def configure_provider(self, provider, hf_config, model_cfg) -> None:
         from rlflow.model import moe
@@ -61,6 +60,18 @@ class Qwen3Moe(QwenText):
     def write_tiny(self, out_dir: Path, name: str, seed: int, lm_head_scale: float = 1.0) -> Path:
         return write_tiny_qwen3_moe(out_dir, seed=seed, lm_head_scale=lm_head_scale)
 
+    def builtin_config(self, name: str) -> dict:
+        from rlflow.model.shape import builtin_keys
+
+        sizes = PRESETS["tiny"]
+        return builtin_keys(
+            sizes,
+            max_positions=sizes.max_positions,
+            experts=sizes.experts,
+            topk=sizes.topk,
+            multimodal=False,
+        )
+
 
 FAMILY = Qwen3Moe()
 
@@ -80,6 +91,7 @@ class MoESizes:
     topk: int = 2
     expert_intermediate: int = 64
     rope_theta: float = 10000.0
+    max_positions: int = 4096  # max_position_embeddings (the dry run bounds prompt + generation)
 
 
 PRESETS = {
@@ -96,6 +108,7 @@ PRESETS = {
         topk=8,
         expert_intermediate=768,
         rope_theta=1000000.0,
+        max_positions=40960,
     ),  # fmt: skip
 }
 
@@ -136,7 +149,7 @@ def write_tiny_qwen3_moe(
         num_attention_heads=sizes.heads,
         num_key_value_heads=sizes.kv_heads,
         head_dim=sizes.head_dim,
-        max_position_embeddings=4096,
+        max_position_embeddings=sizes.max_positions,
         rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": sizes.rope_theta},
         tie_word_embeddings=False,

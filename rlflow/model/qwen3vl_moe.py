@@ -19,7 +19,6 @@ class Qwen3VLMoe(Qwen3VL):
     model_types = ("qwen3_vl_moe",)
     architectures = ("Qwen3VLMoeForConditionalGeneration",)
     builtins = ("tiny-qwen3vl-moe",)
-    builtin_experts = {"tiny-qwen3vl-moe": 4}  # read by the dry run (rlflow.model.moe)
 
     def configure_provider(self, provider, hf_config, model_cfg) -> None:
         from rlflow.model import moe
@@ -34,6 +33,11 @@ class Qwen3VLMoe(Qwen3VL):
 
     def write_tiny(self, out_dir: Path, name: str, seed: int, lm_head_scale: float = 1.0) -> Path:
         return write_tiny_qwen3vl(out_dir, seed=seed, lm_head_scale=lm_head_scale, moe=True)
+
+    def builtin_config(self, name: str) -> dict:
+        from rlflow.model.qwen3vl import MOE_EXPERTS
+
+        return {**super().builtin_config(name), **MOE_EXPERTS}
 
 
 FAMILY = Qwen3VLMoe()

@@ -79,6 +79,7 @@ class ModelSizes:
     kv_heads: int = 2
     tie_embeddings: bool = False
     rope_theta: float = 10000.0
+    max_positions: int = 4096  # max_position_embeddings (the dry run bounds prompt + generation)
     vision_depth: int = 2
     vision_hidden: int = 64
     vision_intermediate: int = 128
@@ -98,6 +99,7 @@ PRESETS = {
         kv_heads=2,
         tie_embeddings=True,
         rope_theta=1000000.0,
+        max_positions=128000,
         vision_depth=32,
         vision_hidden=1280,
         vision_intermediate=3420,
@@ -118,7 +120,7 @@ def mrope_text_config(sizes: ModelSizes, ids: dict[str, int], tokens: int, tie: 
         num_hidden_layers=sizes.layers,
         num_attention_heads=sizes.heads,
         num_key_value_heads=sizes.kv_heads,
-        max_position_embeddings=4096,
+        max_position_embeddings=sizes.max_positions,
         rms_norm_eps=1e-6,
         rope_parameters={
             "rope_type": "default",
@@ -236,7 +238,7 @@ def write_tiny_text_checkpoint(
         num_attention_heads=sizes.heads,
         num_key_value_heads=sizes.kv_heads,
         head_dim=sizes.hidden // sizes.heads,
-        max_position_embeddings=4096,
+        max_position_embeddings=sizes.max_positions,
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
         tie_word_embeddings=False,
