@@ -218,43 +218,45 @@ def heads_split_evenly(loaded: LoadedRecipe) -> list[Diagnostic]:
 
 
 def moe_settings_fit_model(loaded: LoadedRecipe) -> list[Diagnostic]:
-    """`model.moe` keys pick among the model's experts; on a dense model they (and
-    `loss.router_replay`, and `model.freeze_vision` on a text-only one) would do nothing, so a
-    value other than base.yaml's is refused with the reason."""
+    """`model.moe.router_topk` picks among the model's experts. On a dense model the `model.moe`
+    keys and `loss.router_replay`, and on a text-only one `model.freeze_vision`, do nothing: a
+    value other than the one that changes nothing (base.yaml's) is refused with the reason."""
     recipe, shape = loaded.recipe, _shape(loaded.recipe)
     if shape is None:
         return []
     moe, where = recipe.model.moe, f"`model.checkpoint` ({recipe.model.checkpoint})"
-    if shape.experts:
-        topk = moe.router_topk
-        if topk is None or topk <= shape.experts:
-            return []  # (below 1: its bound in the schema says so)
-        return [
+    problems = []
+    if shape.experts and moe.router_topk is not None and moe.router_topk > shape.experts:
+        problems.append(  # (below 1: its bound in the schema says so)
             loaded.diagnostic(
                 ("model", "moe", "router_topk"),
                 "recipe.moe-router-topk",
-                f"`model.moe.router_topk` is {topk}, but {where} has {shape.experts} experts",
+                f"`model.moe.router_topk` is {moe.router_topk}, but {where} has "
+                f"{shape.experts} experts",
                 help=f"choose 1..{shape.experts}, or null for the checkpoint's "
                 f"num_experts_per_tok ({shape.topk})",
             )
-        ]
+        )
+    dense, text = "a dense model", "a text-only model (no vision tower)"
     inert = [
-        (("model", "moe", "grouped_experts"), not moe.grouped_experts, "a dense model"),
-        (("model", "moe", "router_topk"), moe.router_topk is not None, "a dense model"),
-        (("model", "moe", "router_dtype"), moe.router_dtype is not None, "a dense model"),
-        (("model", "moe", "aux_loss_coeff"), moe.aux_loss_coeff is not None, "a dense model"),
-        (("model", "moe", "z_loss_coeff"), moe.z_loss_coeff != 0, "a dense model"),
-        (("loss", "router_replay"), not recipe.loss.router_replay, "a dense model"),
-        (("model", "freeze_vision"), not recipe.model.freeze_vision and not shape.multimodal,
-         "a text-only model (no vision tower)"),
-    ]  # fmt: skip
-    return [
+        (("model", "freeze_vision"), not recipe.model.freeze_vision and not shape.multimodal, text),
+    ]
+    if not shape.experts:
+        inert += [
+            (("model", "moe", "grouped_experts"), not moe.grouped_experts, dense),
+            (("model", "moe", "router_topk"), moe.router_topk is not None, dense),
+            (("model", "moe", "router_dtype"), moe.router_dtype is not None, dense),
+            (("model", "moe", "aux_loss_coeff"), moe.aux_loss_coeff is not None, dense),
+            (("model", "moe", "z_loss_coeff"), moe.z_loss_coeff != 0, dense),
+            (("loss", "router_replay"), not recipe.loss.router_replay, dense),
+        ]
+    return problems + [
         loaded.diagnostic(
             path,
             "recipe.does-nothing",
             f"`{'.'.join(path)}` is set, but does nothing: {where} is {what}",
             help=f"remove `{'.'.join(path)}` from the recipe (or the override), or train a "
-            + ("mixture-of-experts checkpoint" if "dense" in what else "vision-language model"),
+            + ("mixture-of-experts checkpoint" if what == dense else "vision-language model"),
         )
         for path, changed, what in inert
         if changed

@@ -29,6 +29,7 @@ VLLM_TIMEOUT = bound(ge=1, le=MAX_TIMEOUT_S, help="30 days is longer than any jo
 MAX_TOKENS = 2**20  # more positions than any model reads (elsewhere.generation_fits_model)
 TOKENS = bound(ge=1, le=MAX_TOKENS, help="a prompt and its generation fit the model's positions")
 IMAGE_HELP = "Qwen2.5-VL needs at least one 2x2 block of 14-pixel patches; 4096 is plenty"
+BETA = bound(ge=0, lt=1, help="Adam's running averages decay by this much each step")
 COEFF = bound(ge=0, help="0 turns the loss term off; a negative weight would reward imbalance")
 
 
@@ -55,7 +56,7 @@ class MoEConfig:
 
     grouped_experts: bool  # experts as grouped matrix products (false: one matmul per expert)
     # experts per token; None: the checkpoint's num_experts_per_tok
-    router_topk: int | None = field(metadata=bound(ge=1))
+    router_topk: int | None = field(metadata=bound(ge=1, help="null: num_experts_per_tok"))
     router_dtype: Literal["float32", "float64"] | None  # router logits' dtype; None: the model's
     # load-balancing loss weight; None: router_aux_loss_coef
     aux_loss_coeff: float | None = field(metadata=COEFF)
@@ -114,10 +115,11 @@ class DynamicSamplingConfig:
 
 @frozen
 class GRPOConfig:
-    num_prompts_per_step: int = field(metadata=bound(ge=1))
+    num_prompts_per_step: int = field(metadata=bound(ge=1, le=MAX_TOKENS))
     num_generations_per_prompt: int = field(
         metadata=bound(
             ge=2,
+            le=4096,
             help="GRPO compares generations of the same prompt; one generation has no baseline",
         )
     )
@@ -178,9 +180,9 @@ class LossConfig:
 class OptimizerConfig:
     lr: float = field(metadata=bound(gt=0))
     weight_decay: float = field(metadata=bound(ge=0))
-    adam_beta1: float
-    adam_beta2: float
-    adam_eps: float
+    adam_beta1: float = field(metadata=BETA)
+    adam_beta2: float = field(metadata=BETA)
+    adam_eps: float = field(metadata=bound(gt=0))
     max_grad_norm: float = field(metadata=bound(ge=0))  # 0 disables clipping
     # rollouts per forward/backward pass (max_tokens_per_micro_batch = 0)
     micro_batch_size: int = field(metadata=bound(ge=1))
@@ -193,7 +195,7 @@ class OptimizerConfig:
 class WarmStartConfig:
     # supervised steps on (prompt, reference answer) before GRPO; 0 skips
     num_steps: int = field(metadata=bound(ge=0))
-    lr: float
+    lr: float = field(metadata=bound(gt=0))
     batch_size: int = field(metadata=bound(ge=1))
 
 
