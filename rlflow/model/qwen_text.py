@@ -28,9 +28,9 @@ class QwenText(ModelFamily):
 
     def builtin_config(self, name: str) -> dict:
         from rlflow.model.shape import builtin_keys
-        from rlflow.model.tiny import PRESETS
+        from rlflow.model.tiny import TEXT_TINY
 
-        return builtin_keys(PRESETS["tiny"], max_positions=PRESETS["tiny"].max_positions, multimodal=False)
+        return builtin_keys(TEXT_TINY, max_positions=TEXT_TINY.max_positions, multimodal=False)
 
 
 FAMILY = QwenText()

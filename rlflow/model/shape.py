@@ -97,8 +97,8 @@ def recipe_shape(checkpoint: str) -> ModelShape | None:
 
     if checkpoint.startswith(families.BUILTIN_PREFIX):
         name = checkpoint[len(families.BUILTIN_PREFIX) :]
-        found = families.by_builtin(name)
-        return None if found is None else shape_of_config(found.builtin_config(name))
+        sized = getattr(families.by_builtin(name), "builtin_config", None)
+        return None if sized is None else shape_of_config(sized(name))
     config = Path(checkpoint).expanduser() / "config.json"
     try:
         if not config.is_file() or config.stat().st_size > _MAX_CONFIG_BYTES:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlflow.data.prompts import ANSWER_CLOSE, ANSWER_OPEN
@@ -107,6 +107,7 @@ PRESETS = {
         vision_full_attention=(7, 15, 23, 31),
     ),
 }
+TEXT_TINY = replace(PRESETS["tiny"], layers=2)  # the text-only builtin (tiny-qwen3)
 assert tuple(PRESETS) == QWEN25VL_PRESET_NAMES, "rlflow/model/presets.py lists the CLI's presets"
 
 
@@ -226,7 +227,7 @@ def write_tiny_text_checkpoint(
         raise ValueError(f"family must be one of {sorted(classes)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sizes = PRESETS["tiny"]
+    sizes = TEXT_TINY
     tokenizer = build_tokenizer(sizes.tokenizer_vocab, seed)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config_cls, model_cls = classes[family]
@@ -234,7 +235,7 @@ def write_tiny_text_checkpoint(
         vocab_size=len(tokenizer),
         hidden_size=sizes.hidden,
         intermediate_size=sizes.intermediate,
-        num_hidden_layers=2,
+        num_hidden_layers=sizes.layers,
         num_attention_heads=sizes.heads,
         num_key_value_heads=sizes.kv_heads,
         head_dim=sizes.hidden // sizes.heads,
