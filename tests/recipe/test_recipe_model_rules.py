@@ -128,3 +128,21 @@ def test_a_key_turned_off_later_is_not_refused(tmp_path):
     says what the user means: `warm_start.num_steps=0` after `warm_start.batch_size=8`."""
     later = dry_run(tmp_path, TINY, "warm_start.batch_size=8", "warm_start.num_steps=0")
     assert later.returncode == 0, later.stderr
+
+
+def test_train_refuses_with_the_dry_runs_words(tmp_path):
+    """`rlflow train` runs the same rules before any process group or model: exit 2, the line
+    the dry run prints, no traceback on any rank."""
+    overrides = ["parallelism.tensor_parallel_size=3", "model.moe.router_topk=2"]
+    dry = dry_run(tmp_path, TINY, *overrides)
+    result = subprocess.run(
+        [RLFLOW, "train", str(TINY), *overrides, "--run-dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [line for line in dry.stderr.splitlines() if line.startswith("error[")]
+    assert len(errors) == 2 and all(line in result.stderr for line in errors)
