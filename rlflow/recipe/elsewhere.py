@@ -1,7 +1,9 @@
 """Recipe rules that ask another part of rlflow about a value (listed in checks.RULES).
 
 Each asks the owner of a value whether it is good: the model-family registry about a built-in
-checkpoint, rlflow.data about synthetic kinds, scenes, JSONL prompt templates and reward
+checkpoint, rlflow.model.shape about the model's sizes (heads and KV heads against tensor
+parallelism, experts against `model.moe`, positions and KV-cache bytes against the generation
+lengths), rlflow.data about synthetic kinds, scenes, JSONL prompt templates and reward
 functions, an optional package about being installed. Each imports its owner lazily and none
 imports torch, so the login node's dry run runs them all. The rules between keys of the recipe
 itself are in rlflow.recipe.checks, which lists every rule once in `RULES`.

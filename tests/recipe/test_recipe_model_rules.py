@@ -146,3 +146,15 @@ def test_train_refuses_with_the_dry_runs_words(tmp_path):
     assert "Traceback" not in result.stderr
     errors = [line for line in dry.stderr.splitlines() if line.startswith("error[")]
     assert len(errors) == 2 and all(line in result.stderr for line in errors)
+
+
+def test_the_runs_resolved_recipe_passes_where_the_dry_run_passed(tmp_path):
+    """The nodes load the run's recipe.yaml (every key in one file, no defaults chain): what
+    the dry run accepted, a key switched off later included, `rlflow train` accepts there."""
+    from rlflow.recipe import load_checked
+    from rlflow.recipe.load import dump_recipe
+
+    overrides = ["checkpointing.save_period=5", "checkpointing.enabled=false"]
+    resolved = tmp_path / "recipe.yaml"
+    resolved.write_text(dump_recipe(load_checked(TINY, overrides).data))
+    assert load_checked(resolved).recipe.checkpointing.save_period == 5
