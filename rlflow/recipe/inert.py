@@ -168,8 +168,8 @@ def _rank(loaded: LoadedRecipe, order: dict, dotted: str) -> int:
     origin = loaded.origins[key]
     if origin.is_command_line:
         return len(loaded.files) + order[key]
-    names = [str(f) for f in loaded.files]
-    return max((i for i, name in enumerate(names) if name.endswith(origin.file)), default=-1)
+    where = Path(origin.file).resolve()  # (shown relative to the working directory)
+    return max((i for i, f in enumerate(loaded.files) if f.resolve() == where), default=-1)
 
 
 def settings_that_do_nothing(loaded: LoadedRecipe) -> list[Diagnostic]:
