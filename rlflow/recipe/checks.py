@@ -130,6 +130,27 @@ def _jsonl_needs_path(loaded: LoadedRecipe) -> list[Diagnostic]:
     ]
 
 
+MAX_SYNTHETIC_ROWS = 10_000_000  # a synthetic split lists each row's kind up front (80 MB)
+
+
+def _synthetic_rows_fit(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """Synthetic rows are generated on access, but their kinds are listed when the split is
+    built: a count past memory is refused here, not as a MemoryError on every rank."""
+    return [
+        loaded.diagnostic(
+            ("data", split, "num_samples"),
+            "recipe.range",
+            f"`data.{split}.num_samples` ({getattr(loaded.recipe.data, split).num_samples}) is "
+            f"more than {MAX_SYNTHETIC_ROWS:,} synthetic rows",
+            help="a step samples num_prompts_per_step rows: a few thousand give every run "
+            "fresh ones (jsonl: num_samples is a cap, any size)",
+        )
+        for split in ("train", "validation")
+        if getattr(loaded.recipe.data, split).kind != "jsonl"
+        and getattr(loaded.recipe.data, split).num_samples > MAX_SYNTHETIC_ROWS
+    ]
+
+
 def _jsonl_first_rows(loaded: LoadedRecipe) -> list[Diagnostic]:
     data = loaded.recipe.data
     if "jsonl" not in (data.train.kind, data.validation.kind):
@@ -388,6 +409,7 @@ RULES = (
     video_patch_matches_checkpoint,
     _jsonl_needs_path,
     _jsonl_first_rows,
+    _synthetic_rows_fit,
     mix_kinds,
     _mix_adds_up,
     scene_fits,

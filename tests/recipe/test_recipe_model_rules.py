@@ -89,6 +89,9 @@ def dry_run(cwd: Path, recipe: Path, *args: str, nodes: int = 1, gpus: int = 1):
         (TINY, ["warm_start.num_steps=0", "warm_start.lr=0.001"],
          "error[recipe.does-nothing]: `warm_start.lr` is set, but does nothing: "
          "`warm_start.num_steps` is 0"),
+        (TINY, ["data.train.num_samples=1000000000000"],
+         "error[recipe.range]: `data.train.num_samples` (1000000000000) is more than 10,000,000 "
+         "synthetic rows"),
         (TINY, ["optimizer.adam_beta2=-1"],
          "error[recipe.range]: `optimizer.adam_beta2` must be in [0, 1) (it is -1)"),
     ],
