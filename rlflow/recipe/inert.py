@@ -57,6 +57,40 @@ _NO_CHECKPOINTS = _off("checkpointing.enabled", lambda r: not r.checkpointing.en
 _NO_WATCHDOG = _off("watchdog.enabled", lambda r: not r.watchdog.enabled, "false")
 _NO_PREFLIGHT = _off("preflight.enabled", lambda r: not r.preflight.enabled, "false")
 
+
+def sampling_mode(recipe: Recipe) -> str:
+    """`loss.importance_sampling.mode` with `auto` resolved for the rollouts: tis for vllm, hf
+    (another engine's numerics), FP8 megatron rollouts (quantized weights) and asynchronous
+    GRPO (rollouts from older weights: async_grpo.max_staleness > 0); off for synchronous
+    megatron in the policy's dtype (the policy's own tensors: in fp32 the weights would be 1 to
+    ~1e-7, so the loss is left exactly as is). The trainer runs this mode (train.collect)."""
+    mode = recipe.loss.importance_sampling.mode
+    if mode != "auto":
+        return mode
+    gen = recipe.generation
+    synchronous = recipe.async_grpo.max_staleness == 0
+    return "off" if gen.backend == "megatron" and not gen.fp8 and synchronous else "tis"
+
+
+_SAMPLING = (
+    "loss.importance_sampling.mode",
+    "generation.backend",
+    "generation.fp8",
+    "async_grpo.max_staleness",
+)
+
+
+def _sampling_unread(recipe: Recipe, reads: tuple[str, ...]) -> str | None:
+    mode = sampling_mode(recipe)
+    if mode in reads:
+        return None
+    said = recipe.loss.importance_sampling.mode
+    resolved = f", which is {mode} for these rollouts" if said == "auto" else ""
+    return f"`loss.importance_sampling.mode` is {said}{resolved}; only {' and '.join(reads)} " + (
+        "read it" if len(reads) > 1 else "reads it"
+    )
+
+
 INERT: dict[str, Unread] = {
     "generation.share_prompts": _backend_not("megatron"),
     "generation.cuda_graphs": _backend_not("megatron"),
@@ -94,14 +128,8 @@ INERT: dict[str, Unread] = {
     "loss.overlong_penalty.penalty": _off(
         "loss.overlong_penalty.enabled", lambda r: not r.loss.overlong_penalty.enabled, "false"
     ),
-    "loss.importance_sampling.cap": _off(
-        "loss.importance_sampling.mode", lambda r: r.loss.importance_sampling.mode == "off", "off"
-    ),
-    "loss.importance_sampling.mask_below": _off(
-        "loss.importance_sampling.mode",
-        lambda r: r.loss.importance_sampling.mode != "mis",
-        "not mis (only mis masks sequences)",
-    ),
+    "loss.importance_sampling.cap": (_SAMPLING, lambda r: _sampling_unread(r, ("tis", "mis"))),
+    "loss.importance_sampling.mask_below": (_SAMPLING, lambda r: _sampling_unread(r, ("mis",))),
     "optimizer.micro_batch_size": _off(
         "optimizer.max_tokens_per_micro_batch",
         lambda r: r.optimizer.max_tokens_per_micro_batch > 0,
