@@ -3,12 +3,14 @@
 A key that only one backend, mode or switch reads (`generation.release_cache` under the hf
 backend, `warm_start.lr` with no warm-start steps, `checkpointing.keep_last` with checkpointing
 off) changes nothing when the recipe says otherwise: the user meant something that will not
-happen. So a value other than recipes/base.yaml's default, where the key is not read, is an error
-naming the key and what it depends on. The default itself is always allowed (base.yaml sets every
-key). `INERT` lists each key once, with when it is not read; rules that need the model (MoE keys
-on a dense model) are rlflow.recipe.elsewhere's `moe_settings_fit_model`. Not listed: sections kept for
-when they are switched on or used by another command (logging.wandb; generation.vllm, which
-`rlflow setup-env vllm` reads whatever the backend).
+happen. `INERT` lists each such key once, with the keys it depends on and when it is not read.
+A value other than recipes/base.yaml's, there, is an error naming the key and the reason,
+unless what switches it off was set later (a command-line `checkpointing.enabled=false` for a
+recipe that sets `save_period`). Values of the chain's first file (base.yaml) are defaults, not
+choices. Rules that need the model (MoE keys on a dense model) are rlflow.recipe.elsewhere's
+`moe_settings_fit_model`. Not listed: sections kept for when they are switched on or read by
+another command (logging.wandb; generation.vllm, which `rlflow setup-env vllm` reads whatever
+the backend).
 """
 
 from __future__ import annotations
