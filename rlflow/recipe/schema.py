@@ -196,7 +196,7 @@ class WarmStartConfig:
     # supervised steps on (prompt, reference answer) before GRPO; 0 skips
     num_steps: int = field(metadata=bound(ge=0))
     lr: float = field(metadata=bound(gt=0))
-    batch_size: int = field(metadata=bound(ge=1))
+    batch_size: int = field(metadata=bound(ge=1, le=MAX_TOKENS))
 
 
 @frozen

@@ -7,8 +7,9 @@ CLI prints. The bulk runs train's check path in-process (`load_checked`, then th
 rules: what `submit --dry-run` runs before its sbatch checks, tests/recipe/test_recipe_allocation.py
 holds them equal); a sample goes through the console script, which must exit 0 or 2 with no
 traceback. The pass found: keys nothing read where they were set (the shipped 3B and 30B recipes'
-micro_batch_size beside a token budget), unbounded token counts, image sizes, worker counts and
-buffer sizes, negative MoE loss weights, and MoE keys on dense models.
+micro_batch_size beside a token budget), unbounded token counts, row counts, image sizes, worker
+counts and buffer sizes, negative Adam betas and eps, negative MoE loss weights, and MoE keys on
+dense models.
 """
 
 from __future__ import annotations
@@ -28,6 +29,22 @@ RLFLOW = str(ROOT / ".venv" / "bin" / "rlflow")
 TINY = ROOT / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
 MAPPINGS = {"env", "mix", "rewards"}  # their keys are the user's: any name is a key
 SHELL = "'$(touch /tmp/rlflow-pwned); `id` && rm -rf ~'"
+# Keys whose size is memory (tokens, rows, pixels, processes, buffers): a trillion is refused
+# before the job, not met as an allocation error or a hang on every rank.
+MEMORY_SIZED = {
+    "data.train.num_samples",
+    "data.validation.num_samples",
+    "data.image_size",
+    "data.max_prompt_tokens",
+    "scoring.num_workers",
+    "grpo.num_prompts_per_step",
+    "grpo.num_generations_per_prompt",
+    "warm_start.batch_size",
+    "generation.max_new_tokens",
+    "generation.max_batch_size",
+    "generation.vllm.kv_cache_space_gb",
+    "generation.sync_bucket_mb",
+}
 
 
 def _keys(section: dict, path: tuple[str, ...] = ()):
@@ -44,7 +61,8 @@ def _hostile(key: str, default) -> list[tuple[str, bool]]:
         values = [("2", True), ("'yes please'", True), ("[true]", True)]
     elif isinstance(default, int | float):
         negative_ok = key.endswith("seed")  # (a seed is any 64-bit number)
-        values = [("abc", True), ("-1", not negative_ok), ("0", False), ("1000000000000", False)]
+        huge = ("1000000000000", key in MEMORY_SIZED)
+        values = [("abc", True), ("-1", not negative_ok), ("0", False), huge]
         values += [("nan", True), ("inf", True), ("-inf", True), ("[1, 2]", True)]
     elif isinstance(default, list | dict):
         values = [("''", False), ("7", False), (SHELL, False), ("{a: [1, {b: 2}]}", False)]
