@@ -187,19 +187,30 @@ def _value(data: dict, dotted: str) -> Any:
     return data
 
 
-def _rank(loaded: LoadedRecipe, order: dict, dotted: str) -> int:
-    """How late `dotted` was set: its file's place in the defaults chain (base.yaml first), then
-    the command-line overrides in the order given (`order`: each key's place in `origins`, which
-    the loader keeps in that order)."""
-    path = tuple(dotted.split("."))
-    key = next((path[:n] for n in range(len(path), 0, -1) if path[:n] in loaded.origins), None)
-    if key is None:
-        return -1
-    origin = loaded.origins[key]
-    if origin.is_command_line:
-        return len(loaded.files) + order[key]
-    where = Path(origin.file).resolve()  # (shown relative to the working directory)
-    return max((i for i, f in enumerate(loaded.files) if f.resolve() == where), default=-1)
+def _ranks(chain: LoadedRecipe) -> Callable[[str], int]:
+    """How late a key was set: its file's place in the defaults chain (base.yaml first), then
+    the command-line overrides in the order given (the loader keeps `origins` in that order)."""
+    order = {key: i for i, key in enumerate(chain.origins)}
+    files: dict[str, int] = {}  # origin.file (shown relative to the working directory) -> place
+
+    def file_rank(shown: str) -> int:
+        if shown not in files:
+            where = Path(shown).resolve()
+            places = [i for i, f in enumerate(chain.files) if f.resolve() == where]
+            files[shown] = max(places, default=-1)
+        return files[shown]
+
+    def rank(dotted: str) -> int:
+        path = tuple(dotted.split("."))
+        key = next((path[:n] for n in range(len(path), 0, -1) if path[:n] in order), None)
+        if key is None:
+            return -1
+        origin = chain.origins[key]
+        if origin.is_command_line:
+            return len(chain.files) + order[key]
+        return file_rank(origin.file)
+
+    return rank
 
 
 def settings_that_do_nothing(loaded: LoadedRecipe) -> list[Diagnostic]:
@@ -208,11 +219,11 @@ def settings_that_do_nothing(loaded: LoadedRecipe) -> list[Diagnostic]:
     that sets `save_period`, means what it says: that save_period was not this user's choice).
     The first file of the defaults chain (base.yaml) sets defaults, not choices: so the run's
     resolved recipe.yaml (one file) passes on the nodes as the dry run passed it."""
-    order = {key: i for i, key in enumerate(loaded.origins)}
+    ranked = _ranks(loaded)
     unread_keys = []
     for dotted, (depends, unread) in INERT.items():
-        rank = _rank(loaded, order, dotted)
-        if rank <= 0 or max(_rank(loaded, order, d) for d in depends) > rank:
+        rank = ranked(dotted)
+        if rank <= 0 or max(ranked(d) for d in depends) > rank:
             continue
         reason = unread(loaded.recipe)
         if reason is not None:
