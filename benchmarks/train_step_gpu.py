@@ -39,6 +39,7 @@ RUNS = {
             "grpo.num_generations_per_prompt=8",
             "generation.max_new_tokens=128",
             "optimizer.micro_batch_size=8",
+            "optimizer.max_tokens_per_micro_batch=0",  # (else the recipe's token budget rules)
             "grpo.val_period=0",
             "grpo.val_at_start=false",
             "grpo.val_at_end=false",

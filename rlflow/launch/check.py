@@ -152,11 +152,19 @@ def check_paths(loaded: LoadedRecipe, plan: JobPlan) -> list[Diagnostic]:
                     path,
                     "submit.path-missing",
                     f"`{'.'.join(path)}` is {value!r}, which does not exist here",
-                    help="fix the path; if it exists only on the compute nodes, this warning is harmless",
+                    help=_UNREAD_CONFIG if path == ("model", "checkpoint") else _NODES_ONLY,
                     severity="warning",
                 )
             )
     return problems
+
+
+_NODES_ONLY = "fix the path; if it exists only on the compute nodes, this warning is harmless"
+_UNREAD_CONFIG = (
+    "fix the path; if it exists only on the compute nodes, the rules against its config.json "
+    "(heads and experts against the parallel sizes, the context length) run there, at the start "
+    "of `rlflow train`"
+)
 
 
 def check_run_dir(loaded: LoadedRecipe, plan: JobPlan) -> list[Diagnostic]:

@@ -57,6 +57,8 @@ class ModelFamily:
     model_types: ClassVar[tuple[str, ...]]  # HF config.json `model_type`s this family loads
     architectures: ClassVar[tuple[str, ...]]  # HF config.json `architectures`
     builtins: ClassVar[tuple[str, ...]] = ()  # `builtin:<name>` checkpoints this family writes
+    # ... with `write_tiny`, and `builtin_config(name)`: the config.json keys of its sizes that
+    # the dry run reads (heads, layers, positions, experts: rlflow.model.shape), no torch.
     multimodal: ClassVar[bool]
     # Descriptive only (nothing branches on it): "1d" plain RoPE, "mrope" 3-D (t, h, w) positions
     # from media grids, "mrope-interleaved" the same with the axes interleaved over frequencies.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rlflow.data.prompts import ANSWER_CLOSE, ANSWER_OPEN
@@ -77,6 +77,7 @@ class LanguageSizes:
     kv_heads: int = 2
     tie_embeddings: bool = False
     rope_theta: float = 10000.0
+    max_positions: int = 4096  # max_position_embeddings (the dry run bounds prompt + generation)
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,13 @@ PRESETS = {
     # Qwen2.5-VL-3B's shapes (3.75 B parameters), for GPU benchmarks with random weights
     "qwen25vl-3b": ModelSizes(
         vocab_size=151936, hidden=2048, intermediate=11008, layers=36, heads=16, kv_heads=2,
-        tie_embeddings=True, rope_theta=1000000.0,
+        tie_embeddings=True, rope_theta=1000000.0, max_positions=128000,
         vision_depth=32, vision_hidden=1280, vision_intermediate=3420, vision_heads=16,
         vision_full_attention=(7, 15, 23, 31),
     ),
 }
 # fmt: on
+TEXT_TINY = replace(PRESETS["tiny"], layers=2)  # the text-only builtin (tiny-qwen3)
 assert tuple(PRESETS) == QWEN25VL_PRESET_NAMES, "rlflow/model/presets.py lists the CLI's presets"
 
 
@@ -112,7 +114,7 @@ def mrope_text_config(sizes: ModelSizes, ids: dict[str, int], tokens: int, tie: 
     half = sizes.hidden // sizes.heads // 2  # mrope sections (temporal, height, width) sum to this
     return dict(
         **language_config(sizes, tokens),
-        max_position_embeddings=4096,
+        max_position_embeddings=sizes.max_positions,
         rms_norm_eps=1e-6,
         rope_parameters={
             "rope_type": "default",
@@ -240,7 +242,7 @@ def write_tiny_text_checkpoint(
         raise ValueError(f"family must be one of {sorted(classes)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    sizes = PRESETS["tiny"]
+    sizes = TEXT_TINY
     tokenizer = build_tokenizer(sizes.tokenizer_vocab, seed)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config_cls, model_cls = classes[family]
@@ -248,11 +250,11 @@ def write_tiny_text_checkpoint(
         vocab_size=len(tokenizer),
         hidden_size=sizes.hidden,
         intermediate_size=sizes.intermediate,
-        num_hidden_layers=2,
+        num_hidden_layers=sizes.layers,
         num_attention_heads=sizes.heads,
         num_key_value_heads=sizes.kv_heads,
         head_dim=sizes.hidden // sizes.heads,
-        max_position_embeddings=4096,
+        max_position_embeddings=sizes.max_positions,
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
         tie_word_embeddings=False,

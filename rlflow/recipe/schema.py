@@ -26,6 +26,11 @@ TIMEOUT = bound(
     help="30 days is longer than any job runs; to turn the watchdog off, set watchdog.enabled: false",
 )
 VLLM_TIMEOUT = bound(ge=1, le=MAX_TIMEOUT_S, help="30 days is longer than any job runs")
+MAX_TOKENS = 2**20  # more positions than any model reads (elsewhere.generation_fits_model)
+TOKENS = bound(ge=1, le=MAX_TOKENS, help="a prompt and its generation fit the model's positions")
+IMAGE_HELP = "Qwen2.5-VL needs at least one 2x2 block of 14-pixel patches; 4096 is plenty"
+BETA = bound(ge=0, lt=1, help="Adam's running averages decay by this much each step")
+COEFF = bound(ge=0, help="0 turns the loss term off; a negative weight would reward imbalance")
 
 
 def slurm_name(help: str) -> dict[str, Bound]:
@@ -50,10 +55,12 @@ class MoEConfig:
     """Mixture-of-experts models only (rlflow/model/moe/experts.py); null: the checkpoint's config."""
 
     grouped_experts: bool  # experts as grouped matrix products (false: one matmul per expert)
-    router_topk: int | None  # experts per token; None: the checkpoint's num_experts_per_tok
+    # experts per token; None: the checkpoint's num_experts_per_tok
+    router_topk: int | None = field(metadata=bound(ge=1, help="null: num_experts_per_tok"))
     router_dtype: Literal["float32", "float64"] | None  # router logits' dtype; None: the model's
-    aux_loss_coeff: float | None  # load-balancing loss weight; None: router_aux_loss_coef
-    z_loss_coeff: float  # router z-loss weight (0: off; HF checkpoints define none)
+    # load-balancing loss weight; None: router_aux_loss_coef
+    aux_loss_coeff: float | None = field(metadata=COEFF)
+    z_loss_coeff: float = field(metadata=COEFF)  # router z-loss weight (0: off; HF define none)
 
 
 @frozen
@@ -89,15 +96,13 @@ class DataConfig:
     train: DatasetConfig
     validation: DatasetConfig
     # synthetic images are image_size x image_size pixels
-    image_size: int = field(
-        metadata=bound(ge=28, help="Qwen2.5-VL needs at least one 2x2 block of 14-pixel patches")
-    )
+    image_size: int = field(metadata=bound(ge=28, le=4096, help=IMAGE_HELP))
     max_objects: int = field(metadata=bound(ge=1))  # synthetic scenes hold 1..max_objects objects
     # kind=mixed: share of "clevr", "video" and "text" rows
     mix: dict[str, float] = field(metadata=bound(ge=0))
     prompt_suffix: str  # appended to every question (tells the model the answer format)
     prompt_template: str  # jsonl rows: the question, from {question} and any column, e.g. {hint}
-    max_prompt_tokens: int
+    max_prompt_tokens: int = field(metadata=TOKENS)
     video: VideoConfig
 
 
@@ -110,10 +115,11 @@ class DynamicSamplingConfig:
 
 @frozen
 class GRPOConfig:
-    num_prompts_per_step: int = field(metadata=bound(ge=1))
+    num_prompts_per_step: int = field(metadata=bound(ge=1, le=MAX_TOKENS))
     num_generations_per_prompt: int = field(
         metadata=bound(
             ge=2,
+            le=4096,
             help="GRPO compares generations of the same prompt; one generation has no baseline",
         )
     )
@@ -174,9 +180,9 @@ class LossConfig:
 class OptimizerConfig:
     lr: float = field(metadata=bound(gt=0))
     weight_decay: float = field(metadata=bound(ge=0))
-    adam_beta1: float
-    adam_beta2: float
-    adam_eps: float
+    adam_beta1: float = field(metadata=BETA)
+    adam_beta2: float = field(metadata=BETA)
+    adam_eps: float = field(metadata=bound(gt=0))
     max_grad_norm: float = field(metadata=bound(ge=0))  # 0 disables clipping
     # rollouts per forward/backward pass (max_tokens_per_micro_batch = 0)
     micro_batch_size: int = field(metadata=bound(ge=1))
@@ -189,8 +195,8 @@ class OptimizerConfig:
 class WarmStartConfig:
     # supervised steps on (prompt, reference answer) before GRPO; 0 skips
     num_steps: int = field(metadata=bound(ge=0))
-    lr: float
-    batch_size: int = field(metadata=bound(ge=1))
+    lr: float = field(metadata=bound(gt=0))
+    batch_size: int = field(metadata=bound(ge=1, le=MAX_TOKENS))
 
 
 @frozen
@@ -225,7 +231,7 @@ class VllmConfig:
     cpu: VllmPins
     cuda: VllmPins
     # CPU only: KV cache size (VLLM_CPU_KVCACHE_SPACE)
-    kv_cache_space_gb: int = field(metadata=bound(ge=1))
+    kv_cache_space_gb: int = field(metadata=bound(ge=1, le=4096))
     # CUDA only: share of the GPU vLLM may take (the trainer shares it)
     gpu_memory_utilization: float = field(
         metadata=bound(
@@ -244,14 +250,14 @@ class VllmConfig:
 @frozen
 class GenerationConfig:
     backend: Literal["megatron", "hf", "vllm"]
-    max_new_tokens: int = field(metadata=bound(ge=1))
+    max_new_tokens: int = field(metadata=TOKENS)
     temperature: float = field(metadata=bound(ge=0, help="0 means greedy decoding"))
     top_p: float = field(metadata=bound(gt=0, le=1))
     top_k: int = field(metadata=bound(ge=0, help="0 disables top-k"))  # 0 disables top-k
     # 0 = greedy validation
     val_temperature: float = field(metadata=bound(ge=0, help="0 means greedy decoding"))
     # rollouts per generation pass; 0: from free memory (megatron)
-    max_batch_size: int = field(metadata=bound(ge=0, help="0 sizes it from free memory (megatron)"))
+    max_batch_size: int = field(metadata=bound(ge=0, le=MAX_TOKENS, help="0: from free memory"))
     share_prompts: bool  # megatron backend: one vision pass + prefill per prompt for its samples
     cuda_graphs: bool  # megatron backend on GPUs: replay the decode step as a CUDA graph
     compile_decode: bool  # megatron backend: torch.compile the decode layer (fuses small kernels)
@@ -268,7 +274,7 @@ class GenerationConfig:
     # separate: the generation engine's own tensor-parallel size
     tensor_parallel_size: int = field(metadata=bound(ge=1))
     # separate: weights reach the generation ranks in broadcasts of at most this many MiB
-    sync_bucket_mb: int = field(metadata=bound(ge=1))
+    sync_bucket_mb: int = field(metadata=bound(ge=1, le=65536))
 
 
 @frozen
@@ -465,7 +471,7 @@ class SlurmConfig:
 class ScoringConfig:
     accuracy: str  # the reward (or reward/component) whose mean is reported as accuracy
     # processes that run rewards from user code; 0 runs them in the trainer
-    num_workers: int = field(metadata=bound(ge=0))
+    num_workers: int = field(metadata=bound(ge=0, le=1024))
     # one call of a user reward on one batch must return within this
     timeout_s: float = field(
         metadata=bound(gt=0, le=86400, help="a call longer than a day is a hung reward")

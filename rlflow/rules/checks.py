@@ -3,8 +3,9 @@
 What one key may hold is declared beside it in rlflow.recipe.schema (`bound(...)`), and `_bounds`
 below reports all of those at once. The other rules here relate two or more keys; the rules that ask
 another part of rlflow about a value (the model-family registry, the reward registry, the scene
-layout, the prompt-template reader, an optional package) are in rlflow.rules.elsewhere. Each rule is one small function that
-returns diagnostics pointing at the key to change.
+layout, the prompt-template reader, an optional package, the model's shape) are in
+rlflow.rules.elsewhere, and keys that do nothing where they are set in rlflow.recipe.inert. Each
+rule is one small function that returns diagnostics pointing at the key to change.
 
 `load_recipe` callers run `check_recipe` right after loading, so a bad combination fails on the
 login node, never as a KeyError or a hang on the allocation. Rules that also need the job's shape
@@ -22,7 +23,10 @@ from rlflow.recipe.scalars import parse_time_limit
 from rlflow.rules.elsewhere import (
     accuracy_reward,
     builtin_checkpoint,
+    generation_fits_model,
+    heads_split_evenly,
     mix_kinds,
+    moe_settings_fit_model,
     prompt_template,
     reward_functions,
     reward_weights,
@@ -30,6 +34,7 @@ from rlflow.rules.elsewhere import (
     video_patch_matches_checkpoint,
     wandb_installed,
 )
+from rlflow.recipe.inert import settings_that_do_nothing
 
 
 def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
@@ -125,6 +130,27 @@ def _jsonl_needs_path(loaded: LoadedRecipe) -> list[Diagnostic]:
     ]
 
 
+MAX_SYNTHETIC_ROWS = 10_000_000  # a synthetic split lists each row's kind up front (80 MB)
+
+
+def _synthetic_rows_fit(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """Synthetic rows are generated on access, but their kinds are listed when the split is
+    built: a count past memory is refused here, not as a MemoryError on every rank."""
+    return [
+        loaded.diagnostic(
+            ("data", split, "num_samples"),
+            "recipe.range",
+            f"`data.{split}.num_samples` ({getattr(loaded.recipe.data, split).num_samples}) is "
+            f"more than {MAX_SYNTHETIC_ROWS:,} synthetic rows",
+            help="a step samples num_prompts_per_step rows: a few thousand give every run "
+            "fresh ones (jsonl: num_samples is a cap, any size)",
+        )
+        for split in ("train", "validation")
+        if getattr(loaded.recipe.data, split).kind != "jsonl"
+        and getattr(loaded.recipe.data, split).num_samples > MAX_SYNTHETIC_ROWS
+    ]
+
+
 def _jsonl_first_rows(loaded: LoadedRecipe) -> list[Diagnostic]:
     data = loaded.recipe.data
     if "jsonl" not in (data.train.kind, data.validation.kind):
@@ -175,6 +201,25 @@ def _kv_cache_needs_megatron(loaded: LoadedRecipe) -> list[Diagnostic]:
             f"`generation.kv_cache_tokens: {gen.kv_cache_tokens}` sizes the megatron backend's "
             f"KV cache; backend `{gen.backend}` does not read it",
             help="set generation.kv_cache_tokens=0, or generation.backend=megatron",
+        )
+    ]
+
+
+def _kv_cache_holds_a_row(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """A set KV cache must hold one whole row (the longest prompt + the generation budget):
+    the engine refuses a row it can never fit, after the model is loaded."""
+    gen, prompt = loaded.recipe.generation, loaded.recipe.data.max_prompt_tokens
+    row = prompt + gen.max_new_tokens
+    if not gen.kv_cache_tokens or gen.backend != "megatron" or gen.kv_cache_tokens >= row:
+        return []  # (other backends: _kv_cache_needs_megatron says so)
+    return [
+        loaded.diagnostic(
+            ("generation", "kv_cache_tokens"),
+            "recipe.kv-cache-size",
+            f"`generation.kv_cache_tokens` ({gen.kv_cache_tokens}) cannot hold one row of {row} "
+            f"tokens (data.max_prompt_tokens {prompt} + generation.max_new_tokens "
+            f"{gen.max_new_tokens})",
+            help=f"set at least {row}, or 0 (sized from free GPU memory)",
         )
     ]
 
@@ -364,6 +409,7 @@ RULES = (
     video_patch_matches_checkpoint,
     _jsonl_needs_path,
     _jsonl_first_rows,
+    _synthetic_rows_fit,
     mix_kinds,
     _mix_adds_up,
     scene_fits,
@@ -373,6 +419,7 @@ RULES = (
     _gspo_needs_sequence_loss,
     _fp8_rollouts,
     _kv_cache_needs_megatron,
+    _kv_cache_holds_a_row,
     _overlong_buffer_fits,
     _mask_below_cap,
     prompt_template,
@@ -382,6 +429,10 @@ RULES = (
     _apptainer_needs_a_command,
     _collective_outlasts_phase,
     _sequence_parallel_needs_tensor_parallel,
+    heads_split_evenly,
+    moe_settings_fit_model,
+    generation_fits_model,
+    settings_that_do_nothing,
     wandb_installed,
     _wandb_needs_a_project,
 )

@@ -1,7 +1,9 @@
 """Recipe rules that ask another part of rlflow about a value (listed in checks.RULES).
 
 Each asks the owner of a value whether it is good: the model-family registry about a built-in
-checkpoint, rlflow.data about synthetic kinds, scenes, JSONL prompt templates and reward
+checkpoint, rlflow.model.shape about the model's sizes (heads and KV heads against tensor
+parallelism, experts against `model.moe`, positions and KV-cache bytes against the generation
+lengths), rlflow.data about synthetic kinds, scenes, JSONL prompt templates and reward
 functions, an optional package about being installed. Each imports its owner lazily and none
 imports torch, so the login node's dry run runs them all. The rules between keys of the recipe
 itself are in rlflow.rules.checks, which lists every rule once in `RULES`.
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe.load import LoadedRecipe
+from rlflow.recipe.schema import MAX_TOKENS
 
 
 def builtin_checkpoint(loaded: LoadedRecipe) -> list[Diagnostic]:
@@ -173,3 +176,137 @@ def wandb_installed(loaded: LoadedRecipe) -> list[Diagnostic]:
             help=INSTALL_HELP,
         )
     ]
+
+
+# --- the model's shape (rlflow.model.shape: the builtin's sizes or config.json, no torch) ------
+
+_LARGEST_GPU_GIB = 288  # no GPU rlflow runs on holds more (B300: 288 GB)
+
+
+def _shape(recipe):
+    from rlflow.model.shape import recipe_shape
+
+    return recipe_shape(recipe.model.checkpoint)
+
+
+def heads_split_evenly(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """Tensor parallelism gives each rank an equal share of the attention heads and of the KV
+    heads (megatron-core asserts it while building the model, on every rank): the trainer's
+    `parallelism.tensor_parallel_size` and, under separate placement, the generation engine's."""
+    recipe, shape = loaded.recipe, _shape(loaded.recipe)
+    if shape is None or not shape.heads:
+        return []
+    sizes = [("parallelism", "tensor_parallel_size")]
+    if recipe.generation.placement == "separate":
+        sizes.append(("generation", "tensor_parallel_size"))
+    problems = []
+    for path in sizes:
+        tp = getattr(getattr(recipe, path[0]), path[1])
+        bad = [f"{n} {what}" for n, what in ((shape.heads, "attention heads"),
+               (shape.kv_heads, "KV heads")) if tp > 0 and n % tp]  # fmt: skip
+        if bad:
+            fits = [d for d in range(1, shape.kv_heads + 1) if shape.kv_heads % d == 0]
+            problems.append(
+                loaded.diagnostic(
+                    path,
+                    "recipe.tensor-parallel-heads",
+                    f"`{'.'.join(path)}` ({tp}) does not divide the {' and '.join(bad)} of "
+                    f"`model.checkpoint` ({recipe.model.checkpoint})",
+                    help="each tensor-parallel rank holds an equal share of the heads: choose "
+                    f"one of {', '.join(map(str, fits))}",
+                )
+            )
+    return problems
+
+
+def moe_settings_fit_model(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """`model.moe.router_topk` picks among the model's experts. On a dense model the `model.moe`
+    keys and `loss.router_replay`, and on a text-only one `model.freeze_vision`, do nothing: a
+    value other than the one that changes nothing (base.yaml's) is refused with the reason."""
+    recipe, shape = loaded.recipe, _shape(loaded.recipe)
+    if shape is None:
+        return []
+    moe, where = recipe.model.moe, f"`model.checkpoint` ({recipe.model.checkpoint})"
+    problems = []
+    if shape.experts and moe.router_topk is not None and moe.router_topk > shape.experts:
+        problems.append(  # (below 1: its bound in the schema says so)
+            loaded.diagnostic(
+                ("model", "moe", "router_topk"),
+                "recipe.moe-router-topk",
+                f"`model.moe.router_topk` is {moe.router_topk}, but {where} has "
+                f"{shape.experts} experts",
+                help=f"choose 1..{shape.experts}, or null for the checkpoint's "
+                f"num_experts_per_tok ({shape.topk})",
+            )
+        )
+    dense, text = "a dense model", "a text-only model (no vision tower)"
+    inert = [
+        (("model", "freeze_vision"), not recipe.model.freeze_vision and not shape.multimodal, text),
+    ]
+    if not shape.experts:
+        inert += [
+            (("model", "moe", "grouped_experts"), not moe.grouped_experts, dense),
+            (("model", "moe", "router_topk"), moe.router_topk is not None, dense),
+            (("model", "moe", "router_dtype"), moe.router_dtype is not None, dense),
+            (("model", "moe", "aux_loss_coeff"), moe.aux_loss_coeff is not None, dense),
+            (("model", "moe", "z_loss_coeff"), moe.z_loss_coeff != 0, dense),
+            (("loss", "router_replay"), not recipe.loss.router_replay, dense),
+        ]
+    return problems + [
+        loaded.diagnostic(
+            path,
+            "recipe.does-nothing",
+            f"`{'.'.join(path)}` is set, but does nothing: {where} is {what}",
+            help=f"remove `{'.'.join(path)}` from the recipe (or the override), or train a "
+            + ("mixture-of-experts checkpoint" if what == dense else "vision-language model"),
+        )
+        for path, changed, what in inert
+        if changed
+    ]
+
+
+def generation_fits_model(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """A prompt and its generation must fit the positions the model was built for
+    (max_position_embeddings), and a KV cache sized in `generation.kv_cache_tokens` must fit in
+    one GPU's memory: otherwise the job dies allocating it."""
+    recipe, shape = loaded.recipe, _shape(loaded.recipe)
+    if shape is None:
+        return []
+    prompt, new = recipe.data.max_prompt_tokens, recipe.generation.max_new_tokens
+    problems = []
+    if (
+        shape.max_positions
+        and prompt + new > shape.max_positions
+        and max(prompt, new) <= MAX_TOKENS
+    ):
+        problems.append(
+            loaded.diagnostic(
+                ("generation", "max_new_tokens"),
+                "recipe.context-length",
+                f"`data.max_prompt_tokens` ({prompt}) + `generation.max_new_tokens` ({new}) "
+                f"is more than the {shape.max_positions} positions of `model.checkpoint` "
+                f"({recipe.model.checkpoint}, max_position_embeddings)",
+                help=f"lower generation.max_new_tokens to at most "
+                f"{max(shape.max_positions - prompt, 1)} (or data.max_prompt_tokens)",
+            )
+        )
+    tokens = recipe.generation.kv_cache_tokens
+    if tokens and shape.layers and shape.head_dim and recipe.slurm.request_gpus:
+        dtype_bytes = 2 if recipe.model.dtype == "bfloat16" else 4
+        tp = recipe.generation.tensor_parallel_size
+        if recipe.generation.placement != "separate":
+            tp = recipe.parallelism.tensor_parallel_size
+        gib = tokens * shape.kv_bytes_per_token(dtype_bytes, tp) / 2**30
+        if gib > _LARGEST_GPU_GIB:
+            problems.append(
+                loaded.diagnostic(
+                    ("generation", "kv_cache_tokens"),
+                    "recipe.kv-cache-size",
+                    f"`generation.kv_cache_tokens` ({tokens}) makes a KV cache of {gib:,.0f} GiB "
+                    f"per rank for `model.checkpoint` ({recipe.model.checkpoint}, "
+                    f"{recipe.model.dtype}), more than any GPU holds ({_LARGEST_GPU_GIB} GB)",
+                    help="set 0 (half of the free GPU memory at each rollout), or at most "
+                    f"{int(_LARGEST_GPU_GIB * 2**30 // shape.kv_bytes_per_token(dtype_bytes, tp))}",
+                )
+            )
+    return problems

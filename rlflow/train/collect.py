@@ -262,17 +262,12 @@ def shaping_penalty(recipe, completions) -> list[float] | None:
 
 
 def effective_loss(recipe):
-    """recipe.loss with importance_sampling.mode `auto` resolved for the rollouts: tis for vllm,
-    hf (another engine's numerics), FP8 megatron rollouts (quantized weights) and asynchronous
-    GRPO (rollouts from older weights: async_grpo.max_staleness > 0); off for synchronous
-    megatron in the policy's dtype (the policy's own tensors: in fp32 the weights would be 1 to
-    ~1e-7, so the loss is left exactly as is)."""
+    """recipe.loss with importance_sampling.mode `auto` resolved for the rollouts (the rule is
+    rlflow.recipe.inert.sampling_mode, which the recipe checks ask too)."""
+    from rlflow.recipe.inert import sampling_mode
+
     cfg = recipe.loss.importance_sampling
-    if cfg.mode != "auto":
-        return recipe.loss
-    gen = recipe.generation
-    synchronous = recipe.async_grpo.max_staleness == 0
-    mode = "off" if gen.backend == "megatron" and not gen.fp8 and synchronous else "tis"
+    mode = sampling_mode(recipe)
     return dataclasses.replace(recipe.loss, importance_sampling=dataclasses.replace(cfg, mode=mode))
 
 

@@ -73,12 +73,12 @@ def test_recipe_that_agrees_with_the_flags_is_fine(tmp_path):
 
 
 def test_parallel_size_that_does_not_divide_the_world_names_the_axis(tmp_path):
-    result = dry_run(tmp_path, "parallelism.tensor_parallel_size=3", "--nodes", "2", "--gpus", "4")
+    result = dry_run(tmp_path, "parallelism.tensor_parallel_size=2", "--nodes", "1", "--gpus", "3")
     assert result.returncode == 2
     assert (
-        "error[allocation.parallel-sizes]: parallel sizes multiply to 3, which does not divide the "
-        "world size 8 (tensor_parallel_size=3)\n"
-        "  --> command line `parallelism.tensor_parallel_size=3`"
+        "error[allocation.parallel-sizes]: parallel sizes multiply to 2, which does not divide the "
+        "world size 3 (tensor_parallel_size=2)\n"
+        "  --> command line `parallelism.tensor_parallel_size=2`"
     ) in result.stderr
 
 
@@ -171,12 +171,12 @@ def test_mount_with_a_comma(tmp_path):
 def test_every_problem_is_reported_at_once(tmp_path):
     result = dry_run(
         tmp_path,
-        "parallelism.tensor_parallel_size=3",
+        "parallelism.tensor_parallel_size=2",
         "slurm.extra_sbatch_args=[-t5]",
         "--nodes",
         "1",
         "--gpus",
-        "2",
+        "3",
     )
     assert "error[allocation.parallel-sizes]" in result.stderr
     assert "error[submit.extra-sbatch-arg]" in result.stderr

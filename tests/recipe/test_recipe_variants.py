@@ -39,7 +39,7 @@ def messages(overrides: list[str]) -> str:
         (["grpo.dynamic_sampling.max_extra_rounds=-1"], "must not be negative"),
         (["scoring.accuracy=acc"], "`scoring.accuracy` names `acc`, which is not a known reward"),
         (["scoring.timeout_s=0"], "`scoring.timeout_s` must be in (0, 86400] (it is 0)"),
-        (["scoring.num_workers=-1"], "`scoring.num_workers` must not be negative (it is -1)"),
+        (["scoring.num_workers=-1"], "`scoring.num_workers` must be in [0, 1024] (it is -1)"),
         (["data.prompt_template='{question!r}'"], "is not a plain {column} placeholder"),
         (["data.prompt_template='{question'"], "`data.prompt_template` is not a valid template"),
         (["rewards.nowhere_mod:fn=1.0"], "no module `nowhere_mod` is importable"),

@@ -122,6 +122,12 @@ class Qwen25VL(QwenVLFamily):
 
         return write_tiny_checkpoint(out_dir, seed=seed, lm_head_scale=lm_head_scale)
 
+    def builtin_config(self, name: str) -> dict:
+        from rlflow.model.shape import builtin_keys
+        from rlflow.model.tiny import PRESETS
+
+        return builtin_keys(PRESETS["tiny"], max_positions=PRESETS["tiny"].max_positions)
+
 
 def placeholder_counts(media: Media, merge_size: int) -> tuple[int, int]:
     """How many image and video pad tokens a prompt with this media must hold."""

@@ -27,7 +27,6 @@ class Qwen3Moe(MixtureOfExperts, QwenText):
     model_types = ("qwen3_moe",)
     architectures = ("Qwen3MoeForCausalLM",)
     builtins = ("tiny-qwen3-moe",)
-    builtin_experts = {"tiny-qwen3-moe": 8}  # read by the dry run (rlflow.model.moe.experts)
 
     def hf_state_dict(self, exported: dict) -> dict:
         """On-disk (per-expert) names -> HF's in-memory fused expert tensors."""
@@ -51,6 +50,18 @@ class Qwen3Moe(MixtureOfExperts, QwenText):
 
     def write_tiny(self, out_dir: Path, name: str, seed: int, lm_head_scale: float = 1.0) -> Path:
         return write_tiny_qwen3_moe(out_dir, seed=seed, lm_head_scale=lm_head_scale)
+
+    def builtin_config(self, name: str) -> dict:
+        from rlflow.model.shape import builtin_keys
+
+        sizes = PRESETS["tiny"]
+        return builtin_keys(
+            sizes,
+            max_positions=sizes.max_positions,
+            experts=sizes.experts,
+            topk=sizes.topk,
+            multimodal=False,
+        )
 
 
 FAMILY = Qwen3Moe()
@@ -77,7 +88,7 @@ PRESETS = {
     # Qwen3-30B-A3B's shapes (48 layers: 30.5 B parameters, 3.3 B active); benchmarks cut depth
     "qwen3-30b-a3b": MoESizes(
         vocab_size=151936, hidden=2048, heads=32, kv_heads=4, head_dim=128, layers=48,
-        experts=128, topk=8, expert_intermediate=768, rope_theta=1000000.0,
+        experts=128, topk=8, expert_intermediate=768, rope_theta=1000000.0, max_positions=40960,
     ),
 }
 # fmt: on
@@ -113,7 +124,7 @@ def write_tiny_qwen3_moe(
             num_attention_heads=sizes.heads,
             num_key_value_heads=sizes.kv_heads,
             head_dim=sizes.head_dim,
-            max_position_embeddings=4096,
+            max_position_embeddings=sizes.max_positions,
             rms_norm_eps=1e-6,
             rope_parameters={"rope_type": "default", "rope_theta": sizes.rope_theta},
             tie_word_embeddings=False,

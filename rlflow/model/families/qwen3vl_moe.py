@@ -20,10 +20,14 @@ class Qwen3VLMoe(MixtureOfExperts, Qwen3VL):
     model_types = ("qwen3_vl_moe",)
     architectures = ("Qwen3VLMoeForConditionalGeneration",)
     builtins = ("tiny-qwen3vl-moe",)
-    builtin_experts = {"tiny-qwen3vl-moe": 4}  # read by the dry run (rlflow.model.moe.experts)
 
     def write_tiny(self, out_dir: Path, name: str, seed: int, lm_head_scale: float = 1.0) -> Path:
         return write_tiny_qwen3vl(out_dir, seed=seed, lm_head_scale=lm_head_scale, moe=True)
+
+    def builtin_config(self, name: str) -> dict:
+        from rlflow.model.families.qwen3vl import MOE_EXPERTS
+
+        return {**super().builtin_config(name), **MOE_EXPERTS}
 
 
 FAMILY = Qwen3VLMoe()

@@ -26,5 +26,11 @@ class QwenText(ModelFamily):
             out_dir, family=family, seed=seed, lm_head_scale=lm_head_scale
         )
 
+    def builtin_config(self, name: str) -> dict:
+        from rlflow.model.shape import builtin_keys
+        from rlflow.model.tiny import TEXT_TINY
+
+        return builtin_keys(TEXT_TINY, max_positions=TEXT_TINY.max_positions, multimodal=False)
+
 
 FAMILY = QwenText()

@@ -2,9 +2,9 @@
 provider settings from the recipe's `model.moe` keys, and what the dry run reads (no torch).
 
 A family with routed experts calls `configure_provider` from its own `configure_provider`
-(rlflow/model/families/qwen3_moe.py) and names its builtins' expert counts in `builtin_experts` (the dry
-run's allocation rules read them). That builds each layer from megatron-core's local spec with two
-rlflow classes swapped in:
+(rlflow/model/families/qwen3_moe.py) and sizes its builtins in `builtin_config` (the dry run's
+rules read them: rlflow/model/shape.py). That builds each layer from megatron-core's local spec
+with two rlflow classes swapped in:
 
 * `GroupedExperts`: megatron-core's `SequentialMLP` (same parameters, names, checkpoints and
   megatron-bridge mappings) whose per-expert weights live in one [experts, out, in] tensor, so
@@ -26,44 +26,27 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-from pathlib import Path
 from typing import Any
 
 from rlflow.errors import Diagnostic, RlflowError
-
-# HF config keys that hold the number of routed experts, by family (Qwen, Mixtral, DeepSeek).
-_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
 def num_experts(config: dict[str, Any]) -> int:
     """Routed experts of a parsed HF config.json (0: a dense model). Vision-language configs
     keep the language model's settings in `text_config`. Pure: the dry run calls it."""
-    for section in (config, config.get("text_config") or {}):
-        for key in _EXPERT_KEYS:
-            value = section.get(key)
-            if isinstance(value, int) and value > 0:
-                return value
-    return 0
+    from rlflow.model.shape import shape_of_config
+
+    return shape_of_config(config).experts
 
 
 def recipe_experts(checkpoint: str) -> int | None:
-    """Routed experts of `model.checkpoint`: a built-in's (its family's `builtin_experts`) or
-    an HF directory's config.json; None when there is no config to read (the model rules say
-    so). Imports no torch: the dry run calls it on the login node."""
-    from rlflow.model import family as families
+    """Routed experts of `model.checkpoint` (rlflow.model.shape.recipe_shape: a built-in's
+    sizes or an HF directory's config.json); None when there is no config to read (the model
+    rules say so). Imports no torch: the dry run calls it on the login node."""
+    from rlflow.model.shape import recipe_shape
 
-    if checkpoint.startswith(families.BUILTIN_PREFIX):
-        name = checkpoint[len(families.BUILTIN_PREFIX) :]
-        found = families.by_builtin(name)
-        return None if found is None else getattr(found, "builtin_experts", {}).get(name, 0)
-    config = Path(checkpoint).expanduser() / "config.json"
-    if not config.is_file():
-        return None
-    try:
-        return num_experts(json.loads(config.read_text()))
-    except (OSError, ValueError):
-        return None
+    shape = recipe_shape(checkpoint)
+    return None if shape is None else shape.experts
 
 
 # --- provider settings ---------------------------------------------------------------------------

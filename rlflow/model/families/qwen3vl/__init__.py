@@ -74,6 +74,12 @@ class Qwen3VL(QwenVLFamily):
     def write_tiny(self, out_dir: Path, name: str, seed: int, lm_head_scale: float = 1.0) -> Path:
         return write_tiny_qwen3vl(out_dir, seed=seed, lm_head_scale=lm_head_scale)
 
+    def builtin_config(self, name: str) -> dict:
+        from rlflow.model.shape import builtin_keys
+
+        sizes = Qwen3VLSizes()
+        return builtin_keys(sizes, max_positions=sizes.max_position_embeddings)
+
 
 FAMILY = Qwen3VL()
 
@@ -95,6 +101,8 @@ class Qwen3VLSizes(LanguageSizes):
     vision_position_embeddings: int = 64  # an 8 x 8 learned grid, resampled to each image's
     deepstack_visual_indexes: tuple[int, ...] = (0, 1)
 
+
+MOE_EXPERTS = {"num_experts": 4, "num_experts_per_tok": 2}  # the tiny Qwen3-VL-MoE's routing
 
 # A preset: the language model's shapes, then the vision tower's, a few to a line.
 # fmt: off
@@ -172,7 +180,7 @@ def qwen3vl_config(sizes: Qwen3VLSizes, ids: dict[str, int], tokens: int, moe: b
     if sizes.tie_embeddings:  # (left out when untied: the tiny checkpoint stays byte-identical)
         text["tie_word_embeddings"] = True
     if moe:
-        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64)
+        text.update(MOE_EXPERTS, moe_intermediate_size=64)
     vision = vision_config(
         sizes,
         patch_size=16,
