@@ -10,7 +10,7 @@ commands share lives in its own module, not in one of them.
 
 The layers, bottom first (LAYERS below); a module imports only its own layer and those below:
 
-    errors                  exit codes, diagnostics
+    errors, bounded         exit codes, diagnostics; bounded reads of files others wrote
     recipe.schema (.bounds, .scalars), job.files, slurm, optional, model.compat
                             leaves: the recipe's types, the run directory's names, every Slurm
                             call, optional packages, third-party patches
@@ -154,8 +154,9 @@ def test_the_family_registry_is_login_node_safe():
 # the rest of it (the recipe's types below everything that reads them, the library patches below
 # parallel.py).
 LAYERS = [
-    # the ground: exit codes and diagnostics; `@frozen`, the cheaper frozen dataclass
-    ("rlflow.errors", "rlflow.frozen", "rlflow.record_methods"),
+    # the ground: exit codes and diagnostics; `@frozen`, the cheaper frozen dataclass; bounded
+    # reads of files others put in place
+    ("rlflow.errors", "rlflow.frozen", "rlflow.record_methods", "rlflow.bounded"),
     # leaves: the recipe's types (with their bounds and scalar parsers), the run directory's file
     # names, every Slurm call, optional packages, third-party patches
     (
@@ -183,7 +184,7 @@ LAYERS = [
 # Modules the login node imports: `--help`, submit --dry-run, status, check-pins. No torch.
 LOGIN_NODE = ("rlflow.cli", "rlflow.launch", "rlflow.pins", "rlflow.cicheck", "rlflow.recipe")
 LOGIN_NODE += ("rlflow.job", "rlflow.slurm", "rlflow.errors", "rlflow.frozen", "rlflow.optional")
-LOGIN_NODE += ("rlflow.record_methods",)
+LOGIN_NODE += ("rlflow.record_methods", "rlflow.bounded")
 LOGIN_NODE += ("rlflow.model.family",)
 HEAVY = ("torch", "megatron", "transformers", "vllm")
 

@@ -74,9 +74,28 @@ def bad(file: str, line: int | None, reason: str, help: str | None = None) -> Rl
     )
 
 
+CI_FILE_MAX_BYTES = 16 << 20  # no CI file is near this; a link to a log or /dev/zero would be
+
+
+def read_bytes(path: Path, rel: str) -> bytes:
+    """A CI file's bytes, read within bounds (rlflow/bounded.py); a FIFO, a device or a file
+    over CI_FILE_MAX_BYTES -> RF200 naming it. A missing file raises FileNotFoundError."""
+    from rlflow import bounded
+
+    try:
+        return bounded.read_bytes(path, CI_FILE_MAX_BYTES)
+    except bounded.UnreadableFile as err:
+        raise bad(
+            rel,
+            None,
+            f"cannot be read: {err}",
+            "CI reads it too: put the file itself there (a regular file)",
+        ) from None
+
+
 def read_text(root: Path, rel: str) -> str:
     """The file as UTF-8; invalid bytes -> RF200 naming the line."""
-    data = (root / rel).read_bytes()
+    data = read_bytes(root / rel, rel)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
