@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from pathlib import Path
 
 from rlflow.errors import Diagnostic, RlflowError
@@ -19,23 +20,31 @@ PLOTS = {
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """One PNG per plot of PLOTS in `out_dir` (default RUN_DIR/plots). Every value is checked
-    and every plot drawn before the first file is written: a bad metrics file, or a folder that
-    cannot be written, leaves no plot behind (each PNG is written whole or not at all)."""
+    before the folder is made, and every plot drawn before the first file is written: a bad
+    metrics file leaves no plot behind, and each PNG is written whole or not at all."""
     run = Path(run_dir)
     series = _series(run, _records(run))
-    pngs = {name: _plot(f"{run.name}: {name}", lines) for name, lines in series.items()}
     out = Path(out_dir) if out_dir else run / "plots"
+    with _writing(out):
+        out.mkdir(parents=True, exist_ok=True)  # a folder that cannot be made: before drawing
+    pngs = {name: _plot(f"{run.name}: {name}", lines) for name, lines in series.items()}
     written = []
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name, png in pngs.items():
-            path = out / f"{name}.png"
-            tmp = out / f".{name}.png.tmp"
+    for name, png in pngs.items():
+        path, tmp = out / f"{name}.png", out / f".{name}.png.tmp"
+        with _writing(out, tmp):
             tmp.write_bytes(png)
             tmp.replace(path)
-            written.append(path)
+        written.append(path)
+    return written
+
+
+@contextmanager
+def _writing(out: Path, tmp: Path | None = None):
+    """An OSError while writing to `out` -> report.out (and no torn `tmp` left)."""
+    try:
+        yield
     except OSError as err:
-        if "tmp" in locals():
+        if tmp is not None:
             tmp.unlink(missing_ok=True)
         raise RlflowError(
             Diagnostic(
@@ -45,7 +54,6 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list
                 help="pass --out a folder you can write to (with free space)",
             )
         ) from None
-    return written
 
 
 def _records(run: Path) -> list[dict]:
