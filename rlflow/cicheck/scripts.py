@@ -50,6 +50,8 @@ def _checked(file: str, line: int | None, command: str, args) -> tuple[str, ...]
     for arg in args:
         if "${{" in arg:
             why = "a `${{ }}` expression that is not a matrix value"
+            if re.search(r"\$\{\{\s*matrix\.", " ".join(args)):  # a `fromJSON` matrix
+                why = "a `${{ }}` expression: a matrix value GitHub computes when the workflow runs"
             return cannot_tell(file, line, command, why, " ".join(args))
         if "$" in arg or "`" in arg:
             why = f"`{arg}` is a shell expression"
