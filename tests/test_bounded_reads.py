@@ -61,6 +61,20 @@ def test_status_and_cancel_name_a_launcher_record_that_is_not_a_file(tmp_path, c
     assert f"error[jobs.damaged-file]: {run}/launcher.json: {what}" in done.stderr
 
 
+def test_status_names_a_file_over_its_size_limit(tmp_path):
+    """attempts.jsonl grown to 100 MiB (sparse: no disk used) is not read into memory."""
+    run = tmp_path / "run"
+    (run / "status").mkdir(parents=True)  # a local run's folder of attempts
+    with open(run / "attempts.jsonl", "wb") as out:
+        out.truncate(100 << 20)
+    done = rlflow("status", str(run), cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (
+        f"error[jobs.damaged-file]: {run}/attempts.jsonl: is 100.0 MiB, over 8.0 MiB, the most "
+        "rlflow reads of it"
+    ) in done.stderr
+
+
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
 def test_report_names_a_metrics_file_that_is_not_a_file(tmp_path, kind):
     what = put(tmp_path / "run" / "metrics.jsonl", kind)
