@@ -40,7 +40,13 @@ Examples:
     help="tiny: ~1 M parameters for CPU tests (Qwen2.5-VL); qwen25vl-3b: Qwen2.5-VL-3B's real "
     "shapes; qwen3vl-4b: Qwen3-VL-4B's real shapes (DeepStack, interleaved mrope).",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Weight and tokenizer seed.")
+@click.option(
+    "--seed",
+    type=click.IntRange(-(2**63), 2**63 - 1),  # 64 bits, as model.tiny_seed (and torch)
+    default=0,
+    show_default=True,
+    help="Weight and tokenizer seed.",
+)
 @click.option(
     "--device",
     default="cpu",
@@ -60,7 +66,12 @@ def init_tiny_model(directory, preset, seed, device, overwrite):
     """
     from rlflow.model.presets import QWEN3VL_PRESET_NAMES
 
-    target = _target(directory, overwrite)
+    try:
+        target = _target(directory, overwrite)
+    except OSError as err:  # a name too long, a folder you may not list
+        raise _refuse(
+            f"{directory} cannot be used: {err.strerror or err}", "name another folder"
+        ) from None
     _check_device(device)
     if preset in QWEN3VL_PRESET_NAMES:
         from rlflow.model.qwen3vl import QWEN3VL_PRESETS, write_tiny_qwen3vl
@@ -159,8 +170,13 @@ def _check_gpu(device: str) -> None:
 
 def _write_whole(target: Path, write) -> None:
     """`write(folder)` into a hidden folder beside `target`, moved into place only when whole."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    except OSError as err:
+        raise _refuse(
+            f"cannot create {target}: {err.strerror or err}", "name a folder you can create"
+        ) from None
     try:
         write(staging)
         if target.is_dir() and any(target.iterdir()):  # --overwrite: the old one goes last

@@ -42,6 +42,8 @@ def init(*args: str, cwd: Path, preexec=None) -> subprocess.CompletedProcess:
             "notes holds files but no checkpoint (no config.json): --overwrite replaces only",
         ),
         (["new", "--device", "tpu"], "--device 'tpu' is not a device init-tiny-model writes"),
+        (["x" * 300 + "/tiny"], "/tiny cannot be used: File name too long"),
+        (["new", "--seed", str(2**64)], "Invalid value for '--seed': 18446744073709551616 is not"),
     ],
 )
 def test_a_bad_target_or_device_is_refused_before_anything_is_built(tmp_path, args, message):
