@@ -86,17 +86,28 @@ def test_report_names_a_metrics_file_that_is_not_a_file(tmp_path, kind):
     assert not (tmp_path / "run" / "plots").exists()
 
 
-def test_check_tests_names_a_workflow_linked_to_dev_zero(tmp_path):
-    root = make_repo(tmp_path / "demo", {"tests/test_a.py": "def test_a():\n    pass\n"})
-    put(root / ".github" / "workflows" / "ci.yml", "zero")
+@pytest.mark.parametrize(
+    ("rel", "target", "what"),
+    [
+        (".github/workflows/ci.yml", "/dev/zero", "/dev/zero, which is a character device, not "),
+        ("ci-shards.yaml", "/dev/zero", "/dev/zero, which is a character device, not "),
+        ("ci-shards.yaml", "/nonexistent", "/nonexistent, which does not exist"),
+    ],
+)
+def test_check_tests_names_a_ci_file_that_is_not_a_file(tmp_path, rel, target, what):
+    """A workflow linked to /dev/zero filled the memory; a ci-shards.yaml that is not a file
+    was skipped without a word."""
+    root = make_repo(
+        tmp_path / "demo",
+        {"tests/test_a.py": "def test_a():\n    pass\n", ".ci/run": "#!/bin/sh\npytest\n"},
+    )
+    (root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (root / rel).symlink_to(target)
     git(root, "add", "-A")
-    git(root, "commit", "-qm", "a workflow that is a link")
+    git(root, "commit", "-qm", "a CI file that is a link")
     done = rlflow("check-tests", "--repo", str(root), cwd=root)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert (
-        "error[RF200]: malformed `.github/workflows/ci.yml`: cannot be read: it links to "
-        "/dev/zero, which is a character device, not a regular file"
-    ) in done.stderr
+    assert f"error[RF200]: malformed `{rel}`: cannot be read: it links to {what}" in done.stderr
 
 
 def test_check_tests_stops_a_collection_that_blocks(tmp_path):

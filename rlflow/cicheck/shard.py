@@ -80,17 +80,24 @@ CI_FILE_MAX_BYTES = 16 << 20  # no CI file is near this; a link to a log or /dev
 def read_bytes(path: Path, rel: str) -> bytes:
     """A CI file's bytes, read within bounds (rlflow/bounded.py); a FIFO, a device or a file
     over CI_FILE_MAX_BYTES -> RF200 naming it. A missing file raises FileNotFoundError."""
+    import os
+
     from rlflow import bounded
 
     try:
         return bounded.read_bytes(path, CI_FILE_MAX_BYTES)
-    except bounded.UnreadableFile as err:
-        raise bad(
-            rel,
-            None,
-            f"cannot be read: {err}",
-            "CI reads it too: put the file itself there (a regular file)",
-        ) from None
+    except FileNotFoundError:
+        if not os.path.islink(path):
+            raise
+        reason = f"it links to {os.readlink(path)}, which does not exist"
+    except OSError as err:  # UnreadableFile, a symbolic link loop, no permission
+        reason = str(err) if isinstance(err, bounded.UnreadableFile) else err.strerror or str(err)
+    raise bad(
+        rel,
+        None,
+        f"cannot be read: {reason}",
+        "CI reads it too: put the file itself there (a regular file)",
+    )
 
 
 def read_text(root: Path, rel: str) -> str:

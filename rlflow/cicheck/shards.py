@@ -33,6 +33,7 @@ model, ci-shards.yaml, the shared RF200/RF201 helpers).
 
 from __future__ import annotations
 
+import os
 import posixpath
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def find_shards(root: Path, tracked: list[str]) -> list[Shard]:
     """Workflows, the scripts CI runs (under .ci/ or ci/, or called from a workflow or from such
     a script, from the directory and with the environment of the call), the make targets they
     run, and ci-shards.yaml. A tracked script nothing runs is not a shard."""
-    described = yaml_shards(root, SHARDS_FILE) if (root / SHARDS_FILE).is_file() else []
+    described = yaml_shards(root, SHARDS_FILE) if os.path.lexists(root / SHARDS_FILE) else []
     DESCRIBED.clear()
     DESCRIBED.update(spoken(c) for shard in described for c in shard.describes)
     try:
