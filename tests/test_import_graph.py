@@ -10,7 +10,7 @@ commands share lives in its own module, not in one of them.
 
 The layers, bottom first (LAYERS below); a module imports only its own layer and those below:
 
-    errors                  exit codes, diagnostics
+    errors, bounded         exit codes, diagnostics; bounded reads of files others wrote
     recipe, job.files, slurm, optional, compat
                             leaves: the recipe's types and its loader, the run directory's names,
                             every Slurm call, optional packages, third-party patches
@@ -158,8 +158,9 @@ def test_the_family_registry_is_login_node_safe():
 # the rest of it (the recipe's types below everything that reads them, the library patches below
 # parallel.py).
 LAYERS = [
-    # the ground: exit codes and diagnostics; `@frozen`, the cheaper frozen dataclass
-    ("rlflow.errors", "rlflow.frozen", "rlflow.record_methods"),
+    # the ground: exit codes and diagnostics; `@frozen`, the cheaper frozen dataclass; bounded
+    # reads of files others put in place
+    ("rlflow.errors", "rlflow.frozen", "rlflow.record_methods", "rlflow.bounded"),
     # leaves: the recipe's types (with their bounds and scalar parsers) and its loader, the run
     # directory's file names, every Slurm call, optional packages, third-party patches
     (
@@ -185,7 +186,7 @@ LAYERS = [
 LOGIN_NODE = ("rlflow.cli", "rlflow.launch", "rlflow.pins", "rlflow.cicheck", "rlflow.recipe")
 LOGIN_NODE += ("rlflow.rules",)
 LOGIN_NODE += ("rlflow.job", "rlflow.slurm", "rlflow.errors", "rlflow.frozen", "rlflow.optional")
-LOGIN_NODE += ("rlflow.record_methods",)
+LOGIN_NODE += ("rlflow.record_methods", "rlflow.bounded")
 LOGIN_NODE += ("rlflow.model.family",)
 HEAVY = ("torch", "megatron", "transformers", "vllm")
 

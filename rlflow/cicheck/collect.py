@@ -6,11 +6,15 @@ parsing pytest's output, so `-q`, `-v` or `addopts` cannot hide them."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
 
+from rlflow import bounded
 from rlflow.errors import Diagnostic, RlflowError
+
+IDS_MAX_BYTES = 256 << 20  # the plugin's list of test ids (~100 bytes a test)
 
 # Options that make `--collect-only` collect nothing in this process: xdist hands collection
 # to workers (`-n 0` keeps it here).
@@ -26,6 +30,8 @@ def collect(
     env: tuple[tuple[str, str], ...] = (),
     notes: list[str] | None = None,
     info: dict | None = None,
+    *,
+    timeout: float,  # seconds (check-tests' --collect-timeout): then it is stopped, RF202
 ) -> set[str]:
     """The test ids pytest selects with `args` (-k, -m, paths, --ignore, --deselect...).
     A shard whose own options make pytest run no test (`--co`, `--setup-plan`) selects none:
@@ -57,9 +63,18 @@ def collect(
                 Diagnostic("RF201", f"{label} runs in `{cwd}`, which is not a directory")
             )
         try:
-            done = subprocess.run(
-                command, cwd=where, env=run_env, capture_output=True, text=True, timeout=1800
-            )
+            done = _run(command, where, run_env, timeout)
+        except subprocess.TimeoutExpired:
+            raise RlflowError(
+                Diagnostic(
+                    "RF202",
+                    f"`pytest --collect-only` for {label} did not finish in {timeout:g} s: "
+                    "stopped (with every process it started)",
+                    help="a conftest.py or test module that waits at import (on a lock, a "
+                    "server, input) blocks every CI run too; fix it, or give a slow collection "
+                    "more time with --collect-timeout SECONDS",
+                )
+            ) from None
         except (FileNotFoundError, PermissionError) as err:
             raise RlflowError(
                 Diagnostic(
@@ -81,7 +96,8 @@ def collect(
             )
         if not out.is_file():
             return set()
-        ids = [line for line in out.read_text(encoding="utf-8").splitlines() if line]
+        ids = bounded.read_text(out, IDS_MAX_BYTES, timeout, "replace").splitlines()
+        ids = [line for line in ids if line]
         if ids and ids[0].startswith("#runs-nothing:") and notes is not None:
             flag = ids[0].split(":", 1)[1].strip()
             notes.append(f"{label} runs no test: its options include `{flag}`")
@@ -92,3 +108,34 @@ def collect(
             info["python_files"] = patterns[0].split() if patterns else []
             info["deselected"] = {i.split(" ", 1)[1] for i in ids if i.startswith("#deselected: ")}
         return {i for i in ids if not i.startswith("#")}
+
+
+def _run(command: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """`subprocess.run` in a session of its own: on timeout the whole session is killed, so a
+    process the collection started (and which holds its output open) cannot keep us waiting."""
+    with subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.communicate()
+            raise
+        finally:
+            try:  # what the collection left running (a server a conftest.py started)
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    return subprocess.CompletedProcess(command, process.returncode, out, err)

@@ -35,6 +35,8 @@ tests collected from a non-empty suite, RF204 (warning) a shard whose options ru
 plain `pytest` does not collect, RF207 (warning) tests addopts deselects and no shard selects,
 RF210 tests no shard collects.
 """
+COLLECT_TIMEOUT_S = 300.0  # a blocking conftest.py must not hang a commit (or CI) for long:
+# 20x what this repository's ~14 s collection takes, a tenth of the 30 minutes it was
 
 
 @click.command("check-tests", epilog=EPILOG)
@@ -53,8 +55,17 @@ RF210 tests no shard collects.
 @click.option(
     "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True
 )
+@click.option(
+    "--collect-timeout",
+    type=click.FloatRange(min=1, max=86400),
+    default=COLLECT_TIMEOUT_S,
+    show_default=True,
+    help="Seconds one `pytest --collect-only` may take before it is stopped (RF202).",
+)
 @click.pass_context
-def check_tests(ctx: click.Context, repo: Path, pytest_command: str | None, fmt: str) -> None:
+def check_tests(
+    ctx: click.Context, repo: Path, pytest_command: str | None, fmt: str, collect_timeout: float
+) -> None:
     """List every test that no CI shard collects.
 
     Reads the shards CI runs, collects each with the real `pytest --collect-only`, and
@@ -63,13 +74,13 @@ def check_tests(ctx: click.Context, repo: Path, pytest_command: str | None, fmt:
     """
     pytest = shlex.split(pytest_command) if pytest_command else [sys.executable, "-m", "pytest"]
     try:
-        ctx.exit(run(repo, pytest, fmt))
+        ctx.exit(run(repo, pytest, fmt, collect_timeout))
     except RlflowError as err:
         print_diagnostics(err.diagnostics, fmt="json" if fmt == "json" else "text")
         ctx.exit(err.exit_code)
 
 
-def run(repo: Path, pytest: list[str], fmt: str) -> int:
+def run(repo: Path, pytest: list[str], fmt: str, timeout: float = COLLECT_TIMEOUT_S) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from rlflow.cicheck.collect import collect
@@ -98,7 +109,7 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
             )
         )
     info: dict = {}
-    universe = collect(root, pytest, (), "the whole test suite", info=info)
+    universe = collect(root, pytest, (), "the whole test suite", info=info, timeout=timeout)
     outside = _outside(tracked, info)
     if not universe:
         files = [t for t in tracked if _is_test_file(t)]
@@ -118,7 +129,9 @@ def run(repo: Path, pytest: list[str], fmt: str) -> int:
     notes: list[str] = []
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = pool.map(
-            lambda key: collect(root, pytest, key[0], unique[key], key[1], key[2], notes),
+            lambda key: collect(
+                root, pytest, key[0], unique[key], key[1], key[2], notes, timeout=timeout
+            ),
             list(unique),
         )
         covered = set().union(*results)

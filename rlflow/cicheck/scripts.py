@@ -15,7 +15,7 @@ import posixpath
 import re
 from pathlib import Path
 
-from rlflow.cicheck.shard import Shard, bad, cannot_tell, norm, read_text
+from rlflow.cicheck.shard import Shard, bad, cannot_tell, norm, read_bytes, read_text
 from rlflow.cicheck.shell import (
     Invocation,
     MakeCall,
@@ -50,6 +50,8 @@ def _checked(file: str, line: int | None, command: str, args) -> tuple[str, ...]
     for arg in args:
         if "${{" in arg:
             why = "a `${{ }}` expression that is not a matrix value"
+            if re.search(r"\$\{\{\s*matrix\.", " ".join(args)):  # a `fromJSON` matrix
+                why = "a `${{ }}` expression: a matrix value GitHub computes when the workflow runs"
             return cannot_tell(file, line, command, why, " ".join(args))
         if "$" in arg or "`" in arg:
             why = f"`{arg}` is a shell expression"
@@ -142,9 +144,9 @@ def _runner_runs_pytest(root: Path, tool: str, cwd: str) -> bool:
         return True  # `hatch test` is pytest, `hatch run` any script
     for name in _RUNNER_FILES.get(tool, ()):
         for where in {cwd, ""}:
-            path = root / where / name
+            rel = norm(posixpath.join(where, name))
             try:
-                text = path.read_text(encoding="utf-8", errors="replace")
+                text = read_bytes(root / rel, rel).decode("utf-8", "replace")
             except OSError:
                 continue
             if name == "pyproject.toml" and f"[tool.{tool}" not in text:

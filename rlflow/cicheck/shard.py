@@ -74,9 +74,35 @@ def bad(file: str, line: int | None, reason: str, help: str | None = None) -> Rl
     )
 
 
+CI_FILE_MAX_BYTES = 16 << 20  # no CI file is near this; a link to a log or /dev/zero would be
+
+
+def read_bytes(path: Path, rel: str) -> bytes:
+    """A CI file's bytes, read within bounds (rlflow/bounded.py); a FIFO, a device or a file
+    over CI_FILE_MAX_BYTES -> RF200 naming it. A missing file raises FileNotFoundError."""
+    import os
+
+    from rlflow import bounded
+
+    try:
+        return bounded.read_bytes(path, CI_FILE_MAX_BYTES)
+    except FileNotFoundError:
+        if not os.path.islink(path):
+            raise
+        reason = f"it links to {os.readlink(path)}, which does not exist"
+    except OSError as err:  # UnreadableFile, a symbolic link loop, no permission
+        reason = str(err) if isinstance(err, bounded.UnreadableFile) else err.strerror or str(err)
+    raise bad(
+        rel,
+        None,
+        f"cannot be read: {reason}",
+        "CI reads it too: put the file itself there (a regular file)",
+    )
+
+
 def read_text(root: Path, rel: str) -> str:
     """The file as UTF-8; invalid bytes -> RF200 naming the line."""
-    data = (root / rel).read_bytes()
+    data = read_bytes(root / rel, rel)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:

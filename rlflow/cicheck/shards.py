@@ -33,6 +33,7 @@ model, ci-shards.yaml, the shared RF200/RF201 helpers).
 
 from __future__ import annotations
 
+import os
 import posixpath
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from rlflow.cicheck.shard import (
     Shard,
     cannot_tell,
     norm,
+    read_bytes,
     spoken,
     yaml_shards,
 )
@@ -54,7 +56,7 @@ def find_shards(root: Path, tracked: list[str]) -> list[Shard]:
     """Workflows, the scripts CI runs (under .ci/ or ci/, or called from a workflow or from such
     a script, from the directory and with the environment of the call), the make targets they
     run, and ci-shards.yaml. A tracked script nothing runs is not a shard."""
-    described = yaml_shards(root, SHARDS_FILE) if (root / SHARDS_FILE).is_file() else []
+    described = yaml_shards(root, SHARDS_FILE) if os.path.lexists(root / SHARDS_FILE) else []
     DESCRIBED.clear()
     DESCRIBED.update(spoken(c) for shard in described for c in shard.describes)
     try:
@@ -67,7 +69,7 @@ def _find_shards(root: Path, tracked: list[str]) -> list[Shard]:
     shards: list[Shard] = []
     tracked_set = set(tracked)
     calls: list = [ScriptCall(t, "", ()) for t in tracked if t.startswith((".ci/", "ci/"))]
-    calls = [c for c in calls if _is_shell(root / c.path)]
+    calls = [c for c in calls if _is_shell(root, c.path)]
     for rel in tracked:
         name = rel.removeprefix(".github/workflows/")
         if name != rel and "/" not in name and rel.endswith((".yml", ".yaml")):  # as GitHub
@@ -86,7 +88,7 @@ def _find_shards(root: Path, tracked: list[str]) -> list[Shard]:
             rel = norm(posixpath.join(call.cwd, call.path))
             if rel not in tracked_set:
                 continue  # not a file of the repository (a tool on PATH, a generated file)
-            if call.command or not _is_shell(root / rel, called=True):
+            if call.command or not _is_shell(root, rel, called=True):
                 _not_sh(root, rel, call)
                 continue
             found, called = script_shards(root, rel, call.cwd, call.env)
@@ -108,7 +110,7 @@ def unread_ci(root: Path, tracked: list[str]) -> list[str]:
     for rel in sorted(set(tracked)):
         if rel in OTHER_CI or rel.startswith((".gitlab/ci/", ".buildkite/", ".circleci/")):
             try:
-                text = (root / rel).read_text(encoding="utf-8", errors="replace")
+                text = read_bytes(root / rel, rel).decode("utf-8", "replace")
             except OSError:
                 continue
             if "pytest" in text or "py.test" in text:
@@ -116,11 +118,15 @@ def unread_ci(root: Path, tracked: list[str]) -> list[str]:
     return found
 
 
-def _is_shell(path: Path, called: bool = False) -> bool:
+def _is_shell(root: Path, rel: str, called: bool = False) -> bool:
     """A file under .ci/ or ci/ (or one a line runs: `called`) that is a shell script: `.sh`/
     `.bash`, or no extension and no other interpreter's `#!` (config files, Python, Dockerfiles
-    there are not read as sh)."""
-    if not _is_text(path):
+    there are not read as sh). A FIFO, device or huge file there is RF200 (shard.read_bytes)."""
+    path = root / rel
+    try:
+        data = read_bytes(path, rel)
+        data.decode("utf-8")
+    except (OSError, UnicodeDecodeError):
         return False
     if path.suffix in (".sh", ".bash"):
         return True
@@ -128,8 +134,8 @@ def _is_shell(path: Path, called: bool = False) -> bool:
         return True  # `./run.ci`: the shell runs it by its `#!`, read as sh below
     if path.suffix or path.name.startswith(".") or path.name in ("Dockerfile", "Makefile"):
         return False
-    with path.open("rb") as stream:
-        first = stream.readline(200)
+    first = data[:200].partition(b"\n")
+    first = first[0] + first[1]  # the first line as `readline(200)` returns it
     return not first.startswith(b"#!") or any(
         shell in first for shell in (b"sh\n", b"bash", b"/sh ", b"env sh", b"zsh", b"dash")
     )
@@ -139,7 +145,7 @@ def _not_sh(root: Path, rel: str, call: ScriptCall) -> None:
     """A script CI runs that is not sh (Python): check-tests cannot tell what it runs, which
     matters only where it names pytest."""
     try:
-        text = (root / rel).read_text(encoding="utf-8", errors="replace")
+        text = read_bytes(root / rel, rel).decode("utf-8", "replace")
     except OSError:
         return
     if "pytest" in text or "py.test" in text:
@@ -149,11 +155,3 @@ def _not_sh(root: Path, rel: str, call: ScriptCall) -> None:
             call.command or call.path,
             f"`{rel}` is not a shell script, and it names pytest",
         )
-
-
-def _is_text(path: Path) -> bool:
-    try:
-        path.read_bytes().decode("utf-8")
-        return True
-    except (OSError, UnicodeDecodeError):
-        return False

@@ -58,6 +58,8 @@ def workflow_shards(root: Path, rel: str) -> tuple[list[Shard], list]:
         combos = matrix_combinations(matrix, rel, line_of)
         if isinstance(matrix, str):
             combos = [{_UNKNOWN_MATRIX: matrix}]
+        elif unknown := _computed_keys(matrix):
+            combos = [{**combo, _UNKNOWN_MATRIX: unknown} for combo in combos]
         steps = job.get("steps", [])
         if not isinstance(steps, list):
             raise bad(rel, line_of("steps:"), f"job `{job_name}`: `steps` must be a list of steps")
@@ -219,6 +221,8 @@ def matrix_combinations(matrix, rel: str = "", line_of=lambda _: None) -> list[d
         raise bad(rel, line_of("matrix:"), "`strategy.matrix` must be a mapping")
     for key in ("include", "exclude"):
         rules = matrix.get(key, [])
+        if _computed(rules):
+            continue  # known at run time only: _computed_keys
         if rules is not None and not (
             isinstance(rules, list) and all(isinstance(r, dict) for r in rules)
         ):
@@ -242,10 +246,10 @@ def matrix_combinations(matrix, rel: str = "", line_of=lambda _: None) -> list[d
         if keys
         else []
     )
-    for rule in matrix.get("exclude") or []:
+    for rule in _rules(matrix, "exclude"):
         combos = [c for c in combos if not all(c.get(k) == v for k, v in rule.items())]
     base, added = combos, []
-    for extra in matrix.get("include") or []:
+    for extra in _rules(matrix, "include"):
         matched = False
         for combo in base:  # GitHub: an include adds to original combinations, or is its own
             if all(combo.get(k) == v for k, v in extra.items() if k in keys):
@@ -256,13 +260,36 @@ def matrix_combinations(matrix, rel: str = "", line_of=lambda _: None) -> list[d
     return base + added or [{}]
 
 
+def _computed(value) -> bool:
+    """A value GitHub computes when the workflow runs (`${{ fromJSON(needs.x.outputs.y) }}`)."""
+    return isinstance(value, str) and "${{" in value
+
+
+def _computed_keys(matrix) -> frozenset[str]:
+    """The matrix keys whose values are known only at run time; "*" (every key) when `include`
+    or `exclude` is computed: it may add, change or remove any key's value."""
+    if not isinstance(matrix, dict):
+        return frozenset()
+    if _computed(matrix.get("include")) or _computed(matrix.get("exclude")):
+        return frozenset("*")
+    return frozenset(k for k, v in matrix.items() if _computed(v))
+
+
+def _rules(matrix: dict, key: str) -> list[dict]:
+    rules = matrix.get(key)
+    return [] if _computed(rules) else rules or []
+
+
 def _expand(command: str, combo: dict) -> str:
     command = _WORKSPACE.sub("$GITHUB_WORKSPACE", command)
 
     def value(match: re.Match) -> str:
         node = combo
-        if _UNKNOWN_MATRIX in combo:
-            return match.group(0)  # `matrix: ${{ fromJSON(...) }}`: cannot tell
+        unknown = combo.get(_UNKNOWN_MATRIX)
+        if isinstance(unknown, str) or (
+            unknown and ("*" in unknown or match.group(1).split(".")[0] in unknown)
+        ):
+            return match.group(0)  # `${{ fromJSON(...) }}`, the matrix or this key: cannot tell
         for part in match.group(1).split("."):
             if not isinstance(node, dict) or part not in node:
                 return ""  # GitHub: a property that does not exist is an empty string

@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rlflow import slurm
+from rlflow import bounded, slurm
 from rlflow.errors import EX_HANG, EX_PREFLIGHT, EX_TEMPFAIL
 from rlflow.job import files
 
@@ -54,7 +54,11 @@ def lost_nodes(status: Path) -> list[str]:
     lost = []
     for started in sorted(status.glob(f"{files.NODE_PREFIX}*{files.STARTED}")):
         if not started.with_suffix(files.ENDED).exists():
-            lost.append(started.read_text(errors="replace").split()[0])
+            try:  # the node's host name; bounded: a FIFO or a device there is never waited on
+                text = bounded.read_text(started, files.RECORD_MAX_BYTES, errors="replace")
+            except OSError:
+                text = ""
+            lost.append((text.split() or [started.name.removesuffix(files.STARTED)])[0])
     return lost
 
 
@@ -62,7 +66,7 @@ def furthest_step(status: Path) -> int | None:
     steps = []
     for beat in status.glob(f"{files.HEARTBEAT}/rank-*.json"):
         try:
-            steps.append(int(json.loads(beat.read_text())["step"]))
+            steps.append(int(json.loads(bounded.read_bytes(beat, files.RECORD_MAX_BYTES))["step"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return max(steps) if steps else None

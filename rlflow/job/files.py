@@ -43,6 +43,7 @@ import os
 from dataclasses import asdict, fields
 from pathlib import Path
 
+from rlflow import bounded
 from rlflow.frozen import frozen
 
 JOB_ID = "job_id"
@@ -64,6 +65,8 @@ NODE_PREFIX = "node-"  # node-<K>.started, node-<K>.ended, node-<K>.alive
 STARTED = ".started"
 ENDED = ".ended"
 ALIVE = ".alive"
+RECORD_MAX_BYTES = 64 * 1024  # the most rlflow reads of a heartbeat, failure record, launcher.json
+FILE_MAX_BYTES = 8 * 1024 * 1024  # ... of attempts.jsonl or recipe.yaml
 
 
 def attempt_dirs(run_dir: Path) -> list[Path]:
@@ -154,8 +157,8 @@ class Failure:
     def read(cls, path: Path) -> Failure | None:
         """The record at `path`; None if there is none (or it cannot be read)."""
         try:
-            lines = path.read_text(errors="replace").splitlines()
-        except OSError:
+            lines = bounded.read_text(path, RECORD_MAX_BYTES, errors="replace").splitlines()
+        except OSError:  # none, or not a regular file (a FIFO is never waited on), or too long
             return None
         return cls(*(lines + ["", "", ""])[:3])
 
@@ -175,7 +178,11 @@ def read_attempts(run_dir: Path) -> list[dict]:
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text(errors="replace").splitlines():
+    try:
+        text = bounded.read_text(path, FILE_MAX_BYTES, errors="replace")
+    except OSError:  # replaced by a FIFO or a device since, or grown past any real run's
+        return []
+    for line in text.splitlines():
         try:
             records.append(json.loads(line))
         except ValueError:
@@ -281,6 +288,16 @@ _LAUNCHER_KEYS = {
     "cwd": (lambda v: isinstance(v, str), "a string"),
     "started": (_number, "a time"),
 }
+
+
+def read_launcher(run_dir: Path) -> LauncherRecord | None:
+    """RUN_DIR/launcher.json; None if there is none or it is damaged (not a regular file, too
+    long, not a record): `rlflow status` names the damage (rlflow/launch/runfiles.py)."""
+    try:
+        data = bounded.read_bytes(run_dir / LAUNCHER, RECORD_MAX_BYTES)
+        return LauncherRecord.parse(json.loads(data))
+    except (OSError, ValueError, RecursionError):
+        return None
 
 
 def this_launcher(*, attempt: int, nproc: int, command: list[str]) -> LauncherRecord:

@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+from rlflow import bounded
 from rlflow.job import files
 from rlflow.job.ranks import NodeInfo, Rank
 
@@ -77,7 +78,7 @@ class HangWatch:
             if path.name in self.local_reports:
                 continue
             try:
-                other = json.loads(path.read_text())
+                other = json.loads(bounded.read_bytes(path, files.RECORD_MAX_BYTES))
             except (OSError, ValueError):
                 continue
             limit, wall = other.get("timeout_s"), other.get("wall")

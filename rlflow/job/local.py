@@ -14,7 +14,6 @@ RUN_DIR/status/attempt-<A>/, and appends the attempt's outcome to RUN_DIR/attemp
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import sys
@@ -96,9 +95,8 @@ def run_local(
 
 def refuse_a_second_launcher(run_dir: Path) -> None:
     """Two launchers in one run directory would write the same checkpoints: refuse the second."""
-    try:
-        record = files.LauncherRecord.parse(json.loads((run_dir / files.LAUNCHER).read_bytes()))
-    except (OSError, ValueError):
+    record = files.read_launcher(run_dir)
+    if record is None:
         return  # none (or a damaged one, which the new record replaces)
     if files.launcher_running(record):
         raise RlflowError(

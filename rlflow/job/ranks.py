@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlflow import bounded
 from rlflow.job import files
 
 DUMP_SIGNAL = signal.SIGUSR2  # rlflow/train/watchdog.py: faulthandler dumps every stack
@@ -78,7 +79,7 @@ class Rank:
     def heartbeat(self) -> dict | None:
         """The rank's last progress report, or None before its first."""
         try:
-            return json.loads(self.heartbeat_path.read_text())
+            return json.loads(bounded.read_bytes(self.heartbeat_path, files.RECORD_MAX_BYTES))
         except (OSError, ValueError):
             return None
 

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlflow import slurm
+from rlflow import bounded, slurm
 from rlflow.errors import EXIT_FINDINGS, Diagnostic, RlflowError
 from rlflow.job import files
 
 FOLLOW_READ_SECONDS = 0.5
 FOLLOW_STATE_SECONDS = 2.0
+FOLLOW_READ_BYTES = 16 << 20  # at most this much per read: the rest comes in the next
 
 
 @dataclass(frozen=True)
@@ -77,17 +77,15 @@ def _job_id_problem(id_file: Path) -> str | Diagnostic:
         "itself (the number `rlflow submit` printed)"
     )
     try:
-        info = id_file.stat()
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-            return Diagnostic(
-                "jobs.job-id-file",
-                f"{id_file} is {kind}, not the job id file",
-                file=str(id_file),
-                help=help,
-            )
-        with open(id_file, "rb") as handle:
+        with bounded.open_regular(id_file) as handle:
             data = handle.read(JOB_ID_MAX_BYTES + 1)
+    except bounded.UnreadableFile as err:
+        return Diagnostic(
+            "jobs.job-id-file",
+            f"{id_file} is not the job id file: {err}",
+            file=str(id_file),
+            help=help,
+        )
     except OSError as err:
         return Diagnostic(
             "jobs.job-id-file",
@@ -226,7 +224,7 @@ def print_log(path: Path) -> None:
             EXIT_FINDINGS,
         )
     try:
-        with open(path, "rb") as log:
+        with bounded.open_regular(path) as log:
             while chunk := log.read(1 << 20):
                 sys.stdout.buffer.write(chunk)
     except OSError as err:
@@ -270,9 +268,9 @@ def _end_state(ref: JobRef) -> tuple[str | None, bool]:
 
 def _print_new(path: Path, position: int) -> int:
     try:
-        with open(path, "rb") as log:
+        with bounded.open_regular(path) as log:  # a FIFO put there is refused, not waited on
             log.seek(position)
-            data = log.read()
+            data = log.read(FOLLOW_READ_BYTES)
     except FileNotFoundError:
         return position
     except OSError as err:

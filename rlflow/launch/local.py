@@ -17,7 +17,6 @@ ends (rlflow/job/local.py). So a run is:
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -72,11 +71,8 @@ def read(run_dir: Path) -> tuple[LocalState, RunFiles]:
 
 
 def _alive(run_dir: Path) -> bool | None:
-    try:
-        record = files.LauncherRecord.parse(json.loads((run_dir / files.LAUNCHER).read_bytes()))
-    except (OSError, ValueError, RecursionError):
-        return None  # none, or damaged: read_run names the damage
-    return files.launcher_running(record)
+    record = files.read_launcher(run_dir)  # None: none, or damaged (read_run names the damage)
+    return None if record is None else files.launcher_running(record)
 
 
 def state_of(run: RunFiles, alive: bool | None) -> LocalState:

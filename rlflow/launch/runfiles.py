@@ -13,6 +13,7 @@ Standard library only: this runs on login nodes.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import re
@@ -20,12 +21,13 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rlflow import bounded
 from rlflow.errors import Diagnostic
 from rlflow.job import files
 
 METRICS_TAIL_BYTES = 256 * 1024  # recent steps only: metrics.jsonl grows by ~1.5 kB a step
-MAX_RECORD_BYTES = 64 * 1024  # a heartbeat, a failure record, launcher.json
-MAX_FILE_BYTES = 8 * 1024 * 1024  # attempts.jsonl, recipe.yaml
+MAX_RECORD_BYTES = files.RECORD_MAX_BYTES  # a heartbeat, a failure record, launcher.json
+MAX_FILE_BYTES = files.FILE_MAX_BYTES  # attempts.jsonl, recipe.yaml
 OUTCOMES = ("completed", "time-limit", "node-failure", "failed", "stopped")
 _RANK_FILE = re.compile(r"rank-(\d{1,9})\.json")
 _MAX_STEPS = re.compile(rb"^grpo:\n(?:  .*\n)*?  max_num_steps: (\d{1,18})$", re.M)
@@ -107,19 +109,17 @@ def damaged(path: Path, what: str, kind: str, line: int | None = None) -> Diagno
 
 
 def read_bytes(path: Path, limit: int, kind: str, problems: list[Diagnostic]) -> bytes | None:
-    """A regular file's bytes; None (and a problem, unless it is simply absent) otherwise."""
+    """A regular file's bytes (rlflow/bounded.py: no FIFO, device, or more than `limit`);
+    None (and a problem, unless it is simply absent) otherwise."""
     try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode):
-            what = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-            problems.append(damaged(path, f"is {what}, where rlflow keeps a file", kind))
-            return None
-        if info.st_size > limit:
-            problems.append(damaged(path, f"is {info.st_size} bytes, over {limit}", kind))
-            return None
-        with open(path, "rb") as handle:
-            return handle.read(limit)
+        return bounded.read_bytes(path, limit)
     except FileNotFoundError:
+        return None
+    except bounded.UnreadableFile as err:
+        what = str(err).removeprefix("it ")
+        if err.errno == errno.EISDIR:
+            what = what.replace(", not a regular file", ", where rlflow keeps a file")
+        problems.append(damaged(path, what, kind))
         return None
     except OSError as err:
         problems.append(damaged(path, f"cannot be read: {err.strerror or err}", kind))
@@ -186,9 +186,9 @@ def _metrics(run: RunFiles, path: Path) -> list[dict]:
         info = None
     if info is not None and stat.S_ISREG(info.st_mode) and info.st_size > METRICS_TAIL_BYTES:
         try:
-            with open(path, "rb") as handle:
+            with bounded.open_regular(path) as handle:
                 handle.seek(info.st_size - METRICS_TAIL_BYTES)
-                data = handle.read(METRICS_TAIL_BYTES)
+                data = bounded.read_stream(handle, path, METRICS_TAIL_BYTES)
         except OSError as err:
             run.problems.append(damaged(path, f"cannot be read: {err}", files.METRICS))
             return []
@@ -227,7 +227,7 @@ def _line_of(path: Path, offset: int) -> int:
     """The line number at byte `offset` (counted only when a tail is read)."""
     count = 1
     try:
-        with open(path, "rb") as handle:
+        with bounded.open_regular(path) as handle:
             while offset > 0:
                 chunk = handle.read(min(offset, 1 << 20))
                 if not chunk:

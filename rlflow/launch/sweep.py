@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlflow import bounded
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.job.files import JOB_ID, short
 
@@ -218,13 +219,12 @@ def read_manifest(directory: Path) -> dict | None:
     if not os.path.lexists(path):
         return None
     try:
-        if not path.is_file():
-            raise ValueError("it is not a file (a directory or another kind of file is there)")
-        if path.stat().st_size > MANIFEST_MAX_BYTES:
-            raise ValueError(f"it is over {MANIFEST_MAX_BYTES} bytes")
-        manifest = json.loads(path.read_bytes().decode("utf-8"), object_pairs_hook=_no_repeats)
+        data = bounded.read_bytes(path, MANIFEST_MAX_BYTES)  # a regular file, not too long
+        manifest = json.loads(data.decode("utf-8"), object_pairs_hook=_no_repeats)
         _check_manifest(manifest)
         _check_job_id_file(directory, manifest["array_job_id"])
+    except bounded.UnreadableFile as err:
+        raise _unreadable(path, str(err)) from None
     except OSError as err:
         raise _unreadable(path, f"cannot be read: {err.strerror or err}") from None
     except UnicodeDecodeError:
@@ -300,7 +300,7 @@ def _check_job_id_file(directory: Path, array: str) -> None:
     if not os.path.lexists(id_file):
         return
     try:
-        text = id_file.read_bytes()[:65].decode("ascii")
+        text = bounded.read_bytes(id_file, 65).decode("ascii")
     except (OSError, UnicodeDecodeError):
         text = None
     if text is None or text.removesuffix("\n") != array:

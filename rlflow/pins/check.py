@@ -13,6 +13,7 @@ input (not a git repository, missing or malformed pyproject.toml/.gitmodules, ba
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from pathlib import Path
 
@@ -183,7 +184,8 @@ def analyse(checkout, root_text: str, strict: bool) -> Analysis:
     findings = compare(manifests, checkout.submodules, policy)
     # The lock level and the refs policy are imported only when there is something for them
     # to read (a uv.lock, `submodule-refs`): their modules are a twentieth of a check.
-    if policy.lock_level and (policy.deployed_locks or (checkout.root / "uv.lock").is_file()):
+    lock = checkout.root / "uv.lock"  # a directory or a FIFO there is read, and refused
+    if policy.lock_level and (policy.deployed_locks or os.path.lexists(lock)):
         from rlflow.pins.lock.level import lock_findings
 
         findings += lock_findings(checkout.root, manifests, docs, policy)

@@ -9,7 +9,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from rlflow import bounded
+
 METRICS_FILE = "metrics.jsonl"
+METRICS_MAX_BYTES = 1 << 30  # ~700,000 steps of ~1.5 kB: more is not a metrics file (bounded.py)
 
 
 class StepTimer:
@@ -147,7 +150,7 @@ def _parse(path: Path) -> tuple[list[tuple[str, dict]], str | None]:
     else is an error naming it: only the last line can be cut short by a crash."""
     from rlflow.errors import Diagnostic, RlflowError
 
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    lines = bounded.read_text(path, METRICS_MAX_BYTES, 60, "replace").splitlines()
     while lines and not lines[-1].strip():
         lines.pop()
     records = []

@@ -259,6 +259,21 @@ def test_scripts_are_read_as_the_shell_reads_them(tmp_path):
             ".github/workflows/ci.yml:6",
             "cannot tell which tests `pytest ${{ matrix.p }}` runs: a `${{ }}` expression",
         ),
+        *(  # one key, or include/exclude, computed when the workflow runs (issue 36): these got
+            # "every test is collected" (the value read as empty: a bare `pytest tests/`)
+            (
+                {
+                    ".github/workflows/ci.yml": "jobs:\n  t:\n    strategy:\n      matrix:\n"
+                    f"        {key}: ${{{{ fromJSON(needs.plan.outputs.m) }}}}\n"
+                    "        os: [ubuntu-latest]\n    steps:\n"
+                    "      - run: pytest tests/${{ matrix.shard }}\n"
+                },
+                ".github/workflows/ci.yml:8",
+                "cannot tell which tests `pytest tests/${{ matrix.shard }}` runs: a `${{ }}` "
+                "expression: a matrix value GitHub computes when the workflow runs",
+            )
+            for key in ("shard", "include", "exclude")
+        ),
     ],
 )
 def test_unreadable_input_is_exit_2(tmp_path, files, where, message):

@@ -84,3 +84,22 @@ def test_time_limit_requeues_are_counted_apart_from_node_failures(tmp_path):
     assert _decide(tmp_path, 1, 0, ok)[0] == "time-limit 0"  # the retry was no time-limit requeue
     assert _decide(tmp_path, 2, 0, ok)[0] == "time-limit 1"
     assert _decide(tmp_path, 3, 0, {**_started("node1"), **_ended("node1")})[0] == "done"
+
+
+@pytest.mark.timeout(60)  # before rlflow/bounded.py, reading a named pipe waited forever
+def test_status_files_that_are_pipes_are_never_waited_on(tmp_path):
+    """The batch script's decision reads what the nodes wrote: a FIFO (or a link to /dev/zero)
+    where a record belongs is skipped, never read (issue 36, item 4)."""
+    import os
+
+    status = _status(tmp_path, 0, _started("node1"))
+    os.mkfifo(status / "node-1.started")  # node 1's launcher never reported an end
+    os.mkfifo(status / "first-failure")
+    (status / files.HEARTBEAT).mkdir()
+    os.mkfifo(status / files.HEARTBEAT / "rank-0.json")
+    (status / files.HEARTBEAT / "rank-1.json").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / files.ATTEMPTS)
+    assert attempts.furthest_step(status) is None
+    assert attempts.lost_nodes(status) == ["node1", "node-1"]
+    assert files.first_failure(status) is None
+    assert files.read_attempts(tmp_path) == []

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from pins_helpers import BRIDGE_PATH, LM_PATH, check_pins, git, make_repo, root_toml
+from test_pins_uv_differential import UV
 
 RLFLOW = Path(sys.executable).parent / "rlflow"
 
@@ -164,3 +165,39 @@ def test_malformed_uv_lock_is_exit_2_with_line(nested):
     (layout.root / "uv.lock").write_text('version = 1\n[[package]]\nname = "x\n')
     err = unusable(layout.root, "uv.lock", 3)
     assert "error[RF102]: malformed TOML" in err
+
+
+@pytest.mark.parametrize("kind", ["directory", "pipe", "device"])
+def test_a_root_uv_lock_that_is_not_a_file_is_exit_2_as_with_uv(nested, kind, tmp_path):
+    """A uv.lock that is a directory got "ok" (issue 36): `uv lock --check` exits 2 there. A
+    pipe (never waited on) or a link to /dev/zero (never read) is refused the same way."""
+    layout = nested()
+    lock = layout.root / "uv.lock"
+    if kind == "directory":
+        lock.mkdir()
+        (lock / "x").write_text("")
+        real = subprocess.run(
+            [str(UV), "lock", "--check", "--offline", "--cache-dir", str(tmp_path / "cache")],
+            cwd=layout.root,
+            env={**os.environ, "UV_PYTHON": sys.executable, "UV_PYTHON_DOWNLOADS": "never"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert real.returncode == 2 and "uv.lock" in real.stderr, real.stderr
+        what = "it is a directory, not a regular file"
+    elif kind == "pipe":
+        os.mkfifo(lock)
+        what = "it is a named pipe (FIFO), not a regular file"
+    else:
+        lock.symlink_to("/dev/zero")
+        what = "it links to /dev/zero, which is a character device, not a regular file"
+    done = subprocess.run(
+        [str(RLFLOW), "check-pins", "--repo", str(layout.root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"error[RF102]: cannot read `uv.lock`: {what}\n  --> uv.lock\n" in done.stderr

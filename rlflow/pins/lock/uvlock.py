@@ -69,12 +69,23 @@ class UvLock:
         return os.path.normpath(os.path.join(self.directory, package.source[package.local_kind]))
 
 
+LOCK_MAX_BYTES = 256 << 20  # NeMo-RL's lock is 0.9 MB; more is no lock (rlflow/bounded.py)
+
+
 def read(root, rel: str, full: bool = False) -> UvLock | None:
+    """The lock at `rel`; None where there is none. Anything else there (a directory, a FIFO, a
+    link to a device or to nothing) is RF102, as `uv lock --check` fails on it (exit 2)."""
+    from rlflow import bounded
+
     path = root / rel
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     try:
-        text = path.read_bytes().decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n")
+        data = bounded.read_bytes(path, LOCK_MAX_BYTES)
+        text = data.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n")
+    except FileNotFoundError:
+        why = f"it links to {os.readlink(path)}, which does not exist"
+        raise _unreadable(rel, None, why) from None
     except (OSError, UnicodeDecodeError) as err:
         raise _unreadable(rel, None, str(err)) from None
     directory = str(path.parent.resolve())
