@@ -48,14 +48,11 @@ class MetricsLog:
         self.enabled = enabled
         self.path = run_dir / METRICS_FILE
         self._tb = None
+        self._tb_dir = run_dir / "tensorboard" if enabled and tensorboard else None
         self._bar = None
         self._wandb = None
         if not enabled:
             return
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
         if wandb is not None and wandb.enabled and wandb.mode != "disabled":
             from rlflow.train.wandb_log import WandbLogger
 
@@ -67,27 +64,57 @@ class MetricsLog:
                 total=total_steps, desc="grpo", unit="step", file=sys.stderr, dynamic_ncols=True
             )
 
-    def truncate_after(self, step: int) -> None:
-        """On resume, forget steps logged after the checkpoint (they will be run again), and a
-        torn last line (the previous attempt died while writing it)."""
-        if not self.enabled or not self.path.exists():
+    def start(self, resumed_step: int | None) -> None:
+        """Before this attempt logs anything: forget what it will log again. The records after
+        the checkpoint being resumed from (`resumed_step`; None: no checkpoint, the run starts
+        over and every record goes) were written by an attempt that died before saving them;
+        this one runs those steps again. Kept: one record per step, the last written (older
+        rlflow versions could leave two), so every step is there once, with the values of the
+        attempts that produced the checkpoint. A torn last line goes too. The file is rewritten
+        aside and renamed, so a kill meanwhile leaves the old file whole. TensorBoard gets the
+        same cut: its new event file starts with a purge of every later step."""
+        if not self.enabled:
             return
+        if self.path.exists():
+            self._truncate(resumed_step)
+        if self._tb_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge = 0 if resumed_step is None else resumed_step + 1
+            self._tb = SummaryWriter(str(self._tb_dir), purge_step=purge)
+        if self._bar is not None:
+            self._bar.n = resumed_step or 0
+            self._bar.refresh()
+
+    def _truncate(self, resumed_step: int | None) -> None:
         records, torn = _parse(self.path)
         if torn:
             self.write(
                 f"{self.path}: removed a torn last line ({len(torn)} bytes: {torn[:60]!r}), "
                 f"left by a run that stopped while writing it"
             )
-        kept = [line for line, record in records if record["step"] <= step]
+        last = {record["step"]: line for line, record in records}  # the last line of each step
+        kept = {
+            s: line for s, line in last.items() if resumed_step is not None and s <= resumed_step
+        }
+        dropped = sorted(s for s in last if s not in kept)
+        if dropped:
+            why = (
+                f"after the checkpoint of step {resumed_step}"
+                if resumed_step is not None
+                else "by an attempt that left no checkpoint"
+            )
+            self.write(f"{self.path}: removed steps {_span(dropped)}, logged {why}: they run again")
         if torn or len(kept) < len(records):
-            _replace(self.path, "".join(line + "\n" for line in kept))
-        if self._bar is not None:
-            self._bar.n = step
-            self._bar.refresh()
+            _replace(self.path, "".join(kept[s] + "\n" for s in sorted(kept)))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
+        if self._tb_dir is not None and self._tb is None:  # no start(): nothing to purge
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self._tb_dir))
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
@@ -123,6 +150,17 @@ class MetricsLog:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.close()
+
+
+def _span(steps: list[int]) -> str:
+    """ "3", "3-5", or "1, 4-6" for sorted steps."""
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _replace(path: Path, text: str) -> None:
