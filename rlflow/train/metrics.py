@@ -51,12 +51,10 @@ class MetricsLog:
         self._tb_dir = run_dir / "tensorboard" if enabled and tensorboard else None
         self._bar = None
         self._wandb = None
+        on = enabled and wandb is not None and wandb.enabled and wandb.mode != "disabled"
+        self._wandb_args = (wandb, run_dir, config or {}) if on else None  # opened by start()
         if not enabled:
             return
-        if wandb is not None and wandb.enabled and wandb.mode != "disabled":
-            from rlflow.train.wandb_log import WandbLogger
-
-            self._wandb = WandbLogger(wandb, run_dir, config or {})
         if progress_bar:
             from tqdm import tqdm
 
@@ -72,11 +70,13 @@ class MetricsLog:
         rlflow versions could leave two), so every step is there once, with the values of the
         attempts that produced the checkpoint. A torn last line goes too. The file is rewritten
         aside and renamed, so a kill meanwhile leaves the old file whole. TensorBoard gets the
-        same cut: its new event file starts with a purge of every later step."""
+        same cut: its new event file starts with a purge of every later step. W&B cannot take
+        a step twice: after a cut it gets a new run, which first gets the records kept."""
         if not self.enabled:
             return
-        if self.path.exists():
-            self._truncate(resumed_step)
+        kept, cut = self._truncate(resumed_step) if self.path.exists() else ([], False)
+        if self._wandb_args is not None:
+            self._open_wandb(kept if cut else None)
         if self._tb_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -86,7 +86,26 @@ class MetricsLog:
             self._bar.n = resumed_step or 0
             self._bar.refresh()
 
-    def _truncate(self, resumed_step: int | None) -> None:
+    def _open_wandb(self, replay: list[dict] | None) -> None:
+        """The W&B run: the run directory's own, or, with `replay`, a new one that first gets
+        those records (the old one holds steps a dead attempt logged after the checkpoint)."""
+        from rlflow.train import wandb_log
+
+        cfg, run_dir, config = self._wandb_args
+        old = wandb_log.run_id(run_dir) if replay is not None else None
+        if replay is not None:
+            wandb_log.new_run_id(run_dir)
+        self._wandb = wandb_log.WandbLogger(cfg, run_dir, config)
+        if replay is not None:
+            for record in replay:
+                self._wandb.log(record["step"], record)
+            self.write(
+                f"W&B: new run {self._wandb.id} (run {old} holds steps that run again); "
+                f"{len(replay)} kept steps copied into it from {self.path.name}"
+            )
+
+    def _truncate(self, resumed_step: int | None) -> tuple[list[dict], bool]:
+        """The records kept, and whether any were cut (see start)."""
         records, torn = _parse(self.path)
         if torn:
             self.write(
@@ -107,6 +126,8 @@ class MetricsLog:
             self.write(f"{self.path}: removed steps {_span(dropped)}, logged {why}: they run again")
         if torn or len(kept) < len(records):
             _replace(self.path, "".join(kept[s] + "\n" for s in sorted(kept)))
+        by_step = {record["step"]: record for _, record in records}
+        return [by_step[s] for s in sorted(kept)], bool(dropped)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
@@ -115,6 +136,8 @@ class MetricsLog:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self._tb_dir))
+        if self._wandb_args is not None and self._wandb is None:
+            self._open_wandb(None)
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")

@@ -4,6 +4,10 @@ The run's W&B id is kept in RUN_DIR/wandb_run_id, written before the first `wand
 requeued or resumed attempt reads it back and continues the same W&B run (`resume="allow"`).
 The config is the resolved recipe; each step's metrics are the ones metrics.jsonl gets.
 
+W&B ignores a step below the last one a run logged, so an attempt that runs steps again (a
+crash after the last checkpoint) cannot continue that run: it gets a new id and a new W&B run,
+which first gets metrics.jsonl's kept records (rlflow/train/metrics.py).
+
 Whether wandb is installed is asked without importing it, by the recipe rules
 (rlflow/optional.py), which the dry run and `rlflow train` share.
 """
@@ -24,6 +28,13 @@ def run_id(run_dir: Path) -> str:
         text = path.read_text().strip()
         if text:
             return text
+    return new_run_id(run_dir)
+
+
+def new_run_id(run_dir: Path) -> str:
+    """A new W&B id for the run directory, replacing its old one (atomically): the run starts
+    over, or resumes from a checkpoint older than steps the old W&B run already holds."""
+    path = run_dir / RUN_ID_FILE
     new = secrets.token_hex(4)  # W&B ids: letters and digits, unique within the project
     tmp = path.with_name(f".{RUN_ID_FILE}.{os.getpid()}.tmp")
     tmp.write_text(new + "\n")
