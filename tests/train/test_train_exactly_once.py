@@ -1,18 +1,18 @@
 """Exactly-once metrics: a run killed (SIGKILL, no cleanup) at each phase boundary of a step and
-run again with the same command holds every step once in metrics.jsonl and TensorBoard, with
-the values of the attempt that produced the checkpoint it resumed from.
+run again with the same command holds every step once in metrics.jsonl, TensorBoard and W&B
+(offline), with the values of the attempt that produced the checkpoint it resumed from.
 
-One run directory is killed again and again, each time at the next boundary, so a few trainer
-runs cover every state a kill can leave (rlflow/train/faults.py names the phases, and the rank
+One run directory is killed again and again, each time at a later boundary, so three trainer
+runs cover the states a kill can leave (rlflow/train/faults.py names the phases, and the rank
 kills itself there: no sleeps, no races):
 
-    logged1    step 1 logged, no checkpoint yet: the rerun starts over
-    saving2    step 2 logged, its checkpoint written but not in place (step_000002.tmp)
+    saving2    steps 1-2 logged, step 2's checkpoint written but not in place: no checkpoint,
+               the rerun starts over
     logged3    checkpoint 2 complete, step 3 logged after it: the rerun resumes from step 2
 
-A kill anywhere before a step's `logged` boundary leaves what the previous boundary left. The
-async run (a generation rank of its own) is killed on its training rank before its first
-checkpoint. W&B: tests/train/test_train_wandb_log.py.
+A kill anywhere else leaves one of these states: before a step's `logged` boundary, the
+previous boundary's; after `saved`, nothing to cut. The async run (a generation rank of its
+own) is killed on its training rank before its first checkpoint.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from rlflow.train.metrics import read_metrics
+from rlflow.train.wandb_log import RUN_ID_FILE
+from tests.train.test_train_wandb_log import WANDB, offline_run
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
@@ -46,18 +48,20 @@ TINY = [
 KILLED = 128 + 9  # the launcher's exit code for a rank that died of SIGKILL
 
 
-def train(run_dir: Path, *overrides: str, nproc: int, kill: str = "") -> list[int]:
+def train(
+    run_dir: Path, *overrides: str, nproc: int, kill: str = "", env: dict | None = None
+) -> list[int]:
     """`rlflow train RECIPE ... --nproc N`, with rank RANK killed at PHASE when kill is
     "RANK:PHASE"; the steps metrics.jsonl holds afterwards."""
     skip = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in skip and not k.startswith("SLURM")}
+    clean = {k: v for k, v in os.environ.items() if k not in skip and not k.startswith("SLURM")}
     done = subprocess.run(
         [str(RLFLOW), "train", str(RECIPE), *TINY, *overrides]
         + ["--nproc", str(nproc), "--run-dir", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=600,  # a hang guard, not a speed check
-        env={**env, "RLFLOW_TEST_KILL": kill},
+        env={**clean, **(env or {}), "RLFLOW_TEST_KILL": kill},
     )
     output = done.stdout + done.stderr
     # One rank runs in the `rlflow` process itself: its kill is the command's.
@@ -78,25 +82,40 @@ def tensorboard_scalars(run_dir: Path, key: str) -> list[tuple[int, float]]:
 
 
 def test_a_run_killed_at_each_phase_boundary_logs_every_step_once(tmp_path, tiny_ckpt):
-    run = tmp_path / "run"
-    args = (f"model.checkpoint={tiny_ckpt}", "grpo.max_num_steps=4", "logging.tensorboard=true")
-    assert train(run, *args, nproc=1, kill="0:logged1") == [1]
-    assert not (run / "checkpoints").exists() or not list((run / "checkpoints").glob("step_*"))
-    # Starting over: step 1 of the dead attempt goes, steps 1 and 2 are this attempt's.
-    assert train(run, *args, nproc=1, kill="0:saving2") == [1, 2]
+    run, wandb_dir = tmp_path / "run", tmp_path / "wandb-files"
+    args = (
+        f"model.checkpoint={tiny_ckpt}",
+        "grpo.max_num_steps=3",
+        "logging.tensorboard=true",
+        *WANDB,
+    )
+    env = {"WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true"}
+    # Step 2's checkpoint written, not in place; steps 1 and 2 logged.
+    assert train(run, *args, nproc=1, kill="0:saving2", env=env) == [1, 2]
     assert (run / "checkpoints" / "step_000002.tmp").is_dir()
     assert not (run / "checkpoints" / "step_000002").exists()
-    # Starting over again; this attempt saves step 2 and dies after logging step 3.
-    assert train(run, *args, nproc=1, kill="0:logged3") == [1, 2, 3]
+    first_wandb = (run / RUN_ID_FILE).read_text().strip()
+    # No checkpoint: this attempt starts over, saves step 2, and dies after logging step 3.
+    assert train(run, *args, nproc=1, kill="0:logged3", env=env) == [1, 2, 3]
     survivor = read_metrics(run)[:2]  # the attempt whose checkpoint the last run resumes from
-    assert train(run, *args, nproc=1) == [1, 2, 3, 4]
+    second_wandb = (run / RUN_ID_FILE).read_text().strip()
+    # Resumed from step 2: step 3 runs again.
+    assert train(run, *args, nproc=1, env=env) == [1, 2, 3]
     final = read_metrics(run)
     assert final[:2] == survivor  # every value, timings included: not a rerun's
-    shown = tensorboard_scalars(run, "train/reward")
-    assert [step for step, _ in shown] == [1, 2, 3, 4]
-    assert [value for _, value in shown] == pytest.approx([r["train/reward"] for r in final])
+    tensorboard = tensorboard_scalars(run, "train/reward")
+    assert [step for step, _ in tensorboard] == [1, 2, 3]
+    assert [value for _, value in tensorboard] == pytest.approx([r["train/reward"] for r in final])
     time_shown = [value for _, value in tensorboard_scalars(run, "time/step")]
     assert time_shown == pytest.approx([r["time/step"] for r in final])
+    # W&B: each attempt after a cut is a new run; the last one holds steps 1-3 as metrics.jsonl.
+    last_wandb = (run / RUN_ID_FILE).read_text().strip()
+    assert len({first_wandb, second_wandb, last_wandb}) == 3
+    _, _, history = offline_run(wandb_dir, last_wandb, 0)
+    assert sorted(history) == [1, 2, 3]
+    for record in final:
+        for key in ("train/reward", "time/step"):
+            assert history[record["step"]][key] == pytest.approx(record[key], rel=1e-6)
 
 
 def test_an_async_run_whose_training_rank_is_killed_logs_every_step_once(tmp_path, tiny_ckpt):

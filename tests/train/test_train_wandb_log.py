@@ -112,36 +112,6 @@ def test_offline_run_has_the_recipe_and_metrics_and_resumes_the_same_run(tmp_pat
     assert not list((wandb_dir / "wandb").glob("run-*"))  # offline: nothing that synced online
 
 
-def test_a_rerun_after_a_crash_past_the_checkpoint_gets_a_new_run_holding_each_step_once(
-    tmp_path, tiny_ckpt
-):
-    """Killed (SIGKILL) after logging step 2, whose checkpoint was never saved: the old W&B run
-    holds step 2, which W&B would not take again. The rerun resumes from step 1 in a new W&B
-    run: step 1 copied from metrics.jsonl, step 2 logged anew, each once, as metrics.jsonl."""
-    run_dir, wandb_dir = tmp_path / "run", tmp_path / "wandb-files"
-    env = {"WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true"}
-    tiny = ("grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2",
-            "grpo.num_minibatches=1", "grpo.val_at_end=false", "generation.max_new_tokens=4")  # fmt: skip
-    args = (*WANDB, *tiny, "grpo.max_num_steps=2", "checkpointing.save_period=1",
-            f"model.checkpoint={tiny_ckpt}")  # fmt: skip
-    killed = train(run_dir, *args, env={**env, "RLFLOW_TEST_KILL": "0:logged2"})
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    old_id = (run_dir / RUN_ID_FILE).read_text().strip()
-    before = read_metrics(run_dir)
-    rerun = train(run_dir, *args, env=env)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    new_id = (run_dir / RUN_ID_FILE).read_text().strip()
-    assert new_id != old_id
-    assert f"W&B: new run {new_id} (run {old_id} holds steps that run again)" in rerun.stderr
-    _, _, history = offline_run(wandb_dir, new_id, 0)
-    metrics = read_metrics(run_dir)
-    assert metrics[0] == before[0]  # step 1: the values of the attempt that saved its checkpoint
-    assert sorted(history) == [r["step"] for r in metrics] == [1, 2]
-    for record in metrics:
-        for key in ("train/reward", "time/step"):
-            assert history[record["step"]][key] == pytest.approx(record[key], rel=1e-6)
-
-
 PROBE = (
     "import sys\nfrom rlflow.cli import main\n"
     "try:\n    main(sys.argv[1:])\nexcept SystemExit as done:\n    status = done.code\n"
