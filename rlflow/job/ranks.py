@@ -114,9 +114,12 @@ def read_tail(path: Path, limit: int) -> str:
 
 
 def error_report(text: str, most: int = REPORT_LINES) -> list[str]:
-    """From the last report start in `text` to its end, launcher headers left out; a report
-    longer than `most` lines keeps its first lines (what failed) and its last (where)."""
-    lines = [line for line in text.splitlines() if not line.startswith("==== rlflow: rank ")]
+    """From the last report start in `text` to its end, of this attempt only (after the last
+    launcher header: the log is appended to by every attempt); a report longer than `most`
+    lines keeps its first lines (what failed) and its last (where)."""
+    lines = text.splitlines()
+    headers = [i for i, line in enumerate(lines) if line.startswith("==== rlflow: rank ")]
+    lines = lines[headers[-1] + 1 :] if headers else lines
     while lines and not lines[-1].strip():
         lines.pop()
     start = None

@@ -151,6 +151,11 @@ def test_the_failing_ranks_own_error_report_is_printed_not_its_noise(tmp_path):
 
 
 def test_a_rank_killed_by_a_signal_is_named_so(tmp_path):
+    """...and an earlier attempt's report in the same (appended) log is not taken for its own."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank-0.log").write_text(
+        "==== rlflow: rank 0 on node1, job 77 attempt 0 ====\n[rank 0] error: an old reason\n"
+    )
     code = (
         "import os, signal, time\n"
         "if os.environ['LOCAL_RANK'] == '0':\n"
@@ -161,6 +166,7 @@ def test_a_rank_killed_by_a_signal_is_named_so(tmp_path):
     assert exit_code == 137
     assert "rank 0 exited with code 137 (killed by SIGKILL); stopping ranks 1" in output
     assert "rank 0 printed nothing before it stopped" in output
+    assert "an old reason" not in output
     failure = (tmp_path / "status" / "first-failure").read_text().splitlines()
     assert failure[1].startswith(
         "rank 0 on node1 (node 0) exited with code 137 (killed by SIGKILL)"
