@@ -139,8 +139,11 @@ class MetricsLog:
         if self._wandb_args is not None and self._wandb is None:
             self._open_wandb(None)
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as err:
+            raise _write_failed(self.path, f"appending step {step}", err) from None
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
@@ -190,11 +193,31 @@ def _replace(path: Path, text: str) -> None:
     """Write a new file and rename it over `path`: a process killed meanwhile (a resume's
     rewrite) leaves the old file whole, never an empty or half-written one."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise _write_failed(path, "cutting it back to the checkpoint", err) from None
+
+
+def _write_failed(path: Path, doing: str, err: OSError):
+    """A full or read-only disk while writing metrics: what to do, not a traceback. What is
+    on disk then is what a crash leaves, which the next attempt's cut repairs."""
+    from rlflow.errors import Diagnostic, RlflowError
+
+    return RlflowError(
+        Diagnostic(
+            "metrics.write-failed",
+            f"cannot write {path} ({doing}): {err.strerror or err}",
+            file=str(path),
+            help="free space on that disk (or make it writable), then run the same command "
+            "again: it resumes from the last checkpoint and logs the later steps once",
+        )
+    )
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

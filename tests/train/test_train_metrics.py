@@ -8,6 +8,7 @@ its write, a real kill at a known point (Python itself ignores SIGXFSZ).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -101,3 +102,47 @@ def test_tensorboard_shows_each_step_once_with_the_resumed_attempts_values(tmp_p
     events.Reload()
     scalars = [(e.step, e.value) for e in events.Scalars("train/reward")]
     assert scalars == [(1, pytest.approx(0.1)), (2, pytest.approx(0.2)), (3, 3), (4, 4), (5, 5)]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 64 KiB disk (tmpfs), unmounted afterwards."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)], check=True)
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+def test_a_full_disk_is_a_diagnostic_and_the_next_start_repairs_what_it_left(small_disk):
+    from rlflow.errors import RlflowError
+
+    log = _log(small_disk)
+    for step in range(1, 11):
+        log.log(step, {"train/reward": step / 10})
+    filler = small_disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:  # fill the disk to its last byte
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    with pytest.raises(RlflowError) as caught:  # the file's last page fills up, then no more
+        for step in range(11, 1000):
+            log.log(step, {"train/reward": step / 10, "time/step": 0.5})
+    (problem,) = caught.value.diagnostics
+    assert problem.code == "metrics.write-failed"
+    assert f"(appending step {step}): No space left on device" in problem.message
+    before = (small_disk / METRICS_FILE).read_bytes()
+    with pytest.raises(RlflowError) as caught:  # the next attempt, still on a full disk
+        _log(small_disk).start(5)
+    assert (
+        "(cutting it back to the checkpoint): No space left" in caught.value.diagnostics[0].message
+    )
+    assert (small_disk / METRICS_FILE).read_bytes() == before  # as the failed attempt left it
+    assert not (small_disk / (METRICS_FILE + ".tmp")).exists()
+    filler.unlink()  # space freed: the same command again
+    _log(small_disk).start(5)
+    assert [r["step"] for r in read_metrics(small_disk)] == [1, 2, 3, 4, 5]
