@@ -76,7 +76,7 @@ class MetricsLog:
             return
         kept, cut = self._truncate(resumed_step) if self.path.exists() else ([], False)
         if self._wandb_args is not None:
-            self._open_wandb(kept if cut else None)
+            self._open_wandb(-1 if resumed_step is None else resumed_step, kept, cut)
         if self._tb_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -86,22 +86,27 @@ class MetricsLog:
             self._bar.n = resumed_step or 0
             self._bar.refresh()
 
-    def _open_wandb(self, replay: list[dict] | None) -> None:
-        """The W&B run: the run directory's own, or, with `replay`, a new one that first gets
-        those records (the old one holds steps a dead attempt logged after the checkpoint)."""
+    def _open_wandb(self, resumed: int = -1, kept: list[dict] = (), cut: bool = False) -> None:
+        """The W&B run, holding the `kept` records (those up to step `resumed`) and no later
+        step: the run directory's run if it may hold no later step, topped up with the kept
+        records it may lack; else a new run, which first gets them all (W&B ignores a step
+        below the last one a run logged, so the old run cannot take those steps again)."""
         from rlflow.train import wandb_log
 
         cfg, run_dir, config = self._wandb_args
-        old = wandb_log.run_id(run_dir) if replay is not None else None
-        if replay is not None:
+        old, held = wandb_log.state(run_dir)  # held None: an older rlflow's file, unknown
+        stale = old is not None and (held > resumed if held is not None else cut)
+        if stale:
             wandb_log.new_run_id(run_dir)
+        else:
+            kept = [r for r in kept if held is not None and r["step"] >= held]  # a twice: ignored
         self._wandb = wandb_log.WandbLogger(cfg, run_dir, config)
-        if replay is not None:
-            for record in replay:
-                self._wandb.log(record["step"], record)
+        for record in kept:
+            self._wandb.log(record["step"], record)
+        if stale:
             self.write(
                 f"W&B: new run {self._wandb.id} (run {old} holds steps that run again); "
-                f"{len(replay)} kept steps copied into it from {self.path.name}"
+                f"{len(kept)} kept steps copied into it from {self.path.name}"
             )
 
     def _truncate(self, resumed_step: int | None) -> tuple[list[dict], bool]:
@@ -136,8 +141,8 @@ class MetricsLog:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self._tb_dir))
-        if self._wandb_args is not None and self._wandb is None:
-            self._open_wandb(None)
+        if self._wandb_args is not None and self._wandb is None:  # no start(): a new run
+            self._open_wandb()
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
         try:
             with self.path.open("a") as f:

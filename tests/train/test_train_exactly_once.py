@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from rlflow.train.metrics import read_metrics
-from rlflow.train.wandb_log import RUN_ID_FILE
+from rlflow.train.wandb_log import state as wandb_state
 from tests.train.test_train_wandb_log import WANDB, offline_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,11 +94,11 @@ def test_a_run_killed_at_each_phase_boundary_logs_every_step_once(tmp_path, tiny
     assert train(run, *args, nproc=1, kill="0:saving2", env=env) == [1, 2]
     assert (run / "checkpoints" / "step_000002.tmp").is_dir()
     assert not (run / "checkpoints" / "step_000002").exists()
-    first_wandb = (run / RUN_ID_FILE).read_text().strip()
+    first_wandb = wandb_state(run)[0]
     # No checkpoint: this attempt starts over, saves step 2, and dies after logging step 3.
     assert train(run, *args, nproc=1, kill="0:logged3", env=env) == [1, 2, 3]
     survivor = read_metrics(run)[:2]  # the attempt whose checkpoint the last run resumes from
-    second_wandb = (run / RUN_ID_FILE).read_text().strip()
+    second_wandb = wandb_state(run)[0]
     # Resumed from step 2: step 3 runs again.
     assert train(run, *args, nproc=1, env=env) == [1, 2, 3]
     final = read_metrics(run)
@@ -109,8 +109,8 @@ def test_a_run_killed_at_each_phase_boundary_logs_every_step_once(tmp_path, tiny
     time_shown = [value for _, value in tensorboard_scalars(run, "time/step")]
     assert time_shown == pytest.approx([r["time/step"] for r in final])
     # W&B: each attempt after a cut is a new run; the last one holds steps 1-3 as metrics.jsonl.
-    last_wandb = (run / RUN_ID_FILE).read_text().strip()
-    assert len({first_wandb, second_wandb, last_wandb}) == 3
+    last_wandb, held = wandb_state(run)
+    assert len({first_wandb, second_wandb, last_wandb}) == 3 and held == 3
     _, _, history = offline_run(wandb_dir, last_wandb, 0)
     assert sorted(history) == [1, 2, 3]
     for record in final:
