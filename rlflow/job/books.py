@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rlflow.errors import EX_PEER_FAILED, EX_TEMPFAIL
 from rlflow.job import files
-from rlflow.job.ranks import NodeInfo, Rank, names
+from rlflow.job.ranks import NodeInfo, Rank, describe_exit, names
 
 # How often a live launcher bumps node-K.alive. The batch script takes a launcher whose counter
 # has not changed for 15 s, once another node ended or a failure is recorded, for a lost node.
@@ -88,7 +88,7 @@ class Books:
             note = (rank.heartbeat() or {}).get("note")
             message = (
                 f"rank {rank.rank} on {self.info.hostname} (node {self.info.node_rank}) "
-                + (f"{note}" if note else f"exited with code {code}")
+                + (f"{note}" if note else describe_exit(code))
                 + f"; log: {rank.log_path}"
             )
         text = files.Failure(str(code), message, self.info.hostname).text()

@@ -40,7 +40,16 @@ from rlflow.job.books import Books, root_cause
 from rlflow.job.dumps import dump_stacks
 from rlflow.job.forwarding import Inbox, WarningRelay, record_early
 from rlflow.job.hangs import HangWatch
-from rlflow.job.ranks import POLL_SECONDS, NodeInfo, Rank, Ranks, names, set_parent_death_signal
+from rlflow.job.ranks import (
+    POLL_SECONDS,
+    NodeInfo,
+    Rank,
+    Ranks,
+    describe_exit,
+    detach_output,
+    names,
+    set_parent_death_signal,
+)
 
 # A node whose ranks only saw a peer fail (exit 76) waits this long for the failing node to
 # record the root cause before its own exit ends the step (srun then stops every node).
@@ -187,13 +196,13 @@ class Launcher:
     def fail(self, rank: Rank) -> int:
         others = self.ranks.running()
         self.info.say(
-            f"rank {rank.rank} exited with code {rank.exit_code}"
+            f"rank {rank.rank} {describe_exit(rank.exit_code)}"
             + (f"; stopping ranks {names(others)}" if others else ""),
             sys.stderr,
         )
+        show_error(self.info, rank)  # before the siblings' stop, which may take its full grace
         self.ranks.stop(others)
         self.books.failure(rank)
-        show_log_tail(self.info, rank)
         if rank.exit_code == EX_PEER_FAILED:
             self.wait_for_root_failure()
         return rank.exit_code
@@ -217,13 +226,20 @@ class Launcher:
         return 0
 
 
-def show_log_tail(info: NodeInfo, rank: Rank, lines: int = 20) -> None:
-    try:
-        tail = rank.log_path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
+def show_error(info: NodeInfo, rank: Rank) -> None:
+    """The failed rank's own words: its error report from its log (rank.error_report), so the
+    reason reaches the terminal or the batch log, not only logs/rank-R.log."""
+    report = rank.error_report()
+    if not report:
+        info.say(
+            f"rank {rank.rank} printed nothing before it stopped ({rank.log_path})", sys.stderr
+        )
         return
-    info.say(f"last lines of {rank.log_path}:", sys.stderr)
-    print("\n".join(f"  | {line}" for line in tail), file=sys.stderr, flush=True)
+    info.say(f"rank {rank.rank}'s error, from {rank.log_path}:", sys.stderr)
+    try:
+        print("\n".join(f"  | {line}" for line in report), file=sys.stderr, flush=True)
+    except OSError:
+        detach_output()
 
 
 def node_info(environ: dict[str, str], num_nodes: int, ranks_per_node: int) -> NodeInfo:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,13 @@ DUMP_SIGNAL = signal.SIGUSR2  # rlflow/train/watchdog.py: faulthandler dumps eve
 KILL_GRACE_SECONDS = 10.0  # SIGTERM -> SIGKILL, like Slurm's KillWait
 POLL_SECONDS = 0.1
 PR_SET_PDEATHSIG = 1
+LOG_TAIL_BYTES = 64 * 1024  # how much of a failed rank's log is read for its error report
+REPORT_LINES = 60  # the most lines of that report the launcher prints
+# Where a rank's own error report starts (rlflow/train/main.py prints "[rank R] error: ...",
+# then the diagnostics or the traceback); failing that, where Python's own traceback starts (an
+# error before main.py's handler, an import error); failing both, the log's last lines.
+_REPORT_START = re.compile(r"^\[rank \d+\] ")
+_TRACEBACK_START = re.compile(r"^Traceback \(most recent call last\):")
 
 
 @dataclass(frozen=True)
@@ -83,10 +91,59 @@ class Rank:
         except (OSError, ValueError):
             return None
 
+    def error_report(self) -> list[str]:
+        """The lines of the log that say why this rank stopped (see _REPORT_START)."""
+        return error_report(read_tail(self.log_path, LOG_TAIL_BYTES))
+
     @property
     def pid(self) -> int:
         """The trainer's own pid (from its report), else the process started (a wrapper)."""
         return (self.heartbeat() or {}).get("pid") or self.process.pid
+
+
+def read_tail(path: Path, limit: int) -> str:
+    """The file's last `limit` bytes (a log may be gigabytes); '' when it cannot be read."""
+    try:
+        with open(path, "rb") as log:
+            size = os.fstat(log.fileno()).st_size
+            log.seek(max(0, size - limit))
+            data = log.read(limit)
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return text.split("\n", 1)[1] if size > limit and "\n" in text else text  # a cut first line
+
+
+def error_report(text: str, most: int = REPORT_LINES) -> list[str]:
+    """From the last report start in `text` to its end, of this attempt only (after the last
+    launcher header: the log is appended to by every attempt); a report longer than `most`
+    lines keeps its first lines (what failed) and its last (where)."""
+    lines = text.splitlines()
+    headers = [i for i, line in enumerate(lines) if line.startswith("==== rlflow: rank ")]
+    lines = lines[headers[-1] + 1 :] if headers else lines
+    while lines and not lines[-1].strip():
+        lines.pop()
+    start = None
+    for pattern in (_REPORT_START, _TRACEBACK_START):
+        starts = [i for i, line in enumerate(lines) if pattern.match(line)]
+        if starts:
+            start = starts[-1]
+            break
+    report = lines[start:] if start is not None else lines[-20:]
+    if len(report) > most:
+        head, tail = most // 4, most - most // 4 - 1
+        cut = len(report) - head - tail
+        report = [*report[:head], f"... ({cut} lines cut: the whole log has them)", *report[-tail:]]
+    return report
+
+
+def describe_exit(code: int) -> str:
+    """ "exited with code 2", or "exited with code 137 (killed by SIGKILL)"."""
+    try:
+        killed = f" (killed by {signal.Signals(code - 128).name})" if code > 128 else ""
+    except ValueError:
+        killed = ""
+    return f"exited with code {code}{killed}"
 
 
 def names(ranks: list[Rank]) -> str:

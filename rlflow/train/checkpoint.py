@@ -40,6 +40,7 @@ from rlflow import parallel
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe.schema import CheckpointConfig
 from rlflow.train import manifest, storage
+from rlflow.train.faults import inject_failure
 
 _STEP_DIR = re.compile(r"step_(\d+)")
 TRAINER_STATE = "trainer.json"
@@ -167,6 +168,7 @@ class Checkpointer:
                 ) from None
             raise _write_failed(tmp, err) from None
         parallel.barrier()
+        inject_failure(info.job_rank, f"saving{step}")  # every file written, none in place
         if info.is_main:
             try:
                 manifest.write_manifest(tmp, step)

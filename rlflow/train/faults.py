@@ -1,8 +1,14 @@
 """Injected faults, so tests can prove the failure paths: one failing rank ends the whole job
 promptly, and a time-limit signal saves and stops at the next step boundary.
 
-Each variable is "RANK:PHASE" (RANK is the launcher's rank, PHASE e.g. "setup", "step2",
-"sync3": the weight sync of version 3):
+Each variable is "RANK:PHASE" (RANK is the launcher's rank). The phases, in a step's order:
+
+    setup       after the recipe is loaded, before the rank is built (rlflow/train/main.py)
+    stepN       the start of step N (a training rank), or of batch N (a generation rank)
+    syncN       the weight sync of version N (rlflow/train/weight_sync.py)
+    loggedN     step N's metrics are written (metrics.jsonl, TensorBoard, W&B)
+    savingN     step N's checkpoint files are written, the checkpoint not yet in place
+    savedN      step N's checkpoint is complete
 
     RLFLOW_TEST_FAIL    that rank raises there
     RLFLOW_TEST_KILL    that rank kills itself with SIGKILL there (a crash: no error, no cleanup)

@@ -50,6 +50,7 @@ def train(t: Trainer) -> int:
         if validation_due(recipe.grpo, step, last=last):
             metrics.update(validate(t))
         t.log.log(step, metrics)
+        inject_failure(t.info.job_rank, f"logged{step}")
         stop = t.stop.agreed()
         if stop:
             t.stop.stopping()
@@ -203,6 +204,7 @@ def save(t: Trainer) -> None:
     t.checkpointer.save(
         t.step, t.policy.chunks, t.optimizer.inner, {"sampler": t.sampler.state_dict()}
     )
+    inject_failure(t.info.job_rank, f"saved{t.step}")
 
 
 def _resume_or_start(t: Trainer) -> bool:
@@ -211,6 +213,7 @@ def _resume_or_start(t: Trainer) -> bool:
 
     latest = t.checkpointer.latest()
     if latest is None:
+        t.log.start(None)  # starting over: an earlier attempt's records (if any) go
         warm_start(t)
         if t.recipe.warm_start.num_steps:
             t.optimizer.reload_weights()  # GRPO's optimizer starts from the warm-started weights
@@ -233,7 +236,7 @@ def _resume_or_start(t: Trainer) -> bool:
     t.sampler.load_state_dict(state["sampler"])
     t.step = state["step"]
     t.backend.refresh_weights(t.step)
-    t.log.truncate_after(t.step)
+    t.log.start(t.step)  # records after the checkpoint go: those steps run again
     t.log.write(f"resumed from {latest} (step {t.step})")
     return True
 

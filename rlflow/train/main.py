@@ -14,10 +14,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from rlflow.errors import EX_PEER_FAILED, RlflowError, print_diagnostics
+from rlflow.errors import EX_PEER_FAILED, RlflowError, print_diagnostics, summary_line
 from rlflow.train.faults import inject_failure
 
-SAME_ON_ALL_RANKS = {"recipe", "allocation", "model", "data", "train", "checkpoint"}
 _PEER_FAILURE_HINTS = (
     "Connection closed by peer",
     "Connection reset by peer",
@@ -78,17 +77,15 @@ def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
         print(f"[rank {rank}] {err}", file=sys.stderr, flush=True)
         _hard_exit(err.exit_code)
     except RlflowError as err:
-        if rank == 0 or os.environ.get("WORLD_SIZE", "1") == "1" or not _same_on_all_ranks(err):
-            print_diagnostics(err.diagnostics)
+        # Every rank reports, even an error every rank meets: the first rank to fail is the one
+        # whose log the launcher shows (rlflow/job/ranks.py finds the "[rank R] error:" line).
+        if os.environ.get("RLFLOW_HEARTBEAT_FILE"):  # under the launcher: logs/rank-R.log
+            print(f"[rank {rank}] stopping on {summary_line(err.diagnostics)}:", file=sys.stderr)
+        print_diagnostics(err.diagnostics)
         _hard_exit(err.exit_code)
     except BaseException as err:  # noqa: BLE001 - the top of a rank: report, then leave at once
         _hard_exit(EX_PEER_FAILED if _report(err, rank) else 1)
     return 1
-
-
-def _same_on_all_ranks(err: RlflowError) -> bool:
-    # Recipe, checkpoint and data errors come from inputs every rank reads: rank 0 reports them.
-    return all(d.category in SAME_ON_ALL_RANKS for d in err.diagnostics)
 
 
 def _report(err: BaseException, rank: int) -> bool:

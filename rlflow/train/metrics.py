@@ -51,18 +51,13 @@ class MetricsLog:
         self.enabled = enabled
         self.path = run_dir / METRICS_FILE
         self._tb = None
+        self._tb_dir = run_dir / "tensorboard" if enabled and tensorboard else None
         self._bar = None
         self._wandb = None
+        on = enabled and wandb is not None and wandb.enabled and wandb.mode != "disabled"
+        self._wandb_args = (wandb, run_dir, config or {}) if on else None  # opened by start()
         if not enabled:
             return
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
-        if wandb is not None and wandb.enabled and wandb.mode != "disabled":
-            from rlflow.train.wandb_log import WandbLogger
-
-            self._wandb = WandbLogger(wandb, run_dir, config or {})
         if progress_bar:
             from tqdm import tqdm
 
@@ -70,30 +65,93 @@ class MetricsLog:
                 total=total_steps, desc="grpo", unit="step", file=sys.stderr, dynamic_ncols=True
             )
 
-    def truncate_after(self, step: int) -> None:
-        """On resume, forget steps logged after the checkpoint (they will be run again), and a
-        torn last line (the previous attempt died while writing it)."""
-        if not self.enabled or not self.path.exists():
+    def start(self, resumed_step: int | None) -> None:
+        """Before this attempt logs anything: forget what it will log again. The records after
+        the checkpoint being resumed from (`resumed_step`; None: no checkpoint, the run starts
+        over and every record goes) were written by an attempt that died before saving them;
+        this one runs those steps again. Kept: one record per step, the last written (older
+        rlflow versions could leave two), so every step is there once, with the values of the
+        attempts that produced the checkpoint. A torn last line goes too. The file is rewritten
+        aside and renamed, so a kill meanwhile leaves the old file whole. TensorBoard gets the
+        same cut: its new event file starts with a purge of every later step. W&B cannot take
+        a step twice: after a cut it gets a new run, which first gets the records kept."""
+        if not self.enabled:
             return
+        kept, cut = self._truncate(resumed_step) if self.path.exists() else ([], False)
+        if self._wandb_args is not None:
+            self._open_wandb(-1 if resumed_step is None else resumed_step, kept, cut)
+        if self._tb_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            purge = 0 if resumed_step is None else resumed_step + 1
+            self._tb = SummaryWriter(str(self._tb_dir), purge_step=purge)
+        if self._bar is not None:
+            self._bar.n = resumed_step or 0
+            self._bar.refresh()
+
+    def _open_wandb(self, resumed: int = -1, kept: list[dict] = (), cut: bool = False) -> None:
+        """The W&B run, holding the `kept` records (those up to step `resumed`) and no later
+        step: the run directory's run if it may hold no later step, topped up with the kept
+        records it may lack; else a new run, which first gets them all (W&B ignores a step
+        below the last one a run logged, so the old run cannot take those steps again)."""
+        from rlflow.train import wandb_log
+
+        cfg, run_dir, config = self._wandb_args
+        old, held = wandb_log.state(run_dir)  # held None: an older rlflow's file, unknown
+        stale = old is not None and (held > resumed if held is not None else cut)
+        if stale:
+            wandb_log.new_run_id(run_dir)
+        else:
+            kept = [r for r in kept if held is not None and r["step"] >= held]  # a twice: ignored
+        self._wandb = wandb_log.WandbLogger(cfg, run_dir, config)
+        for record in kept:
+            self._wandb.log(record["step"], record)
+        if stale:
+            self.write(
+                f"W&B: new run {self._wandb.id} (run {old} holds steps that run again); "
+                f"{len(kept)} kept steps copied into it from {self.path.name}"
+            )
+
+    def _truncate(self, resumed_step: int | None) -> tuple[list[dict], bool]:
+        """The records kept, and whether any were cut (see start)."""
         records, torn = _parse(self.path)
         if torn:
             self.write(
                 f"{self.path}: removed a torn last line ({len(torn)} bytes: {torn[:60]!r}), "
                 f"left by a run that stopped while writing it"
             )
-        kept = [line for line, record in records if record["step"] <= step]
+        last = {record["step"]: line for line, record in records}  # the last line of each step
+        kept = {
+            s: line for s, line in last.items() if resumed_step is not None and s <= resumed_step
+        }
+        dropped = sorted(s for s in last if s not in kept)
+        if dropped:
+            why = (
+                f"after the checkpoint of step {resumed_step}"
+                if resumed_step is not None
+                else "by an attempt that left no checkpoint"
+            )
+            self.write(f"{self.path}: removed steps {_span(dropped)}, logged {why}: they run again")
         if torn or len(kept) < len(records):
-            _replace(self.path, "".join(line + "\n" for line in kept))
-        if self._bar is not None:
-            self._bar.n = step
-            self._bar.refresh()
+            _replace(self.path, "".join(kept[s] + "\n" for s in sorted(kept)))
+        by_step = {record["step"]: record for _, record in records}
+        return [by_step[s] for s in sorted(kept)], bool(dropped)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
+        if self._tb_dir is not None and self._tb is None:  # no start(): nothing to purge
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self._tb_dir))
+        if self._wandb_args is not None and self._wandb is None:  # no start(): a new run
+            self._open_wandb()
         record = {"step": step, **{k: _plain(v) for k, v in sorted(metrics.items())}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+        except OSError as err:
+            raise _write_failed(self.path, f"appending step {step}", err) from None
         if self._tb is not None:
             for key, value in record.items():
                 if key != "step" and isinstance(value, (int, float)):
@@ -128,15 +186,46 @@ class MetricsLog:
             self._wandb.close()
 
 
+def _span(steps: list[int]) -> str:
+    """ "3", "3-5", or "1, 4-6" for sorted steps."""
+    runs: list[list[int]] = []
+    for step in steps:
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def _replace(path: Path, text: str) -> None:
     """Write a new file and rename it over `path`: a process killed meanwhile (a resume's
     rewrite) leaves the old file whole, never an empty or half-written one."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise _write_failed(path, "cutting it back to the checkpoint", err) from None
+
+
+def _write_failed(path: Path, doing: str, err: OSError):
+    """A full or read-only disk while writing metrics: what to do, not a traceback. What is
+    on disk then is what a crash leaves, which the next attempt's cut repairs."""
+    from rlflow.errors import Diagnostic, RlflowError
+
+    return RlflowError(
+        Diagnostic(
+            "metrics.write-failed",
+            f"cannot write {path} ({doing}): {err.strerror or err}",
+            file=str(path),
+            help="free space on that disk (or make it writable), then run the same command "
+            "again: it resumes from the last checkpoint and logs the later steps once",
+        )
+    )
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,3 +108,41 @@ def test_a_closed_terminal_saves_and_stops_the_run_which_outlives_its_terminal(t
     os.close(master)
     assert process.wait(timeout=120) == 75
     assert (tmp_path / "run" / "status" / "attempt-0" / "stopped-node-0").is_file()
+
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
+
+
+@pytest.mark.parametrize(
+    "override, fail, reason",
+    [
+        # The issue's case: a recipe refusal, met in every rank's setup, before any logging.
+        (
+            "generation.placement=separate",
+            "",
+            "error[allocation.placement]: generation.placement is separate",
+        ),
+        # Rank 1, not rank 0, fails first, with an exception rather than a diagnostic.
+        (
+            "grpo.max_num_steps=1",
+            "1:setup",
+            "RuntimeError: injected failure on rank 1 during setup",
+        ),
+    ],
+)
+def test_the_first_failing_ranks_error_reaches_the_user(tmp_path, override, fail, reason):
+    """`rlflow train ... --nproc 2` through the console script: the user sees why, not only
+    "rank R exited with code C" and a pointer to its log."""
+    rlflow = Path(sys.executable).parent / "rlflow"
+    done = subprocess.run(
+        [str(rlflow), "train", str(RECIPE), override, "--nproc", "2", "--run-dir", str(tmp_path)],
+        env={**_clean_env(), "RLFLOW_TEST_FAIL": fail},
+        capture_output=True,
+        text=True,
+        timeout=600,  # a hang guard
+    )
+    assert done.returncode != 0
+    failed = "1" if fail else r"[01]"
+    assert re.search(rf"rank {failed} exited with code \d+", done.stderr), done.stderr
+    assert re.search(rf"rank {failed}'s error, from .*rank-{failed}\.log:", done.stderr)
+    assert reason in done.stderr, done.stderr

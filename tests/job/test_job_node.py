@@ -129,6 +129,50 @@ def test_a_failing_rank_stops_its_siblings_and_its_code_is_the_exit_code(tmp_pat
     assert failure[1].startswith("rank 1 on node1 (node 0) exited with code 7; log: ")
 
 
+def test_the_failing_ranks_own_error_report_is_printed_not_its_noise(tmp_path):
+    """Rank 1 logs pages of progress, then its report (rlflow/train/main.py's "[rank R] error:"
+    line and a long traceback): the launcher prints the report, its middle cut, and no noise."""
+    code = (
+        "import os, sys, time\n"
+        "if os.environ['LOCAL_RANK'] == '1':\n"
+        "    print('\\n'.join(f'progress {i}' for i in range(3000)))\n"
+        "    print('[rank 1] error: ValueError: the real reason', file=sys.stderr)\n"
+        "    print('\\n'.join(f'  frame {i}' for i in range(200)), file=sys.stderr)\n"
+        "    print('ValueError: the real reason', file=sys.stderr); sys.exit(1)\n"
+        "time.sleep(600)\n"
+    )
+    exit_code, output = finish(launch(tmp_path, code, ranks=2))
+    assert exit_code == 1
+    assert "rank 1's error, from " in output
+    assert "  | [rank 1] error: ValueError: the real reason" in output
+    assert "lines cut: the whole log has them" in output
+    assert output.rstrip().endswith("| ValueError: the real reason"), output[-500:]
+    assert "progress" not in output
+
+
+def test_a_rank_killed_by_a_signal_is_named_so(tmp_path):
+    """...and an earlier attempt's report in the same (appended) log is not taken for its own."""
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank-0.log").write_text(
+        "==== rlflow: rank 0 on node1, job 77 attempt 0 ====\n[rank 0] error: an old reason\n"
+    )
+    code = (
+        "import os, signal, time\n"
+        "if os.environ['LOCAL_RANK'] == '0':\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "time.sleep(600)\n"
+    )
+    exit_code, output = finish(launch(tmp_path, code, ranks=2))
+    assert exit_code == 137
+    assert "rank 0 exited with code 137 (killed by SIGKILL); stopping ranks 1" in output
+    assert "rank 0 printed nothing before it stopped" in output
+    assert "an old reason" not in output
+    failure = (tmp_path / "status" / "first-failure").read_text().splitlines()
+    assert failure[1].startswith(
+        "rank 0 on node1 (node 0) exited with code 137 (killed by SIGKILL)"
+    )
+
+
 def test_ranks_that_saved_for_a_requeue_leave_a_marker_and_exit_zero(tmp_path):
     code = "import sys, time; time.sleep(0.2); sys.exit(75)"
     exit_code, output = finish(launch(tmp_path, code, ranks=2))

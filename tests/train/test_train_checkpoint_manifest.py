@@ -98,7 +98,7 @@ def test_torn_last_metrics_line_is_removed_with_a_note(tmp_path, capsys):
     )
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
     log = MetricsLog(tmp_path, enabled=True, tensorboard=False, progress_bar=False, total_steps=9)
-    log.truncate_after(2)
+    log.start(2)
     assert path.read_text() == '{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n'
     assert "metrics.jsonl: removed a torn last line" in capsys.readouterr().err
 

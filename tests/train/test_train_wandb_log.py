@@ -16,7 +16,7 @@ import pytest
 from test_train_runs import ROOT, train
 
 from rlflow.train.metrics import read_metrics
-from rlflow.train.wandb_log import RUN_ID_FILE
+from rlflow.train.wandb_log import state as wandb_state
 
 TINY_CPU = ROOT / "tests" / "launch" / "recipes" / "tiny-cpu.yaml"
 WANDB = [
@@ -83,7 +83,7 @@ def test_offline_run_has_the_recipe_and_metrics_and_resumes_the_same_run(tmp_pat
     env = {"WANDB_DIR": str(wandb_dir), "WANDB_SILENT": "true"}
     first = train(run_dir, *WANDB, "grpo.max_num_steps=2", env=env)
     assert first.returncode == 0, first.stderr[-3000:]
-    run_id = (run_dir / RUN_ID_FILE).read_text().strip()
+    run_id = wandb_state(run_dir)[0]
     assert run_id.isalnum()
     run, config, history = offline_run(wandb_dir, run_id, 0)
     assert (run.run_id, run.project, run.run_group) == (run_id, "rlflow-tests", "offline-group")
@@ -103,7 +103,7 @@ def test_offline_run_has_the_recipe_and_metrics_and_resumes_the_same_run(tmp_pat
     # checkpoint and continues the same W&B run.
     second = train(run_dir, *WANDB, "grpo.max_num_steps=3", env=env)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert (run_dir / RUN_ID_FILE).read_text().strip() == run_id
+    assert wandb_state(run_dir)[0] == run_id
     run, config, history = offline_run(wandb_dir, run_id, 1)
     assert run.run_id == run_id and config["grpo"]["max_num_steps"] == 3
     assert 3 in history
