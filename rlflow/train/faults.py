@@ -5,7 +5,7 @@ Each variable is "RANK:PHASE" (RANK is the launcher's rank). The phases, in a st
 
     setup       after the recipe is loaded, before the rank is built (rlflow/train/main.py)
     stepN       the start of step N (a training rank), or of batch N (a generation rank)
-    syncN       the weight sync of version N (rlflow/train/weight_sync.py)
+    syncN       the weight sync of version N (rlflow/train/generation_role/weight_sync.py)
     loggedN     step N's metrics are written (metrics.jsonl, TensorBoard, W&B)
     savingN     step N's checkpoint files are written, the checkpoint not yet in place
     savedN      step N's checkpoint is complete
