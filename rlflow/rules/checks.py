@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from rlflow.errors import Diagnostic
 from rlflow.recipe.bounds import bounded_values
+from rlflow.recipe.inert import settings_that_do_nothing
 from rlflow.recipe.load import LoadedRecipe
 from rlflow.recipe.scalars import parse_time_limit
 from rlflow.rules.elsewhere import (
@@ -34,7 +35,6 @@ from rlflow.rules.elsewhere import (
     video_patch_matches_checkpoint,
     wandb_installed,
 )
-from rlflow.recipe.inert import settings_that_do_nothing
 
 
 def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:

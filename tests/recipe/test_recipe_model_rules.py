@@ -154,8 +154,8 @@ def test_train_refuses_with_the_dry_runs_words(tmp_path):
 def test_the_runs_resolved_recipe_passes_where_the_dry_run_passed(tmp_path):
     """The nodes load the run's recipe.yaml (every key in one file, no defaults chain): what
     the dry run accepted, a key switched off later included, `rlflow train` accepts there."""
-    from rlflow.rules import load_checked
     from rlflow.recipe.load import dump_recipe
+    from rlflow.rules import load_checked
 
     overrides = ["checkpointing.save_period=5", "checkpointing.enabled=false"]
     resolved = tmp_path / "recipe.yaml"
