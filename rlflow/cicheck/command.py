@@ -22,6 +22,7 @@ from rlflow.errors import (
     print_diagnostics,
     summary_line,
 )
+from rlflow.pins.command import repo_option
 
 EPILOG = """\b
 Shards are read from .github/workflows/*.yml (each `run:` that calls pytest, the job's matrix
@@ -38,12 +39,7 @@ RF210 tests no shard collects.
 
 
 @click.command("check-tests", epilog=EPILOG)
-@click.option(
-    "--repo",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=Path("."),
-    help="The repository to check (or any directory inside it).  [default: .]",
-)
+@repo_option
 @click.option(
     "--pytest",
     "pytest_command",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -126,14 +125,10 @@ class MetricsLog:
 
 
 def _replace(path: Path, text: str) -> None:
-    """Write a new file and rename it over `path`: a process killed meanwhile (a resume's
-    rewrite) leaves the old file whole, never an empty or half-written one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as out:
-        out.write(text)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+    """A resume's rewrite of the metrics, whole or not at all (storage.replace_file)."""
+    from rlflow.train.storage import replace_file
+
+    replace_file(path, text)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
