@@ -22,6 +22,7 @@ from rlflow.errors import (
     print_diagnostics,
     summary_line,
 )
+from rlflow.pins.command import repo_option
 
 EPILOG = """\b
 Shards are read from .github/workflows/*.yml (each `run:` that calls pytest, the job's matrix
@@ -40,12 +41,7 @@ COLLECT_TIMEOUT_S = 300.0  # a blocking conftest.py must not hang a commit (or C
 
 
 @click.command("check-tests", epilog=EPILOG)
-@click.option(
-    "--repo",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=Path("."),
-    help="The repository to check (or any directory inside it).  [default: .]",
-)
+@repo_option
 @click.option(
     "--pytest",
     "pytest_command",

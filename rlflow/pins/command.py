@@ -29,13 +29,17 @@ root pyproject.toml (see docs/lockstep.md).
 """
 
 
-@click.command("check-pins", epilog=EPILOG)
-@click.option(
+# `--repo`, shared by check-pins and check-tests (rlflow/cicheck/command.py).
+repo_option = click.option(
     "--repo",
     type=click.Path(path_type=Path, file_okay=False),
     default=Path("."),
     help="The repository to check (or any directory inside it).  [default: .]",
 )
+
+
+@click.command("check-pins", epilog=EPILOG)
+@repo_option
 @click.option(
     "--strict", is_flag=True, help="Treat warnings (e.g. uninitialized submodules) as errors."
 )

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 MANIFEST = "manifest.json"
@@ -117,9 +116,6 @@ def _checksum_or_none(path: Path) -> str | None:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    from rlflow.train.storage import replace_file
+
+    replace_file(path, text)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -198,17 +197,14 @@ def _span(steps: list[int]) -> str:
 
 
 def _replace(path: Path, text: str) -> None:
-    """Write a new file and rename it over `path`: a process killed meanwhile (a resume's
-    rewrite) leaves the old file whole, never an empty or half-written one."""
-    tmp = path.with_name(path.name + ".tmp")
+    """A resume's rewrite of the metrics, whole or not at all (storage.replace_file); a full
+    disk leaves the old file as it was."""
+    from rlflow.train.storage import replace_file
+
     try:
-        with open(tmp, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
+        replace_file(path, text)
     except OSError as err:
-        tmp.unlink(missing_ok=True)
+        path.with_name(path.name + ".tmp").unlink(missing_ok=True)
         raise _write_failed(path, "cutting it back to the checkpoint", err) from None
 
 

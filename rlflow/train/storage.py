@@ -41,6 +41,17 @@ def prepare_run_dir(directory: Path) -> None:
         ) from None
 
 
+def replace_file(path: Path, text: str) -> None:
+    """Write a new file and rename it over `path`: a process killed meanwhile leaves the old
+    file whole, never an empty or half-written one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
 def free_bytes(path: Path) -> int:
     existing = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
     return shutil.disk_usage(existing).free
