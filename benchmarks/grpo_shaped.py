@@ -689,6 +689,10 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
     # The GRPO-shaped prompts replace the recipe's dataset: every step draws all of them.
     t.train_data = samples
     t.sampler = PromptSampler(len(samples), len(samples), args.seed)
+    # The rollouts read the trainer's RolloutContext (rlflow/train/collect.py): hand them the
+    # same data and sampler, or they would draw the recipe's own dataset.
+    t.context = dataclasses.replace(t.context, train_data=samples, sampler=t.sampler)
+    t.rollouts.context = t.context
     sampling = BenchmarkSampling(t.backend.generate, info.device, t.backend)
     t.backend.generate = sampling
     loop._resume_or_start(t)  # what loop.train does first: optimizer, reference = policy

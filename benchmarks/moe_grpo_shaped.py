@@ -325,6 +325,10 @@ def run_steps(loaded, samples, stop_ids, args, ceil, counts, info, log) -> dict:
     t = setup(loaded, run_dir)
     t.train_data = samples
     t.sampler = PromptSampler(len(samples), len(samples), args.seed)
+    # The rollouts read the trainer's RolloutContext (rlflow/train/collect.py): hand them the
+    # same data and sampler, or they would draw the recipe's own dataset.
+    t.context = dataclasses.replace(t.context, train_data=samples, sampler=t.sampler)
+    t.rollouts.context = t.context
     sampling = gs.BenchmarkSampling(t.backend.generate, info.device)
     sampling.stop_ids = stop_ids
     t.backend.generate = sampling
