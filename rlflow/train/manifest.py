@@ -67,7 +67,10 @@ def write_manifest(directory: Path, step: int | None) -> dict:
     files: dict[str, dict] = {}
     parts = directory / PARTS
     for part in sorted(parts.glob("rank*.json")):
-        files.update(read_json(part))
+        try:
+            files.update(read_json(part))
+        except bounded.UnreadableFile as err:  # the save's error names the part, not just why
+            raise bounded.UnreadableFile(err.errno, f"{part}: {err}", part) from None
     unlisted = sorted(p.name for p in directory.iterdir() if p.is_file() and p.name not in files)
     for name in unlisted:  # written by the main rank outside write_part (none today)
         files[name] = describe(directory / name)

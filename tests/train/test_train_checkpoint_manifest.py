@@ -151,7 +151,7 @@ def test_a_manifest_that_is_not_a_file_is_named_not_waited_on(tmp_path, kind):
     found = probe(ckpt)
     assert found["verify"] == [f"manifest.json cannot be read: {what}"]
     assert found["total_size"] is None  # the free-space check then asks for nothing
-    assert found["write_manifest"] == what
+    assert found["write_manifest"] == f"{ckpt / manifest.PARTS / 'rank0.json'}: {what}"
 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero"])
