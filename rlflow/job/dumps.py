@@ -13,10 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+from rlflow import bounded
 from rlflow.job import files
 from rlflow.job.ranks import DUMP_SIGNAL, NodeInfo, Rank
 
 DUMP_WAIT_SECONDS = 5.0  # for the ranks' stack dumps to reach their logs
+DUMP_MAX_BYTES = 16 << 20  # one rank's stacks: thousands of threads' worth, not a runaway log
 
 
 def dump_stacks(
@@ -80,12 +82,18 @@ def _size(path: Path) -> int:
 
 
 def _read_from(path: Path, offset: int) -> str:
+    """What the log gained after `offset`, its first DUMP_MAX_BYTES (bounded.py: a regular
+    file only, a named pipe is never waited on; '' when it cannot be read)."""
     try:
-        with open(path, "rb") as log:
+        with bounded.open_regular(path) as log:
             log.seek(offset)
-            return log.read().decode(errors="replace")
+            data = log.read(DUMP_MAX_BYTES + 1)
+    except bounded.UnreadableFile as err:
+        return f"(not read: {err})\n"
     except OSError:
         return ""
+    cut = f"\n(cut at {bounded.size_text(DUMP_MAX_BYTES)})\n" if len(data) > DUMP_MAX_BYTES else ""
+    return data[:DUMP_MAX_BYTES].decode(errors="replace") + cut
 
 
 def _process_state(pid: int) -> str:

@@ -102,9 +102,10 @@ class Rank:
 
 
 def read_tail(path: Path, limit: int) -> str:
-    """The file's last `limit` bytes (a log may be gigabytes); '' when it cannot be read."""
+    """The file's last `limit` bytes (a log may be gigabytes); '' when it cannot be read or is
+    not a regular file (a named pipe put there would wait for a writer forever)."""
     try:
-        with open(path, "rb") as log:
+        with bounded.open_regular(path) as log:
             size = os.fstat(log.fileno()).st_size
             log.seek(max(0, size - limit))
             data = log.read(limit)

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlflow import parallel
+from rlflow import bounded, parallel
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe.schema import CheckpointConfig
 from rlflow.train import manifest, storage
@@ -234,7 +234,7 @@ class Checkpointer:
         info = parallel.info()
         path = directory / TRAINER_STATE
         try:
-            state = json.loads(path.read_text())
+            state = manifest.read_json(path)  # bounded: never a FIFO, /dev/zero or 50 GB
             written_by = int(state["world_size"])
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise _load_failed(path, err) from None
@@ -315,6 +315,15 @@ def _write_failed(path: Path, err: BaseException) -> RlflowError:
 
 
 def _load_failed(path: Path, err: BaseException) -> RlflowError:
+    if isinstance(err, bounded.UnreadableFile):  # replaced after it verified: say what it is
+        return RlflowError(
+            Diagnostic(
+                "checkpoint.load",
+                f"cannot load {path}: {err}",
+                help="a checkpoint's files are regular files rlflow wrote: restore this one, "
+                "or move the checkpoint folder away to resume from an older one",
+            )
+        )
     return RlflowError(
         Diagnostic(
             "checkpoint.load",

@@ -8,24 +8,42 @@ merges the parts into `manifest.json` (temp file, fsync, rename) just before the
 directory is renamed into place. A checkpoint verifies when the manifest reads, lists every file
 the directory holds, and every file has its size and checksum. No torch here: `rlflow status`
 and tests can verify a checkpoint cheaply.
+
+A checkpoint directory is a place users and other tools can touch: every read here is bounded
+(rlflow/bounded.py). The manifest and its parts are read up to MANIFEST_MAX_BYTES; a file is
+hashed only when it is a regular file (a named pipe would wait forever, /dev/zero never ends),
+at any size. Such a file is named as a problem, so resume sets its checkpoint aside.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import stat
 from pathlib import Path
+
+from rlflow import bounded
 
 MANIFEST = "manifest.json"
 PARTS = ".manifest-parts"
 FORMAT = 1
 _CHUNK = 1 << 20
+# ~100 bytes per listed file: a manifest of a million files. More is not a manifest.
+MANIFEST_MAX_BYTES = 64 << 20
+READ_SECONDS = 60.0  # for MANIFEST_MAX_BYTES on a busy shared file system
+
+
+def read_json(path: Path):
+    """A small JSON file of a checkpoint (manifest, part, trainer.json), bounded: raises
+    bounded.UnreadableFile (an OSError) for a file that is not regular or is too large."""
+    return json.loads(bounded.read_bytes(path, MANIFEST_MAX_BYTES, READ_SECONDS))
 
 
 def checksum(path: Path) -> str:
-    """blake2b-128 of the file's bytes (hashlib's; ~1 GB/s on one core)."""
+    """blake2b-128 of the file's bytes (hashlib's; ~1 GB/s on one core). A regular file only
+    (bounded.UnreadableFile otherwise); no size limit: shards are gigabytes."""
     digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
+    with bounded.open_regular(path) as f:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
@@ -48,7 +66,10 @@ def write_manifest(directory: Path, step: int | None) -> dict:
     files: dict[str, dict] = {}
     parts = directory / PARTS
     for part in sorted(parts.glob("rank*.json")):
-        files.update(json.loads(part.read_text()))
+        try:
+            files.update(read_json(part))
+        except bounded.UnreadableFile as err:  # the save's error names the part, not just why
+            raise bounded.UnreadableFile(err.errno, f"{part}: {err}", part) from None
     unlisted = sorted(p.name for p in directory.iterdir() if p.is_file() and p.name not in files)
     for name in unlisted:  # written by the main rank outside write_part (none today)
         files[name] = describe(directory / name)
@@ -63,7 +84,7 @@ def write_manifest(directory: Path, step: int | None) -> dict:
 def total_size(directory: Path) -> int | None:
     """Bytes the checkpoint's files take, from its manifest; None without a readable one."""
     try:
-        manifest = json.loads((directory / MANIFEST).read_text())
+        manifest = read_json(directory / MANIFEST)
         return sum(int(entry["size"]) for entry in manifest["files"].values())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -77,13 +98,15 @@ def verify(
     Sizes of all files are always checked; checksums of the files in `deep` (all when None).
     `expected` names files this run needs, which the manifest must list."""
     try:
-        manifest = json.loads((directory / MANIFEST).read_text())
+        manifest = read_json(directory / MANIFEST)
         files = manifest["files"]
         if manifest.get("format") != FORMAT or not isinstance(files, dict):
             return [f"{MANIFEST}: format {manifest.get('format')!r} is not {FORMAT}"]
         entries = {str(n): (int(e["size"]), str(e["blake2b"])) for n, e in files.items()}
     except FileNotFoundError:
         return [f"{MANIFEST} is missing (written by an older rlflow, or the folder was edited)"]
+    except bounded.UnreadableFile as err:
+        return [f"{MANIFEST} cannot be read: {err}"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         return [f"{MANIFEST} is unreadable or damaged ({type(err).__name__}: {err})"]
     problems = [f"{name} is missing from {MANIFEST}" for name in sorted(expected - set(entries))]
@@ -93,13 +116,17 @@ def verify(
             problems.append(f"{MANIFEST} lists {name!r}, which is not a file name")
             continue
         try:
-            actual = path.stat().st_size
+            found = path.stat()  # follows links: a link to /dev/zero is a device
         except FileNotFoundError:
             problems.append(f"{name} is missing")
             continue
         except OSError as err:
             problems.append(f"{name} cannot be read: {err.strerror}")
             continue
+        if not stat.S_ISREG(found.st_mode):
+            problems.append(f"{name} cannot be read: {bounded.not_regular(path, found.st_mode)}")
+            continue
+        actual = found.st_size
         if actual != size:
             what = "truncated" if actual < size else "longer than written"
             problems.append(f"{name} is {actual} bytes, the manifest says {size} ({what})")

@@ -18,16 +18,31 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 from pathlib import Path
 
+from rlflow import bounded
+from rlflow.errors import Diagnostic
+
 RUN_ID_FILE = "wandb_run_id"
+RUN_ID_MAX_BYTES = 4096  # an id and a step: a few dozen bytes
+_UNREADABLE_HELP = (
+    "it is not what rlflow writes there: this run gets a new W&B run, and the file is replaced"
+)
 
 
 def state(run_dir: Path) -> tuple[str | None, int | None]:
     """(the W&B id, the highest step that W&B run may hold) from RUN_DIR/wandb_run_id: "ID" on
     its first line, the step on its second (-1: none yet; absent, from older rlflow: unknown)."""
+    path = run_dir / RUN_ID_FILE
     try:
-        lines = (run_dir / RUN_ID_FILE).read_text().split()
+        lines = bounded.read_text(path, RUN_ID_MAX_BYTES).split()
+    except bounded.UnreadableFile as err:  # a FIFO, a device, a huge file: say so, start anew
+        warning = Diagnostic(
+            "wandb.run-id", f"{path}: {err}", severity="warning", help=_UNREADABLE_HELP
+        )
+        print(warning.render() + "\n", file=sys.stderr, flush=True)
+        return None, None
     except (OSError, ValueError):
         return None, None
     step = int(lines[1]) if len(lines) > 1 and lines[1].lstrip("-").isdigit() else None

@@ -182,3 +182,35 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+def test_a_rank_log_that_is_not_a_file_is_never_waited_on(tmp_path, kind):
+    """Issue 36, item 4: the launcher reads a failed rank's log tail (its error report) and a
+    hang's stack dumps from logs/rank-<R>.log; a named pipe put there made it wait forever, a
+    link to /dev/zero made the dump copy fill the memory. In a child with a timeout and an
+    address-space limit, so a regression fails the test rather than the host."""
+    import resource
+
+    log = tmp_path / "rank-0.log"
+    if kind == "fifo":
+        os.mkfifo(log)
+        what = "it is a named pipe (FIFO), not a regular file"
+    else:
+        log.symlink_to("/dev/zero")
+        what = "it links to /dev/zero, which is a character device, not a regular file"
+    probe = (
+        "import sys\nfrom pathlib import Path\nfrom rlflow.job import dumps, ranks\n"
+        "print(repr(ranks.read_tail(Path(sys.argv[1]), 1 << 20)))\n"
+        "print(dumps._read_from(Path(sys.argv[1]), 0))\n"
+    )
+    memory = 2 << 30
+    done = subprocess.run(
+        [PYTHON, "-c", probe, str(log)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (memory, memory)),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"''\n(not read: {what})\n\n"

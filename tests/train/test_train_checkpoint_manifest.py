@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,79 @@ def test_sizes_only_check_skips_checksums(tmp_path):
         f.write(b"\xff" * 8)
     assert manifest.verify(ckpt, deep=set()) == []  # what keep_last's quick check sees
     assert manifest.verify(ckpt, deep={"optim_tp0_pp0.pt"}) != []
+
+
+# --- files that are not files: bounded reads (issue 36, item 4) ---------------------------------
+
+MEMORY = 2 << 30  # far above what verifying needs, far below what /dev/zero offers
+
+# Run in a child process with a time and address-space limit: a read that waits on a named pipe
+# fails the test by its timeout, a read of /dev/zero by MemoryError, neither takes the host.
+_PROBE = """
+import json, sys
+from pathlib import Path
+from rlflow.train import manifest
+ckpt = Path(sys.argv[1])
+out = {"verify": manifest.verify(ckpt), "total_size": manifest.total_size(ckpt)}
+if (ckpt / manifest.PARTS).exists():
+    try:
+        manifest.write_manifest(ckpt, 1)
+    except OSError as err:
+        out["write_manifest"] = str(err)
+print(json.dumps(out))
+"""
+
+
+def _limited() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+
+def probe(ckpt: Path) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(ckpt)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_limited,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def put(path: Path, kind: str) -> str:
+    """A named pipe, a link to /dev/zero, or a sparse 100 MiB file at `path`; what it is said to
+    be."""
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+        return "it is a named pipe (FIFO), not a regular file"
+    if kind == "zero":
+        path.symlink_to("/dev/zero")
+        return "it links to /dev/zero, which is a character device, not a regular file"
+    with open(path, "wb") as out:
+        out.truncate(100 << 20)
+    return "it is 100.0 MiB, over 64.0 MiB, the most rlflow reads of it"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "huge"])
+def test_a_manifest_that_is_not_a_file_is_named_not_waited_on(tmp_path, kind):
+    ckpt = make_checkpoint(tmp_path / "step_000001", FILES)
+    what = put(ckpt / "manifest.json", kind)
+    (ckpt / manifest.PARTS).mkdir()
+    put(ckpt / manifest.PARTS / "rank0.json", kind)  # a rank's part, read by the main rank
+    found = probe(ckpt)
+    assert found["verify"] == [f"manifest.json cannot be read: {what}"]
+    assert found["total_size"] is None  # the free-space check then asks for nothing
+    assert found["write_manifest"] == f"{ckpt / manifest.PARTS / 'rank0.json'}: {what}"
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero"])
+@pytest.mark.parametrize("name", ["trainer.json", "model_tp0_pp0.pt"])
+def test_a_checkpoint_file_that_is_not_a_file_is_named_not_hashed(tmp_path, name, kind):
+    """A shard is hashed at any size, but only a regular file: the damage names what it is."""
+    ckpt = make_checkpoint(tmp_path / "step_000001", FILES)
+    what = put(ckpt / name, kind)
+    assert probe(ckpt)["verify"] == [f"{name} cannot be read: {what}"]
 
 
 # --- metrics.jsonl -----------------------------------------------------------------------------

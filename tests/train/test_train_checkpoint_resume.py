@@ -116,6 +116,49 @@ def test_damaged_reference_is_an_error_naming_the_file(saved, how):
     assert "reference is damaged: model_tp0_pp0.pt" in problem.message
 
 
+def _not_a_file(path: Path, kind: str) -> str:
+    """A named pipe, a link to /dev/zero or a sparse 100 MiB file in place of `path`."""
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+        return "it is a named pipe (FIFO), not a regular file"
+    if kind == "zero":
+        path.symlink_to("/dev/zero")
+        return "it links to /dev/zero, which is a character device, not a regular file"
+    with open(path, "wb") as out:
+        out.truncate(100 << 20)
+    return "it is 100.0 MiB, over 64.0 MiB, the most rlflow reads of it"
+
+
+# A read that waits on a named pipe fails by this timeout, not by hanging the suite.
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("manifest.json", "fifo"), ("manifest.json", "zero"), ("trainer.json", "zero")],
+)
+def test_a_checkpoint_file_that_is_not_a_file_is_damage_named(saved, name, kind, capfd):
+    """Issue 36, item 4: resume never waits on a pipe nor reads /dev/zero; it names what the
+    file is and falls back to the previous checkpoint."""
+    newest = saved.root / "step_000002"
+    what = _not_a_file(newest / name, kind)
+    assert saved.latest() == saved.root / "step_000001"
+    err = capfd.readouterr().err
+    assert f"checkpoint {newest} is damaged: {name} cannot be read: {what}" in err
+    assert (saved.root / "step_000002.damaged").is_dir()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["fifo", "huge"])
+def test_trainer_state_replaced_after_it_verified_is_a_diagnostic(saved, kind):
+    path = saved.root / "step_000002" / "trainer.json"
+    what = _not_a_file(path, kind)
+    with pytest.raises(RlflowError) as caught:
+        saved.load(saved.root / "step_000002", *_fresh())
+    (problem,) = caught.value.diagnostics
+    assert problem.code == "checkpoint.load"
+    assert problem.message == f"cannot load {path}: {what}"
+
+
 def test_a_checkpoint_from_another_model_is_a_diagnostic(saved):
     import torch
 

@@ -165,3 +165,41 @@ def test_train_refuses_to_start_without_the_package(tmp_path):
     assert result.returncode == 2
     assert "error[recipe.wandb-missing]" in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "what"),
+    [
+        ("fifo", "it is a named pipe (FIFO), not a regular file"),
+        ("zero", "it links to /dev/zero, which is a character device, not a regular file"),
+    ],
+)
+def test_a_run_id_file_that_is_not_a_file_is_named_and_replaced(tmp_path, kind, what):
+    """Issue 36, item 4: a named pipe at RUN_DIR/wandb_run_id made a resumed run wait forever,
+    a link to /dev/zero filled its memory. Now a warning names it and the run gets a new W&B
+    run. In a child with a timeout and an address-space limit, so a regression fails the test."""
+    import resource
+
+    path = tmp_path / "wandb_run_id"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    probe = (
+        "import sys\nfrom pathlib import Path\nfrom rlflow.train import wandb_log\n"
+        "print(wandb_log.state(Path(sys.argv[1])))\nprint(wandb_log.run_id(Path(sys.argv[1])))\n"
+    )
+    memory = 2 << 30
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (memory, memory)),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "(None, None)"
+    assert f"warning[wandb.run-id]: {path}: {what}" in done.stderr
+    new_id = done.stdout.splitlines()[1]
+    assert path.is_file() and not path.is_symlink()
+    assert wandb_state(tmp_path) == (new_id, -1)
