@@ -87,8 +87,18 @@ def real_run(
     root: Path, line: str, cwd: str, bin_dir, out: Path, extra: dict | None = None
 ) -> set[str]:
     """What `line` collects, run by bash in `cwd` with `extra` in its environment."""
+    login = {}
+    if "bash -l" in line:
+        # A login shell's profile resets PATH (Debian's /etc/profile, pyenv's ~/.bash_profile),
+        # and which `pytest` it then finds depends on this machine. As on a CI runner, whose
+        # login PATH has its pytest, the profile here puts the stand-ins first.
+        home = out.parent / f"{out.name}-home"
+        home.mkdir(exist_ok=True)
+        (home / ".bash_profile").write_text(f'export PATH="{bin_dir}:$PATH"\n')
+        login = {"HOME": str(home)}
     run_env = {
         **env(bin_dir),
+        **login,
         **(extra or {}),
         "PYTEST_PLUGINS": "harness_plugin",
         "PYTHONPATH": str(bin_dir),
