@@ -18,6 +18,7 @@ from typing import Literal
 from rlflow.frozen import frozen
 from rlflow.recipe import scalars
 from rlflow.recipe.bounds import ENV_NAMES, Bound, bound, command_line
+from rlflow.recipe.serve_schema import ServerConfig
 
 MAX_TIMEOUT_S = 30 * 86400  # past any job's time limit (torch's timedelta overflows far beyond)
 TIMEOUT = bound(
@@ -269,6 +270,7 @@ class GenerationConfig:
     tensor_parallel_size: int = field(metadata=bound(ge=1))
     # separate: weights reach the generation ranks in broadcasts of at most this many MiB
     sync_bucket_mb: int = field(metadata=bound(ge=1))
+    server: ServerConfig  # the OpenAI-compatible server on the engine (`rlflow serve`)
 
 
 @frozen
