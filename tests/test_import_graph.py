@@ -11,7 +11,7 @@ commands share lives in its own module, not in one of them.
 The layers, bottom first (LAYERS below); a module imports only its own layer and those below:
 
     errors                  exit codes, diagnostics
-    recipe.schema (.bounds, .scalars), job.files, slurm, optional, model.compat
+    recipe.schema (.serve_schema, .bounds, .scalars), job.files, slurm, optional, model.compat
                             leaves: the recipe's types, the run directory's names, every Slurm
                             call, optional packages, third-party patches
     pins, cicheck           check-pins, check-tests
@@ -21,6 +21,7 @@ The layers, bottom first (LAYERS below); a module imports only its own layer and
     recipe                  the loader and the rules; they ask data/ and model/family.py, so they
                             sit above both (while the types everything reads sit at the bottom)
     envs, generation        the vLLM environment, rollout backends
+    serve                   the OpenAI-compatible server on the engine (`rlflow serve`)
     job                     what runs in the job: node launcher, attempt decision, preflight
     train                   a rank's trainer; `rlflow train --nproc` runs job/'s launcher
     launch                  the login-node commands: they read job/files.py, never job's runtime
@@ -160,6 +161,7 @@ LAYERS = [
     # names, every Slurm call, optional packages, third-party patches
     (
         "rlflow.recipe.schema",
+        "rlflow.recipe.serve_schema",
         "rlflow.recipe.bounds",
         "rlflow.recipe.scalars",
         "rlflow.recipe.placement",
@@ -175,6 +177,7 @@ LAYERS = [
     ("rlflow.recipe",),  # the loader and the rules, which ask data/ and model/family.py
     ("rlflow.envs",),  # the vLLM environment
     ("rlflow.generation",),  # rollout backends
+    ("rlflow.serve",),  # the OpenAI-compatible server on the engine (`rlflow serve`)
     ("rlflow.job",),  # in the job: the node launcher, the attempt decision, preflight
     ("rlflow.train",),  # a rank's trainer (and `rlflow train --nproc`, through job/)
     ("rlflow.launch",),  # the login-node commands
@@ -185,6 +188,7 @@ LOGIN_NODE = ("rlflow.cli", "rlflow.launch", "rlflow.pins", "rlflow.cicheck", "r
 LOGIN_NODE += ("rlflow.job", "rlflow.slurm", "rlflow.errors", "rlflow.frozen", "rlflow.optional")
 LOGIN_NODE += ("rlflow.record_methods",)
 LOGIN_NODE += ("rlflow.model.family",)
+LOGIN_NODE += ("rlflow.serve.command",)  # `rlflow --help` lists it
 HEAVY = ("torch", "megatron", "transformers", "vllm")
 
 

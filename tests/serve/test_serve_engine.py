@@ -11,15 +11,9 @@ from tests.tiny import megatron_generation, mixed_prompts
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_policy, tiny_processor):
-    from rlflow.serve.engine import ServingEngine
-
-    engine = ServingEngine(
-        tiny_policy, tiny_processor.tokenizer.pad_token_id, max_rows=4, context_tokens=512,
-        cache_tokens=0, cuda_graphs=False, on_weight_update="finish_old", max_prefill_tokens=64,
-    )  # fmt: skip
-    yield engine
-    engine.close()
+def engine(server):
+    """The shared server's engine (tests/serve/conftest.py): 4 rows, a 64-token prefill budget."""
+    return server.served.engine
 
 
 def _request(policy, prompt, params, seeds):
