@@ -23,5 +23,7 @@ class ServerConfig:
     max_prefill_tokens: int = field(metadata=bound(ge=1))
     # open connections at most; past it, new ones get HTTP 503 (idle clients cannot starve it)
     max_connections: int = field(metadata=bound(ge=1))
+    # a connection that sends nothing for this long is closed (idle clients hold no slot)
+    idle_timeout_s: int = field(metadata=bound(ge=1, le=86400))
     # requests in flight when the weights change: finish on the old weights (marked) or a 503
     on_weight_update: Literal["finish_old", "refuse"]

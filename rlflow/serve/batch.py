@@ -52,6 +52,7 @@ class Stats:
     tokens: int = 0
     prefills: int = 0
     preempted: int = 0
+    cancelled: int = 0  # requests whose client went away (their rows freed at once)
 
     @property
     def mean_occupancy(self) -> float:
@@ -179,6 +180,7 @@ class RunningBatch:
             if not finished or request.done:
                 continue
             if request.cancelled:
+                self.stats.cancelled += 1
                 request.fail(RequestRefused("cancelled", "the client went away"))
             else:
                 request.choice_done()

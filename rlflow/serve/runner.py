@@ -32,7 +32,9 @@ def served_engine(policy, checkpoint: Path, recipe, model_name: str) -> Served:
 class ServerThread:
     """uvicorn on a bound socket, in a thread; `url` once `start()` returned."""
 
-    def __init__(self, served: Served, host: str, port: int, max_connections: int):
+    def __init__(
+        self, served: Served, host: str, port: int, max_connections: int, idle_timeout_s: int
+    ):
         import uvicorn
 
         self.served = served
@@ -40,7 +42,7 @@ class ServerThread:
         self.host, self.port = self.socket.getsockname()[:2]
         config = uvicorn.Config(
             make_app(served), log_level="warning", limit_concurrency=max_connections,
-            timeout_keep_alive=5, access_log=False,
+            timeout_keep_alive=idle_timeout_s, access_log=False, http=_idle_closing_h11(),
         )  # fmt: skip
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._serve, name="rlflow-serve-http", daemon=True)
@@ -91,3 +93,19 @@ class ServerThread:
         self._thread.join()
         self.served.engine.close()
         self.socket.close()
+
+
+def _idle_closing_h11():
+    """uvicorn's h11 protocol, closing also a connection that sends nothing for the keep-alive
+    timeout (uvicorn times a connection out only after a response): idle clients cannot hold
+    the server's connection slots (`generation.server.max_connections`) for ever."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class IdleClosingH11(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+    return IdleClosingH11

@@ -38,7 +38,7 @@ def serve_forever(recipe, checkpoint: str, *, host, port, model_name) -> None:
     served = served_engine(policy, path, recipe, model_name or checkpoint)
     thread = ServerThread(
         served, host or server_cfg.host, server_cfg.port if port is None else port,
-        server_cfg.max_connections,
+        server_cfg.max_connections, server_cfg.idle_timeout_s,
     ).start()  # fmt: skip
     print(
         f"rlflow serve: ready at {thread.url}/v1 (model `{served.model_name}`, "

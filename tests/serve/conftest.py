@@ -23,7 +23,8 @@ def server(tiny_policy, tiny_ckpt):
     gen = recipe.generation
     gen = replace(gen, server=replace(gen.server, **SERVER_KEYS))
     served = served_engine(tiny_policy, tiny_ckpt, replace(recipe, generation=gen), MODEL)
-    thread = ServerThread(served, "127.0.0.1", 0, gen.server.max_connections).start()
+    keys = gen.server
+    thread = ServerThread(served, "127.0.0.1", 0, keys.max_connections, keys.idle_timeout_s).start()
     yield thread
     thread.stop()
 

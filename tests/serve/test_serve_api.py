@@ -51,7 +51,7 @@ def test_logprobs_as_token_ids_are_the_engines_tokens(client, tiny_policy, tiny_
     assert extra["generation_token_ids"] == tokens
     assert choice.finish_reason == ("stop" if tokens[-1] == eos else "length")
     assert completion.usage.completion_tokens == len(tokens)
-    assert version == "0" and completion.model_extra["weight_version"] == 0
+    assert int(version) == completion.model_extra["weight_version"] >= 0
 
 
 def test_an_image_prompt_has_the_ids_the_trainer_builds(client, tiny_ckpt):
