@@ -4,6 +4,7 @@ reach its engine: weight updates, statistics)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -34,3 +35,11 @@ def client(server):
     from openai import OpenAI
 
     return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def wait_until(condition, what: str, timeout: float = 120.0) -> None:
+    """Poll a state the server reaches (never a fixed sleep); fail naming it after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)

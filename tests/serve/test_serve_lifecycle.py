@@ -6,26 +6,17 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 
 import httpx
 import openai
 import pytest
 
-from tests.serve.conftest import MODEL
+from tests.serve.conftest import MODEL, wait_until
 
 LONG = dict(
     model=MODEL, messages=[{"role": "user", "content": "Count."}], max_tokens=900, seed=1,
     extra_body={"ignore_eos": True},
 )  # fmt: skip
-
-
-def wait_until(condition, what: str, timeout: float = 120.0) -> None:
-    """Poll a state the server reaches (never a fixed sleep); fail naming it after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
 
 
 def _in_thread(fn):
