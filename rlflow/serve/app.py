@@ -67,7 +67,8 @@ class Served:
         seed = chat.seed if chat.seed is not None else secrets.randbits(31)
         params = SamplingParams(
             max_new_tokens=max_tokens, temperature=chat.temperature, top_p=chat.top_p,
-            top_k=chat.top_k, seed=seed, stop_token_ids=(self.encoder.eos_token_id,),
+            top_k=chat.top_k, seed=seed,
+            stop_token_ids=(self.encoder.eos_token_id, *chat.stop_token_ids),
             ignore_eos=chat.ignore_eos,
         )  # fmt: skip
         seeds = row_seeds(seed, chat.n, "cpu").tolist()

@@ -64,7 +64,7 @@ class RunningBatch:
 
     def __init__(
         self, policy, pad_token_id: int, *, max_rows: int, context_tokens: int,
-        cache_tokens: int, cuda_graphs: bool,
+        cache_tokens: int, cuda_graphs: bool, compile_decode: bool,
     ):  # fmt: skip
         self.policy = policy
         self.device = policy.device
@@ -73,9 +73,10 @@ class RunningBatch:
         self.context_tokens = context_tokens
         self.core = policy.core
         self.core.eval()
-        self.decoder = Decoder(self.core, compile_decode=False)
-        self.cache = new_cache(policy, self.decoder, max_rows, context_tokens, cache_tokens)
         graphs = cuda_graphs and self.device.type == "cuda"
+        # (compiled for GPU graphs only, as generate()'s decoder)
+        self.decoder = Decoder(self.core, compile_decode=compile_decode and graphs)
+        self.cache = new_cache(policy, self.decoder, max_rows, context_tokens, cache_tokens)
         self._graphs: dict[int, DecodeGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if graphs else None
         self._buckets = batch_buckets(max_rows) if graphs else None

@@ -3,7 +3,7 @@
 The subset (docs/serve.md) is what RL environments send: messages with text and images (data
 URLs), tools, stop, max_tokens, temperature, top_p, seed, n, logprobs (top_logprobs 0), and
 vLLM's extensions of the same names (`return_tokens_as_token_ids`, `top_k`, `ignore_eos`,
-`chat_template_kwargs`). A field outside it, or a value rlflow does not implement (streaming,
+`stop_token_ids`, `chat_template_kwargs`). A field outside it, or a value rlflow does not implement (streaming,
 top_logprobs > 0, penalties, ...), is refused with the OpenAI error shape, naming the field:
 never silently ignored.
 """
@@ -22,6 +22,7 @@ _FIELDS = {
     "seed", "stop", "n", "logprobs", "top_logprobs", "tools", "tool_choice",
     "parallel_tool_calls", "stream", "return_tokens_as_token_ids", "user", "metadata",
     "chat_template_kwargs", "ignore_eos", "frequency_penalty", "presence_penalty",
+    "stop_token_ids",
 }  # fmt: skip
 # Fields accepted only at the value that changes nothing.
 _ONLY = {
@@ -67,6 +68,7 @@ class ChatRequest:
     top_k: int = 0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)  # vLLM's: beside end-of-turn
     ignore_eos: bool = False
     logprobs: bool = False
     tokens_as_ids: bool = False
@@ -124,6 +126,10 @@ def _sampling(body: dict, chat: ChatRequest) -> None:
     ):
         raise ApiError(400, "`stop` must be a non-empty string or a list of them", "stop")
     chat.stop = stop or []
+    ids = body.get("stop_token_ids") or []
+    if not (isinstance(ids, list) and all(type(i) is int and i >= 0 for i in ids)):
+        raise ApiError(400, "`stop_token_ids` must be a list of token ids", "stop_token_ids")
+    chat.stop_token_ids = ids
     chat.ignore_eos = _bool(body, "ignore_eos")
     chat.logprobs = _bool(body, "logprobs")
     top = body.get("top_logprobs")

@@ -54,8 +54,8 @@ class ServingEngine:
 
     def __init__(
         self, policy, pad_token_id: int, *, max_rows: int, context_tokens: int,
-        cache_tokens: int, cuda_graphs: bool, on_weight_update: str, max_prefill_tokens: int,
-        weight_version: int = 0,
+        cache_tokens: int, cuda_graphs: bool, compile_decode: bool, on_weight_update: str,
+        max_prefill_tokens: int, weight_version: int = 0,
     ):  # fmt: skip
         if on_weight_update not in ("finish_old", "refuse"):
             raise ValueError(f"on_weight_update must be finish_old or refuse: {on_weight_update}")
@@ -67,7 +67,7 @@ class ServingEngine:
         self.error: str | None = None  # the last engine failure (requests in flight got it)
         self.batch = RunningBatch(
             policy, pad_token_id, max_rows=max_rows, context_tokens=context_tokens,
-            cache_tokens=cache_tokens, cuda_graphs=cuda_graphs,
+            cache_tokens=cache_tokens, cuda_graphs=cuda_graphs, compile_decode=compile_decode,
         )  # fmt: skip
         self.stats = self.batch.stats
         self._cond = threading.Condition()

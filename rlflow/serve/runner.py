@@ -23,7 +23,8 @@ def served_engine(policy, checkpoint: Path, recipe, model_name: str) -> Served:
     engine = ServingEngine(
         policy, encoder.pad_token_id, max_rows=server.max_rows,
         context_tokens=server.context_tokens, cache_tokens=gen.kv_cache_tokens,
-        cuda_graphs=gen.cuda_graphs, on_weight_update=server.on_weight_update,
+        cuda_graphs=gen.cuda_graphs, compile_decode=gen.compile_decode,
+        on_weight_update=server.on_weight_update,
         max_prefill_tokens=server.max_prefill_tokens,
     )  # fmt: skip
     return Served(engine, encoder, model_name, default_max_tokens=gen.max_new_tokens)
