@@ -213,8 +213,10 @@ class RunningBatch:
             preempted = members + preempted
             need = [r.prompt_len + r.generated + 1 for r in self.rows]
         self.stats.preempted += len(preempted)
+        free = cache.free_blocks
         cache.grow(need)
-        cache.upload()
+        if cache.free_blocks != free:  # a row took a block: the device's table changes
+            cache.upload()
         return preempted
 
     def decode(self) -> None:

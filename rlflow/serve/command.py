@@ -14,6 +14,7 @@ DEFAULT_MODEL = "builtin:tiny-qwen25vl"
     epilog="""\b
 Examples:
   rlflow serve                                   # the built-in tiny model, on 127.0.0.1:8000
+  rlflow serve generation.server.port=8001       # the same, on another port
   rlflow serve /models/Qwen2.5-VL-3B-Instruct --port 8001
   rlflow serve recipes/tiny-qwen25vl-clevr-1n1g-cpu.yaml generation.server.max_rows=16
 """
@@ -34,7 +35,11 @@ def serve(checkpoint_or_recipe, overrides, host, port, model_name):
     """
     from rlflow.serve.start import serve_forever
 
-    recipe, checkpoint = _recipe_and_checkpoint(checkpoint_or_recipe, list(overrides))
+    overrides = list(overrides)
+    if "=" in checkpoint_or_recipe and not Path(checkpoint_or_recipe).exists():
+        overrides.insert(0, checkpoint_or_recipe)  # `rlflow serve key=value`: the default model
+        checkpoint_or_recipe = DEFAULT_MODEL
+    recipe, checkpoint = _recipe_and_checkpoint(checkpoint_or_recipe, overrides)
     serve_forever(recipe, checkpoint, host=host, port=port, model_name=model_name)
 
 
