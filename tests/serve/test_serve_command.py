@@ -22,7 +22,8 @@ def test_rlflow_serve_answers_an_openai_client_and_stops_on_ctrl_c(tmp_path):
         stdout=subprocess.PIPE, stderr=log.open("w"), text=True, cwd=tmp_path,
     )  # fmt: skip
     try:
-        ready = server.stdout.readline()  # the first line it prints: once it listens
+        # its line once it listens (megatron-bridge prints its loading progress before)
+        ready = next((line for line in server.stdout if line.startswith("rlflow serve:")), "")
         assert ready.startswith("rlflow serve: ready at http://127.0.0.1:"), ready + log.read_text()
         url = ready.split()[4]
         client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
