@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "init-tiny-model": "rlflow.model.command:init_tiny_model",
     "report": "rlflow.launch.report:report",
     "setup-env": "rlflow.envs.command:setup_env",
+    "serve": "rlflow.serve.command:serve",
 }
 
 

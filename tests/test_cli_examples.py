@@ -13,7 +13,7 @@ its subcommand (RUN_AS), and never skipped:
             make_context), without running it: status/logs/cancel need a job on a Slurm
             cluster (tests/launch/test_launch_slurm.py runs them there), bump needs the
             Megatron-Bridge submodule (tests/pins/test_pins_bump.py), init-tiny-model's
-            3B preset needs a GPU
+            3B preset needs a GPU, serve runs until stopped (tests/serve starts it)
 A usage synopsis (`rlflow train RECIPE [OVERRIDES...]`: ALL-CAPS placeholders or [options])
 runs as `rlflow <command> --help`.
 """
@@ -52,6 +52,7 @@ RUN_AS = {
     "logs": "parse",
     "cancel": "parse",
     "bump": "parse",
+    "serve": "parse",  # a server runs until stopped: tests/serve starts it for real
 }
 PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_]{2,}\b|\[")
 

@@ -23,6 +23,7 @@ The layers, bottom first (LAYERS below); a module imports only its own layer and
                             above both (while the types everything reads sit at the bottom)
     envs, generation        the vLLM environment, rollout backends (generation/megatron/,
                             generation/vllm/)
+    serve                   the OpenAI-compatible server on the engine (`rlflow serve`)
     job                     what runs in the job: node launcher, attempt decision, preflight, and
                             the same launcher on this machine (`rlflow train --nproc`: job/local.py)
     train                   a rank's trainer, and the generation ranks' program
@@ -177,6 +178,7 @@ LAYERS = [
     ("rlflow.rules",),  # the recipe's rules, which ask data/ and model/family.py
     ("rlflow.envs",),  # the vLLM environment
     ("rlflow.generation",),  # rollout backends: generation/megatron/, generation/vllm/
+    ("rlflow.serve",),  # the OpenAI-compatible server on the engine (`rlflow serve`)
     ("rlflow.job",),  # in the job: the node launcher (also `rlflow train --nproc`), preflight
     ("rlflow.train",),  # a rank's trainer, and the generation ranks' (train/generation_role/)
     ("rlflow.launch",),  # the login-node commands
@@ -188,6 +190,7 @@ LOGIN_NODE += ("rlflow.rules",)
 LOGIN_NODE += ("rlflow.job", "rlflow.slurm", "rlflow.errors", "rlflow.frozen", "rlflow.optional")
 LOGIN_NODE += ("rlflow.record_methods", "rlflow.bounded")
 LOGIN_NODE += ("rlflow.model.family",)
+LOGIN_NODE += ("rlflow.serve.command",)  # `rlflow --help` lists it
 HEAVY = ("torch", "megatron", "transformers", "vllm")
 
 

@@ -32,14 +32,43 @@ SPECIAL_TOKENS = [
 ]
 ANSWER_TOKENS = [ANSWER_OPEN, ANSWER_CLOSE]  # one token each (format: rlflow.data.prompts)
 
-# Qwen2-VL-Instruct's chat template (same semantics), so prompts look like the real model's.
+# Qwen2-VL-Instruct's chat template (same semantics), so prompts look like the real model's; with
+# Qwen2.5's hermes tool blocks (the request's tools in the system turn, the assistant's calls in
+# <tool_call> tags, tool results in <tool_response> tags), which render only when a conversation
+# has tools, calls or tool turns.
+_TOOLS_SYSTEM = (
+    "{% if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}"
+    "{{ messages[0]['content'] }}{% else %}You are a helpful assistant.{% endif %}"
+    "{{ '\\n' }}{{ '\\n' }}# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% endif %}"
+)
+_TOOL_TURN = (
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n' }}<tool_response>\n{{ message['content'] }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+)
+_TOOL_CALLS = (
+    "{% for call in message['tool_calls'] or [] %}"
+    "{% if call['function'] is defined %}{% set call = call['function'] %}{% endif %}"
+    '{{ \'\\n\' }}<tool_call>\n{"name": "{{ call[\'name\'] }}", "arguments": '
+    "{{ call['arguments'] | tojson }}}\n</tool_call>{% endfor %}"
+)
 CHAT_TEMPLATE = (
     "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    + _TOOLS_SYSTEM
+    + "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}" + _TOOL_TURN + "{% else %}"
+    "{% if loop.first and message['role'] != 'system' and not tools %}"
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
     "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% elif message['content'] %}{% for content in message['content'] %}"
     "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
     "{% set image_count.value = image_count.value + 1 %}"
     "{% if add_vision_id %}Picture {{ image_count.value }}: {% endif %}"
@@ -48,8 +77,10 @@ CHAT_TEMPLATE = (
     "{% set video_count.value = video_count.value + 1 %}"
     "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}"
     "<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
-    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    + _TOOL_CALLS
+    + "<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
 _WORDS = (

@@ -5,9 +5,7 @@ Defaults live in `recipes/base.yaml` (every key, with one comment each), not her
 unknown keys, missing keys and wrongly typed values with the file and line that set them.
 
 What one key may hold beyond its type is declared beside it, `field(metadata=bound(ge=1))`
-(rlflow.recipe.bounds: ranges, formats, patterns; one rule reports them all). A new single-key
-bound touches this file only. Rules between keys (parallel sizes, video keys, ...) live in
-`rlflow.rules.checks`.
+(rlflow.recipe.bounds; one rule reports them all); rules between keys are `rlflow.rules.checks`.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from typing import Literal
 from rlflow.frozen import frozen
 from rlflow.recipe import scalars
 from rlflow.recipe.bounds import ENV_NAMES, Bound, bound, command_line
+from rlflow.recipe.serve_schema import ServerConfig
 
 MAX_TIMEOUT_S = 30 * 86400  # past any job's time limit (torch's timedelta overflows far beyond)
 TIMEOUT = bound(
@@ -275,6 +274,7 @@ class GenerationConfig:
     tensor_parallel_size: int = field(metadata=bound(ge=1))
     # separate: weights reach the generation ranks in broadcasts of at most this many MiB
     sync_bucket_mb: int = field(metadata=bound(ge=1, le=65536))
+    server: ServerConfig  # the OpenAI-compatible server on the engine (`rlflow serve`)
 
 
 @frozen

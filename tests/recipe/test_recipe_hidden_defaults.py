@@ -33,6 +33,11 @@ ALIASES = {
 
 # (file, function or class, name) -> why the name is not the recipe key of that name there.
 NOT_A_RECIPE_KEY = {
+    **{
+        ("rlflow/serve/chat.py", "ChatRequest", name): "a chat request's field: the OpenAI API's "
+        "default when a client sends none"
+        for name in ("max_tokens", "temperature", "top_p", "top_k", "seed")
+    },
     ("rlflow/data/reward_pool.py", "Outcome", "kind"): "the kind of a reward failure",
     ("rlflow/data/sample.py", "Sample", "kind"): "a row's kind, set by the dataset that made it",
     (

@@ -39,9 +39,9 @@ def packed_prompts(core, prompts, ids, tokens: int, *, decoder, policy, pad_toke
     return pack, attend, inputs, cos, sin, next_pos
 
 
-def prefill_slots(pack: Packing, row_slot: torch.Tensor, cache: KVCache):
-    """(dest, src): row r's token j (its cache slot, through the block table) <- packed token
-    start(prompt of row r) + j."""
+def prefill_slots(pack: Packing, row_slot: torch.Tensor, cache: KVCache, base: int = 0):
+    """(dest, src): row r's token j (its cache slot, through the block table of batch position
+    base + r) <- packed token start(prompt of row r) + j."""
     lengths = torch.tensor(pack.lengths, device=row_slot.device)[row_slot]  # per row
     starts = pack.cu_seqlens[:-1].long()[row_slot]
     row_of_token = torch.repeat_interleave(
@@ -49,7 +49,7 @@ def prefill_slots(pack: Packing, row_slot: torch.Tensor, cache: KVCache):
     )
     first = torch.cumsum(lengths, 0) - lengths  # each row's first entry in the flat list
     offset = torch.arange(int(lengths.sum()), device=row_slot.device) - first[row_of_token]
-    return cache.slots(row_of_token, offset), starts[row_of_token] + offset
+    return cache.slots(row_of_token + base, offset), starts[row_of_token] + offset
 
 
 def _prefill_inputs(core, prompts, ids, pack: Packing, *, decoder, policy, pad_token_id, device):

@@ -21,15 +21,19 @@ def row_seeds(seed: int, rows: int, device) -> torch.Tensor:
     return _hash(_hash(torch.full_like(index, seed & _MASK31)) ^ index)
 
 
-def uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
-    """[rows] float64 in [0, 1): the rows' draws at `step` (53 random bits each)."""
-    high = _hash(seeds ^ _hash(torch.full_like(seeds, 2 * step + 1)))
+def uniforms(seeds: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """[rows] float64 in [0, 1): the rows' draws at `step` (53 random bits each); `step` may be
+    a tensor [rows] of per-row steps (the server's rows start at different times)."""
+    counter = 2 * step + 1
+    if not isinstance(counter, torch.Tensor):
+        counter = torch.full_like(seeds, counter)
+    high = _hash(seeds ^ _hash(counter))
     low = _hash(high ^ 0x5BD1E995)
     return (high.double() * 2**22 + (low >> 9).double()) / 2.0**53
 
 
 def sample_tokens(
-    logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, step: int
+    logits: torch.Tensor, params: SamplingParams, seeds: torch.Tensor, step: int | torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, V] (fp32) -> (tokens [B], their logprobs [B] under the unmodified distribution).
 

@@ -1,0 +1,274 @@
+"""The server against generate() on the same rows, in the same process (issue 31), 3B shape.
+
+Workload (benchmarks/grpo_shaped.py's, generated from seeds, no downloads): the random-weight
+Qwen2.5-VL-3B-shaped checkpoint (bf16), 64 GRPO-shaped prompts (images of 112-448 px, text rows;
+videos are not served yet, so the video rows of grpo_shaped's mix become images) x 8 samples =
+512 rows, T=1 sampling, cap 256 new tokens, a seeded random stop set of vocab/80 token ids
+(random weights never emit EOS; mean response ~80 tokens).
+
+Parts:
+- generate:  MegatronGeneration.generate on the 512 rows (a warm-up call, then one timed call).
+- burst:     the same 512 rows as 512 concurrent single-turn requests (n=1; --n 8 sends 64
+             requests of n=8 instead) through the OpenAI-compatible server in this process,
+             sent by a load-generating client in a child process (its own interpreter: the
+             clients' JSON work does not share this process's GIL). Useful tokens/s = generated
+             tokens / wall clock from the first request sent to the last answer; the ratio to
+             generate()'s is the issue's target (>= 0.85).
+- arrivals:  --arrivals requests arriving at random (Poisson, --rate requests/s; 0: 0.9x the
+             burst's request rate): mean batch occupancy (rows per decode step while requests
+             were in flight, against the server's max_rows), p50/p99 latency.
+
+    # one H200 (the same environment as benchmarks/grpo_shaped.py)
+    python3 benchmarks/serve_throughput.py --out $OUT
+    # CPU smoke test (tiny model, fp32, 4 prompts x 2 samples, cap 16, 8 random arrivals)
+    uv run python benchmarks/serve_throughput.py --tiny --out /tmp/serve-throughput
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+RESULTS = "serve_throughput_results.json"
+# grpo_shaped's cycle without video rows (the server takes images and text).
+KIND_CYCLE = [("image", 112), ("text", 0), ("image", 224), ("image", 336), ("image", 448),
+              ("text", 0), ("image", 112), ("image", 224), ("image", 336), ("image", 448)]  # fmt: skip
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON results")
+    parser.add_argument("--tiny", action="store_true", help="tiny model, fp32: CPU smoke test")
+    parser.add_argument("--prompts", type=int, default=None, help="unique prompts (64; tiny 4)")
+    parser.add_argument("--samples", type=int, default=None, help="rows per prompt (8; tiny 2)")
+    parser.add_argument("--n", type=int, default=1, help="choices per request (1 or --samples)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="cap (256; tiny 16)")
+    parser.add_argument("--stop-every", type=int, default=80, help="stop set = vocab / this")
+    parser.add_argument("--arrivals", type=int, default=None, help="random arrivals (512; 8)")
+    parser.add_argument("--rate", type=float, default=0.0, help="arrivals/s (0: from burst)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--checkpoint", type=Path, default=Path("/tmp/rlflow-bench/qwen25vl-3b"),
+        help="where the random checkpoint is written once (grpo_shaped's default folder)",
+    )  # fmt: skip
+    parser.add_argument("--client", default=None, help=argparse.SUPPRESS)  # the child process
+    args = parser.parse_args(argv)
+    tiny = args.tiny
+    args.prompts = args.prompts or (4 if tiny else 64)
+    args.samples = args.samples or (2 if tiny else 8)
+    args.max_new_tokens = args.max_new_tokens or (16 if tiny else 256)
+    args.arrivals = args.arrivals or (8 if tiny else 512)
+    if tiny and args.checkpoint == parser.get_default("checkpoint"):
+        args.checkpoint = Path("/tmp/rlflow-bench/tiny")
+    return args
+
+
+# ----------------------------------------------------------------------------- the client
+
+
+def client_main(spec_path: str) -> None:
+    """The child process: send the spec's requests (a burst, or at its arrival times), print
+    each one's latency and generated tokens as JSON."""
+    import httpx
+
+    spec = json.loads(Path(spec_path).read_text())
+
+    async def run():
+        limits = httpx.Limits(max_connections=4096, max_keepalive_connections=4096)
+        async with httpx.AsyncClient(base_url=spec["url"], limits=limits, timeout=3600) as http:
+            start = time.perf_counter()
+
+            async def one(body, at):
+                await asyncio.sleep(max(0.0, at - (time.perf_counter() - start)))
+                sent = time.perf_counter()
+                response = await http.post("/v1/chat/completions", json=body)
+                response.raise_for_status()
+                usage = response.json()["usage"]
+                return time.perf_counter() - sent, usage["completion_tokens"]
+
+            results = await asyncio.gather(
+                *(one(spec["messages"][m] | spec["fields"][i], at)
+                  for i, (m, at) in enumerate(zip(spec["which"], spec["at"])))
+            )  # fmt: skip
+            return time.perf_counter() - start, results
+
+    wall, results = asyncio.run(run())
+    print(json.dumps({"wall_s": wall, "latency_s": [r[0] for r in results],
+                      "tokens": [r[1] for r in results]}))  # fmt: skip
+
+
+def send(url: str, messages, which, fields, at, out: Path) -> dict:
+    spec = out / "client_spec.json"
+    spec.write_text(json.dumps(
+        {"url": url, "messages": messages, "which": which, "fields": fields, "at": at}
+    ))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, __file__, "--out", str(out), "--client", str(spec)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode:
+        raise RuntimeError(f"the client failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout)
+
+
+# ----------------------------------------------------------------------------- the workload
+
+
+def as_messages(sample, suffix: str) -> dict:
+    """The sample's conversation, images as PNG data URLs (what a client sends)."""
+    content = []
+    for image in sample.images:
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+        content.append({"type": "image_url", "image_url": {"url": url}})
+    content.append({"type": "text", "text": sample.question + suffix})
+    return {"model": "bench", "messages": [{"role": "user", "content": content}]}
+
+
+def main() -> None:
+    args = parse_args()
+    if args.client:
+        client_main(args.client)
+        return
+    import torch
+
+    from benchmarks.grpo_shaped import bench_checkpoint, make_samples, stop_token_ids
+    from rlflow import parallel
+    from rlflow.compat import library_logs
+    from rlflow.generation.base import SamplingParams
+    from rlflow.generation.megatron.engine import MegatronGeneration
+    from rlflow.model.build import load_policy
+    from rlflow.model.processor import PromptEncoder
+    from rlflow.rules import load_checked
+    from rlflow.serve.runner import ServerThread, served_engine
+
+    library_logs.quiet()
+    began = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - began:6.1f} s] {message}", flush=True)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = load_checked(ROOT / "recipes" / "base.yaml").recipe
+    info = parallel.init_parallel(
+        base.parallelism, args.seed, timeout_s=base.watchdog.collective_timeout_s, placement=None
+    )
+    device = info.device
+    checkpoint = bench_checkpoint(args.checkpoint, args.tiny, device, True)
+    rows = args.prompts * args.samples
+    recipe = load_checked(ROOT / "recipes" / "base.yaml", [
+        f"model.checkpoint={checkpoint}", f"model.dtype={'float32' if args.tiny else 'bfloat16'}",
+        f"generation.max_new_tokens={args.max_new_tokens}", "data.max_prompt_tokens=2048",
+        f"generation.server.max_rows={rows}", "generation.server.context_tokens="
+        f"{2048 + args.max_new_tokens}", "generation.server.max_connections=4096",
+        "generation.release_cache=false",
+    ]).recipe  # fmt: skip
+    policy = load_policy(checkpoint, recipe.model, base.parallelism, trainable=False)
+    encoder = PromptEncoder(checkpoint, recipe.data)
+    samples = make_samples(args.prompts, args.seed, encoder.tokenizer, KIND_CYCLE)
+    unique = [encoder.encode(s) for s in samples]
+    prompts = [p for p in unique for _ in range(args.samples)]
+    vocab = policy.hf_config.get_text_config().vocab_size
+    stops = stop_token_ids(vocab, args.stop_every, args.seed)
+    params = SamplingParams(args.max_new_tokens, 1.0, 1.0, 0, args.seed, stops, False)
+    results: dict = {"argv": sys.argv[1:], "device": str(device), "rows": rows,
+                     "workload": {"prompts": args.prompts, "samples": args.samples, "n": args.n,
+                                  "max_new_tokens": args.max_new_tokens}}  # fmt: skip
+    gen = recipe.generation
+
+    # 1. generate(): the trainer's call on the same rows
+    engine = MegatronGeneration(
+        policy, encoder.pad_token_id, max_batch_size=0, cuda_graphs=gen.cuda_graphs,
+        compile_decode=gen.compile_decode, share_prompts=True, fp8=False, keep_cache=False,
+        cache_tokens=gen.kv_cache_tokens,
+    )  # fmt: skip
+    engine.generate(prompts, params)  # warm-up: graphs, compiled code
+    _sync(torch, device)
+    t0 = time.perf_counter()
+    done = engine.generate(prompts, params)
+    _sync(torch, device)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(c.token_ids) for c in done)
+    results["generate"] = {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall}
+    log(f"generate(): {tokens} tokens in {wall:.2f} s = {tokens / wall:,.0f} tok/s")
+    del engine
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    # 2. the server: a burst of every row at once
+    served = served_engine(policy, checkpoint, recipe, "bench")
+    server = ServerThread(served, "127.0.0.1", 0, 4096, 60).start()
+    messages = [as_messages(s, recipe.data.prompt_suffix) for s in samples]
+    n = args.n
+    per_prompt = args.samples // n
+    which = [p for p in range(args.prompts) for _ in range(per_prompt)]
+    fields = [{"max_tokens": args.max_new_tokens, "temperature": 1.0, "n": n, "seed": i,
+               "stop_token_ids": list(stops)} for i in range(len(which))]  # fmt: skip
+    send(server.url, messages, which, fields, [0.0] * len(which), args.out)  # warm-up
+    stats = served.engine.stats
+    steps, rows_run = stats.steps, stats.rows
+    burst = send(server.url, messages, which, fields, [0.0] * len(which), args.out)
+    burst_tokens = sum(burst["tokens"])
+    rate = burst_tokens / burst["wall_s"]
+    results["burst"] = {
+        "requests": len(which), "wall_s": burst["wall_s"], "tokens": burst_tokens,
+        "tokens_per_s": rate, "ratio_to_generate": rate / results["generate"]["tokens_per_s"],
+        "mean_occupancy": (stats.rows - rows_run) / max(stats.steps - steps, 1),
+        "p50_latency_s": _quantile(burst["latency_s"], 0.5),
+        "p99_latency_s": _quantile(burst["latency_s"], 0.99),
+    }  # fmt: skip
+    log(f"burst: {burst_tokens} tokens in {burst['wall_s']:.2f} s = {rate:,.0f} tok/s "
+        f"({results['burst']['ratio_to_generate']:.2f} of generate())")  # fmt: skip
+
+    # 3. random arrivals (Poisson) at a rate that keeps the batch busy
+    requests_per_s = args.rate or 0.9 * len(which) / burst["wall_s"]
+    rng = random.Random(args.seed)
+    at, clock = [], 0.0
+    for _ in range(args.arrivals):
+        clock += rng.expovariate(requests_per_s)
+        at.append(clock)
+    pick = [rng.randrange(args.prompts) for _ in at]
+    fields = [{"max_tokens": args.max_new_tokens, "temperature": 1.0, "n": 1, "seed": 10**6 + i,
+               "stop_token_ids": list(stops)} for i in range(len(at))]  # fmt: skip
+    steps, rows_run = stats.steps, stats.rows
+    arrivals = send(server.url, messages, pick, fields, at, args.out)
+    occupancy = (stats.rows - rows_run) / max(stats.steps - steps, 1)
+    results["arrivals"] = {
+        "requests": len(at), "rate_per_s": requests_per_s, "wall_s": arrivals["wall_s"],
+        "tokens_per_s": sum(arrivals["tokens"]) / arrivals["wall_s"],
+        "mean_occupancy": occupancy, "max_rows": rows,
+        "p50_latency_s": _quantile(arrivals["latency_s"], 0.5),
+        "p99_latency_s": _quantile(arrivals["latency_s"], 0.99),
+    }  # fmt: skip
+    log(f"arrivals: {len(at)} at {requests_per_s:.1f}/s: mean occupancy {occupancy:.1f} rows, "
+        f"p50 {results['arrivals']['p50_latency_s']:.2f} s, "
+        f"p99 {results['arrivals']['p99_latency_s']:.2f} s")  # fmt: skip
+    server.stop()
+    (args.out / RESULTS).write_text(json.dumps(results, indent=2))
+    log(f"wrote {args.out / RESULTS}")
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def _sync(torch, device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""The HTTP side: FastAPI routes of the OpenAI Chat Completions subset on a ServingEngine.
+
+POST /v1/chat/completions, GET /v1/models, GET /health, POST /tokenize (vLLM's: NeMo Gym
+asks it when a response carries no prompt ids). Every completion carries the weight version
+it was generated with: the `X-Rlflow-Weight-Version` header and the `weight_version` field.
+Errors are the OpenAI error shape with a 4xx naming the field (rlflow/serve/chat.py), 503 for a
+request refused by a weight update (`generation.server.on_weight_update: refuse`: send it again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request as HttpRequest
+
+from rlflow.generation.base import SamplingParams
+from rlflow.generation.megatron.sampling import row_seeds
+from rlflow.serve.chat import ApiError, ChatRequest, parse_chat
+from rlflow.serve.engine import ServingEngine
+from rlflow.serve.prompts import ChatEncoder
+from rlflow.serve.requests import Request
+from rlflow.serve.tools import parse_tool_calls
+
+VERSION_HEADER = "X-Rlflow-Weight-Version"
+_REFUSED_STATUS = {"weight_update": 503, "engine_error": 500, "cancelled": 499}
+
+
+@dataclass
+class Served:
+    """What the routes need: the engine, the checkpoint's processor and the served name."""
+
+    engine: ServingEngine
+    encoder: ChatEncoder
+    model_name: str
+    default_max_tokens: int  # generation.max_new_tokens, when a request names none
+
+    @property
+    def context_tokens(self) -> int:
+        return self.engine.context_tokens
+
+    def request(self, chat: ChatRequest):
+        """(engine Request, prompt ids) of a checked chat request; ApiError when it cannot fit."""
+        prompt = self.encoder.encode(chat)
+        ids = list(prompt.token_ids)
+        room = self.context_tokens - len(ids)
+        if room < 1:
+            raise ApiError(
+                400, f"the prompt is {len(ids)} tokens: this server's context is "
+                f"{self.context_tokens} tokens (generation.server.context_tokens)",
+                "messages", "context_length_exceeded",
+            )  # fmt: skip
+        max_tokens = chat.max_tokens or min(self.default_max_tokens, room)
+        if max_tokens > room:
+            raise ApiError(
+                400, f"max_tokens={max_tokens} and the {len(ids)}-token prompt exceed this "
+                f"server's context of {self.context_tokens} tokens: ask at most {room}",
+                "max_tokens", "context_length_exceeded",
+            )  # fmt: skip
+        seed = chat.seed if chat.seed is not None else secrets.randbits(31)
+        params = SamplingParams(
+            max_new_tokens=max_tokens, temperature=chat.temperature, top_p=chat.top_p,
+            top_k=chat.top_k, seed=seed,
+            stop_token_ids=(self.encoder.eos_token_id, *chat.stop_token_ids),
+            ignore_eos=chat.ignore_eos,
+        )  # fmt: skip
+        seeds = row_seeds(seed, chat.n, "cpu").tolist()
+        stop_check = _stop_check(self.encoder, chat.stop) if chat.stop else None
+        return Request(prompt, ids, params, seeds, stop_check=stop_check), ids
+
+
+def make_app(served: Served) -> FastAPI:
+    app = FastAPI(title="rlflow", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request, exc: ApiError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.get("/health")
+    async def health():
+        engine = served.engine
+        body = {"status": "ok", "weight_version": engine.weight_version, "error": engine.error}
+        return JSONResponse(body, headers={VERSION_HEADER: str(engine.weight_version)})
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": served.model_name, "object": "model", "created": 0, "owned_by": "rlflow",
+                "max_model_len": served.context_tokens}  # fmt: skip
+        return {"object": "list", "data": [card]}
+
+    @app.post("/tokenize")
+    async def tokenize(http_request: HttpRequest):
+        body = await _json(http_request)
+        body = {k: v for k, v in body.items() if k in ("model", "messages", "tools",
+                                                       "chat_template_kwargs")}  # fmt: skip
+        chat = parse_chat(body, served.model_name)
+        prompt = await run_in_threadpool(served.encoder.encode, chat)
+        ids = list(prompt.token_ids)
+        return {"tokens": ids, "count": len(ids), "max_model_len": served.context_tokens}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http_request: HttpRequest):
+        # the raw request: its body is parsed here, so a malformed one is a 400 in the OpenAI
+        # shape (not FastAPI's 422)
+        chat = parse_chat(await _json(http_request), served.model_name)
+        if chat.n > served.engine.max_rows:
+            raise ApiError(400, f"`n`={chat.n}: this server runs at most "
+                           f"{served.engine.max_rows} rows (generation.server.max_rows)", "n")  # fmt: skip
+        request, ids = await run_in_threadpool(served.request, chat)
+        await _run(served.engine, request, http_request)
+        if request.error is not None:
+            status = _REFUSED_STATUS.get(request.error.kind, 500)
+            raise ApiError(status, str(request.error), None, request.error.kind)
+        body = _completion(served, chat, request, ids)
+        return JSONResponse(body, headers={VERSION_HEADER: str(request.weight_version)})
+
+    return app
+
+
+async def _json(http_request) -> dict:
+    raw = await http_request.body()
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise ApiError(
+            400, f"the request body is not valid JSON: {exc}", None, "invalid_json"
+        ) from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+async def _run(engine: ServingEngine, request: Request, http_request) -> None:
+    """Submit and wait; a client that disconnects meanwhile has its rows freed at once."""
+    loop = asyncio.get_running_loop()
+    finished = loop.create_future()
+    request.on_done = lambda _r: loop.call_soon_threadsafe(_settle, finished)
+    engine.submit(request)
+
+    async def watch():
+        while (await http_request.receive())["type"] != "http.disconnect":
+            pass
+        engine.cancel(request)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.wait([finished, watcher], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not request.done:
+            engine.cancel(request)
+
+
+def _settle(future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _completion(served: Served, chat: ChatRequest, request: Request, ids: list[int]) -> dict:
+    encoder = served.encoder
+    choices, generated = [], 0
+    for index, choice in enumerate(request.choices):
+        generated += len(choice.token_ids)
+        text = _cut_at_stop(encoder.decode(choice.token_ids), chat.stop)
+        content, calls = parse_tool_calls(text) if chat.parse_tools else (text, [])
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        message.update(
+            prompt_token_ids=ids,
+            generation_token_ids=choice.token_ids,
+            generation_log_probs=choice.logprobs,
+        )
+        logprobs = None
+        if chat.logprobs:
+            logprobs = {"content": [
+                _token_logprob(encoder, t, lp, chat.tokens_as_ids)
+                for t, lp in zip(choice.token_ids, choice.logprobs)
+            ]}  # fmt: skip
+        reason = "tool_calls" if calls else choice.finish_reason
+        choices.append(
+            {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+        )
+    body = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": served.model_name,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": len(ids),
+            "completion_tokens": generated,
+            "total_tokens": len(ids) + generated,
+        },
+        "weight_version": request.weight_version,
+    }
+    if request.superseded:
+        body["weight_version_superseded"] = True  # newer weights came while it ran
+    return body
+
+
+def _token_logprob(encoder: ChatEncoder, token: int, logprob: float, as_id: bool) -> dict:
+    text = f"token_id:{token}" if as_id else encoder.token_text(token)
+    return {
+        "token": text,
+        "logprob": logprob,
+        "bytes": list(text.encode("utf-8")),
+        "top_logprobs": [],
+    }
+
+
+def _cut_at_stop(text: str, stops: list[str]) -> str:
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return text if cut < 0 else text[:cut]
+
+
+def _stop_check(encoder: ChatEncoder, stops: list[str]):
+    """A stop-string test on a row's tokens: decodes only the tail a new stop could end in."""
+    tail = max(len(s) for s in stops) + 4  # tokens: at least a character each, plus margin
+
+    def stopped(token_ids: list[int]) -> bool:
+        text = encoder.decode(token_ids[-tail:])
+        return any(s in text for s in stops)
+
+    return stopped

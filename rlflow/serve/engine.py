@@ -1,0 +1,210 @@
+"""Continuous batching on rlflow's Megatron engine: requests join the running batch as rows retire.
+
+`generate()` (rlflow/generation/megatron/engine.py) runs a set of rows known in advance. A server
+gets requests one at a time, from many clients, at random times; here one engine thread runs a
+step loop over the same pieces (the `Decoder`'s packed prefill and decode step, the paged
+`KVCache`, the per-row counter-based sampling), and between two decode steps:
+
+1. admits waiting requests while batch positions and cache blocks are free: their unique
+   prompts (a request's n choices, and identical text prompts of different requests) are
+   prefilled once, packed, straight into the new rows' cache blocks; the new rows join the
+   batch behind the running ones (new rows prefill while the others decode);
+2. samples one token per row with the row's own parameters (rows are grouped by temperature,
+   top-p and top-k) and its own seed and step: a choice's tokens are those `generate()` draws
+   for the same seed, whichever rows share its batch;
+3. retires rows that stopped (stop token, stop string, max_tokens, the context) or whose client
+   went away: their blocks go back at once and the last rows move into the holes (no key or
+   value moves: only block-table rows);
+4. grows the rows' block tables, preempting the last admitted rows when the cache is full (they
+   run again later from their prompt, with the same seeds), and runs the decode step (on a GPU a
+   CUDA graph per batch bucket, as in `generate()`).
+
+The host syncs once a step (it must see every token to stop a row, or stream it); a request's
+rows finish on the weights they started with: an update (`update_weights`) waits for them to
+drain, or refuses them (`generation.server.on_weight_update`).
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from rlflow.generation.megatron.kv_cache import blocks_for
+from rlflow.generation.megatron.schedule import RESERVE_SHARE
+from rlflow.serve.batch import Row, RunningBatch
+from rlflow.serve.requests import Request, RequestRefused
+
+
+@dataclass
+class _Update:
+    apply: Callable[[], None] | None
+    version: int
+    done: threading.Event = field(default_factory=threading.Event)
+    seen: bool = False
+
+
+class ServingEngine:
+    """The policy's engine behind a queue: `submit` requests from any thread, one thread steps."""
+
+    def __init__(
+        self, policy, pad_token_id: int, *, max_rows: int, context_tokens: int,
+        cache_tokens: int, cuda_graphs: bool, compile_decode: bool, on_weight_update: str,
+        max_prefill_tokens: int, weight_version: int = 0,
+    ):  # fmt: skip
+        if on_weight_update not in ("finish_old", "refuse"):
+            raise ValueError(f"on_weight_update must be finish_old or refuse: {on_weight_update}")
+        self.on_weight_update = on_weight_update
+        self.max_rows = max_rows
+        self.context_tokens = context_tokens
+        self.max_prefill_tokens = max_prefill_tokens
+        self.weight_version = weight_version
+        self.error: str | None = None  # the last engine failure (requests in flight got it)
+        self.batch = RunningBatch(
+            policy, pad_token_id, max_rows=max_rows, context_tokens=context_tokens,
+            cache_tokens=cache_tokens, cuda_graphs=cuda_graphs, compile_decode=compile_decode,
+        )  # fmt: skip
+        self.stats = self.batch.stats
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[Row] = collections.deque()
+        self._update: _Update | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="rlflow-serve-engine", daemon=True)
+        self._thread.start()
+
+    # --- any thread ----------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> Request:
+        """Queue a request (its choices are admitted together); `request.on_done` is called
+        from the engine's thread when it finished or failed."""
+        if request.n > self.max_rows:
+            raise ValueError(f"n={request.n} is more than the server's {self.max_rows} rows")
+        rows = [Row(request, i, len(request.prompt_ids)) for i in range(request.n)]
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the serving engine is closed")
+            self._waiting.extend(rows)
+            self._cond.notify()
+        return request
+
+    def cancel(self, request: Request) -> None:
+        """The client went away: its rows leave the batch at the next step (blocks freed)."""
+        request.cancelled = True
+        with self._cond:
+            self._cond.notify()
+
+    def update_weights(self, apply: Callable[[], None] | None, version: int) -> None:
+        """Serve `version` from now on: `apply()` (which changes the policy's weights in place;
+        None when they already changed) runs in the engine's thread between two steps, after
+        the rows in flight finished on the old weights (finish_old) or were refused (refuse).
+        Blocks until it ran."""
+        update = _Update(apply, version)
+        with self._cond:
+            self._update = update
+            self._cond.notify()
+        update.done.wait()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+
+    # --- the engine's thread -------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        batch = self.batch
+        with torch.no_grad():
+            while True:
+                with self._cond:
+                    while not (self._closed or self._waiting or batch.rows or self._update):
+                        self._cond.wait()
+                    if self._closed:
+                        break
+                try:
+                    self._iterate()
+                except (
+                    Exception
+                ) as exc:  # a failed step: its requests get the error, serving goes on
+                    traceback.print_exc(file=sys.stderr)
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    batch.drop(batch.rows, RequestRefused("engine_error", self.error))
+        shutdown = RequestRefused("cancelled", "the server is shutting down")
+        batch.drop(batch.rows, shutdown)
+        for row in self._waiting:
+            row.request.fail(shutdown)
+
+    def _iterate(self) -> None:
+        batch = self.batch
+        batch.retire([r for r in batch.rows if r.request.cancelled or r.request.done])
+        if self._update is not None and self._apply_update():
+            return
+        if self._update is None:
+            new = self._admissions()
+            if new:
+                batch.prefill(new, self.weight_version)
+        if not batch.rows:
+            return
+        batch.retire(batch.sample())
+        if batch.rows:
+            preempted = batch.grow()
+            if preempted:
+                with self._cond:
+                    self._waiting.extendleft(reversed(preempted))
+            batch.decode()
+
+    def _apply_update(self) -> bool:
+        """True when the update ran now (the iteration starts over)."""
+        update, batch = self._update, self.batch
+        if not update.seen:
+            update.seen = True
+            for row in batch.rows:
+                row.request.superseded = True
+            if self.on_weight_update == "refuse":
+                message = (
+                    f"the weights changed (version {self.weight_version} -> {update.version}) "
+                    "while this request ran; send it again"
+                )
+                batch.drop(batch.rows, RequestRefused("weight_update", message))
+        if batch.rows:
+            return False  # finish_old: the rows in flight drain first
+        if update.apply is not None:
+            update.apply()
+        batch.decoder.requantize()  # (a no-op without FP8 copies)
+        self.weight_version = update.version
+        with self._cond:
+            self._update = None
+        update.done.set()
+        return True
+
+    def _admissions(self) -> list[Row]:
+        """Whole requests from the queue's front while batch positions, cache blocks (the
+        prompt + a quarter of max_tokens each) and the prefill budget last."""
+        new: list[Row] = []
+        tokens = 0
+        running = len(self.batch.rows)
+        free = self.batch.cache.free_blocks - running  # a block of headroom per running row
+        with self._cond:
+            while self._waiting:
+                head = self._waiting[0]
+                if head.request.cancelled or head.request.done:
+                    self._waiting.popleft().request.fail(RequestRefused("cancelled", "cancelled"))
+                    continue
+                group = [r for r in self._waiting if r.request is head.request]
+                reserve = max(head.request.params.max_new_tokens // RESERVE_SHARE, 1)
+                need = len(group) * blocks_for(min(head.prompt_len + reserve, self.context_tokens))
+                room = running + len(new) + len(group) <= self.max_rows
+                budget = not new or tokens + head.prompt_len <= self.max_prefill_tokens
+                if not (room and budget and (need <= free or not (new or running))):
+                    break
+                for row in group:
+                    self._waiting.remove(row)
+                new += group
+                free -= need
+                tokens += head.prompt_len
+        return new

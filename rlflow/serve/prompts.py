@@ -1,0 +1,81 @@
+"""A checked chat request -> the Prompt the engine prefills, with the ids the trainer would build.
+
+The checkpoint's own processor does everything, exactly as rlflow/model/processor.py does for
+training samples: its chat template renders the conversation (and the tools), the processor
+expands each image into its pad tokens and makes the pixel patches. So `prompt_token_ids` in a
+response are the ids a trainer builds for the same conversation.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+from rlflow.model import family as families
+from rlflow.model.media import Media, Prompt
+from rlflow.serve.chat import ApiError, ChatRequest
+from rlflow.serve.tools import arguments_as_objects
+
+
+class ChatEncoder:
+    def __init__(self, checkpoint: Path):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoProcessor
+
+        self.processor = AutoProcessor.from_pretrained(str(checkpoint))
+        self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        self.multimodal = families.of_checkpoint(checkpoint).multimodal
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    def encode(self, chat: ChatRequest) -> Prompt:
+        """The conversation, templated with a generation prompt, tokenized with its images."""
+        if chat.images and not self.multimodal:
+            raise ApiError(400, "this model is text-only: send no images", "messages")
+        messages = arguments_as_objects(chat.messages)
+        template = self.processor if self.multimodal else self.tokenizer
+        kwargs = dict(chat.chat_template_kwargs)
+        if chat.tools:
+            kwargs["tools"] = chat.tools
+        try:
+            text = template.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, **kwargs
+            )
+        except Exception as exc:  # the checkpoint's Jinja template refused the conversation
+            raise ApiError(400, f"the chat template cannot render these messages: {exc}",
+                           "messages") from None  # fmt: skip
+        if chat.tools and text == template.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **chat.chat_template_kwargs
+        ):
+            raise ApiError(
+                400, "this checkpoint's chat template does not render `tools`: the model would "
+                "never see them", "tools", "unsupported",
+            )  # fmt: skip
+        if not self.multimodal:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return Prompt(f"chat-{uuid.uuid4().hex}", text, tuple(ids), Media())
+        images = {"images": list(chat.images)} if chat.images else {}
+        try:
+            enc = self.processor(text=[text], return_tensors="pt", **images)
+        except Exception as exc:  # e.g. an image too small for the processor
+            raise ApiError(400, f"the processor cannot take these images: {exc}",
+                           "messages", "invalid_image") from None  # fmt: skip
+        media = Media(
+            pixel_values=enc.get("pixel_values"),
+            image_grid_thw=enc.get("image_grid_thw"),
+        )
+        ids = tuple(enc["input_ids"][0].tolist())
+        return Prompt(f"chat-{uuid.uuid4().hex}", text, ids, media, images=tuple(chat.images))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])

@@ -1,0 +1,52 @@
+"""The serving engine's continuous batching against `generate()`: same prompts, same seeds, same
+tokens, whichever requests share the batch and whenever they join it."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlflow.generation.base import SamplingParams
+from rlflow.serve.requests import Request
+from tests.tiny import megatron_generation, mixed_prompts
+
+
+@pytest.fixture(scope="module")
+def engine(server):
+    """The shared server's engine (tests/serve/conftest.py): 4 rows, a 64-token prefill budget."""
+    return server.served.engine
+
+
+def _request(policy, prompt, params, seeds):
+    return Request(prompt, policy.prompt_ids(prompt), params, list(seeds))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
+def test_requests_joining_a_running_batch_draw_what_generate_draws(
+    engine, tiny_policy, tiny_processor, temperature
+):
+    """Eight rows (4 prompts x 2 samples) through a 4-row batch with a 64-token prefill budget:
+    rows join as others retire, one prompt's two samples share a prefill."""
+    from rlflow.generation.megatron.sampling import row_seeds
+
+    eos = tiny_processor.tokenizer.eos_token_id
+    prompts = mixed_prompts(tiny_processor)
+    rows = [p for p in prompts for _ in range(2)]
+    params = SamplingParams(
+        12, temperature, 0.9 if temperature == 0.7 else 1.0, 0, 5, (eos,), False
+    )
+    expected = megatron_generation(tiny_policy, 0).generate(rows, params)
+    seeds = row_seeds(params.seed, len(rows), "cpu").tolist()
+    # different max_tokens per request: rows retire at different steps, others take their place
+    requests = [
+        _request(tiny_policy, p, params, seeds[2 * i : 2 * i + 2]) for i, p in enumerate(prompts)
+    ]
+    for r in requests:
+        engine.submit(r)
+    for r in requests:
+        assert r.wait(60) and r.error is None
+    got = [c for r in requests for c in r.choices]
+    assert [c.token_ids for c in got] == [c.token_ids for c in expected]
+    assert [c.finish_reason for c in got] == [c.finish_reason for c in expected]
+    for a, b in zip(got, expected):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    assert engine.stats.prefills > 1  # not one fixed batch

@@ -1,0 +1,111 @@
+"""The server's life beside the engine's: weight versions across an update (finished on the old
+weights and marked, or refused), a client that goes away mid-generation, idle connections."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import httpx
+import openai
+import pytest
+
+from tests.serve.conftest import MODEL, wait_until
+
+LONG = dict(
+    model=MODEL, messages=[{"role": "user", "content": "Count."}], max_tokens=900, seed=1,
+    extra_body={"ignore_eos": True},
+)  # fmt: skip
+
+
+def _in_thread(fn):
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except Exception as exc:  # handed to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+@pytest.fixture
+def engine(server):
+    engine = server.served.engine
+    yield engine
+    engine.on_weight_update = "finish_old"
+
+
+def test_a_request_spanning_an_update_finishes_on_the_old_weights_marked(client, engine):
+    old = engine.weight_version
+    thread, out = _in_thread(lambda: client.chat.completions.with_raw_response.create(**LONG))
+    wait_until(lambda: engine.batch.rows, "the request to run")
+    applied = []
+    engine.update_weights(lambda: applied.append(engine.batch.rows == []), old + 1)
+    thread.join()
+    raw = out["value"]
+    body = json.loads(raw.text)
+    assert raw.headers["x-rlflow-weight-version"] == str(old) and body["weight_version"] == old
+    assert body["weight_version_superseded"] is True
+    assert len(body["choices"][0]["message"]["generation_token_ids"]) == 900
+    assert applied == [True]  # the update ran once the old rows had drained
+    after = client.chat.completions.with_raw_response.create(**{**LONG, "max_tokens": 2})
+    assert after.headers["x-rlflow-weight-version"] == str(old + 1)
+    assert "weight_version_superseded" not in json.loads(after.text)
+
+
+def test_a_request_spanning_an_update_is_refused_when_the_recipe_says_so(client, engine):
+    engine.on_weight_update = "refuse"
+    old = engine.weight_version
+    thread, out = _in_thread(lambda: client.chat.completions.create(**LONG))
+    wait_until(lambda: engine.batch.rows, "the request to run")
+    engine.update_weights(None, old + 1)
+    thread.join()
+    error = out["error"]
+    assert isinstance(error, openai.APIStatusError) and error.status_code == 503
+    assert error.body["code"] == "weight_update" and "send it again" in error.body["message"]
+    again = client.chat.completions.create(**{**LONG, "max_tokens": 2})
+    assert again.model_extra["weight_version"] == old + 1
+
+
+def test_a_client_that_goes_away_frees_its_row_at_once(server, engine):
+    cancelled, tokens = engine.stats.cancelled, engine.stats.tokens
+    fields = {k: v for k, v in LONG.items() if k != "extra_body"}
+    body = json.dumps(fields | LONG["extra_body"]).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection((server.host, server.port)) as sock:
+        sock.sendall(head + body)
+        wait_until(lambda: engine.batch.rows, "the request to run")
+    wait_until(lambda: not engine.batch.rows, "its row to leave the batch")
+    assert engine.stats.cancelled == cancelled + 1
+    assert engine.stats.tokens - tokens < 900  # it never ran to its max_tokens
+    assert engine.batch.cache.free_blocks == engine.batch.cache.blocks - 1  # every block back
+
+
+def test_idle_connections_are_bounded_and_the_engine_keeps_serving(client, server, engine):
+    """More idle connections than the server takes: requests beyond its slots get a 503 at once
+    (never a hang); the idle ones are closed after idle_timeout_s, and serving goes on."""
+    limit = server.server.config.limit_concurrency
+    running, out = _in_thread(lambda: client.chat.completions.create(**{**LONG, "max_tokens": 300}))
+    wait_until(lambda: engine.batch.rows, "a request to run")
+    idle = [socket.create_connection((server.host, server.port)) for _ in range(limit + 50)]
+    try:
+        wait_until(lambda: len(server.server.server_state.connections) >= limit, "the flood")
+        refused = httpx.get(f"{server.url}/health", timeout=30)
+        assert refused.status_code == 503
+        running.join()
+        assert len(out["value"].choices[0].message.model_extra["generation_token_ids"]) == 300
+        for sock in idle:  # the server closes them: recv sees the end of the stream
+            sock.settimeout(120)
+            assert sock.recv(1) == b""
+    finally:
+        for sock in idle:
+            sock.close()
+    assert client.chat.completions.create(**{**LONG, "max_tokens": 2}).choices
