@@ -191,7 +191,7 @@ def main() -> None:
     # 1. generate(): the trainer's call on the same rows
     engine = MegatronGeneration(
         policy, encoder.pad_token_id, max_batch_size=0, cuda_graphs=gen.cuda_graphs,
-        compile_decode=gen.compile_decode, share_prompts=True, fp8=False, keep_cache=False,
+        compile_decode=gen.compile_decode, share_prompts=True, fp8=False, release_cache=False,
         cache_tokens=gen.kv_cache_tokens,
     )  # fmt: skip
     engine.generate(prompts, params)  # warm-up: graphs, compiled code
