@@ -260,6 +260,12 @@ class RlflowError(Exception):
         super().__init__("\n".join(d.render() for d in self.diagnostics))
 
 
+def file_error(code: str, message: str, file: str, line: int | None, help: str) -> RlflowError:  # noqa: A002
+    """One error at `file` (and `line`, when known) that rlflow cannot read or parse: what is
+    wrong and how to fix it."""
+    return RlflowError(Diagnostic(code, message, file=file, line=line, help=help))
+
+
 def summary_line(diagnostics: list[Diagnostic]) -> str:
     errors = sum(d.severity == "error" for d in diagnostics)
     warnings = sum(d.severity == "warning" for d in diagnostics)

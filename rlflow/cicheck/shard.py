@@ -15,7 +15,7 @@ import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlflow.errors import Diagnostic, RlflowError
+from rlflow.errors import Diagnostic, RlflowError, file_error
 
 SHARDS_FILE = "ci-shards.yaml"
 
@@ -178,12 +178,5 @@ def yaml_shards(root: Path, rel: str) -> list[Shard]:
 
 
 def _bad_yaml(rel: str, line: int | None, reason: str) -> RlflowError:
-    return RlflowError(
-        Diagnostic(
-            "RF200",
-            f"malformed `{rel}`: {reason}",
-            file=rel,
-            line=line,
-            help='write `shards: [{name: unit, args: ["tests/unit", "-m", "not gpu"]}]`',
-        )
-    )
+    fix = 'write `shards: [{name: unit, args: ["tests/unit", "-m", "not gpu"]}]`'
+    return file_error("RF200", f"malformed `{rel}`: {reason}", rel, line, fix)

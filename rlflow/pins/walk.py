@@ -24,7 +24,7 @@ import stat
 import subprocess
 from pathlib import Path
 
-from rlflow.errors import Diagnostic, RlflowError
+from rlflow.errors import Diagnostic, RlflowError, file_error
 from rlflow.pins import gitcmd, gitconfig, records
 from rlflow.pins.model import Checkout, Location, Submodule
 
@@ -435,15 +435,8 @@ def _unlisted_gitlink(root: Path, rel_file: str, path: str, commit: str) -> Rlfl
 
 
 def _bad_gitmodules(rel_file: str, line: int | None, reason: str) -> RlflowError:
-    return RlflowError(
-        Diagnostic(
-            "RF105",
-            f"malformed `{rel_file}`: {reason}",
-            file=rel_file,
-            line=line,
-            help="fix it so that `git config -f .gitmodules --list` reads it",
-        )
-    )
+    fix = "fix it so that `git config -f .gitmodules --list` reads it"
+    return file_error("RF105", f"malformed `{rel_file}`: {reason}", rel_file, line, fix)
 
 
 def _last_line(text: str) -> str:

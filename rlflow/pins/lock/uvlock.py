@@ -17,7 +17,7 @@ import re
 import tomllib
 from urllib.parse import parse_qs, urlsplit
 
-from rlflow.errors import Diagnostic, RlflowError
+from rlflow.errors import RlflowError, file_error
 from rlflow.pins import markers
 from rlflow.pins.lock import tables as locktables
 from rlflow.pins.lock.lowering import index_url, lock_repo, spec_key
@@ -185,14 +185,8 @@ def _without_artifacts(chunk: str) -> str:
 
 
 def _unreadable(rel: str, line: int | None, reason: str) -> RlflowError:
-    return RlflowError(
-        Diagnostic(
-            "RF102",
-            f"cannot read `{rel}`: {reason}",
-            file=rel,
-            line=line,
-            help="re-create it with `uv lock`",
-        )
+    return file_error(
+        "RF102", f"cannot read `{rel}`: {reason}", rel, line, "re-create it with `uv lock`"
     )
 
 
