@@ -70,14 +70,6 @@ class Policy:
         """The prompt's token ids as the model consumes them, checked against its media."""
         return self.family.prompt_ids(prompt, self.media_tokens)
 
-    @property
-    def image_token_id(self) -> int:
-        return self.media_tokens.image
-
-    @property
-    def video_token_id(self) -> int:
-        return self.media_tokens.video
-
 
 def _unwrap(module):
     while hasattr(module, "module"):

@@ -18,8 +18,11 @@ from rlflow.model.media import Media, Prompt
 from rlflow.recipe.schema import DataConfig
 
 
-class PromptEncoder:
-    def __init__(self, checkpoint: Path, data_cfg: DataConfig):
+class CheckpointProcessor:
+    """The checkpoint's own HF processor and tokenizer: what training prompts
+    (PromptEncoder) and the server's chats (rlflow.serve.prompts) are encoded with."""
+
+    def __init__(self, checkpoint: Path):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoProcessor
 
@@ -28,7 +31,6 @@ class PromptEncoder:
         # resolve to the tokenizer itself.
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self.multimodal = families.of_checkpoint(checkpoint).multimodal
-        self.data_cfg = data_cfg
 
     @property
     def eos_token_id(self) -> int:
@@ -37,6 +39,15 @@ class PromptEncoder:
     @property
     def pad_token_id(self) -> int:
         return self.tokenizer.pad_token_id
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+class PromptEncoder(CheckpointProcessor):
+    def __init__(self, checkpoint: Path, data_cfg: DataConfig):
+        super().__init__(checkpoint)
+        self.data_cfg = data_cfg
 
     def encode(self, sample) -> Prompt:
         """A Sample (rlflow.data) -> Prompt with expanded placeholders and processed media."""
@@ -119,9 +130,6 @@ class PromptEncoder:
     def completion_ids(self, text: str) -> list[int]:
         """Token ids of an assistant reply followed by the end-of-turn token (warm start targets)."""
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.eos_token_id]
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
 
 def as_tensor(token_ids) -> torch.Tensor:

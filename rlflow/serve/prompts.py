@@ -8,33 +8,15 @@ response are the ids a trainer builds for the same conversation.
 
 from __future__ import annotations
 
-import os
 import uuid
-from pathlib import Path
 
-from rlflow.model import family as families
 from rlflow.model.media import Media, Prompt
+from rlflow.model.processor import CheckpointProcessor
 from rlflow.serve.chat import ApiError, ChatRequest
 from rlflow.serve.tools import arguments_as_objects
 
 
-class ChatEncoder:
-    def __init__(self, checkpoint: Path):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from transformers import AutoProcessor
-
-        self.processor = AutoProcessor.from_pretrained(str(checkpoint))
-        self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
-        self.multimodal = families.of_checkpoint(checkpoint).multimodal
-
-    @property
-    def eos_token_id(self) -> int:
-        return self.tokenizer.eos_token_id
-
-    @property
-    def pad_token_id(self) -> int:
-        return self.tokenizer.pad_token_id
-
+class ChatEncoder(CheckpointProcessor):
     def encode(self, chat: ChatRequest) -> Prompt:
         """The conversation, templated with a generation prompt, tokenized with its images."""
         if chat.images and not self.multimodal:
@@ -73,9 +55,6 @@ class ChatEncoder:
         )
         ids = tuple(enc["input_ids"][0].tolist())
         return Prompt(f"chat-{uuid.uuid4().hex}", text, ids, media, images=tuple(chat.images))
-
-    def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])

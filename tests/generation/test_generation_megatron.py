@@ -77,7 +77,7 @@ def test_a_prompt_whose_pad_tokens_do_not_match_its_media_is_refused(
     prompt expanded twice, or never) is refused before any backend runs it."""
     expanded = mixed_prompts[0]
     assert tiny_policy.prompt_ids(expanded) == list(expanded.token_ids)
-    pad = tiny_policy.image_token_id
+    pad = tiny_policy.media_tokens.image
     compact_ids = []
     for token in expanded.token_ids:  # collapse the run of pads into one placeholder
         if not (token == pad and compact_ids and compact_ids[-1] == pad):

@@ -43,7 +43,7 @@ def test_export_round_trip_is_exact(tiny_policy, tiny_ckpt):
 def test_generated_pad_tokens_are_text_not_media_slots(tiny_policy, tiny_processor):
     """A media pad token the policy generated must not be treated as an image slot."""
     prompt = make_prompt(tiny_processor, "image", "How many?")
-    image_pad = tiny_policy.image_token_id
+    image_pad = tiny_policy.media_tokens.image
     ids = torch.tensor([list(prompt.token_ids) + [image_pad, image_pad]])
     mask = torch.ones_like(ids, dtype=torch.bool)
     prompt_mask = mask.clone()

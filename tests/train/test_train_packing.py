@@ -51,7 +51,7 @@ def rollout_batch(policy, pad_token_id, prompts, group=2, seed=0):
         n = RESPONSE_LENGTHS[i % len(RESPONSE_LENGTHS)]
         ids = torch.randint(0, 500, (n,), generator=generator).tolist()
         if i == 2 and policy.is_multimodal:
-            ids[-1] = policy.image_token_id
+            ids[-1] = policy.media_tokens.image
         completions.append(Completion(ids, [0.0] * n, "length"))
     advantages = torch.randn(len(rows), generator=generator).tolist()
     return build_train_batch(
