@@ -142,11 +142,17 @@ def _jsonl(run: RunFiles, path: Path, data: bytes, kind: str, first_line: int = 
 
 def _attempts(run: RunFiles, path: Path) -> list[dict]:
     data = read_bytes(path, MAX_FILE_BYTES, files.ATTEMPTS, run.problems)
+    return _checked_records(run, path, data or b"", files.ATTEMPTS, _attempt_problem)
+
+
+def _checked_records(run: RunFiles, path: Path, data: bytes, name: str, problem_of, first_line=1):
+    """The file's JSON lines that `problem_of` finds nothing wrong with; each damaged one is a
+    problem of `run`, at its line."""
     records = []
-    for line, record in _jsonl(run, path, data or b"", files.ATTEMPTS):
-        problem = _attempt_problem(record)
+    for line, record in _jsonl(run, path, data, name, first_line):
+        problem = problem_of(record)
         if problem:
-            run.problems.append(damaged(path, problem, files.ATTEMPTS, line=line))
+            run.problems.append(damaged(path, problem, name, line=line))
         else:
             records.append(_clean(record))
     return records
@@ -198,14 +204,7 @@ def _metrics(run: RunFiles, path: Path) -> list[dict]:
     else:
         data = read_bytes(path, METRICS_TAIL_BYTES, files.METRICS, run.problems) or b""
         first_line = 1
-    records = []
-    for line, record in _jsonl(run, path, data, files.METRICS, first_line):
-        problem = _metrics_problem(record)
-        if problem:
-            run.problems.append(damaged(path, problem, files.METRICS, line=line))
-        else:
-            records.append(_clean(record))
-    return records
+    return _checked_records(run, path, data, files.METRICS, _metrics_problem, first_line)
 
 
 def _metrics_problem(record: object) -> str | None:
