@@ -129,23 +129,21 @@ def _tokens(text: str) -> list[tuple[str, str]]:
 
 
 def _or(tokens, i):
-    items = []
-    tree, i = _and(tokens, i)
-    items.append(tree)
-    while i < len(tokens) and tokens[i] == ("kw", "or"):
-        tree, i = _and(tokens, i + 1)
-        items.append(tree)
-    return (items[0] if len(items) == 1 else ("or", tuple(items))), i
+    return _joined(tokens, i, "or", _and)
 
 
 def _and(tokens, i):
-    items = []
-    tree, i = _atom(tokens, i)
-    items.append(tree)
-    while i < len(tokens) and tokens[i] == ("kw", "and"):
-        tree, i = _atom(tokens, i + 1)
+    return _joined(tokens, i, "and", _atom)
+
+
+def _joined(tokens, i, word, operand):
+    """`operand (word operand)*` from tokens[i]: the one tree, or (word, trees) for several."""
+    tree, i = operand(tokens, i)
+    items = [tree]
+    while i < len(tokens) and tokens[i] == ("kw", word):
+        tree, i = operand(tokens, i + 1)
         items.append(tree)
-    return (items[0] if len(items) == 1 else ("and", tuple(items))), i
+    return (items[0] if len(items) == 1 else (word, tuple(items))), i
 
 
 def _atom(tokens, i):
