@@ -58,18 +58,17 @@ class Document:
         return found
 
     def bad_value(self, path: tuple, message: str, help: str | None = None) -> RlflowError:
-        where = self.loc(path)
         key = ".".join(str(p) for p in path)
-        return RlflowError(
-            Diagnostic(
-                "RF103",
-                f"{message} (at `{key}`)",
-                file=where.file,
-                line=where.line,
-                column=where.column,
-                help=help,
-            )
+        return bad_at(self.loc(path), f"{message} (at `{key}`)", help)
+
+
+def bad_at(where: Location, message: str, help: str | None) -> RlflowError:  # noqa: A002
+    """A value in a pyproject.toml that check-pins cannot use (RF103), at `where`."""
+    return RlflowError(
+        Diagnostic(
+            "RF103", message, file=where.file, line=where.line, column=where.column, help=help
         )
+    )
 
 
 def load_document(root: Path, rel_file: str) -> Document:
@@ -222,16 +221,8 @@ class _Reader:
         try:
             parsed = pep508.parse(text)
         except pep508.InvalidRequirement as err:
-            raise RlflowError(
-                Diagnostic(
-                    "RF103",
-                    f"`{text}` is not a valid requirement: {err}",
-                    file=where.file,
-                    line=where.line,
-                    column=where.column,
-                    help="write it as PEP 508: `name[extras] (specifiers) ; markers` or `name @ URL`",
-                )
-            ) from None
+            fix = "write it as PEP 508: `name[extras] (specifiers) ; markers` or `name @ URL`"
+            raise bad_at(where, f"`{text}` is not a valid requirement: {err}", fix) from None
         package = canonicalize_name(parsed.name)
         pin = self.requirement_pin(parsed, package, text, path, where)
         return Requirement(
