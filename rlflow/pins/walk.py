@@ -47,14 +47,11 @@ def walk(start: Path) -> Checkout:
     root = find_root(start)
     kind = _file_kind(root / "pyproject.toml")
     if kind == "missing":
-        raise RlflowError(
-            Diagnostic(
-                "RF101",
-                f"no pyproject.toml at the repository root `{root}`",
-                help="check-pins compares submodule pins with the root pyproject.toml; run it in "
-                "(or pass --repo) a uv project",
-                category="pins-unchecked",  # nothing to compare: not a finding
-            )
+        raise _unchecked(
+            "RF101",
+            f"no pyproject.toml at the repository root `{root}`",
+            "check-pins compares submodule pins with the root pyproject.toml; run it in "
+            "(or pass --repo) a uv project",
         )
     if kind != "file":
         raise RlflowError(
@@ -78,13 +75,8 @@ def find_root(start: Path) -> Path:
     """The working tree root above `start`, like `git rev-parse --show-toplevel`."""
     start = start.expanduser()
     if not start.is_dir():
-        raise RlflowError(
-            Diagnostic(
-                "RF100",
-                f"`{start}` is not a directory",
-                help="pass --repo the path of a git checkout",
-                category="pins-unchecked",  # nothing to compare: not a finding
-            )
+        raise _unchecked(
+            "RF100", f"`{start}` is not a directory", "pass --repo the path of a git checkout"
         )
     separate = _separate_git_dir(start.resolve())
     if separate is not None:
@@ -93,15 +85,17 @@ def find_root(start: Path) -> Path:
         marker = directory / ".git"
         if (marker / "HEAD").is_file() or (marker.is_file() and _gitdir_of(marker)):
             return directory
-    raise RlflowError(
-        Diagnostic(
-            "RF100",
-            f"`{start}` is not inside a git repository",
-            help="check-pins reads submodules through git: run it in a clone (`git init` for a new "
-            "project)",
-            category="pins-unchecked",  # nothing to compare: not a finding
-        )
+    raise _unchecked(
+        "RF100",
+        f"`{start}` is not inside a git repository",
+        "check-pins reads submodules through git: run it in a clone (`git init` for a new project)",
     )
+
+
+def _unchecked(code: str, message: str, fix: str) -> RlflowError:
+    """No checkout to compare (a missing root or pyproject): the check did not run, which is
+    not a finding."""
+    return RlflowError(Diagnostic(code, message, help=fix, category="pins-unchecked"))
 
 
 def _separate_git_dir(start: Path) -> Path | None:
