@@ -342,37 +342,32 @@ def placement_diagnostics(loaded: LoadedRecipe, nodes: int, gpus: int) -> list[D
     problems = _separate_unsupported(loaded)
     if problems:
         return problems
+
+    def problem(key: str, message: str, fix: str) -> list[Diagnostic]:
+        return [loaded.diagnostic(("generation", key), "allocation.placement", message, help=fix)]
+
     g, m = gen.gpus_per_node, gen.num_nodes  # (not negative: their bounds in the schema)
     if (g > 0) == (m > 0):
         said = f"gpus_per_node {g} and num_nodes {m}"
-        return [
-            loaded.diagnostic(
-                ("generation", "gpus_per_node"),
-                "allocation.placement",
-                f"generation.placement is separate, with generation.{said}: set exactly one of "
-                "them above 0",
-                help="gpus_per_node: that many ranks of every node generate; num_nodes: the last "
-                "nodes of the job generate",
-            )
-        ]
+        return problem(
+            "gpus_per_node",
+            f"generation.placement is separate, with generation.{said}: set exactly one of "
+            "them above 0",
+            "gpus_per_node: that many ranks of every node generate; num_nodes: the last "
+            "nodes of the job generate",
+        )
     if g and g >= gpus:
-        return [
-            loaded.diagnostic(
-                ("generation", "gpus_per_node"),
-                "allocation.placement",
-                f"`generation.gpus_per_node` ({g}) leaves no training rank on a node of {gpus}",
-                help=f"use at most {gpus - 1}, or more GPUs per node (--gpus)",
-            )
-        ]
+        return problem(
+            "gpus_per_node",
+            f"`generation.gpus_per_node` ({g}) leaves no training rank on a node of {gpus}",
+            f"use at most {gpus - 1}, or more GPUs per node (--gpus)",
+        )
     if m and m >= nodes:
-        return [
-            loaded.diagnostic(
-                ("generation", "num_nodes"),
-                "allocation.placement",
-                f"`generation.num_nodes` ({m}) leaves no training node in a job of {nodes}",
-                help=f"use at most {nodes - 1}, or more nodes (--nodes)",
-            )
-        ]
+        return problem(
+            "num_nodes",
+            f"`generation.num_nodes` ({m}) leaves no training node in a job of {nodes}",
+            f"use at most {nodes - 1}, or more nodes (--nodes)",
+        )
     return []
 
 
