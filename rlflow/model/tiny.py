@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from rlflow.data.prompts import ANSWER_CLOSE, ANSWER_OPEN
 from rlflow.model.presets import QWEN25VL_PRESET_NAMES
@@ -236,17 +238,8 @@ def write_tiny_checkpoint(
             tie_word_embeddings=sizes.tie_embeddings,
         )
 
-    out = write_tiny(
-        out_dir,
-        seed=seed,
-        tokenizer_vocab=sizes.tokenizer_vocab,
-        model_class=Qwen2_5_VLForConditionalGeneration,
-        config=config,
-        device=device,
-        lm_head_scale=lm_head_scale,
-        bos=True,
-        save_processor=save_processor,
-    )
+    tiny = TinyModel(Qwen2_5_VLForConditionalGeneration, config, save_processor=save_processor)
+    out = write_tiny(out_dir, tiny, sizes, seed=seed, device=device, lm_head_scale=lm_head_scale)
     (out / "rlflow_tiny.json").write_text(
         json.dumps({"seed": seed, "lm_head_scale": lm_head_scale, **sizes.__dict__}, indent=2)
     )
@@ -370,57 +363,65 @@ def save_processor(out: Path, tokenizer, processor_cls=None) -> None:
 # --- the writer every family's tiny checkpoint goes through ------------------------------------
 
 
+@dataclass(frozen=True)
+class TinyModel:
+    """What a family's tiny checkpoint is, for `write_tiny`: its HF class; `config(ids, tokens)`,
+    its HF config from the special token ids and the tokenizer's length; whether the generation
+    config names bos; `init(model)`, weights it draws itself (e.g. a wider router); and
+    `save_processor(out, tokenizer)`, its processors (default: the tokenizer alone)."""
+
+    model_class: type
+    config: Callable[[dict[str, int], int], Any]
+    bos: bool = True
+    init: Callable[[Any], None] | None = None
+    save_processor: Callable[[Path, Any], None] | None = None
+
+
 def write_tiny(
     out_dir: str | Path,
+    tiny: TinyModel,
+    sizes: LanguageSizes,
     *,
     seed: int,
-    tokenizer_vocab: int,
-    model_class,
-    config,
     device: str,
     lm_head_scale: float,
-    bos: bool,
-    init=None,
-    save_processor=None,
 ) -> Path:
     """Write a random HF checkpoint to `out_dir` (created): the tiny checkpoint writer every
-    family shares, so a family keeps only its config and sizes.
+    family shares, so a family keeps only its sizes and its `TinyModel`.
 
-    The tokenizer is rlflow's locally built one (`build_tokenizer`) with `tokenizer_vocab`
-    entries; `config(ids, tokens)` gives the family's HF config from its special token ids and
-    the tokenizer's length. The weights are made on `device` (fp32 on the CPU, bf16 elsewhere: a
-    real-shaped model initialises in seconds on a GPU) from `seed`; `init(model)` changes them
-    (e.g. a wider router), and an untied lm_head is scaled by `lm_head_scale` (> 1: fewer
-    near-ties in greedy decoding). The generation config names pad and eos (and bos with
-    `bos`); `save_processor(out, tokenizer)` saves the processors (default: the tokenizer)."""
+    The tokenizer is rlflow's locally built one (`build_tokenizer`) with `sizes.tokenizer_vocab`
+    entries. The weights are made on `device` (fp32 on the CPU, bf16 elsewhere: a real-shaped
+    model initialises in seconds on a GPU) from `seed`, then `tiny.init` changes them, and an
+    untied lm_head is scaled by `lm_head_scale` (> 1: fewer near-ties in greedy decoding). The
+    generation config names pad and eos (and bos with `tiny.bos`)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
     from transformers import GenerationConfig
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(tokenizer_vocab, seed)
+    tokenizer = build_tokenizer(sizes.tokenizer_vocab, seed)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    hf_config = config(ids, len(tokenizer))
+    hf_config = tiny.config(ids, len(tokenizer))
     torch.manual_seed(seed)
     with torch.device(device):
-        model = model_class._from_config(
+        model = tiny.model_class._from_config(
             hf_config, dtype=torch.float32 if device == "cpu" else torch.bfloat16
         ).eval()
     with torch.no_grad():
-        if init is not None:
-            init(model)
+        if tiny.init is not None:
+            tiny.init(model)
         if lm_head_scale != 1.0 and not hf_config.tie_word_embeddings:
             model.lm_head.weight.mul_(lm_head_scale)
     model.generation_config = GenerationConfig(
-        **({"bos_token_id": ids["<|endoftext|>"]} if bos else {}),
+        **({"bos_token_id": ids["<|endoftext|>"]} if tiny.bos else {}),
         eos_token_id=ids["<|im_end|>"],
         pad_token_id=ids["<|endoftext|>"],
         do_sample=False,
     )
     model.save_pretrained(out, safe_serialization=True)
-    if save_processor is None:
+    if tiny.save_processor is None:
         tokenizer.save_pretrained(out)
     else:
-        save_processor(out, tokenizer)
+        tiny.save_processor(out, tokenizer)
     return out

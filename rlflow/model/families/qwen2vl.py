@@ -14,6 +14,7 @@ the same: `model.*`, `visual.*`, `lm_head.*`) building a model whose tower is HF
 from __future__ import annotations
 
 import functools
+from functools import partial
 from pathlib import Path
 
 from rlflow.model.families.qwen25vl import QwenVLFamily
@@ -85,6 +86,7 @@ def write_tiny_qwen2vl(
 
     from rlflow.model.tiny import (
         PRESETS,
+        TinyModel,
         media_token_config,
         mrope_text_config,
         save_processor,
@@ -111,14 +113,6 @@ def write_tiny_qwen2vl(
             tie_word_embeddings=False,
         )
 
-    return write_tiny(
-        out_dir,
-        seed=seed,
-        tokenizer_vocab=sizes.tokenizer_vocab,
-        model_class=Qwen2VLForConditionalGeneration,
-        config=config,
-        device=device,
-        lm_head_scale=lm_head_scale,
-        bos=True,
-        save_processor=lambda out, tokenizer: save_processor(out, tokenizer, Qwen2VLProcessor),
-    )
+    processor = partial(save_processor, processor_cls=Qwen2VLProcessor)
+    tiny = TinyModel(Qwen2VLForConditionalGeneration, config, save_processor=processor)
+    return write_tiny(out_dir, tiny, sizes, seed=seed, device=device, lm_head_scale=lm_head_scale)

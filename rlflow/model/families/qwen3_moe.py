@@ -78,10 +78,9 @@ class MoESizes(LanguageSizes):
     experts: int = 8
     topk: int = 2
     expert_intermediate: int = 64
-    rope_theta: float = 10000.0
 
 
-# A preset: the language model's shapes, then the vision tower's, a few to a line.
+# A preset: the language model's shapes, then the experts', a few to a line.
 # fmt: off
 PRESETS = {
     "tiny": MoESizes(),
@@ -107,7 +106,7 @@ def write_tiny_qwen3_moe(
     (a 30B-A3B-shaped model initialises in seconds there)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from rlflow.model.tiny import token_ids_config, write_tiny
+    from rlflow.model.tiny import TinyModel, token_ids_config, write_tiny
 
     def config(ids: dict[str, int], tokens: int):
         return Qwen3MoeConfig(
@@ -137,14 +136,5 @@ def write_tiny_qwen3_moe(
         for layer in model.model.layers:
             layer.mlp.gate.weight.normal_(0.0, 0.5)
 
-    return write_tiny(
-        out_dir,
-        seed=seed,
-        tokenizer_vocab=sizes.tokenizer_vocab,
-        model_class=Qwen3MoeForCausalLM,
-        config=config,
-        device=device,
-        lm_head_scale=lm_head_scale,
-        bos=False,
-        init=router,
-    )
+    tiny = TinyModel(Qwen3MoeForCausalLM, config, bos=False, init=router)
+    return write_tiny(out_dir, tiny, sizes, seed=seed, device=device, lm_head_scale=lm_head_scale)

@@ -134,24 +134,19 @@ def write_tiny_qwen3vl(
     patches; MoE: 4 experts, top-2. The tokenizer and chat template are the other tiny models'.
     `sizes` gives other shapes (QWEN3VL_PRESETS); off the CPU (`device`) the weights are made
     there in bf16 (a 4B-shaped model initialises in seconds on a GPU) and saved in bf16."""
-    from rlflow.model.tiny import write_tiny
+    from rlflow.model.tiny import TinyModel, write_tiny
 
     def router(model) -> None:  # HF initialises the router to zeros: every expert would tie
         for layer in model.model.language_model.layers:
             layer.mlp.gate.weight.normal_(0.0, 0.5)
 
-    return write_tiny(
-        out_dir,
-        seed=seed,
-        tokenizer_vocab=sizes.tokenizer_vocab,
-        model_class=_hf_classes(moe)[1],
-        config=lambda ids, tokens: qwen3vl_config(sizes, ids, tokens, moe),
-        device=device,
-        lm_head_scale=lm_head_scale,
-        bos=True,
+    tiny = TinyModel(
+        _hf_classes(moe)[1],
+        lambda ids, tokens: qwen3vl_config(sizes, ids, tokens, moe),
         init=router if moe else None,
         save_processor=_save_processor,
     )
+    return write_tiny(out_dir, tiny, sizes, seed=seed, device=device, lm_head_scale=lm_head_scale)
 
 
 def qwen3vl_config(sizes: Qwen3VLSizes, ids: dict[str, int], tokens: int, moe: bool = False):
