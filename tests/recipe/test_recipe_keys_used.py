@@ -132,6 +132,17 @@ READ_BY = {
     "generation.release_cache": ("rlflow/generation/factory.py", "gen_cfg.release_cache"),
     "generation.kv_cache_tokens": ("rlflow/generation/factory.py", "gen_cfg.kv_cache_tokens"),
     "generation.vllm.env_root": ("rlflow/generation/factory.py", "gen_cfg.vllm.env_root"),
+    "generation.server.max_rows": ("rlflow/serve/runner.py", "server.max_rows"),
+    "generation.server.context_tokens": ("rlflow/serve/runner.py", "server.context_tokens"),
+    "generation.server.on_weight_update": ("rlflow/serve/runner.py", "server.on_weight_update"),
+    "generation.server.max_prefill_tokens": (
+        "rlflow/serve/runner.py",
+        "server.max_prefill_tokens",
+    ),
+    "generation.server.host": ("rlflow/serve/start.py", "server_cfg.host"),
+    "generation.server.port": ("rlflow/serve/start.py", "server_cfg.port"),
+    "generation.server.max_connections": ("rlflow/serve/start.py", "server_cfg.max_connections"),
+    "generation.server.idle_timeout_s": ("rlflow/serve/start.py", "server_cfg.idle_timeout_s"),
     "generation.vllm.device": ("rlflow/envs/spec.py", "vllm_cfg.device"),
     # the cpu and cuda pin sets: vllm_spec picks one by device and reads all five of its keys
     **{

@@ -113,7 +113,7 @@ def test_sizes_come_from_the_checkpoints_config_json(tmp_path):
     (checkpoint / "config.json").write_text(json.dumps(QWEN_3B_CONFIG))
     work = tmp_path / "work"
     work.mkdir()
-    run = dict(nodes=4, gpus=8)
+    run = dict(nodes=8, gpus=4)  # the test cluster's nodes have 4 GPUs (when it is up)
     at = f"model.checkpoint={checkpoint}"
     ok = dry_run(work, QWEN_3B, at, **run)
     assert ok.returncode == 0, ok.stderr

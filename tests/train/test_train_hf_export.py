@@ -33,6 +33,7 @@ def test_an_export_loads_in_transformers_with_the_policys_weights_and_generates(
     from rlflow.train import hf_export
 
     policy = load_policy(family_ckpt(name), FP32, SINGLE, trainable=False)
+    torch.manual_seed(0)  # the same weights whatever ran before in this process
     with torch.no_grad():  # weights that are not the checkpoint's: the export must carry them
         for param in policy.core.parameters():
             param.add_(torch.randn_like(param) * 0.01)

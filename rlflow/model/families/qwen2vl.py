@@ -31,6 +31,12 @@ class Qwen2VL(QwenVLFamily):
     def write_tiny(self, out_dir: Path, name: str, seed: int, lm_head_scale: float = 1.0) -> Path:
         return write_tiny_qwen2vl(out_dir, seed=seed, lm_head_scale=lm_head_scale)
 
+    def builtin_config(self, name: str) -> dict:
+        from rlflow.model.shape import builtin_keys
+        from rlflow.model.tiny import PRESETS
+
+        return builtin_keys(PRESETS["tiny"], max_positions=PRESETS["tiny"].max_positions)
+
 
 FAMILY = Qwen2VL()
 
