@@ -38,6 +38,13 @@ class Completion:
     # MoE models, megatron backend: the experts each token went through, [prompt + generated,
     # layers, k] (int8/int16; -1: never through the model, i.e. the last generated token)
     routing: torch.Tensor | None = None
+    # Multi-turn trajectories: 1 where the policy generated the token (trained), 0 where the
+    # environment wrote it (tool results, observations: context only, never trained; its
+    # logprob entry is 0.0). None: every token is the policy's (single-turn).
+    loss_mask: list[int] | None = None
+    # The weight version that produced each token (multi-turn turns and partial rollouts span
+    # updates; None: all of them the rollout's one version).
+    token_versions: list[int] | None = None
 
 
 class GenerationBackend(abc.ABC):
