@@ -340,7 +340,12 @@ def run_steps(loaded, samples, stop_ids, args, ceil, counts, info, log) -> dict:
     rows = []
     for _ in range(args.steps):
         step = t.step + 1
-        metrics = loop.grpo_step(t, step)
+        if args.profile and step == args.steps:  # the last step: graphs captured, caches warm
+            metrics = _profiled(
+                lambda s=step: loop.grpo_step(t, s), args.out / "moe_step_profile.txt"
+            )
+        else:
+            metrics = loop.grpo_step(t, step)
         t.step = step
         call = sampling.calls[-1]
         tokens = call["prompt_tokens"] + call["useful_tokens"]
@@ -369,6 +374,21 @@ def run_steps(loaded, samples, stop_ids, args, ceil, counts, info, log) -> dict:
     }
 
 
+def _profiled(call, path: Path):
+    """Run call() under torch.profiler; write the ops by GPU and by CPU time to path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        result = call()
+        torch.cuda.synchronize()
+    table = prof.key_averages()
+    path.write_text(
+        "# by GPU time\n" + table.table(sort_by="cuda_time_total", row_limit=45)
+        + "\n# by CPU time (self)\n" + table.table(sort_by="self_cpu_time_total", row_limit=30)
+    )  # fmt: skip
+    return result
+
+
 # ----------------------------------------------------------------------------- driver
 
 
@@ -389,6 +409,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="step: model.moe.grouped_experts=false (megatron's SequentialMLP)")  # fmt: skip
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--checkpoint", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the last step; ops tables to OUT/moe_step_profile.txt")  # fmt: skip
     args = parser.parse_args(argv)
     args.prompts = args.prompts or (4 if args.tiny else 64)
     args.samples = args.samples or (2 if args.tiny else 8)
