@@ -243,16 +243,6 @@ def test_mixed_image_video_text_batches_train(tmp_path):
     assert {"val/accuracy_image", "val/accuracy_video", "val/accuracy_text"} <= set(final)
 
 
-def test_two_data_parallel_ranks(tmp_path):
-    result = train(tmp_path, "grpo.max_num_steps=2", "warm_start.num_steps=0", nproc=2)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    records = read_metrics(tmp_path)
-    assert [r["step"] for r in records] == [0, 1, 2]
-    state = json.loads((tmp_path / "checkpoints" / "step_000002" / "trainer.json").read_text())
-    assert state["world_size"] == 2
-    assert (tmp_path / "logs" / "rank-1.log").exists()
-
-
 def test_one_failing_rank_ends_every_rank_with_one_error(tmp_path):
     # The subprocess timeout is the hang detector: a collective left waiting would hit it.
     result = train(
