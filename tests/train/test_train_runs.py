@@ -225,24 +225,6 @@ def test_report_writes_png_plots(reference_run, tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
 
 
-def test_mixed_image_video_text_batches_train(tmp_path):
-    result = train(
-        tmp_path,
-        "warm_start.num_steps=0",  # only the final validation is looked at
-        "grpo.val_at_start=false",
-        "data.train.kind=mixed",
-        "data.validation.kind=mixed",
-        "data.video.num_frames=4",
-        "data.video.temporal_patch_size=2",
-        "data.video.fps=2.0",
-        "grpo.max_num_steps=2",
-        "grpo.max_val_samples=12",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    final = read_metrics(tmp_path)[-1]
-    assert {"val/accuracy_image", "val/accuracy_video", "val/accuracy_text"} <= set(final)
-
-
 def test_one_failing_rank_ends_every_rank_with_one_error(tmp_path):
     # The subprocess timeout is the hang detector: a collective left waiting would hit it.
     result = train(
