@@ -7,11 +7,13 @@ share of the prompts (unequal shares: the lockstep pads), the trainer recomputes
 logprobs with router replay, then one policy-gradient backward and megatron's gradient
 reduction; the gradients are exported through megatron-bridge as full HF tensors (which
 gathers the tensor- and expert-parallel shards). Reference: the same cycle on this process's
-single rank. Cases: EP 2 on 2 ranks, TP 2 x EP 2 on 4 ranks (the experts split over both:
-megatron-core's expert-tensor-parallel size is the TP size; its dispatcher's unequal
-per-TP-rank gathers run through rlflow/compat/cpu_compat.py on gloo), and EP 4 on 4
-ranks, where the 5 prompts give rank 0 two logprob micro-batches and the others one: the
-trainer's forwards stay in lockstep (rlflow/train/update.py `lockstep_parts`; it hung before).
+single rank. Cases: TP 2 x EP 2 on 4 ranks (2 data-parallel ranks of EP 2, 4 experts a
+rank, the experts split over TP too: megatron-core's expert-tensor-parallel size is the TP
+size; its dispatcher's unequal per-TP-rank gathers run through rlflow/compat/cpu_compat.py on
+gloo), and EP 4 on 4 ranks without TP, where the 5 prompts give rank 0 two logprob
+micro-batches and the others one: the trainer's forwards stay in lockstep
+(rlflow/train/update.py `lockstep_parts`; it hung before). Together they hold what EP 2 on 2
+ranks would (EP without TP; EP 2 with data parallelism), so that case is not run on its own.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def reference(single_rank, checkpoint):
     return cycle(checkpoint, SINGLE)
 
 
-@pytest.mark.parametrize(("world", "tp", "ep"), [(2, 1, 2), (4, 2, 2), (4, 1, 4)])
+@pytest.mark.parametrize(("world", "tp", "ep"), [(4, 2, 2), (4, 1, 4)])
 def test_expert_parallel_equals_one_rank(reference, checkpoint, tmp_path, world, tp, ep):
     import torch.multiprocessing as mp
 

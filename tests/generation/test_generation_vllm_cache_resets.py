@@ -1,7 +1,8 @@
 """Why a weight refresh resets both of vLLM's caches: each test leaves one reset out and shows the harm.
 
 The worker is asked directly (`worker.call`) for a reload with one reset missing; the backend's
-own `refresh_weights` always sends both.
+own `refresh_weights` always sends both. Both harms are shown on one worker, the prefix cache's
+first (the encoder cache's ends the worker).
 """
 
 from __future__ import annotations
@@ -35,21 +36,19 @@ def changed_weights(policy) -> dict:
     return {**state, name: state[name] * 3.0}
 
 
-def test_without_the_prefix_cache_reset_a_long_prompt_silently_uses_stale_weights(
-    start_vllm, tiny_policy, tiny_processor, tmp_path
-):
-    eos = tiny_processor.tokenizer.eos_token_id
-    short = make_prompt(tiny_processor, "text", "How many cubes?", seed=1)
+def stale_prefix_cache(backend, policy, processor, folder):
+    """Without the prefix cache reset, a long prompt silently uses stale weights."""
+    eos = processor.tokenizer.eos_token_id
+    short = make_prompt(processor, "text", "How many cubes?", seed=1)
     long = make_prompt(
-        tiny_processor, "text", " ".join(["how many red cubes are in the picture"] * 30), seed=2
+        processor, "text", " ".join(["how many red cubes are in the picture"] * 30), seed=2
     )
     assert len(long.token_ids) >= 2 * 128  # whole KV blocks (128 tokens on CPU) get prefix-cached
-    backend = start_vllm(tiny_policy)
     params = greedy(12, eos)
     backend.generate([short, long], params)  # caches the long prompt's blocks under the old weights
-    reload(backend, changed_weights(tiny_policy), resets=["encoder"], folder=tmp_path)
+    reload(backend, changed_weights(policy), resets=["encoder"], folder=folder)
     stale = backend.generate([short, long], params)
-    reload(backend, changed_weights(tiny_policy), resets=["encoder", "prefix"], folder=tmp_path)
+    reload(backend, changed_weights(policy), resets=["encoder", "prefix"], folder=folder)
     fresh = backend.generate([short, long], params)
     assert (
         stale[0].token_ids == fresh[0].token_ids
@@ -57,19 +56,28 @@ def test_without_the_prefix_cache_reset_a_long_prompt_silently_uses_stale_weight
     assert stale[1].token_ids != fresh[1].token_ids  # long prompt: old keys and values were reused
 
 
-def test_without_the_encoder_cache_reset_the_next_image_prompt_kills_the_engine(
-    start_vllm, tiny_policy, tiny_processor, tmp_path
-):
+def stale_encoder_cache_kills_the_engine(backend, policy, processor, folder):
+    """Without the encoder cache reset, the next image prompt kills the engine."""
     from rlflow.model.build import export_hf_state_dict
 
-    eos = tiny_processor.tokenizer.eos_token_id
-    image = make_prompt(tiny_processor, "image", "How many red squares are there?", seed=1)
-    backend = start_vllm(tiny_policy)
-    state = export_hf_state_dict(tiny_policy)
+    eos = processor.tokenizer.eos_token_id
+    image = make_prompt(processor, "image", "How many red squares are there?", seed=1)
+    state = export_hf_state_dict(policy)
     backend.generate([image], greedy(4, eos))
-    reload(backend, state, resets=["encoder", "prefix"], folder=tmp_path)
+    reload(backend, state, resets=["encoder", "prefix"], folder=folder)
     backend.generate([image], greedy(4, eos))  # both resets: the same image works again
-    reload(backend, state, resets=["prefix"], folder=tmp_path)
+    reload(backend, state, resets=["prefix"], folder=folder)
     with pytest.raises(RlflowError, match="Encoder cache miss"):
         backend.generate([image], greedy(4, eos))
     assert not backend.worker.alive()  # a failed worker is stopped, never reused
+
+
+def test_each_cache_reset_left_out_does_its_own_harm(
+    start_vllm, tiny_policy, tiny_processor, tmp_path
+):
+    """Both harms on one worker (a vLLM start is the expensive part): first the prefix cache's
+    (every reload there resets the encoder cache, so the second part starts clean), then the
+    encoder cache's, which ends the worker."""
+    backend = start_vllm(tiny_policy)
+    stale_prefix_cache(backend, tiny_policy, tiny_processor, tmp_path)
+    stale_encoder_cache_kills_the_engine(backend, tiny_policy, tiny_processor, tmp_path)

@@ -94,32 +94,16 @@ def test_a_killed_worker_fails_the_next_call_with_its_log_tail(
         backend.refresh_weights()
 
 
-def test_a_failed_weight_refresh_stops_the_backend(
-    start_vllm, tiny_policy, tiny_processor, monkeypatch
-):
-    eos = tiny_processor.tokenizer.eos_token_id
-    prompt = make_prompt(tiny_processor, "text", "How many?", seed=1)
-    backend = start_vllm(tiny_policy)  # refresh 1 happens at start
-    backend.generate([prompt], greedy(4, eos))
-    monkeypatch.setenv(
-        "RLFLOW_TEST_FAIL", "0:vllm-refresh2"
-    )  # one tensor cut short: vLLM refuses it
-    with pytest.raises(RlflowError) as failed:
-        backend.refresh_weights()
-    assert "weight refresh failed" in str(failed.value)
-    assert "AssertionError: Attempted to load weight" in str(failed.value)  # vLLM's own words
-    assert not backend.worker.alive()
-    assert not leftover_weight_files(backend)
-    with pytest.raises(RlflowError, match="its weights may be stale"):
-        backend.generate([prompt], greedy(4, eos))
-
-
 def test_a_refresh_that_loads_other_weights_fails_the_fingerprint_check(
     start_vllm, tiny_policy, tiny_processor, monkeypatch
 ):
     """Refresh 2's file differs from the export in one sampled element (vLLM loads it without
     complaint): the fingerprint read back from vLLM's own weights stops the backend. Refresh 1
-    (at start) passed the same check, and vLLM says which version it generated with."""
+    (at start) passed the same check, and vLLM says which version it generated with. The
+    stopped backend refuses to generate and left no weight file behind. A refresh that vLLM
+    itself refuses (a tensor cut short) stops the backend the same way (`_fail`): that path,
+    with vLLM's own error and the worker gone, is test_generation_vllm_grpo.py's
+    test_a_failed_weight_refresh_stops_the_run, through the trainer."""
     eos = tiny_processor.tokenizer.eos_token_id
     prompt = make_prompt(tiny_processor, "text", "How many?", seed=1)
     backend = start_vllm(tiny_policy)
@@ -132,6 +116,8 @@ def test_a_refresh_that_loads_other_weights_fails_the_fingerprint_check(
     assert "vllm.weight-fingerprint" in text
     assert "after the weight refresh of version 1, vLLM's weights are not the trainer's" in text
     assert "1 tensors differ" in text
+    assert not backend.worker.alive()
+    assert not leftover_weight_files(backend)
     with pytest.raises(RlflowError, match="its weights may be stale"):
         backend.generate([prompt], greedy(4, eos))
 

@@ -1,11 +1,13 @@
 """`rlflow train --nproc 2` with the real trainer stops on a closed terminal, Ctrl-C and SIGTERM
 with a saved checkpoint (exit 75, as on the time-limit warning), and each time the same command
-resumes it: no step lost, none repeated. The stand-in version of each signal is in
-tests/job/test_job_local.py."""
+resumes it: no step lost, none repeated. It is also the suite's end-to-end run of two
+data-parallel ranks (`--nproc 2`): the checkpoint records world size 2. The stand-in version of
+each signal is in tests/job/test_job_local.py."""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import select
 import signal
@@ -133,6 +135,12 @@ def test_a_closed_terminal_ctrl_c_and_sigterm_each_save_and_the_run_resumes(tmp_
         previous = step
     steps = [r["step"] for r in read_metrics(run_dir)]
     assert steps == list(range(1, previous + 1))  # every step once: none lost, none repeated
+    # Two data-parallel ranks trained each step: the checkpoint says so and each has its log.
+    state = json.loads(
+        (run_dir / "checkpoints" / f"step_{previous:06d}" / "trainer.json").read_text()
+    )
+    assert state["world_size"] == 2
+    assert (run_dir / "logs" / "rank-1.log").is_file()
     # `rlflow status` sees the local run: three attempts, each stopped by its signal, and how
     # to resume it.
     status = subprocess.run(

@@ -37,15 +37,17 @@ from tests.slurm.jobs import (
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 TINY = RECIPES / "tiny-cpu.yaml"
 TRAIN_RECIPE = REPO / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
-# A tiny real GRPO run: 2 ranks (one per node), a checkpoint every step.
+# A tiny real GRPO run: 2 ranks (one per node), a checkpoint every step, the smallest steps
+# (one prompt per rank, 4-token answers): only the steps' count and order are looked at.
 TRAIN_OVERRIDES = (
     "warm_start.num_steps=0",
-    "grpo.num_prompts_per_step=4",
-    "grpo.num_generations_per_prompt=4",
+    "grpo.num_prompts_per_step=2",
+    "grpo.num_generations_per_prompt=2",
+    "grpo.num_minibatches=1",
     "grpo.val_at_start=false",
     "grpo.val_at_end=false",
     "grpo.val_period=0",
-    "generation.max_new_tokens=16",
+    "generation.max_new_tokens=4",
     "checkpointing.save_period=1",
     "logging.progress_bar=false",
     "logging.tensorboard=false",

@@ -124,7 +124,7 @@ def test_a_generation_rank_that_dies_ends_the_job(tmp_path):
 
 def test_a_generation_rank_that_hangs_is_named_by_the_watchdog(tmp_path):
     result, output, logs = fault_run(
-        tmp_path, {"RLFLOW_TEST_HANG": "1:step2"}, "watchdog.phase_timeout_s=20"
+        tmp_path, {"RLFLOW_TEST_HANG": "1:step2"}, "watchdog.phase_timeout_s=10"
     )
     assert result.returncode != 0
     # the hung rank is named, in its own phase; the waiting trainer is not

@@ -6,6 +6,10 @@ spawned to replace the dead one started after terminate() had sent its stop sent
 terminate() (that worker held the task queue's read lock): the launcher's watchdog then ended
 the job with exit 77, "node hung", which the Slurm retry decision answers by excluding a healthy
 node. The real trainer through the console script, 2 CPU ranks.
+
+It is also the suite's end-to-end run of one failing data-parallel rank: rank 0, left waiting
+for rank 1 in the step, is stopped without a traceback of its own (the subprocess timeout is
+the hang detector). A generic exception on one rank: test_train_async.py's sync faults.
 """
 
 from __future__ import annotations
@@ -73,3 +77,4 @@ def test_a_dead_reward_worker_is_a_named_rank_failure_not_a_hang(tmp_path):
     rank1 = (run_dir / "logs" / "rank-1.log").read_text()
     assert "reward `crash:reward` killed its worker process (SIGSEGV" in rank1
     assert " on row " in rank1
+    assert "Traceback" not in (run_dir / "logs" / "rank-0.log").read_text()
