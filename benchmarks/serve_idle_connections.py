@@ -24,6 +24,7 @@ import argparse
 import json
 import resource
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -53,7 +54,7 @@ def main() -> None:
         host, port = url.removeprefix("http://").removesuffix("/v1").split(":")
         results = measure(host, int(port), url, args.connections)
     finally:
-        server.terminate()
+        server.send_signal(signal.SIGINT)  # Ctrl-C: `rlflow serve` stops cleanly (exit 0)
         server.wait(timeout=120)
     results["server_exit"] = server.returncode
     text = json.dumps(results, indent=2)
