@@ -41,6 +41,7 @@ class JobServer:
         # several ranks of a node: each listens on its own port (0: each picks a free one)
         self.port = self.cfg.port + local_rank if self.cfg.port else 0
         self.thread = None
+        self.policy, self._training = None, False  # (start: the policy and its own mode)
         self.url: str | None = None
         registry.publish(self.run_dir, rank, None, None, "waiting_for_weights")
         _current = self
@@ -62,6 +63,7 @@ class JobServer:
         """Serve `policy` (its weights are version `version`); returns the URL clients use."""
         from rlflow.serve.runner import ServerThread, served_engine
 
+        self.policy, self._training = policy, policy.core.training
         gen = self.recipe.generation
         recipe = dataclasses.replace(
             self.recipe, generation=dataclasses.replace(gen, cuda_graphs=False)
@@ -100,9 +102,13 @@ class JobServer:
         updater.start()
         entered.wait()
         changed = version != engine.weight_version
+        # The server serves in eval mode; the trainer gets its model back in its own mode (a
+        # training forward in the server would count toward MoE's load-balancing loss).
+        self.policy.core.train(self._training)
         try:
             yield
         finally:
+            self.policy.core.eval()
             gate.set()
             updater.join()
         if changed:
@@ -112,6 +118,7 @@ class JobServer:
         global _current
         if self.thread is not None:
             self.thread.stop()
+            self.policy.core.train(self._training)
         self._publish("stopped")
         _current = None
 
