@@ -164,6 +164,7 @@ def describe(ref: JobRef) -> tuple[str, list[Diagnostic]]:
         f"  logs:    {files.rank_log(ref.run_dir / files.LOGS, 0)} (rank 0), "
         f"{files.batch_log(ref.run_dir / files.LOGS, ref.job_id)} (batch script)",
     ]
+    lines += [f"  server:  {line}" for line in monitor.server_lines(run)]
     lines += [f"  failure: attempt-{n}: {f.message}" for n, f in run.failures if f.message]
     lines += monitor.attempt_records(run.attempts)
     return "\n".join(lines), run.problems

@@ -154,6 +154,7 @@ def describe(run_dir: Path) -> tuple[str, list[Diagnostic]]:
     if state.state == "RUNNING":
         lines.append(f"  phase:   {monitor.phase_text(run, time.time())}")
     lines.append(f"  metrics: {monitor.progress_text(run)}")
+    lines += [f"  server:  {line}" for line in monitor.server_lines(run)]
     lines += [f"  failure: attempt-{n}: {f.message}" for n, f in run.failures if f.message]
     lines += monitor.attempt_records(run.attempts)
     if state.resume:

@@ -75,8 +75,19 @@ def body(run: RunFiles, now: float, restarts: str = "0") -> list[str]:
         f"ETA:        {_eta(run, recent)}",
         f"rewards:    {_rewards(run.metrics)}",
         *_attempt_lines(run, restarts),
+        *[f"server:     {line}" for line in server_lines(run)],
         f"last error: {_last_error(run) or 'none'}",
     ]
+
+
+def server_lines(run: RunFiles) -> list[str]:
+    """One line per generation rank's server (generation.server.enabled; RUN_DIR/servers)."""
+    lines = []
+    for r in run.servers:
+        version = "" if r.weight_version is None else f", weight version {r.weight_version}"
+        error = f": {r.error}" if r.error else ""
+        lines.append(f"rank {r.rank} {r.url or '(no URL yet)'} ({r.state}{version}){error}")
+    return lines
 
 
 def _queue(job: JobView) -> str:

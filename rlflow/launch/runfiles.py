@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlflow import bounded
-from rlflow.errors import Diagnostic
+from rlflow.errors import Diagnostic, RlflowError
 from rlflow.job import files
+from rlflow.serve import registry
+from rlflow.serve.registry import ServerRecord
 
 METRICS_TAIL_BYTES = 256 * 1024  # recent steps only: metrics.jsonl grows by ~1.5 kB a step
 MAX_RECORD_BYTES = files.RECORD_MAX_BYTES  # a heartbeat, a failure record, launcher.json
@@ -64,6 +66,7 @@ class RunFiles:
     attempts: list[dict] = field(default_factory=list)  # attempts.jsonl
     failures: list[tuple[int, files.Failure]] = field(default_factory=list)  # per attempt
     launcher: files.LauncherRecord | None = None  # launcher.json (a local run)
+    servers: list[ServerRecord] = field(default_factory=list)  # servers/rank-R.json, by rank
     problems: list[Diagnostic] = field(default_factory=list)
 
     @property
@@ -84,6 +87,10 @@ def read_run(run_dir: Path) -> RunFiles:
     run.attempts = _attempts(run, run_dir / files.ATTEMPTS)
     run.metrics = _metrics(run, run_dir / files.METRICS)
     run.launcher = _launcher(run, run_dir / files.LAUNCHER)
+    try:
+        run.servers = registry.read_all(run_dir)
+    except RlflowError as err:  # a damaged record: reported with the other damaged files
+        run.problems += err.diagnostics
     folders = _attempt_dirs(run, run_dir)
     for folder in folders:
         found = _failure(run, folder)

@@ -13,6 +13,10 @@ from rlflow.recipe.bounds import bound
 
 @frozen
 class ServerConfig:
+    # `rlflow train`: every generation rank serves its engine once its first weights are in
+    enabled: bool
+    # how long a client (rlflow.serve.registry.wait_ready) waits for the job's servers
+    ready_timeout_s: int = field(metadata=bound(ge=1, le=86400))
     host: str  # the address the server listens on (0.0.0.0: every interface)
     port: int = field(metadata=bound(ge=0, le=65535, help="0 picks a free port"))
     # rows the engine runs at once (requests of n choices take n)

@@ -52,12 +52,21 @@ class ApiError(Exception):
         return {"error": error, "object": "error"}
 
 
+@dataclass(frozen=True)
+class Video:
+    """A `video_url` content part, decoded: its frames (RGB PIL images) and their rate."""
+
+    frames: list
+    fps: float
+
+
 @dataclass
 class ChatRequest:
     """A checked request: the conversation for the chat template, its images, the sampling."""
 
     messages: list[dict]  # content parts as the chat templates take them ({"type": "image"})
     images: list = field(default_factory=list)  # decoded PIL images, in order
+    videos: list[Video] = field(default_factory=list)  # decoded videos, in order
     tools: list[dict] | None = None
     parse_tools: bool = False
     chat_template_kwargs: dict = field(default_factory=dict)
@@ -91,7 +100,7 @@ def parse_chat(body: Any, model_name: str) -> ChatRequest:
             "model", "model_not_found",
         )  # fmt: skip
     chat = ChatRequest(messages=[])
-    chat.messages, chat.images = _messages(body.get("messages"))
+    chat.messages, chat.images, chat.videos = _messages(body.get("messages"))
     _sampling(body, chat)
     _tools(body, chat)
     kwargs = body.get("chat_template_kwargs") or {}
@@ -164,10 +173,10 @@ def _tools(body: dict, chat: ChatRequest) -> None:
     chat.parse_tools = choice != "none"
 
 
-def _messages(messages) -> tuple[list[dict], list]:
+def _messages(messages) -> tuple[list[dict], list, list[Video]]:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "`messages` must be a non-empty list", "messages")
-    out, images = [], []
+    out, images, videos = [], [], []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict) or message.get("role") not in _ROLES:
@@ -179,17 +188,18 @@ def _messages(messages) -> tuple[list[dict], list]:
         content = message.get("content")
         if isinstance(content, list):
             converted["content"] = [
-                _part(part, f"{where}.content[{j}]", images) for j, part in enumerate(content)
+                _part(part, f"{where}.content[{j}]", images, videos)
+                for j, part in enumerate(content)
             ]
         elif content is None and not message.get("tool_calls"):
             raise ApiError(400, "a message needs `content`", f"{where}.content")
         elif content is not None and not isinstance(content, str):
             raise ApiError(400, "`content` must be a string or a list of parts", f"{where}.content")
         out.append(converted)
-    return out, images
+    return out, images, videos
 
 
-def _part(part, where: str, images: list) -> dict:
+def _part(part, where: str, images: list, videos: list) -> dict:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind == "text" and isinstance(part.get("text"), str):
         return {"type": "text", "text": part["text"]}
@@ -198,8 +208,12 @@ def _part(part, where: str, images: list) -> dict:
         url = url.get("url") if isinstance(url, dict) else url
         images.append(decode_image(url, f"{where}.image_url"))
         return {"type": "image"}
+    if kind == "video_url":
+        videos.append(decode_video(part.get("video_url"), f"{where}.video_url"))
+        return {"type": "video"}
     raise ApiError(
-        400, f"content part type {kind!r} is not supported: send \"text\" or \"image_url\"",
+        400, f"content part type {kind!r} is not supported: send \"text\", \"image_url\" or "
+        "\"video_url\"",
         f"{where}.type", "unsupported",
     )  # fmt: skip
 
@@ -219,6 +233,50 @@ def decode_image(url, where: str):
     except (binascii.Error, ValueError, UnidentifiedImageError, OSError) as exc:
         raise ApiError(400, f"the image does not decode: {exc}", where, "invalid_image") from None
     return image.convert("RGB")
+
+
+def decode_video(spec, where: str) -> Video:
+    """A `video_url` part's object -> its frames: {"url": [frame data URLs...], "fps": F}, or
+    {"url": "data:image/gif;base64,..."} (the GIF's frames at its own rate, or "fps" if given).
+    Video files (mp4, webm, ...) are refused: the server decodes no video codecs."""
+    if not isinstance(spec, dict):
+        raise ApiError(400, "`video_url` must be an object with a `url`", where)
+    url, fps = spec.get("url"), spec.get("fps")
+    if fps is not None and (isinstance(fps, bool) or not isinstance(fps, int | float) or fps <= 0):
+        raise ApiError(400, f"`fps`={fps!r}: must be a number > 0", f"{where}.fps")
+    if isinstance(url, list):
+        if not url:
+            raise ApiError(400, "a video needs at least one frame", f"{where}.url")
+        if fps is None:
+            raise ApiError(
+                400, "a video sent as frames needs its frame rate, `fps`", f"{where}.fps"
+            )
+        frames = [decode_image(u, f"{where}.url[{i}]") for i, u in enumerate(url)]
+        return Video(frames, float(fps))
+    if isinstance(url, str) and url.startswith("data:image/gif;"):
+        return _gif(url, fps, where)
+    kind = url.partition(";")[0].removeprefix("data:") if isinstance(url, str) else type(url)
+    raise ApiError(
+        400, f"a video as {kind!r} is not decoded by rlflow's server: send its frames (a list "
+        "of image data URLs, with `fps`) or a GIF data URL", where, "unsupported",
+    )  # fmt: skip
+
+
+def _gif(url: str, fps, where: str) -> Video:
+    from PIL import Image, ImageSequence, UnidentifiedImageError
+
+    header, _, payload = url.partition(",")
+    if not header.endswith(";base64"):
+        raise ApiError(400, "a GIF data URL must be base64 (data:image/gif;base64,...)", where)
+    try:
+        gif = Image.open(io.BytesIO(base64.b64decode(payload, validate=True)))
+        frames = [frame.convert("RGB") for frame in ImageSequence.Iterator(gif)]
+    except (binascii.Error, ValueError, UnidentifiedImageError, OSError) as exc:
+        raise ApiError(400, f"the GIF does not decode: {exc}", where, "invalid_image") from None
+    if fps is None:
+        duration_ms = gif.info.get("duration") or 100  # GIF's own frame time (100 ms unset)
+        fps = 1000.0 / duration_ms
+    return Video(frames, float(fps))
 
 
 def _int(body: dict, key: str, low: int) -> int:

@@ -109,6 +109,13 @@ class ServingEngine:
             self._cond.notify()
         update.done.wait()
 
+    def pending(self) -> list[Request]:
+        """The requests queued or running now (rlflow/serve/job.py answers them before it
+        pauses the engine for the trainer)."""
+        with self._cond:
+            rows = [*self._waiting, *self.batch.rows]
+        return list({id(r.request): r.request for r in rows}.values())
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
@@ -161,6 +168,8 @@ class ServingEngine:
     def _apply_update(self) -> bool:
         """True when the update ran now (the iteration starts over)."""
         update, batch = self._update, self.batch
+        if not update.seen and update.version == self.weight_version:
+            update.seen = True  # a pause, not a change: the rows in flight finish, unmarked
         if not update.seen:
             update.seen = True
             for row in batch.rows:

@@ -19,8 +19,8 @@ from rlflow.serve.tools import arguments_as_objects
 class ChatEncoder(CheckpointProcessor):
     def encode(self, chat: ChatRequest) -> Prompt:
         """The conversation, templated with a generation prompt, tokenized with its images."""
-        if chat.images and not self.multimodal:
-            raise ApiError(400, "this model is text-only: send no images", "messages")
+        if (chat.images or chat.videos) and not self.multimodal:
+            raise ApiError(400, "this model is text-only: send no images or videos", "messages")
         messages = arguments_as_objects(chat.messages)
         template = self.processor if self.multimodal else self.tokenizer
         kwargs = dict(chat.chat_template_kwargs)
@@ -43,18 +43,42 @@ class ChatEncoder(CheckpointProcessor):
         if not self.multimodal:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             return Prompt(f"chat-{uuid.uuid4().hex}", text, tuple(ids), Media())
-        images = {"images": list(chat.images)} if chat.images else {}
+        media_kwargs = _media_kwargs(chat)
         try:
-            enc = self.processor(text=[text], return_tensors="pt", **images)
+            enc = self.processor(text=[text], return_tensors="pt", **media_kwargs)
         except Exception as exc:  # e.g. an image too small for the processor
-            raise ApiError(400, f"the processor cannot take these images: {exc}",
+            raise ApiError(400, f"the processor cannot take these images or videos: {exc}",
                            "messages", "invalid_image") from None  # fmt: skip
         media = Media(
             pixel_values=enc.get("pixel_values"),
             image_grid_thw=enc.get("image_grid_thw"),
+            pixel_values_videos=enc.get("pixel_values_videos"),
+            video_grid_thw=enc.get("video_grid_thw"),
+            second_per_grid_ts=enc.get("second_per_grid_ts"),
         )
         ids = tuple(enc["input_ids"][0].tolist())
-        return Prompt(f"chat-{uuid.uuid4().hex}", text, ids, media, images=tuple(chat.images))
+        video = chat.videos[0] if len(chat.videos) == 1 else None  # (vLLM-style backends: one)
+        return Prompt(
+            f"chat-{uuid.uuid4().hex}", text, ids, media, images=tuple(chat.images),
+            video=tuple(video.frames) if video else None, video_fps=video.fps if video else None,
+        )  # fmt: skip
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
+
+
+def _media_kwargs(chat: ChatRequest) -> dict:
+    """The processor's arguments for the request's images and videos: frames as given (no
+    sampling), with their rate, exactly as the trainer's PromptEncoder passes a video sample."""
+    kwargs: dict = {}
+    if chat.images:
+        kwargs["images"] = list(chat.images)
+    if chat.videos:
+        kwargs["videos"] = [list(v.frames) for v in chat.videos]
+        kwargs["video_metadata"] = [
+            {"fps": v.fps, "total_num_frames": len(v.frames),
+             "frames_indices": list(range(len(v.frames))), "duration": len(v.frames) / v.fps}
+            for v in chat.videos
+        ]  # fmt: skip
+        kwargs["do_sample_frames"] = False
+    return kwargs

@@ -30,6 +30,23 @@ def served_engine(policy, checkpoint: Path, recipe, model_name: str) -> Served:
     return Served(engine, encoder, model_name, default_max_tokens=gen.max_new_tokens)
 
 
+_SPARE_FILES = 256  # beside the connections: the model's files, logs, the engine's pipes
+
+
+def raise_open_files(wanted: int) -> int:
+    """Raise this process's open-file soft limit to `wanted` (at most the hard limit): a
+    connection is a file, and the usual soft limit of 1024 would refuse clients (EMFILE) long
+    before `generation.server.max_connections` does. Returns the soft limit now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return target
+    return soft
+
+
 class ServerThread:
     """uvicorn on a bound socket, in a thread; `url` once `start()` returned."""
 
@@ -39,6 +56,7 @@ class ServerThread:
         import uvicorn
 
         self.served = served
+        raise_open_files(max_connections + _SPARE_FILES)
         self.socket = socket.create_server((host, port), backlog=2048)
         self.host, self.port = self.socket.getsockname()[:2]
         config = uvicorn.Config(

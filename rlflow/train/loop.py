@@ -9,6 +9,7 @@ completions of each of its prompts, so every group's advantages are computed loc
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 import torch
 
@@ -37,18 +38,21 @@ def train(t: Trainer) -> int:
     """Run until grpo.max_num_steps; return the exit code (0, or EX_TEMPFAIL on a stop request)."""
     recipe = t.recipe
     resumed = _resume_or_start(t)
-    t.rollouts.start(
-        t.step
-    )  # separate placement: the generation ranks get the weights and the data
+    t.rollouts.start(t.step)  # separate placement: the generation ranks get weights and data
+    if t.server is not None:  # generation.server.enabled: serve the weights now loaded
+        t.server.start(t.policy, t.backend.weight_version)
     if not resumed and recipe.grpo.val_at_start:
-        t.log.log(0, validate(t))
+        with _paused(t, t.step):
+            t.log.log(0, validate(t))
     while t.step < recipe.grpo.max_num_steps:
         step = t.step + 1
-        metrics = grpo_step(t, step)
+        with _paused(t, step):  # the step's weights are version `step` when it ends
+            metrics = grpo_step(t, step)
         t.step = step
         last = step == recipe.grpo.max_num_steps
         if validation_due(recipe.grpo, step, last=last):
-            metrics.update(validate(t))
+            with _paused(t, step):
+                metrics.update(validate(t))
         t.log.log(step, metrics)
         inject_failure(t.info.job_rank, f"logged{step}")
         stop = t.stop.agreed()
@@ -67,6 +71,12 @@ def train(t: Trainer) -> int:
     t.rollouts.finish(0)
     _summary(t)
     return 0
+
+
+def _paused(t: Trainer, version: int):
+    """The rank's server (if any) waits while the trainer uses the model, then serves
+    `version` (rlflow/serve/job.py)."""
+    return nullcontext() if t.server is None else t.server.paused(version)
 
 
 def _summary(t: Trainer) -> None:

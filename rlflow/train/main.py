@@ -72,6 +72,7 @@ def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
         _shutdown()
         return code
     except PreflightFailed as err:
+        _server_failed(str(err))
         if err.note:
             watchdog.note(err.note)  # the launcher's failure record names this node's checks
         print(f"[rank {rank}] {err}", file=sys.stderr, flush=True)
@@ -81,11 +82,22 @@ def run(recipe_path: str, overrides: list[str], run_dir: str | None) -> int:
         # whose log the launcher shows (rlflow/job/ranks.py finds the "[rank R] error:" line).
         if os.environ.get("RLFLOW_HEARTBEAT_FILE"):  # under the launcher: logs/rank-R.log
             print(f"[rank {rank}] stopping on {summary_line(err.diagnostics)}:", file=sys.stderr)
+        first = err.diagnostics[0]
+        _server_failed(f"{first.code}: {first.message}")
         print_diagnostics(err.diagnostics)
         _hard_exit(err.exit_code)
     except BaseException as err:  # noqa: BLE001 - the top of a rank: report, then leave at once
+        _server_failed(f"{type(err).__name__}: {err}")
         _hard_exit(EX_PEER_FAILED if _report(err, rank) else 1)
     return 1
+
+
+def _server_failed(error: str) -> None:
+    """generation.server.enabled: this rank's record in RUN_DIR/servers says it failed, naming
+    the error (nothing waits for a server that will never answer)."""
+    from rlflow.serve.job import mark_failed  # (standard library only at import)
+
+    mark_failed(error)
 
 
 def _report(err: BaseException, rank: int) -> bool:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # types only: setup imports these modules when it builds the 
     from rlflow.generation.base import GenerationBackend
     from rlflow.model.build import Policy
     from rlflow.model.processor import PromptEncoder
+    from rlflow.serve.job import JobServer
     from rlflow.train.checkpoint import Checkpointer
     from rlflow.train.collect import RolloutContext, RolloutSource
     from rlflow.train.metrics import MetricsLog
@@ -51,10 +52,14 @@ class Trainer:
     scorer: Scorer  # the recipe's rewards; a pool of workers for rewards from user code
     context: RolloutContext  # what the rollouts (and validation) read: the fields above
     rollouts: RolloutSource  # this rank's engine, or the generation ranks
+    server: JobServer | None  # colocated, generation.server.enabled: this rank's server
     step: int = 0
 
     def close(self) -> None:
-        """Release what outlives a step: the metrics files, the backend, the reward workers."""
+        """Release what outlives a step: the server, the metrics files, the backend, the reward
+        workers."""
+        if self.server is not None:
+            self.server.stop()
         self.log.close()
         self.backend.close()
         self.scorer.close()
@@ -138,6 +143,7 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     from rlflow.generation.factory import check_backend_ready, make_backend
     from rlflow.model.build import load_policy, resolve_checkpoint
     from rlflow.model.processor import PromptEncoder
+    from rlflow.serve.job import JobServer
     from rlflow.train.checkpoint import Checkpointer
     from rlflow.train.collect import LocalRollouts, RolloutContext
     from rlflow.train.generation_role.remote import Link, RemoteRollouts
@@ -150,6 +156,9 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     check_backend_ready(recipe.generation)
     stop = StopRequest(recipe.checkpointing.save_on_signal, recipe.slurm.stop_signal)
     checkpoint = resolve_checkpoint(recipe.model, cache_dir=run_dir / "model")
+    separate = parallel.placement() is not None
+    # colocated: every rank generates, so every rank serves (separate: the generation ranks)
+    server = None if separate else JobServer.announce(recipe, run_dir, checkpoint)
     policy = load_policy(checkpoint, recipe.model, recipe.parallelism, trainable=True)
     reference = None
     if recipe.loss.kl_penalty > 0:
@@ -179,7 +188,6 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     )
     scorer = build_scorer(recipe)
     context = RolloutContext(recipe, info, sampler, train_data, encoder, backend, scorer)
-    separate = parallel.placement() is not None
     rollouts = RemoteRollouts(Link(policy, recipe), context) if separate else LocalRollouts(context)
     watchdog.beat("setup")
     return Trainer(
@@ -200,4 +208,5 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
         scorer=scorer,
         context=context,
         rollouts=rollouts,
+        server=server,
     )

@@ -33,6 +33,12 @@ if rank == "0":
             out.write(json.dumps({"step": step, "time/step": 2.0, "train/reward": 0.25 * step}))
             out.write("\\n")
     (run / "recipe.resolved.yaml").write_text("grpo:\\n  max_num_steps: 5\\n")
+# generation.server.enabled: each rank's record (rlflow/serve/job.py writes these)
+from rlflow.serve.registry import publish
+if rank == "0":
+    publish(run, 0, "http://127.0.0.1:8000/v1", 2, "ready")
+else:
+    publish(run, 1, None, None, "failed", "RuntimeError: weight sync 0 tore")
 print("rank", rank, "at step 3", flush=True)
 open(os.environ["MARK"] + "ready-" + rank, "w").close()
 while True:
@@ -86,6 +92,10 @@ def test_status_logs_and_cancel_of_a_local_run_then_its_resume(tmp_path):
         assert "  command: rlflow train tiny.yaml --run-dir " in status.stdout
         assert "  phase:   rollout, step 3 of 5 (attempt 0, 2 ranks reporting" in status.stdout
         assert "  metrics: step 2 of 5 logged; " in status.stdout
+        assert (
+            "  server:  rank 0 http://127.0.0.1:8000/v1 (ready, weight version 2)\n"
+            "  server:  rank 1 (no URL yet) (failed): RuntimeError: weight sync 0 tore\n"
+        ) in status.stdout
 
         logs = rlflow("logs", str(run), "--rank", "1", cwd=tmp_path)
         assert logs.returncode == 0, logs.stderr

@@ -139,6 +139,11 @@ READ_BY = {
         "rlflow/serve/runner.py",
         "server.max_prefill_tokens",
     ),
+    "generation.server.enabled": ("rlflow/serve/job.py", "recipe.generation.server.enabled"),
+    "generation.server.ready_timeout_s": (
+        "rlflow/serve/job.py",
+        "recipe.generation.server.ready_timeout_s",
+    ),
     "generation.server.host": ("rlflow/serve/start.py", "server_cfg.host"),
     "generation.server.port": ("rlflow/serve/start.py", "server_cfg.port"),
     "generation.server.max_connections": ("rlflow/serve/start.py", "server_cfg.max_connections"),

@@ -78,6 +78,37 @@ def test_an_image_prompt_has_the_ids_the_trainer_builds(client, tiny_ckpt):
     assert first != second
 
 
+def test_a_video_as_frames_or_a_gif_has_the_ids_the_trainer_builds(client, tiny_ckpt):
+    """A video sample through the trainer's PromptEncoder (4 frames at 2 fps), and the same
+    frames through the server: as a list of PNG data URLs with `fps`, and as a GIF of 500 ms
+    frames. The same ids (the GIF's palette changes pixels, never the ids)."""
+    from dataclasses import replace
+
+    from rlflow.data.sample import Sample
+    from rlflow.model.processor import PromptEncoder
+
+    data_cfg = base_recipe().data
+    data_cfg = replace(data_cfg, video=replace(data_cfg.video, num_frames=4,
+                                               temporal_patch_size=2, fps=2.0))  # fmt: skip
+    frames = tuple(random_image(10 + i, size=56) for i in range(4))
+    sample = Sample(id="v", media="video", question="How many?", answer="1", video=frames)
+    trainer = PromptEncoder(tiny_ckpt, data_cfg).encode(sample)
+    gif = io.BytesIO()
+    frames[0].save(gif, format="GIF", save_all=True, append_images=frames[1:], duration=500)
+    gif_url = "data:image/gif;base64," + base64.b64encode(gif.getvalue()).decode()
+    text = {"type": "text", "text": sample.question + data_cfg.prompt_suffix}
+    for video in (
+        {"url": [_data_url(f) for f in frames], "fps": 2.0},
+        {"url": gif_url},
+    ):
+        content = [{"type": "video_url", "video_url": video}, text]
+        completion, _ = _create(
+            client, messages=[{"role": "user", "content": content}], max_tokens=3, seed=1
+        )
+        ids = completion.choices[0].message.model_extra["prompt_token_ids"]
+        assert ids == list(trainer.token_ids)
+
+
 def test_tools_and_tool_turns_render_through_the_chat_template(client, tiny_processor):
     """The request's tools reach the prompt (Qwen's hermes system block), and an earlier call
     and its result render as the template renders them for a trainer."""
@@ -167,10 +198,22 @@ HELLO = [{"role": "user", "content": "hi"}]
         ),
         (dict(messages=[{"role": "user", "content": [{"type": "input_audio"}]}]), 400,
          "messages[0].content[0].type"),
+        (
+            dict(messages=[{"role": "user", "content": [
+                {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}
+            ]}]),
+            400, "messages[0].content[0].video_url",
+        ),
+        (
+            dict(messages=[{"role": "user", "content": [
+                {"type": "video_url", "video_url": {"url": ["data:image/png;base64,AAAA"]}}
+            ]}]),
+            400, "messages[0].content[0].video_url.fps",
+        ),
     ],
     ids=["unknown-model", "max-tokens-0", "past-context", "prompt-too-long", "top-logprobs",
          "stream", "unknown-field", "tool-choice", "n-over-rows", "bad-image", "image-url",
-         "audio"],
+         "audio", "video-mp4", "frames-without-fps"],
 )  # fmt: skip
 def test_bad_requests_get_an_openai_error_naming_the_field(client, kwargs, status, param):
     kwargs.setdefault("model", MODEL)

@@ -109,3 +109,21 @@ def test_idle_connections_are_bounded_and_the_engine_keeps_serving(client, serve
         for sock in idle:
             sock.close()
     assert client.chat.completions.create(**{**LONG, "max_tokens": 2}).choices
+
+
+def test_the_server_raises_its_open_file_soft_limit_for_its_connections():
+    """Each idle client is an open file: the server lifts the soft limit (usually 1024) to
+    max_connections + spare at start, up to the hard limit (benchmarks/serve_idle_connections.py
+    holds 10,000 idle connections against `rlflow serve`)."""
+    import resource
+
+    from rlflow.serve.runner import raise_open_files
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1024), hard))
+        assert raise_open_files(want) == want
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == want
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -15,6 +15,7 @@ in rlflow.train.generation_role.remote; this module is its generation side:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +38,11 @@ class Generator:
     policy: object
     stop: object
     link: Link
+    server: object  # rlflow.serve.job.JobServer (generation.server.enabled), or None
 
     def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
         self.context.backend.close()
         self.context.scorer.close()
 
@@ -48,6 +52,7 @@ def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
     from rlflow.generation.factory import make_backend
     from rlflow.model.build import load_policy, resolve_checkpoint
     from rlflow.model.processor import PromptEncoder
+    from rlflow.serve.job import JobServer
     from rlflow.train import setup
     from rlflow.train.signals import StopRequest
 
@@ -56,6 +61,7 @@ def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
     # The trainers decide when to stop; a time-limit warning here is only noted.
     stop = StopRequest(recipe.checkpointing.save_on_signal, recipe.slurm.stop_signal)
     checkpoint = resolve_checkpoint(recipe.model, cache_dir=run_dir / "model")
+    server = JobServer.announce(recipe, run_dir, checkpoint)
     par = setup.role_parallelism(recipe, "generate")
     policy = load_policy(checkpoint, recipe.model, par, trainable=False)
     setup.share_vision_cache(policy, None, enabled=recipe.model.freeze_vision)
@@ -77,6 +83,7 @@ def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
         policy=policy,
         stop=stop,
         link=Link(policy, recipe),
+        server=server,
     )
     watchdog.beat("setup")
     return g
@@ -89,6 +96,8 @@ def serve(g: Generator) -> int:
     start = link.message(src=0)
     g.context.sampler.load_state_dict(start["sampler"])
     _receive_weights(g, start["step"])
+    if g.server is not None:  # generation.server.enabled: serve the weights now synced
+        g.server.start(g.policy, g.context.backend.weight_version)
     schedule = Schedule(
         g.context.recipe.async_grpo.max_staleness,
         start["step"],
@@ -103,7 +112,8 @@ def serve(g: Generator) -> int:
             return order["stop"]
         step = order["want"]
         while upcoming <= step:  # not generated ahead (synchronous, or the first batch)
-            ready[upcoming], upcoming = _batch(g, upcoming, schedule), upcoming + 1
+            with _paused(g):
+                ready[upcoming], upcoming = _batch(g, upcoming, schedule), upcoming + 1
         batch = ready.pop(step)
         if link.rollouts is not None:
             watchdog.beat("send_rollouts", step)
@@ -111,11 +121,21 @@ def serve(g: Generator) -> int:
         while (
             upcoming <= schedule.ahead(step) and schedule.version_for(upcoming) <= link.sync.version
         ):
-            ready[upcoming], upcoming = _batch(g, upcoming, schedule), upcoming + 1
+            with _paused(g):
+                ready[upcoming], upcoming = _batch(g, upcoming, schedule), upcoming + 1
         if schedule.sync_after(step):
             watchdog.beat("wait_trainer")
             link.message("ready", src=link.leader)
-            _receive_weights(g, step)
+            with _paused(g, step):
+                _receive_weights(g, step)
+
+
+def _paused(g: Generator, version: int | None = None):
+    """The rank's server (if any) waits while the rank uses its model, then serves `version`
+    (default: the weights it holds; rlflow/serve/job.py)."""
+    if g.server is None:
+        return nullcontext()
+    return g.server.paused(g.context.backend.weight_version if version is None else version)
 
 
 def _receive_weights(g: Generator, version: int) -> None:
