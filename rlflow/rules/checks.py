@@ -35,6 +35,7 @@ from rlflow.rules.elsewhere import (
     video_patch_matches_checkpoint,
     wandb_installed,
 )
+from rlflow.rules.partial import partial_rollouts
 
 
 def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
@@ -420,6 +421,7 @@ RULES = (
     _fp8_rollouts,
     _kv_cache_needs_megatron,
     _kv_cache_holds_a_row,
+    partial_rollouts,
     _overlong_buffer_fits,
     _mask_below_cap,
     prompt_template,

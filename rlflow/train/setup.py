@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # types only: setup imports these modules when it builds the 
     from rlflow.train.checkpoint import Checkpointer
     from rlflow.train.collect import RolloutContext, RolloutSource
     from rlflow.train.metrics import MetricsLog
+    from rlflow.train.partial import PartialRollouts
     from rlflow.train.signals import StopRequest
     from rlflow.train.update import Optimizer
 
@@ -180,7 +181,12 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     scorer = build_scorer(recipe)
     context = RolloutContext(recipe, info, sampler, train_data, encoder, backend, scorer)
     separate = parallel.placement() is not None
-    rollouts = RemoteRollouts(Link(policy, recipe), context) if separate else LocalRollouts(context)
+    if separate:
+        rollouts = RemoteRollouts(Link(policy, recipe), context)
+    elif recipe.generation.partial_rollouts.enabled:
+        rollouts = PartialRollouts(context)  # (colocated only: rlflow/rules/partial.py)
+    else:
+        rollouts = LocalRollouts(context)
     watchdog.beat("setup")
     return Trainer(
         recipe=recipe,
