@@ -35,9 +35,9 @@ def partial_rollouts(loaded: LoadedRecipe) -> list[Diagnostic]:
         (recipe.grpo.dynamic_sampling.enabled, ("grpo", "dynamic_sampling", "enabled"),
          "dynamic sampling off (groups that wait for their rows are not filtered)",
          "grpo.dynamic_sampling.enabled=false"),
-        (recipe.loss.router_replay, ("loss", "router_replay"),
-         "router replay off (a continued row's earlier tokens were routed by older weights)",
-         "loss.router_replay=false"),
+        (recipe.loss.router_replay and _moe(recipe), ("loss", "router_replay"),
+         "router replay off on a mixture-of-experts model (a continued row's earlier tokens "
+         "were routed by older weights)", "loss.router_replay=false"),
         (sampling_mode(recipe) == "off", ("loss", "importance_sampling", "mode"),
          "an importance correction for tokens of older weights (tis or mis; auto picks tis)",
          "loss.importance_sampling.mode=auto"),
@@ -70,3 +70,12 @@ def partial_rollouts(loaded: LoadedRecipe) -> list[Diagnostic]:
             )
         )
     return problems
+
+
+def _moe(recipe) -> bool:
+    """Whether the checkpoint has experts (unknown, e.g. not on this machine: `rlflow train`
+    runs the rules again where it is)."""
+    from rlflow.model.shape import recipe_shape
+
+    shape = recipe_shape(recipe.model.checkpoint)
+    return shape is not None and bool(shape.experts)
