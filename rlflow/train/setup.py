@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # types only: setup imports these modules when it builds the 
     from rlflow.train.checkpoint import Checkpointer
     from rlflow.train.collect import RolloutContext, RolloutSource
     from rlflow.train.metrics import MetricsLog
-    from rlflow.train.partial import PartialRollouts
     from rlflow.train.signals import StopRequest
     from rlflow.train.update import Optimizer
 
@@ -143,6 +142,7 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     from rlflow.train.collect import LocalRollouts, RolloutContext
     from rlflow.train.generation_role.remote import Link, RemoteRollouts
     from rlflow.train.metrics import MetricsLog
+    from rlflow.train.partial import PartialRollouts
     from rlflow.train.signals import StopRequest
     from rlflow.train.update import Optimizer
 
