@@ -33,6 +33,10 @@ for every engine variant in --variants (bf16, fp8; --fp8-parts limits the fp8 on
             GRPO-shaped, the long-response, or an every-row-256-tokens batch: seconds per phase
             (time/*), speed/* metrics, tokens/s/GPU, update and logprob MFU, the generation
             phase's share of its roofline, memory per step.
+- steplong_partial: the steplong workload with partial rollouts (docs/partial-rollouts.md):
+            generation stops at --partial-budget decode steps, unfinished rows continue in the
+            next step, complete groups train. --partial-steps steps (its first steps fill the
+            pipeline); tokens = the trained rows' prompt + response tokens (train/real_tokens).
 
 GRPO-shaped roofline (issue 9): prefill FLOPs of the unique prompts (LM 2 x params x tokens +
 vision tower 2 x vision params x patches + attention) / measured bf16 matmul rate, plus, for
@@ -45,6 +49,8 @@ every decode step up to the longest row, max((LM weight bytes + KV bytes of the 
     python3 benchmarks/grpo_shaped.py --out $OUT --parts step,fixed256
     # two H200s, tensor parallel 2 (two ranks through rlflow's local launcher; rank 0 reports)
     python3 benchmarks/grpo_shaped.py --out $OUT --tp 2 --parts rollout,step
+    # the long step, partial rollouts off and on (benchmarks/grpo_shaped.md)
+    python3 benchmarks/grpo_shaped.py --out $OUT --parts steplong,steplong_partial --steps 8
     # CPU smoke test of the script (tiny model, fp32, 4 prompts x 2 samples, cap 16)
     uv run python benchmarks/grpo_shaped.py --tiny --out /tmp/grpo-shaped
     # the Qwen3-VL-4B shape (init-tiny-model --preset qwen3vl-4b); CPU: --tiny --model qwen3vl
@@ -673,7 +679,25 @@ class BenchmarkSampling:
 
 
 # step parts: (cap, stop every N tokens or None for exactly the cap)
-STEP_PARTS = {"step": ("short", False), "steplong": ("long", False), "fixed256": ("short", True)}
+STEP_PARTS = {"step": ("short", False), "steplong": ("long", False), "fixed256": ("short", True),
+              "steplong_partial": ("long", False)}  # fmt: skip
+
+
+def with_partial_rollouts(t, args) -> None:
+    """Trainer `t` from here on with partial rollouts on (rlflow/train/partial.py): the recipe
+    says so (TIS under importance_sampling auto), and its rollouts continue unfinished rows."""
+    from rlflow.train.partial import PartialRollouts
+
+    gen = t.recipe.generation
+    partial = dataclasses.replace(
+        gen.partial_rollouts, enabled=True, budget_steps=args.partial_budget,
+        max_staleness_steps=args.partial_staleness,
+    )  # fmt: skip
+    t.recipe = dataclasses.replace(
+        t.recipe, generation=dataclasses.replace(gen, partial_rollouts=partial)
+    )
+    t.context = dataclasses.replace(t.context, recipe=t.recipe)
+    t.rollouts = PartialRollouts(t.context)
 
 
 def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log, out, save):
@@ -708,8 +732,13 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
     for part in [p for p in args.parts if p in STEP_PARTS]:
         workload, sampling.fixed = STEP_PARTS[part]
         sampling.stop_ids, sampling.max_new_tokens = stop_sets[workload]
+        partial = part == "steplong_partial"
+        if partial:  # the row cap is the recipe's (the long cap); each call's is the budget
+            with_partial_rollouts(t, args)
+            sampling.max_new_tokens = None
         rows = []
-        for index in range(args.steps):
+        for index in range(args.partial_steps if partial else args.steps):
+            calls_before = len(sampling.calls)
             step = t.step + 1
             # --ab-logprob-pass: after the first step, odd steps run the separate old-logprob
             # pass as before (the A/B reference in the same process), even steps skip it
@@ -722,6 +751,12 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
             t.log.log(step, metrics)
             call = sampling.calls[-1]
             tokens = call["prompt_tokens"] + call["useful_tokens"]
+            if partial:  # several calls (rounds) of continuations: count what trained
+                calls = sampling.calls[calls_before:]
+                tokens = int(metrics["train/real_tokens"])
+                call = {**call, "seconds": sum(c["seconds"] for c in calls),
+                        "useful_tokens": sum(c["useful_tokens"] for c in calls),
+                        "mean_response": metrics["train/response_length"]}  # fmt: skip
             timing = {k: v for k, v in metrics.items() if k.startswith("time/")}
             row = {
                 "step": step,
@@ -746,7 +781,11 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
                 * (passes + recompute)
                 / max(metrics["time/logprobs"], 1e-9)
                 / rate,
-                **{k: v for k, v in metrics.items() if k.startswith(("memory/", "speed/"))},
+                **{
+                    k: v
+                    for k, v in metrics.items()
+                    if k.startswith(("memory/", "speed/", "partial/"))
+                },  # fmt: skip
                 "token_mult_prob_error": metrics.get("train/token_mult_prob_error"),
                 "generation_percent_of_roofline": 100
                 * roofline(sampling.prompts, sampling.lengths[-1], counts, ceil, gpus)["total_s"]
@@ -765,6 +804,8 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
                 f"allocated {row.get('memory/allocated_gib', float('nan')):.2f} GiB"
             )
         later = rows[1:] or rows  # step 1 includes CUDA-graph capture and compilation
+        if partial:  # the first steps fill the pipeline of rows in flight
+            later = rows[len(rows) // 2 :]
         summary = {
             key: statistics.median(r[key] for r in later)
             for key, value in rows[0].items()
@@ -785,6 +826,12 @@ def run_steps(loaded, samples, stop_sets, args, ceil, counts, run_dir, info, log
                 }  # fmt: skip
         summary["allocated_gib_per_step"] = [r.get("memory/allocated_gib") for r in rows]
         summary["peak_gib_per_step"] = [r.get("memory/peak_gib") for r in rows]
+        if partial:  # over the steps summarised: all their tokens / all their time
+            seconds = sum(r["time/step"] for r in later)
+            summary["tokens_per_s_per_gpu_overall"] = (
+                sum(r["tokens"] for r in later) / seconds / gpus
+            )
+            summary["steps_summarised"] = [r["step"] for r in later]
         out[part] = {"median_of_steps_2_on": summary, "steps": rows}
     t.backend.close()
     t.log.close()
@@ -840,6 +887,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--hf-batch", type=int, default=32, help="HF generate chunk size")
     parser.add_argument("--hf-reps", type=int, default=2, help="timed HF calls (median)")
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps per part (5; tiny 2)")
+    parser.add_argument(
+        "--partial-steps",
+        type=int,
+        default=None,
+        help="steps of steplong_partial (--steps; the later half is summarised)",
+    )
+    parser.add_argument(
+        "--partial-budget",
+        type=int,
+        default=None,
+        help="steplong_partial: decode steps per step (1024; tiny 16)",
+    )
+    parser.add_argument("--partial-staleness", type=int, default=4,
+                        help="steplong_partial: max_staleness_steps")  # fmt: skip
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size (= GPUs)")
     parser.add_argument("--ab-logprob-pass", action="store_true",
                         help="steps after the first alternate: with the separate old-logprob "
@@ -867,6 +928,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.samples = args.samples or (2 if tiny else 8)
     args.max_new_tokens = args.max_new_tokens or (16 if tiny else 256)
     args.steps = args.steps or (2 if tiny else 5)
+    args.partial_steps = args.partial_steps or args.steps
+    args.partial_budget = args.partial_budget or (16 if tiny else 1024)
     args.hf_prompts = min(args.hf_prompts, args.prompts)
     if args.compile_decode is None:
         args.compile_decode = not tiny
@@ -893,7 +956,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def recipe_overrides(args, checkpoint: Path) -> list[str]:
     tiny = args.tiny
-    cap = args.long_max_new_tokens if "steplong" in args.parts else args.max_new_tokens
+    long = {"steplong", "steplong_partial"} & set(args.parts)
+    cap = args.long_max_new_tokens if long else args.max_new_tokens
     return [
         f"model.checkpoint={checkpoint}",
         f"model.dtype={'float32' if tiny else 'bfloat16'}",

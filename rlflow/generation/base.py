@@ -28,13 +28,17 @@ class SamplingParams:
     seed: int
     stop_token_ids: tuple[int, ...]
     ignore_eos: bool  # generate exactly max_new_tokens (benchmarks)
+    # megatron backend: a pass ends once this share of its rows finished; the rest end
+    # `budget` (partial rollouts continue them: rlflow/train/partial.py). 1.0: every row.
+    stop_fraction: float = 1.0
 
 
 @dataclass(frozen=True)
 class Completion:
     token_ids: list[int]  # generated tokens, including the stop token when one ended the row
     logprobs: list[float]  # log p(token), temperature-1 distribution, one per token
-    finish_reason: Literal["stop", "length"]
+    # budget: cut by a partial-rollouts budget before its stop token or max_new_tokens
+    finish_reason: Literal["stop", "length", "budget"]
     # MoE models, megatron backend: the experts each token went through, [prompt + generated,
     # layers, k] (int8/int16; -1: never through the model, i.e. the last generated token)
     routing: torch.Tensor | None = None

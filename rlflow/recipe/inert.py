@@ -63,14 +63,15 @@ _NO_PREFLIGHT = _off("preflight.enabled", lambda r: not r.preflight.enabled, "fa
 def sampling_mode(recipe: Recipe) -> str:
     """`loss.importance_sampling.mode` with `auto` resolved for the rollouts: tis for vllm, hf
     (another engine's numerics), FP8 megatron rollouts (quantized weights) and asynchronous
-    GRPO (rollouts from older weights: async_grpo.max_staleness > 0); off for synchronous
+    GRPO (rollouts from older weights: async_grpo.max_staleness > 0) and partial rollouts (rows
+    continued across updates: generation.partial_rollouts.enabled); off for synchronous
     megatron in the policy's dtype (the policy's own tensors: in fp32 the weights would be 1 to
     ~1e-7, so the loss is left exactly as is). The trainer runs this mode (train.collect)."""
     mode = recipe.loss.importance_sampling.mode
     if mode != "auto":
         return mode
     gen = recipe.generation
-    synchronous = recipe.async_grpo.max_staleness == 0
+    synchronous = recipe.async_grpo.max_staleness == 0 and not gen.partial_rollouts.enabled
     return "off" if gen.backend == "megatron" and not gen.fp8 and synchronous else "tis"
 
 
@@ -79,6 +80,7 @@ _SAMPLING = (
     "generation.backend",
     "generation.fp8",
     "async_grpo.max_staleness",
+    "generation.partial_rollouts.enabled",
 )
 
 
@@ -137,6 +139,14 @@ INERT: dict[str, Unread] = {
         lambda r: r.optimizer.max_tokens_per_micro_batch > 0,
         "above 0 (micro-batches are sized in tokens)",
     ),
+    **{
+        f"generation.partial_rollouts.{key}": _off(
+            "generation.partial_rollouts.enabled",
+            lambda r: not r.generation.partial_rollouts.enabled,
+            "false",
+        )
+        for key in ("budget_steps", "finished_fraction", "max_staleness_steps")
+    },
     "warm_start.lr": _off("warm_start.num_steps", lambda r: r.warm_start.num_steps == 0, "0"),
     "warm_start.batch_size": _off(
         "warm_start.num_steps", lambda r: r.warm_start.num_steps == 0, "0"

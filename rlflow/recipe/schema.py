@@ -16,6 +16,7 @@ from typing import Literal
 from rlflow.frozen import frozen
 from rlflow.recipe import scalars
 from rlflow.recipe.bounds import ENV_NAMES, Bound, bound, command_line
+from rlflow.recipe.partial_schema import PartialRolloutsConfig
 from rlflow.recipe.serve_schema import ServerConfig
 
 MAX_TIMEOUT_S = 30 * 86400  # past any job's time limit (torch's timedelta overflows far beyond)
@@ -266,15 +267,14 @@ class GenerationConfig:
     kv_cache_tokens: int = field(metadata=bound(ge=0, help="0 sizes it from free GPU memory"))
     vllm: VllmConfig
     placement: Literal["colocated", "separate"]  # separate: generation on ranks of its own
-    # separate: ranks of every node that generate (the others train)
-    gpus_per_node: int = field(metadata=bound(ge=0))
-    # separate: whole nodes that only generate
-    num_nodes: int = field(metadata=bound(ge=0))
+    gpus_per_node: int = field(metadata=bound(ge=0))  # separate: ranks of a node that generate
+    num_nodes: int = field(metadata=bound(ge=0))  # separate: whole nodes that only generate
     # separate: the generation engine's own tensor-parallel size
     tensor_parallel_size: int = field(metadata=bound(ge=1))
     # separate: weights reach the generation ranks in broadcasts of at most this many MiB
     sync_bucket_mb: int = field(metadata=bound(ge=1, le=65536))
     server: ServerConfig  # the OpenAI-compatible server on the engine (`rlflow serve`)
+    partial_rollouts: PartialRolloutsConfig  # a per-step budget; unfinished rows continue
 
 
 @frozen

@@ -36,6 +36,7 @@ from rlflow.rules.elsewhere import (
     wandb_installed,
 )
 from rlflow.rules.server import server_in_job
+from rlflow.rules.partial import partial_rollouts
 
 
 def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
@@ -422,6 +423,7 @@ RULES = (
     _kv_cache_needs_megatron,
     _kv_cache_holds_a_row,
     server_in_job,
+    partial_rollouts,
     _overlong_buffer_fits,
     _mask_below_cap,
     prompt_template,

@@ -7,6 +7,7 @@ Layout under RUN_DIR/checkpoints/:
       optim_tp0_pp0.pt      optimizer state of that shard
       rng_rank0.pt          every rank's RNG states (python, numpy, torch, cuda)
       trainer.json          step, data position, world size
+      rollouts_rank0.json   every rank's rows in flight (partial rollouts only: train/partial.py)
       manifest.json         every file's size and blake2b checksum, written last (manifest.py)
     step_000020.damaged/    a checkpoint that failed verification, set aside for inspection
     reference/              the frozen reference policy (the policy when GRPO started), + manifest
@@ -50,6 +51,10 @@ def due(cfg: CheckpointConfig, step: int, *, last: bool, stop: bool) -> bool:
     """Whether step `step` ends with a checkpoint (checkpointing.enabled): every save_period
     steps, the last step, and the step a stop request ends."""
     return cfg.enabled and (step % cfg.save_period == 0 or last or stop)
+
+
+# A rank's rows in flight: ~30 bytes a token; 512 rows of 4096 tokens are ~60 MB.
+_ROLLOUTS_MAX_BYTES = 1 << 30
 
 
 class Checkpointer:
@@ -119,8 +124,16 @@ class Checkpointer:
 
     # --- save ------------------------------------------------------------------------------------
 
-    def save(self, step: int, policy_chunks, optimizer, trainer_state: dict) -> Path:
-        """Every rank calls this; returns the final directory."""
+    def save(
+        self,
+        step: int,
+        policy_chunks,
+        optimizer,
+        trainer_state: dict,
+        rank_state: dict | None = None,
+    ) -> Path:
+        """Every rank calls this; returns the final directory. rank_state: this rank's rollouts
+        in flight (JSON), or None."""
         info = parallel.info()
         final = self.root / f"step_{step:06d}"
         tmp = final.with_name(final.name + ".tmp")
@@ -150,6 +163,9 @@ class Checkpointer:
                 written.append(f"optim_{self._shard()}.pt")
             torch.save(_rng_state(), tmp / f"rng_rank{info.rank}.pt")
             written.append(f"rng_rank{info.rank}.pt")
+            if rank_state is not None:
+                (tmp / f"rollouts_rank{info.rank}.json").write_text(json.dumps(rank_state))
+                written.append(f"rollouts_rank{info.rank}.json")
             if info.is_main:
                 state = {**trainer_state, "step": step, "world_size": info.world_size}
                 (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2))
@@ -258,6 +274,16 @@ class Checkpointer:
         except Exception as err:  # noqa: BLE001 - any failure to read a file is "this file"
             raise _load_failed(path, err) from None
         return state
+
+    def rank_state(self, directory: Path) -> dict | None:
+        """This rank's rollouts in flight saved with the checkpoint, or None (none saved)."""
+        path = directory / f"rollouts_rank{parallel.info().rank}.json"
+        if not path.exists():
+            return None
+        try:
+            return json.loads(bounded.read_bytes(path, _ROLLOUTS_MAX_BYTES, manifest.READ_SECONDS))
+        except (OSError, ValueError) as err:
+            raise _load_failed(path, err) from None
 
     def load_reference(self, reference_chunks) -> bool:
         """Restore the reference policy saved when GRPO started (on resume)."""

@@ -82,6 +82,12 @@ class RolloutSource(Protocol):
     def finish(self, exit_code: int) -> None:
         """The run ends with `exit_code`."""
 
+    def state_dict(self) -> dict | None:
+        """Rows in flight to checkpoint beside the weights (rlflow.train.partial), or None."""
+
+    def load_state_dict(self, state: dict | None) -> int:
+        """A checkpoint's rows in flight back; how many are unfinished."""
+
 
 @dataclass
 class _Group:
@@ -98,7 +104,7 @@ def collect_rollouts(t: RolloutContext, step: int, timer) -> Rollouts:
     cfg = recipe.grpo
     dynamic = cfg.dynamic_sampling
     want = cfg.num_prompts_per_step // info.dp_size
-    scored = _Scored()
+    scored = Scored()
     kept: list[_Group] = []
     generated_groups = filtered_groups = extra_rounds = 0
     for round_ in range(dynamic.max_extra_rounds + 1 if dynamic.enabled else 1):
@@ -107,9 +113,9 @@ def collect_rollouts(t: RolloutContext, step: int, timer) -> Rollouts:
             groups = _generate_and_score(t, step, round_, indices, timer, scored)
             generated_groups += len(groups)
             for group in groups:
-                no_signal = _no_signal(group)
-                filtered_groups += no_signal  # counted always: dropped only when enabled
-                if not (dynamic.enabled and no_signal):
+                empty = no_signal(group.rewards)
+                filtered_groups += empty  # counted always: dropped only when enabled
+                if not (dynamic.enabled and empty):
                     kept.append(group)
             extra_rounds = round_
         else:  # full: an expert-parallel engine's peers still need this rank in their passes
@@ -146,7 +152,7 @@ def collect_rollouts(t: RolloutContext, step: int, timer) -> Rollouts:
 
 
 @dataclass
-class _Scored:
+class Scored:
     """Everything generated this step, scored (all rounds, kept or not)."""
 
     rewards: list[float] = field(default_factory=list)
@@ -179,7 +185,7 @@ def sampling_metrics(totals: dict[str, float]) -> dict[str, float]:
 
 
 def _generate_and_score(
-    t: RolloutContext, step: int, round_: int, indices, timer, out: _Scored
+    t: RolloutContext, step: int, round_: int, indices, timer, out: Scored
 ) -> list[_Group]:
     recipe = t.recipe
     G = recipe.grpo.num_generations_per_prompt
@@ -209,9 +215,10 @@ def _generate_and_score(
     ]
 
 
-def _no_signal(group: _Group) -> bool:
+def no_signal(rewards: list[float]) -> bool:
+    """Whether one group's rewards are all equal (zero advantage: nothing to learn)."""
     # float32, as group_advantages sees them: "all equal" here means zero advantage there
-    return bool(grpo.zero_variance_groups(torch.tensor([group.rewards]))[0])
+    return bool(grpo.zero_variance_groups(torch.tensor([rewards]))[0])
 
 
 def _raise_exhausted(kept, want, rounds, generated, filtered) -> None:
@@ -309,3 +316,9 @@ class LocalRollouts:
 
     def finish(self, exit_code: int) -> None:
         """Nobody else to tell."""
+
+    def state_dict(self) -> dict | None:
+        return None  # every step's rows finish within it
+
+    def load_state_dict(self, state: dict | None) -> int:
+        return 0  # (a partial-rollouts checkpoint's rows are not continued with it off)

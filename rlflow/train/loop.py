@@ -212,7 +212,11 @@ def warm_start(t: Trainer) -> None:
 def save(t: Trainer) -> None:
     watchdog.beat("checkpoint_save")
     t.checkpointer.save(
-        t.step, t.policy.chunks, t.optimizer.inner, {"sampler": t.sampler.state_dict()}
+        t.step,
+        t.policy.chunks,
+        t.optimizer.inner,
+        {"sampler": t.sampler.state_dict()},
+        t.rollouts.state_dict(),  # partial rollouts: this rank's rows in flight
     )
     inject_failure(t.info.job_rank, f"saved{t.step}")
 
@@ -244,10 +248,12 @@ def _resume_or_start(t: Trainer) -> bool:
             )
         )
     t.sampler.load_state_dict(state["sampler"])
+    unfinished = t.rollouts.load_state_dict(t.checkpointer.rank_state(latest))
     t.step = state["step"]
     t.backend.refresh_weights(t.step)
     t.log.start(t.step)  # records after the checkpoint go: those steps run again
-    t.log.write(f"resumed from {latest} (step {t.step})")
+    carried = f", {unfinished} unfinished rows continue" if unfinished else ""
+    t.log.write(f"resumed from {latest} (step {t.step}){carried}")
     return True
 
 

@@ -148,6 +148,7 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     from rlflow.train.collect import LocalRollouts, RolloutContext
     from rlflow.train.generation_role.remote import Link, RemoteRollouts
     from rlflow.train.metrics import MetricsLog
+    from rlflow.train.partial import PartialRollouts
     from rlflow.train.signals import StopRequest
     from rlflow.train.update import Optimizer
 
@@ -188,7 +189,12 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     )
     scorer = build_scorer(recipe)
     context = RolloutContext(recipe, info, sampler, train_data, encoder, backend, scorer)
-    rollouts = RemoteRollouts(Link(policy, recipe), context) if separate else LocalRollouts(context)
+    if separate:
+        rollouts = RemoteRollouts(Link(policy, recipe), context)
+    elif recipe.generation.partial_rollouts.enabled:
+        rollouts = PartialRollouts(context)  # (colocated only: rlflow/rules/partial.py)
+    else:
+        rollouts = LocalRollouts(context)
     watchdog.beat("setup")
     return Trainer(
         recipe=recipe,

@@ -132,6 +132,19 @@ READ_BY = {
     "generation.release_cache": ("rlflow/generation/factory.py", "gen_cfg.release_cache"),
     "generation.kv_cache_tokens": ("rlflow/generation/factory.py", "gen_cfg.kv_cache_tokens"),
     "generation.vllm.env_root": ("rlflow/generation/factory.py", "gen_cfg.vllm.env_root"),
+    "generation.partial_rollouts.enabled": (
+        "rlflow/train/setup.py",
+        "recipe.generation.partial_rollouts.enabled",
+    ),
+    "generation.partial_rollouts.budget_steps": ("rlflow/train/partial.py", "cfg.budget_steps"),
+    "generation.partial_rollouts.finished_fraction": (
+        "rlflow/train/partial.py",
+        "cfg.finished_fraction",
+    ),
+    "generation.partial_rollouts.max_staleness_steps": (
+        "rlflow/train/partial.py",
+        "cfg.max_staleness_steps",
+    ),
     "generation.server.max_rows": ("rlflow/serve/runner.py", "server.max_rows"),
     "generation.server.context_tokens": ("rlflow/serve/runner.py", "server.context_tokens"),
     "generation.server.on_weight_update": ("rlflow/serve/runner.py", "server.on_weight_update"),

@@ -369,8 +369,10 @@ class MegatronGeneration(GenerationBackend):
                     finished[gone] = True
                 count = sum(batch.alive)
                 trace.append((step + 1, size, count, round(time.perf_counter() - t0, 4)))
-                (agreed,) = lockstep.max(count)  # expert parallelism: the busiest rank's rows
-                if agreed == 0:
+                # expert parallelism: the busiest rank's rows; whether any rank is below its
+                # params.stop_fraction of finished rows (partial rollouts: the rest end `budget`)
+                agreed, short = lockstep.max(count, int(count > n - n * params.stop_fraction))
+                if agreed == 0 or not short:
                     break
                 smaller = _bucket(buckets, agreed) if buckets else agreed
                 if smaller < size:
@@ -449,6 +451,8 @@ def _completions(tokens, logprobs, steps_done, params: SamplingParams) -> list[C
         end, reason = n, "length"
         if not params.ignore_eos and n and row_tokens[n - 1] in stops:
             reason = "stop"
+        elif n < params.max_new_tokens:  # the pass ended at params.stop_fraction
+            reason = "budget"
         out.append(
             Completion(
                 token_ids=row_tokens[:end], logprobs=row_logprobs[:end], finish_reason=reason

@@ -155,6 +155,12 @@ class RemoteRollouts:
         """Tell the generation ranks to leave, with the trainers' exit code."""
         self.link.message({"stop": exit_code}, src=0)
 
+    def state_dict(self) -> dict | None:
+        return None  # (partial rollouts are colocated only: rlflow/rules/partial.py)
+
+    def load_state_dict(self, state: dict | None) -> int:
+        return 0
+
     def _check(self, batch: RolloutBatch, step: int) -> None:
         """The tripwire: rollouts of the wrong step, from weights staler than max_staleness, or
         newer than the trainer's own, stop the run."""
