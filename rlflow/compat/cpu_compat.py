@@ -274,11 +274,9 @@ def install_mamba_reference() -> bool:
         return getattr(mamba_mixer, "_rlflow_reference", False)
     from rlflow.compat import mamba_reference as ref
 
-    class ExtendedRMSNorm(ref.RMSNormGated):
-        sharded_state_dict = mamba_mixer.ExtendedRMSNorm.__dict__.get("sharded_state_dict")
+    class ExtendedRMSNorm(ref.RMSNormGated):  # megatron's subclasses a MagicMock here
+        sharded_state_dict = _norm_sharded_state_dict
 
-    if not callable(ExtendedRMSNorm.sharded_state_dict):  # the MagicMock subclass has none
-        ExtendedRMSNorm.sharded_state_dict = _norm_sharded_state_dict
     mamba_mixer.HAVE_MAMBA_SSM = True
     mamba_mixer.RMSNormGated = ref.RMSNormGated
     mamba_mixer.ExtendedRMSNorm = ExtendedRMSNorm
