@@ -158,7 +158,9 @@ def sequential_scan(x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=Fa
             new_row = (seq_idx[:, t] != seq_idx[:, t - 1]).float()[:, None, None, None]
             state = state * (1 - new_row)
         decay = torch.exp(dtf[:, t] * A.float())[:, :, None, None]
-        state = decay * state + torch.einsum("bh,bhn,bhp->bhpn", dtf[:, t], Bf[:, t], x[:, t].float())
+        state = decay * state + torch.einsum(
+            "bh,bhn,bhp->bhpn", dtf[:, t], Bf[:, t], x[:, t].float()
+        )
         ys.append(torch.einsum("bhn,bhpn->bhp", Cf[:, t], state))
     return _finish(torch.stack(ys, 1), x, D, z).to(x.dtype), state
 

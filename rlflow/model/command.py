@@ -1,6 +1,5 @@
 """`rlflow init-tiny-model`: write a random Qwen2.5-VL, Qwen3-VL or Nemotron-H checkpoint built in
-code (no
-downloads).
+code (no downloads).
 
 The checkpoint is written into a hidden folder next to DIRECTORY and moved into place when it is
 whole: a full disk, a GPU that is not there or Ctrl-C leaves DIRECTORY as it was. An existing
@@ -84,7 +83,8 @@ def init_tiny_model(directory, preset, seed, device, overwrite):
         sizes = QWEN3VL_PRESETS[preset]
         write, what = write_tiny_qwen3vl, "Qwen3-VL"
     elif preset in NEMOTRON_H_PRESET_NAMES:
-        from rlflow.model.families.nemotron_h import PRESETS as HYBRID, write_tiny_nemotron_h
+        from rlflow.model.families.nemotron_h import PRESETS as HYBRID
+        from rlflow.model.families.nemotron_h import write_tiny_nemotron_h
 
         sizes = HYBRID[preset]
         write, what = write_tiny_nemotron_h, "Nemotron-H"

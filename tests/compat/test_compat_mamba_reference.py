@@ -80,7 +80,9 @@ def test_conv_equals_torch_conv1d_and_decode_steps_continue_the_prefill():
     state = xs[:, :, 6:10].clone()
     new = torch.randn(2, 12)
     step = ref.causal_conv1d_update(new, state, weight, cbias, activation="silu")
-    full = ref.causal_conv1d_fn(torch.cat([xs, new[..., None]], -1), weight, cbias, activation="silu")
+    full = ref.causal_conv1d_fn(
+        torch.cat([xs, new[..., None]], -1), weight, cbias, activation="silu"
+    )
     torch.testing.assert_close(step, full[..., -1], rtol=1e-5, atol=1e-5)
     # SSM decode: the prefill's final state, then one token, equals the scan over all tokens
     x, dt, A, B, C, D, z, bias = _inputs(length=9)
@@ -88,7 +90,9 @@ def test_conv_equals_torch_conv1d_and_decode_steps_continue_the_prefill():
         x[:, :8], dt[:, :8], A, B[:, :8], C[:, :8], 4, D=D, z=z[:, :8], dt_bias=bias,
         dt_softplus=True, return_final_states=True,
     )  # fmt: skip
-    full = ref.mamba_chunk_scan_combined(x, dt, A, B, C, 4, D=D, z=z, dt_bias=bias, dt_softplus=True)
+    full = ref.mamba_chunk_scan_combined(
+        x, dt, A, B, C, 4, D=D, z=z, dt_bias=bias, dt_softplus=True
+    )
     last = ref.selective_state_update(
         state, x[:, 8], dt[:, 8], A, B[:, 8], C[:, 8], D=D, z=z[:, 8], dt_bias=bias,
         dt_softplus=True,

@@ -126,7 +126,9 @@ def write_tiny_nemotron_h(
     from rlflow.model.tiny import TinyModel, token_ids_config, write_tiny
 
     if len(sizes.pattern) != sizes.layers:
-        raise ValueError(f"pattern {sizes.pattern!r} has {len(sizes.pattern)} layers, not {sizes.layers}")
+        raise ValueError(
+            f"pattern {sizes.pattern!r} has {len(sizes.pattern)} layers, not {sizes.layers}"
+        )
 
     def config(ids: dict[str, int], tokens: int):
         return NemotronHConfig(

@@ -51,6 +51,7 @@ def register() -> None:
             check_config(hf_pretrained.config)
             provider = super().provider_bridge(hf_pretrained)
             provider.hybrid_stack_spec = local_hybrid_stack_spec
+            provider.activation_func = squared_relu
             provider.moe_grouped_gemm = False
             provider.moe_permute_fusion = False
             provider.moe_shared_expert_overlap = False
@@ -76,6 +77,14 @@ def _local_final_norm() -> None:
         hybrid_block.TENorm = LNImpl
 
 
+def squared_relu(x):
+    """relu(x)^2, HF's `relu2`. megatron-core's own is wrapped in torch.compile (jit_fuser),
+    which on a CPU builds C++ kernels for minutes before the first forward."""
+    import torch
+
+    return torch.nn.functional.relu(x).square()
+
+
 def check_config(hf_config) -> None:
     """Refuse what the local hybrid model does not compute as HF does."""
     pattern = hf_config.hybrid_override_pattern
@@ -91,7 +100,9 @@ def check_config(hf_config) -> None:
     if hf_config.conv_kernel != 4:
         problems.append(f"conv_kernel {hf_config.conv_kernel} (megatron-core's mixer uses 4)")
     if not hf_config.use_conv_bias or hf_config.use_bias or hf_config.mamba_proj_bias:
-        problems.append("biases other than the conv1d's (use_conv_bias must be true, use_bias false)")
+        problems.append(
+            "biases other than the conv1d's (use_conv_bias must be true, use_bias false)"
+        )
     if getattr(hf_config, "attention_bias", False) or getattr(hf_config, "mlp_bias", False):
         problems.append("attention_bias or mlp_bias")
     if hf_config.mlp_hidden_act != "relu2" or hf_config.mamba_hidden_act != "silu":
