@@ -35,6 +35,13 @@ GPU machine it does nothing. Each patch names the megatron-core code it replaces
    (pytorch/pytorch#156627). On gloo groups both run as the equal-size collectives over chunks
    padded with zeros to the largest count (every rank knows the counts: no extra collective),
    then the padding is cut off. The sums are the same: only zeros are added.
+8. megatron-core's Mamba mixer (ssm/mamba_mixer.py) takes its training and prefill kernels from
+   the `mamba-ssm` and `causal-conv1d` CUDA packages, and without them refuses to build
+   (`HAVE_MAMBA_SSM`) and subclasses a MagicMock for its gated norm. Bound there: the plain
+   PyTorch kernels of rlflow/compat/mamba_reference.py (`mamba_split_conv1d_scan_combined`,
+   `mamba_chunk_scan_combined`, `causal_conv1d_fn`, a gated `RMSNorm` with the mixer's sharded
+   state dict), and the sequence-packing version check answers yes (the reference takes
+   `seq_idx`). `install_mamba_reference()` is the same patch on a GPU without mamba-ssm.
 
 rlflow's own generation engine does not use megatron-core's inference controller, so its
 CUDA-only paths (text_generation_controller.py) need no patch.
@@ -71,6 +78,7 @@ def enable() -> bool:
     _patch_optimizer_allocations()
     _patch_moe_split_sizes()
     _patch_uneven_collectives()
+    install_mamba_reference()
     _enabled = True
     return True
 
@@ -253,3 +261,40 @@ def _patch_uneven_collectives() -> None:
 
     mappings._gather_along_first_dim = _gather_along_first_dim
     mappings._reduce_scatter_along_first_dim = _reduce_scatter_along_first_dim
+
+
+def install_mamba_reference() -> bool:
+    """Patch 8: megatron-core's Mamba mixer on rlflow's PyTorch kernels; a no-op (False) where
+    mamba-ssm is installed (its CUDA kernels run)."""
+    import importlib.util
+
+    from megatron.core.ssm import mamba_mixer
+
+    if importlib.util.find_spec("mamba_ssm") is not None or mamba_mixer.HAVE_MAMBA_SSM:
+        return getattr(mamba_mixer, "_rlflow_reference", False)
+    from rlflow.compat import mamba_reference as ref
+
+    class ExtendedRMSNorm(ref.RMSNormGated):  # megatron's subclasses a MagicMock here
+        sharded_state_dict = _norm_sharded_state_dict
+
+    mamba_mixer.HAVE_MAMBA_SSM = True
+    mamba_mixer.RMSNormGated = ref.RMSNormGated
+    mamba_mixer.ExtendedRMSNorm = ExtendedRMSNorm
+    mamba_mixer.causal_conv1d_fn = ref.causal_conv1d_fn
+    mamba_mixer.mamba_chunk_scan_combined = ref.mamba_chunk_scan_combined
+    mamba_mixer.mamba_split_conv1d_scan_combined = ref.mamba_split_conv1d_scan_combined
+    mamba_mixer._check_mamba_sequence_packing_support = lambda **_: (True, None)
+    mamba_mixer._rlflow_reference = True
+    return True
+
+
+def _norm_sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
+    """megatron-core's ExtendedRMSNorm.sharded_state_dict: the weight split along axis 0."""
+    from megatron.core import parallel_state
+    from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+    tp_group = getattr(self, "tp_group", None) or parallel_state.get_tensor_model_parallel_group()
+    return make_sharded_tensors_for_checkpoint(
+        self.state_dict(prefix="", keep_vars=True), prefix, {"weight": 0}, sharded_offsets,
+        tp_group=tp_group, dp_cp_group=metadata["dp_cp_group"],
+    )  # fmt: skip

@@ -1,5 +1,5 @@
-"""`rlflow init-tiny-model`: write a random Qwen2.5-VL or Qwen3-VL checkpoint built in code (no
-downloads).
+"""`rlflow init-tiny-model`: write a random Qwen2.5-VL, Qwen3-VL or Nemotron-H checkpoint built in
+code (no downloads).
 
 The checkpoint is written into a hidden folder next to DIRECTORY and moved into place when it is
 whole: a full disk, a GPU that is not there or Ctrl-C leaves DIRECTORY as it was. An existing
@@ -29,6 +29,7 @@ Examples:
   rlflow init-tiny-model /tmp/tiny-vlm
   rlflow init-tiny-model /scratch/qwen25vl-3b-random --preset qwen25vl-3b --device cuda
   rlflow init-tiny-model /scratch/qwen3vl-4b-random --preset qwen3vl-4b --device cuda
+  rlflow init-tiny-model /tmp/tiny-hybrid --preset tiny-nemotron-h
 """
 )
 @click.argument("directory", type=click.Path(file_okay=False))
@@ -38,7 +39,9 @@ Examples:
     default="tiny",
     show_default=True,
     help="tiny: ~1 M parameters for CPU tests (Qwen2.5-VL); qwen25vl-3b: Qwen2.5-VL-3B's real "
-    "shapes; qwen3vl-4b: Qwen3-VL-4B's real shapes (DeepStack, interleaved mrope).",
+    "shapes; qwen3vl-4b: Qwen3-VL-4B's real shapes (DeepStack, interleaved mrope); "
+    "tiny-nemotron-h: a tiny Nemotron-H hybrid (Mamba-2, attention, MLP); nemotron-h-30b-a3b: "
+    "Nemotron-H 30B-A3B's shapes (MoE layers), nemotron-h-30b-a3b-dense: the same with MLPs.",
 )
 @click.option(
     "--seed",
@@ -59,12 +62,13 @@ Examples:
     help="Replace DIRECTORY if it already holds a checkpoint (its config.json).",
 )
 def init_tiny_model(directory, preset, seed, device, overwrite):
-    """Write a random Qwen2.5-VL (or, with a qwen3vl preset, Qwen3-VL) checkpoint to DIRECTORY.
+    """Write a random Qwen2.5-VL (with a qwen3vl preset Qwen3-VL, with a nemotron-h preset
+    Nemotron-H) checkpoint to DIRECTORY.
 
     The directory is a complete HF checkpoint (config, safetensors, tokenizer, image and video
     processors, chat template) that rlflow loads exactly like a downloaded one.
     """
-    from rlflow.model.presets import QWEN3VL_PRESET_NAMES
+    from rlflow.model.presets import NEMOTRON_H_PRESET_NAMES, QWEN3VL_PRESET_NAMES
 
     try:
         target = _target(directory, overwrite)
@@ -78,6 +82,12 @@ def init_tiny_model(directory, preset, seed, device, overwrite):
 
         sizes = QWEN3VL_PRESETS[preset]
         write, what = write_tiny_qwen3vl, "Qwen3-VL"
+    elif preset in NEMOTRON_H_PRESET_NAMES:
+        from rlflow.model.families.nemotron_h import PRESETS as HYBRID
+        from rlflow.model.families.nemotron_h import write_tiny_nemotron_h
+
+        sizes = HYBRID[preset]
+        write, what = write_tiny_nemotron_h, "Nemotron-H"
     else:
         from rlflow.model.tiny import PRESETS, write_tiny_checkpoint
 

@@ -107,11 +107,12 @@ def install(language_model) -> None:
     """Give every layer's core attention a packed path (used only inside `packing(...)`).
 
     `forward` is rebound on these module instances, not on megatron's class; outside a
-    `packing` block the original forward runs unchanged.
+    `packing` block the original forward runs unchanged. Layers without attention (a hybrid
+    model's Mamba and MLP layers: the family hooks its own) are left alone.
     """
     for layer in language_model.decoder.layers:
-        core = layer.self_attention.core_attention
-        if getattr(core, "_rlflow_packed", False):
+        core = getattr(getattr(layer, "self_attention", None), "core_attention", None)
+        if core is None or getattr(core, "_rlflow_packed", False):
             continue
         original = core.forward
         scale = getattr(core, "softmax_scale", None) or core.hidden_size_per_attention_head**-0.5

@@ -1,0 +1,263 @@
+"""Mamba-2 kernels in plain PyTorch: what megatron-core's Mamba mixer calls, without CUDA.
+
+megatron-core 0.19.2's `MambaMixer` (megatron/core/ssm/mamba_mixer.py) takes its training and
+prefill kernels from the `mamba-ssm` and `causal-conv1d` packages (CUDA builds only; PyPI ships
+sources). This module is the reference rlflow runs instead where they are absent (CPU CI, the tiny
+recipes; `rlflow.compat.cpu_compat` installs it, patch 8), with their signatures:
+
+* `causal_conv1d_fn`: the depthwise causal conv1d (+ SiLU) over [B, D, L];
+* `mamba_chunk_scan_combined`: the Mamba-2 state-space duality (SSD) scan, chunked: within a
+  chunk a masked (decay-weighted) attention-like product, between chunks a recurrence over
+  chunk states (one Python step per chunk);
+* `mamba_split_conv1d_scan_combined`: the training path's fused kernel: split the input
+  projection into z, xBC, dt; conv; scan; gate with SiLU(z);
+* `RMSNormGated`: RMSNorm over groups of channels, gated by SiLU(z) before the norm;
+* `causal_conv1d_update` and `selective_state_update`: one decode step on the conv and SSM states.
+
+Packed rows: `seq_idx` [B, L] (the row of each token, non-decreasing) keeps the conv window and
+the scan state inside a row: a token never sees a token of another row. `seq_idx_of(cu_seqlens)`
+turns row starts into it. Every computation runs in float32 and returns the input's dtype.
+`sequential_scan` is the naive per-token recurrence the tests hold the chunked scan to.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def seq_idx_of(cu_seqlens: torch.Tensor, total: int | None = None) -> torch.Tensor:
+    """Row starts [R+1] (cu_seqlens) -> seq_idx [1, T] (int32: the row of each token)."""
+    cu = cu_seqlens.long()
+    total = int(cu[-1]) if total is None else total
+    lengths = cu[1:] - cu[:-1]
+    rows = torch.arange(lengths.numel(), device=cu.device)
+    return rows.repeat_interleave(lengths, output_size=total).to(torch.int32)[None]
+
+
+def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, activation=None, **_):
+    """x [B, D, L], weight [D, W], bias [D] -> [B, D, L]: out[t] = sum_k w[k] x[t - (W-1) + k],
+    taps before the row start (seq_idx) or the sequence start read zero."""
+    width = weight.shape[-1]
+    xf, wf = x.float(), weight.float()
+    out = torch.zeros_like(xf)
+    length = x.shape[-1]
+    for k in range(width):
+        shift = width - 1 - k
+        if shift >= length:
+            continue
+        tap = F.pad(xf, (shift, 0))[..., :length]
+        if seq_idx is not None and shift:
+            same = seq_idx[:, shift:] == seq_idx[:, :-shift]  # [B, L - shift]
+            tap = tap * F.pad(same, (shift, 0)).to(xf.dtype)[:, None, :]
+        out = out + tap * wf[:, k, None]
+    if bias is not None:
+        out = out + bias.float()[:, None]
+    if activation in ("silu", "swish"):
+        out = F.silu(out)
+    return out.to(x.dtype)
+
+
+def _dt(dt, dt_bias, dt_softplus, dt_limit):
+    dt = dt.float()
+    if dt_bias is not None:
+        dt = dt + dt_bias.float()
+    if dt_softplus:
+        dt = F.softplus(dt)
+    low, high = dt_limit
+    if low > 0.0 or high != float("inf"):
+        dt = dt.clamp(min=low, max=high)
+    return dt
+
+
+def _heads(t, nheads):
+    """[B, L, G, N] -> [B, L, H, N] (each group serves H/G consecutive heads)."""
+    return t.float().repeat_interleave(nheads // t.shape[2], dim=2)
+
+
+def _finish(y, x, D, z):
+    """y + D x, then the SiLU(z) gate; [B, L, H, P]."""
+    if D is not None:
+        d = D.float()
+        y = y + x.float() * (d[None, None, :, None] if d.dim() == 1 else d[None, None])
+    if z is not None:
+        y = y * F.silu(z.float())
+    return y
+
+
+def mamba_chunk_scan_combined(
+    x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+    cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+    return_varlen_states=False, **_,
+):  # fmt: skip
+    """The SSD scan: x [B, L, H, P], dt [B, L, H], A [H], B/C [B, L, G, N] -> y [B, L, H, P]
+    (and the final state [B, H, P, N] if asked; with packed rows, the last row's)."""
+    if cu_seqlens is not None and seq_idx is None:
+        seq_idx = seq_idx_of(cu_seqlens, x.shape[1]).expand(x.shape[0], -1)
+    batch, length, nheads, headdim = x.shape
+    q = chunk_size
+    pad = -length % q
+    dtf = _dt(dt, dt_bias, dt_softplus, dt_limit)
+    xf, Bf, Cf = x.float(), _heads(B, nheads), _heads(C, nheads)
+    seq = torch.zeros(batch, length, dtype=torch.long, device=x.device)
+    if seq_idx is not None:
+        seq = seq_idx.long()
+    if pad:  # padding tokens: dt = 0 (no decay, no input), the last row's index
+        xf, Bf, Cf = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (xf, Bf, Cf))
+        dtf = F.pad(dtf, (0, 0, 0, pad))
+        seq = torch.cat([seq, seq[:, -1:].expand(-1, pad)], 1)
+    n = (length + pad) // q
+    # chunked views: [B, c, q, H, *]
+    xc, Bc, Cc = (t.view(batch, n, q, nheads, -1) for t in (xf, Bf, Cf))
+    dtc = dtf.view(batch, n, q, nheads)
+    sc = seq.view(batch, n, q)
+    acum = torch.cumsum(dtc * A.float()[None, None, None, :], dim=2)  # [B, c, q, H]
+    # intra-chunk: y_i = sum_{j<=i, same row} (C_i . B_j) exp(acum_i - acum_j) dt_j x_j
+    seg = acum[:, :, :, None, :] - acum[:, :, None, :, :]  # [B, c, i, j, H]
+    causal = torch.tril(torch.ones(q, q, dtype=torch.bool, device=x.device))
+    same = (sc[:, :, :, None] == sc[:, :, None, :]) & causal  # [B, c, i, j]
+    decay = torch.exp(seg.masked_fill(~same[..., None], float("-inf")))
+    scores = torch.einsum("bcihn,bcjhn->bcijh", Cc, Bc) * decay * dtc[:, :, None, :, :]
+    y = torch.einsum("bcijh,bcjhp->bcihp", scores, xc)
+    # chunk states: what each chunk adds to the state of its last token's row
+    last = sc[:, :, -1:]  # [B, c, 1]
+    to_end = torch.exp(acum[:, :, -1:, :] - acum) * (sc == last)[..., None]  # [B, c, q, H]
+    states = torch.einsum("bcjh,bcjhn,bcjhp->bchpn", to_end * dtc, Bc, xc)
+    state = torch.zeros(batch, nheads, headdim, Bf.shape[-1], device=x.device)
+    if initial_states is not None:
+        state = initial_states.float().clone()
+    prev_row = seq[:, :1]  # the initial state belongs to the first token's row
+    for c in range(n):
+        enter = (sc[:, c] == prev_row).float()  # [B, q]: tokens that see the carried state
+        y[:, c] += torch.einsum(
+            "bihn,bhpn,bih->bihp", Cc[:, c], state, torch.exp(acum[:, c]) * enter[..., None]
+        )
+        keep = (last[:, c] == prev_row).float()  # [B, 1]
+        carried = state * (torch.exp(acum[:, c, -1]) * keep)[:, :, None, None]
+        state = states[:, c] + carried
+        prev_row = last[:, c]
+    y = y.reshape(batch, n * q, nheads, headdim)[:, :length]
+    y = _finish(y, x, D, z).to(x.dtype)
+    if return_final_states or return_varlen_states:
+        return y, state.to(x.dtype if initial_states is None else initial_states.dtype)
+    return y
+
+
+def sequential_scan(x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                    seq_idx=None, initial_states=None):  # fmt: skip
+    """The naive recurrence, token by token (tests only): h = exp(dt A) h + dt B x^T; y = C h."""
+    batch, length, nheads, headdim = x.shape
+    dtf = _dt(dt, dt_bias, dt_softplus, (0.0, float("inf")))
+    Bf, Cf = _heads(B, nheads), _heads(C, nheads)
+    state = torch.zeros(batch, nheads, headdim, Bf.shape[-1])
+    if initial_states is not None:
+        state = initial_states.float().clone()
+    ys = []
+    for t in range(length):
+        if seq_idx is not None and t > 0:
+            new_row = (seq_idx[:, t] != seq_idx[:, t - 1]).float()[:, None, None, None]
+            state = state * (1 - new_row)
+        decay = torch.exp(dtf[:, t] * A.float())[:, :, None, None]
+        state = decay * state + torch.einsum(
+            "bh,bhn,bhp->bhpn", dtf[:, t], Bf[:, t], x[:, t].float()
+        )
+        ys.append(torch.einsum("bhn,bhpn->bhp", Cf[:, t], state))
+    return _finish(torch.stack(ys, 1), x, D, z).to(x.dtype), state
+
+
+def mamba_split_conv1d_scan_combined(
+    zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states=None,
+    seq_idx=None, dt_limit=(0.0, float("inf")), return_final_states=False, activation="silu",
+    rmsnorm_weight=None, rmsnorm_eps=1e-6, outproj_weight=None, outproj_bias=None, headdim=None,
+    ngroups=1, norm_before_gate=True, **_,
+):  # fmt: skip
+    """zxbcdt [B, L, 2*Din + 2*G*N + H] -> y [B, L, Din]: conv and SiLU on xBC, the scan, y + D x,
+    gated by SiLU(z) (the norm, if any, is the caller's: rmsnorm_weight must be None)."""
+    if rmsnorm_weight is not None or outproj_weight is not None:
+        raise NotImplementedError("the reference fuses neither the norm nor the output projection")
+    nheads = A.shape[0]
+    dim = conv1d_weight.shape[0]  # Din + 2*G*N
+    d_inner = zxbcdt.shape[-1] - dim - nheads
+    dstate = (dim - d_inner) // (2 * ngroups)
+    headdim = headdim or d_inner // nheads
+    z, xBC, dt = torch.split(zxbcdt, [d_inner, dim, nheads], dim=-1)
+    xBC = causal_conv1d_fn(
+        xBC.transpose(1, 2), conv1d_weight, conv1d_bias, seq_idx=seq_idx, activation=activation
+    ).transpose(1, 2)
+    x, B, C = torch.split(xBC, [d_inner, ngroups * dstate, ngroups * dstate], dim=-1)
+    batch, length = x.shape[:2]
+    out = mamba_chunk_scan_combined(
+        x.reshape(batch, length, nheads, headdim),
+        dt,
+        A,
+        B.reshape(batch, length, ngroups, dstate),
+        C.reshape(batch, length, ngroups, dstate),
+        chunk_size,
+        D=D,
+        z=z.reshape(batch, length, nheads, headdim),
+        dt_bias=dt_bias,
+        initial_states=initial_states,
+        seq_idx=seq_idx,
+        dt_softplus=True,
+        dt_limit=dt_limit,
+        return_final_states=return_final_states,
+    )
+    if return_final_states:
+        return out[0].reshape(batch, length, d_inner), out[1]
+    return out.reshape(batch, length, d_inner)
+
+
+def rms_norm_gated(x, weight, z=None, eps=1e-5, group_size=None, norm_before_gate=False):
+    """RMSNorm over groups of `group_size` channels; z gates (SiLU) before or after the norm."""
+    xf = x.float()
+    if z is not None and not norm_before_gate:
+        xf = xf * F.silu(z.float())
+    size = group_size or xf.shape[-1]
+    grouped = xf.unflatten(-1, (-1, size))
+    normed = grouped * torch.rsqrt(grouped.pow(2).mean(-1, keepdim=True) + eps)
+    out = normed.flatten(-2) * weight.float()
+    if z is not None and norm_before_gate:
+        out = out * F.silu(z.float())
+    return out.to(x.dtype)
+
+
+class RMSNormGated(torch.nn.Module):
+    """mamba_ssm.ops.triton.layernorm_gated.RMSNorm's interface: forward(x, z=None)."""
+
+    def __init__(self, hidden_size, eps=1e-5, group_size=None, norm_before_gate=True,
+                 device=None, dtype=None):  # fmt: skip
+        super().__init__()
+        self.eps, self.group_size, self.norm_before_gate = eps, group_size, norm_before_gate
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.register_parameter("bias", None)
+
+    def forward(self, x, z=None):
+        return rms_norm_gated(x, self.weight, z, self.eps, self.group_size, self.norm_before_gate)
+
+
+def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, **_):
+    """One decode step: x [B, D], conv_state [B, D, W] (updated in place: shifted left, x last)
+    -> [B, D], the conv output at the new token."""
+    conv_state.copy_(torch.cat([conv_state[:, :, 1:], x[:, :, None].to(conv_state.dtype)], -1))
+    out = (conv_state.float() * weight.float()[None]).sum(-1)
+    if bias is not None:
+        out = out + bias.float()
+    if activation in ("silu", "swish"):
+        out = F.silu(out)
+    return out.to(x.dtype)
+
+
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
+                           dt_softplus=False, **_):  # fmt: skip
+    """One decode step on the SSM state [B, H, P, N] (in place): x [B, H, P], dt [B, H],
+    A [H], B/C [B, G, N] -> y [B, H, P]."""
+    nheads = x.shape[1]
+    dtf = _dt(dt, dt_bias, dt_softplus, (0.0, float("inf")))
+    Bf = B.float().repeat_interleave(nheads // B.shape[1], dim=1)
+    Cf = C.float().repeat_interleave(nheads // C.shape[1], dim=1)
+    decay = torch.exp(dtf * A.float())[:, :, None, None]
+    new = decay * state.float() + torch.einsum("bh,bhn,bhp->bhpn", dtf, Bf, x.float())
+    state.copy_(new.to(state.dtype))
+    y = torch.einsum("bhn,bhpn->bhp", Cf, new)
+    y = _finish(y[:, None], x[:, None], D, None if z is None else z[:, None])[:, 0]
+    return y.to(x.dtype)
