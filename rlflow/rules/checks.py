@@ -35,6 +35,7 @@ from rlflow.rules.elsewhere import (
     video_patch_matches_checkpoint,
     wandb_installed,
 )
+from rlflow.rules.environment import environment_fits
 
 
 def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
@@ -422,6 +423,7 @@ RULES = (
     _kv_cache_holds_a_row,
     _overlong_buffer_fits,
     _mask_below_cap,
+    environment_fits,
     prompt_template,
     _grace_before_time_limit,
     _mounts_need_an_image,
