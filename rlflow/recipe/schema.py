@@ -377,6 +377,7 @@ class WandbConfig:
 class LoggingConfig:
     tensorboard: bool
     progress_bar: bool
+    rollout_dump_period: int = field(metadata=bound(ge=0))  # RUN_DIR/rollouts/ every N steps
     wandb: WandbConfig
 
 

@@ -155,7 +155,7 @@ class _Scored:
     accuracy: list[float] = field(default_factory=list)
     generated: list[Completion] = field(default_factory=list)
     preempted: int = 0  # rows the engine preempted (rlflow/generation/megatron/schedule.py)
-    env: dict[str, float] = field(default_factory=dict)  # the environment's env/* sums
+    env_sums: dict[str, float] = field(default_factory=dict)  # the environment's env/* sums
 
     def sums(self) -> dict[str, float]:
         return {
@@ -165,7 +165,7 @@ class _Scored:
             "train/response_length": sum(c.num_policy_tokens for c in self.generated),
             "train/rollouts": float(len(self.rewards)),
             **{f"train/reward_{name}": sum(values) for name, values in self.per_reward.items()},
-            **self.env,
+            **self.env_sums,
         }
 
 
@@ -201,7 +201,7 @@ def _generate_and_score(
     completions = made.completions
     out.preempted += getattr(t.backend, "last_timings", {}).get("preempted", 0)
     for key, value in made.sums.items():
-        out.env[key] = out.env.get(key, 0.0) + value
+        out.env_sums[key] = out.env_sums.get(key, 0.0) + value
     with timer("reward"):
         rewards, per_reward, accuracy = score_rollouts(
             t, rollout_samples, completions, made.reward_texts

@@ -18,7 +18,7 @@ from rlflow.environment.factory import make_environment
 from rlflow.errors import EX_TEMPFAIL, Diagnostic, RlflowError
 from rlflow.model.moe import routing
 from rlflow.recipe.schema import GRPOConfig
-from rlflow.train import checkpoint, grpo, hf_export, watchdog
+from rlflow.train import checkpoint, grpo, hf_export, rollout_dump, watchdog
 from rlflow.train.collect import effective_loss, sampling, sampling_metrics, score_rollouts
 from rlflow.train.faults import inject_failure
 from rlflow.train.metrics import StepTimer
@@ -96,6 +96,8 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
     t.policy.vision_cache.clear()  # frozen-tower features live for one step
     rollouts = t.rollouts.collect(step, timer)
     batch = _train_batch(t, rollouts.prompts, rollouts.completions, rollouts.advantages)
+    if info.is_main and rollout_dump.due(recipe.logging.rollout_dump_period, step):
+        rollout_dump.dump_row(t.run_dir, step, batch, t.encoder.tokenizer)
     batching = Batching.from_config(recipe.optimizer)
     old_logprobs = entropy = ref_logprobs = None
     replay = recipe.loss.router_replay  # MoE: both logprob passes route as generation did
