@@ -35,6 +35,17 @@ def environment_fits(loaded: LoadedRecipe) -> list[Diagnostic]:
                     "environment.kind: single_turn",
                 )
             )
+    if recipe.generation.backend == "vllm":
+        out.append(
+            loaded.diagnostic(
+                ("generation", "backend"),
+                "recipe.environment-backend",
+                f"environment.kind {env.kind} continues each trajectory from its token ids, "
+                "but the vllm backend sends prompts as text, which vLLM tokenizes again (a "
+                "sampled turn need not be its text's tokenization)",
+                help="use generation.backend: megatron (or hf), or environment.kind: single_turn",
+            )
+        )
     if recipe.loss.overlong_penalty.enabled:
         out.append(
             loaded.diagnostic(

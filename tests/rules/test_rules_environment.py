@@ -28,6 +28,7 @@ def test_tool_scenes_needs_two_turns_scenes_and_no_overlong_penalty():
     assert "recipe.environment-data" in text and "`data.validation.kind` is jsonl" in text
     text = refused(TOOLS, ["loss.overlong_penalty.enabled=true"])
     assert "recipe.environment-overlong" in text
+    assert "recipe.environment-backend" in refused(TOOLS, ["generation.backend=vllm"])
 
 
 def test_single_turn_refuses_max_turns_and_a_misspelt_kind():

@@ -122,6 +122,8 @@ def test_tool_recipe_trains_through_the_console_script(tmp_path):
         "grpo.num_prompts_per_step=2",
         "grpo.num_generations_per_prompt=2",
         "grpo.max_val_samples=2",
+        "grpo.val_at_start=false",  # validated once, at the end
+        "loss.kl_penalty=0",  # no reference policy to load
         "warm_start.num_steps=1",
         "warm_start.batch_size=2",
         "generation.max_new_tokens=8",
