@@ -33,8 +33,10 @@ RUNS = {
 }
 
 
-def rlflow() -> str:
-    return shutil.which("rlflow") or str(Path(sys.executable).parent / "rlflow")
+def rlflow() -> list[str]:
+    """The console script (on PATH or beside this Python), else `python -m rlflow.cli`."""
+    script = shutil.which("rlflow") or Path(sys.executable).parent / "rlflow"
+    return [str(script)] if Path(script).exists() else [sys.executable, "-m", "rlflow.cli"]
 
 
 def start(name: str, args) -> subprocess.Popen:
@@ -54,7 +56,7 @@ def start(name: str, args) -> subprocess.Popen:
         "logging.progress_bar=false",
     ]
     log = (run_dir / "train.log").open("w")
-    command = [rlflow(), "train", str(RUNS[name]), *overrides, "--run-dir", str(run_dir)]
+    command = [*rlflow(), "train", str(RUNS[name]), *overrides, "--run-dir", str(run_dir)]
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
