@@ -67,8 +67,8 @@ def records(name: str) -> list[dict]:
 
 def table() -> str:
     rows = [
-        "| run | val accuracy before (step 0) | after | last step | turns / trajectory "
-        "(val, after) | tool-call validity (val, after) | train reward first → last | "
+        "| run | val accuracy before (step 0) | after | GRPO steps run | turns / trajectory "
+        "(val, last) | tool-call validity (val, last) | train reward first → last | "
         "response tokens (train, last) |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -76,15 +76,19 @@ def table() -> str:
         recs = records(name)
         vals = [r for r in recs if "val/accuracy" in r]
         train = [r for r in recs if "train/reward" in r]
-        if len(vals) < 2 or not train:
-            rows.append(f"| {name} | (did not finish: {len(train)} steps logged) |||||||")
+        if not vals:
+            rows.append(f"| {name} | (stopped before the first validation) |||||||")
             continue
         first, last = vals[0], vals[-1]
+        if not train:  # stopped after the warm start's validation: the "before" column only
+            rows.append(f"| {name} | {first['val/accuracy']:.3f} | (stopped at step 0) ||||||")
+            continue
         turns = last.get("val/turns_per_trajectory", 1.0)
         validity = last.get("val/tool_call_validity")
+        after = f"{last['val/accuracy']:.3f}" if last is not first else "(no final validation)"
         rows.append(
-            f"| {name} | {first['val/accuracy']:.3f} | {last['val/accuracy']:.3f} | "
-            f"{last['step']} | {turns:.2f} | "
+            f"| {name} | {first['val/accuracy']:.3f} | {after} | "
+            f"{train[-1]['step']} | {turns:.2f} | "
             f"{'—' if validity is None else f'{validity:.3f}'} | "
             f"{train[0]['train/reward']:.3f} → {train[-1]['train/reward']:.3f} | "
             f"{train[-1]['train/response_length']:.1f} |"
