@@ -24,6 +24,8 @@ The layers, bottom first (LAYERS below); a module imports only its own layer and
     envs, generation        the vLLM environment, rollout backends (generation/megatron/,
                             generation/vllm/)
     serve                   the OpenAI-compatible server on the engine (`rlflow serve`)
+    environment             how a rollout is made: single-turn, or multi-turn with tool calls
+                            (its tools are read with serve/tools.py)
     job                     what runs in the job: node launcher, attempt decision, preflight, and
                             the same launcher on this machine (`rlflow train --nproc`: job/local.py)
     train                   a rank's trainer, and the generation ranks' program
@@ -179,6 +181,7 @@ LAYERS = [
     ("rlflow.envs",),  # the vLLM environment
     ("rlflow.generation",),  # rollout backends: generation/megatron/, generation/vllm/
     ("rlflow.serve",),  # the OpenAI-compatible server on the engine (`rlflow serve`)
+    ("rlflow.environment",),  # how a rollout is made: one turn, or tool calls (multi-turn)
     ("rlflow.job",),  # in the job: the node launcher (also `rlflow train --nproc`), preflight
     ("rlflow.train",),  # a rank's trainer, and the generation ranks' (train/generation_role/)
     ("rlflow.launch",),  # the login-node commands

@@ -50,6 +50,11 @@ class Completion:
     # updates; None: all of them the rollout's one version).
     token_versions: list[int] | None = None
 
+    @property
+    def num_policy_tokens(self) -> int:
+        """The tokens the policy generated (all of them, single-turn)."""
+        return len(self.token_ids) if self.loss_mask is None else sum(self.loss_mask)
+
 
 class GenerationBackend(abc.ABC):
     """What the trainer needs from a rollout engine."""

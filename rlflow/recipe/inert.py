@@ -148,6 +148,9 @@ INERT: dict[str, Unread] = {
         for key in ("budget_steps", "finished_fraction", "max_staleness_steps")
     },
     "warm_start.lr": _off("warm_start.num_steps", lambda r: r.warm_start.num_steps == 0, "0"),
+    "environment.max_turns": _off(
+        "environment.kind", lambda r: r.environment.kind == "single_turn", "single_turn (one turn)"
+    ),
     "warm_start.batch_size": _off(
         "warm_start.num_steps", lambda r: r.warm_start.num_steps == 0, "0"
     ),

@@ -16,6 +16,7 @@ from typing import Literal
 from rlflow.frozen import frozen
 from rlflow.recipe import scalars
 from rlflow.recipe.bounds import ENV_NAMES, Bound, bound, command_line
+from rlflow.recipe.environment_schema import EnvironmentConfig
 from rlflow.recipe.partial_schema import PartialRolloutsConfig
 from rlflow.recipe.serve_schema import ServerConfig
 
@@ -167,9 +168,8 @@ class LossConfig:
     # weight of KL(policy || reference); 0 disables the reference forward
     kl_penalty: float = field(metadata=bound(ge=0))
     kl_type: Literal["k1", "k3"]
-    token_level_loss: (
-        bool  # true: mean over all tokens; false: mean per sequence, then over sequences
-    )
+    # true: mean over all tokens; false: mean per sequence, then over sequences
+    token_level_loss: bool
     ratio_level: Literal["token", "sequence"]  # sequence: GSPO's one ratio per sequence
     overlong_penalty: OverlongPenaltyConfig
     importance_sampling: ImportanceSamplingConfig
@@ -303,9 +303,7 @@ class ClusterConfig:
     # filled from `submit --nodes`; a recipe value must agree with the flag
     num_nodes: int | None = field(metadata=bound(ge=1, help="or null: `rlflow submit` fills it"))
     # filled from `submit --gpus`; ranks per node on CPU-only nodes
-    gpus_per_node: int | None = field(
-        metadata=bound(ge=1, help="or null: `rlflow submit` fills it")
-    )
+    gpus_per_node: int | None = field(metadata=bound(ge=1, help="or null: submit fills it"))
 
 
 @frozen
@@ -379,6 +377,7 @@ class WandbConfig:
 class LoggingConfig:
     tensorboard: bool
     progress_bar: bool
+    rollout_dump_period: int = field(metadata=bound(ge=0))  # RUN_DIR/rollouts/ every N steps
     wandb: WandbConfig
 
 
@@ -485,6 +484,7 @@ class Recipe:
     data: DataConfig
     rewards: dict[str, float]  # registered name or package.module:function -> weight
     scoring: ScoringConfig
+    environment: EnvironmentConfig  # how a rollout is made: one turn, or tool calls
     grpo: GRPOConfig
     loss: LossConfig
     optimizer: OptimizerConfig

@@ -35,8 +35,9 @@ from rlflow.rules.elsewhere import (
     video_patch_matches_checkpoint,
     wandb_installed,
 )
-from rlflow.rules.server import server_in_job
+from rlflow.rules.environment import environment_fits
 from rlflow.rules.partial import partial_rollouts
+from rlflow.rules.server import server_in_job
 
 
 def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
@@ -426,6 +427,7 @@ RULES = (
     partial_rollouts,
     _overlong_buffer_fits,
     _mask_below_cap,
+    environment_fits,
     prompt_template,
     _grace_before_time_limit,
     _mounts_need_an_image,

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from rlflow import parallel
+from rlflow.environment.factory import make_environment
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
 from rlflow.model.media import Prompt
@@ -139,7 +140,7 @@ def collect_rollouts(t: RolloutContext, step: int, timer) -> Rollouts:
         "sampling/groups_filtered": float(filtered_groups),
         # every rank took the same rounds: counted once, so the sum over ranks is the count
         "sampling/extra_rounds": float(extra_rounds) if info.dp_rank == 0 else 0.0,
-        "sampling/generated_tokens": float(sum(len(c.token_ids) for c in scored.generated)),
+        "sampling/generated_tokens": float(sum(c.num_policy_tokens for c in scored.generated)),
         "sampling/preempted_rows": float(scored.preempted),
     }
     return Rollouts(
@@ -160,14 +161,17 @@ class Scored:
     accuracy: list[float] = field(default_factory=list)
     generated: list[Completion] = field(default_factory=list)
     preempted: int = 0  # rows the engine preempted (rlflow/generation/megatron/schedule.py)
+    env_sums: dict[str, float] = field(default_factory=dict)  # the environment's env/* sums
 
     def sums(self) -> dict[str, float]:
         return {
             "train/reward": sum(self.rewards),
             "train/accuracy": sum(self.accuracy),
-            "train/response_length": sum(len(c.token_ids) for c in self.generated),
+            # the policy's tokens: a trajectory's environment tokens are not its response
+            "train/response_length": sum(c.num_policy_tokens for c in self.generated),
             "train/rollouts": float(len(self.rewards)),
             **{f"train/reward_{name}": sum(values) for name, values in self.per_reward.items()},
+            **self.env_sums,
         }
 
 
@@ -194,12 +198,20 @@ def _generate_and_score(
     rollout_prompts = [p for p in prompts for _ in range(G)]
     rollout_samples = [s for s in samples for _ in range(G)]
     with timer("generation"):
-        completions = t.backend.generate(
-            rollout_prompts, sampling(t, step, recipe.generation.temperature, round_)
+        made = make_environment(recipe, t.encoder).rollout(
+            t.backend,
+            rollout_prompts,
+            rollout_samples,
+            sampling(t, step, recipe.generation.temperature, round_),
         )
+    completions = made.completions
     out.preempted += getattr(t.backend, "last_timings", {}).get("preempted", 0)
+    for key, value in made.sums.items():
+        out.env_sums[key] = out.env_sums.get(key, 0.0) + value
     with timer("reward"):
-        rewards, per_reward, accuracy = score_rollouts(t, rollout_samples, completions)
+        rewards, per_reward, accuracy = score_rollouts(
+            t, rollout_samples, completions, made.reward_texts
+        )
         penalty = shaping_penalty(recipe, completions)
         if penalty is not None:
             rewards = [r + p for r, p in zip(rewards, penalty, strict=True)]
@@ -239,16 +251,17 @@ def _raise_exhausted(kept, want, rounds, generated, filtered) -> None:
 
 
 def score_rollouts(
-    t: RolloutContext, samples, completions
+    t: RolloutContext, samples, completions, texts: list[str]
 ) -> tuple[list[float], dict[str, list[float]], list]:
-    """(weighted reward, each reward and component, accuracy) of each rollout."""
+    """(weighted reward, each reward and component, accuracy) of each rollout; `texts` are
+    what the rewards read as the completions (the environment's EnvRollouts.reward_texts)."""
     from rlflow.data.rewards import RewardBatch
 
     suffix = t.recipe.data.prompt_suffix
     batch = RewardBatch.build(
         [s.question + suffix for s in samples],
-        [t.encoder.decode(c.token_ids) for c in completions],
-        [len(c.token_ids) for c in completions],
+        texts,
+        [c.num_policy_tokens for c in completions],
         [c.finish_reason for c in completions],
         samples,
     )
@@ -261,7 +274,7 @@ def shaping_penalty(recipe, completions) -> list[float] | None:
     cfg = recipe.loss.overlong_penalty
     if not cfg.enabled:
         return None
-    lengths = torch.tensor([len(c.token_ids) for c in completions])
+    lengths = torch.tensor([c.num_policy_tokens for c in completions])
     penalty = grpo.overlong_penalty(
         lengths, recipe.generation.max_new_tokens, cfg.buffer_tokens, cfg.penalty
     )

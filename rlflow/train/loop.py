@@ -14,11 +14,12 @@ from contextlib import nullcontext
 import torch
 
 from rlflow import parallel
+from rlflow.environment.base import step_env_metrics
+from rlflow.environment.factory import make_environment
 from rlflow.errors import EX_TEMPFAIL, Diagnostic, RlflowError
-from rlflow.generation.base import Completion
 from rlflow.model.moe import routing
 from rlflow.recipe.schema import GRPOConfig
-from rlflow.train import checkpoint, grpo, hf_export, watchdog
+from rlflow.train import checkpoint, grpo, hf_export, rollout_dump, watchdog
 from rlflow.train.collect import effective_loss, sampling, sampling_metrics, score_rollouts
 from rlflow.train.faults import inject_failure
 from rlflow.train.metrics import StepTimer
@@ -105,6 +106,8 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
     t.policy.vision_cache.clear()  # frozen-tower features live for one step
     rollouts = t.rollouts.collect(step, timer)
     batch = _train_batch(t, rollouts.prompts, rollouts.completions, rollouts.advantages)
+    if info.is_main and rollout_dump.due(recipe.logging.rollout_dump_period, step):
+        rollout_dump.dump_row(t.run_dir, step, batch, t.encoder.tokenizer)
     batching = Batching.from_config(recipe.optimizer)
     old_logprobs = entropy = ref_logprobs = None
     replay = recipe.loss.router_replay  # MoE: both logprob passes route as generation did
@@ -159,14 +162,16 @@ def validate(t: Trainer) -> dict[str, float]:
     count = min(recipe.grpo.max_val_samples, len(t.val_data))
     samples = [t.val_data[i] for i in range(info.dp_rank, count, info.dp_size)]
     prompts = [t.encoder.encode(s) for s in samples]
-    completions = t.backend.generate(
-        prompts, sampling(t.context, 0, recipe.generation.val_temperature)
+    made = make_environment(recipe, t.encoder).rollout(
+        t.backend, prompts, samples, sampling(t.context, 0, recipe.generation.val_temperature)
     )
-    rewards, _, correct = score_rollouts(t.context, samples, completions)
+    completions = made.completions
+    rewards, _, correct = score_rollouts(t.context, samples, completions, made.reward_texts)
     sums = {
         "val/accuracy": sum(correct),
         "val/reward": sum(rewards),
-        "val/response_length": sum(len(c.token_ids) for c in completions),
+        "val/response_length": sum(c.num_policy_tokens for c in completions),
+        **made.sums,
     }
     for media in ("image", "video", "text"):
         hits = [c for c, s in zip(correct, samples) if s.media == media]
@@ -176,6 +181,7 @@ def validate(t: Trainer) -> dict[str, float]:
         zip(sums, parallel.all_reduce_sum(list(sums.values()), parallel.data_parallel_group()))
     )
     out = {k: totals[k] / count for k in ("val/accuracy", "val/reward", "val/response_length")}
+    out.update(step_env_metrics(totals, "val"))
     for media in ("image", "video", "text"):
         if totals[f"val/count_{media}"]:
             out[f"val/accuracy_{media}"] = (
@@ -187,7 +193,6 @@ def validate(t: Trainer) -> dict[str, float]:
 def warm_start(t: Trainer) -> None:
     """Optional supervised steps on (prompt, reference answer) before GRPO."""
     from rlflow.data import PromptSampler
-    from rlflow.data.prompts import reference_completion
 
     cfg = t.recipe.warm_start
     if cfg.num_steps == 0:
@@ -195,13 +200,13 @@ def warm_start(t: Trainer) -> None:
     optimizer = Optimizer.from_config(t.policy, t.recipe.optimizer, lr=cfg.lr)
     batching = Batching.from_config(t.recipe.optimizer)
     sampler = PromptSampler(len(t.train_data), cfg.batch_size, t.recipe.run.seed + 1)
+    environment = make_environment(t.recipe, t.encoder)  # its reference trajectories
     for step in range(1, cfg.num_steps + 1):
         watchdog.beat("warm_start")
         indices = next(sampler)[t.info.dp_rank :: t.info.dp_size]
         samples = [t.train_data[i] for i in indices]
         prompts = [t.encoder.encode(s) for s in samples]
-        targets = [t.encoder.completion_ids(reference_completion(s)) for s in samples]
-        completions = [Completion(ids, [0.0] * len(ids), "stop") for ids in targets]
+        completions = [environment.reference(s, p) for s, p in zip(samples, prompts)]
         batch = _train_batch(t, prompts, completions, [0.0] * len(prompts))
         t.policy.vision_cache.clear()
         loss = sft_update(t.policy, optimizer, batch, batching)
@@ -293,7 +298,7 @@ def _step_metrics(
         "train/real_tokens": float(batch.attention_mask.sum()),
         **{k: v for k, v in generated.items() if k.startswith("train/rollouts")},
         **{k: v for k, v in generated.items() if k.startswith("train/reward_")},
-        **{k: v for k, v in generated.items() if k.startswith("sampling/")},
+        **{k: v for k, v in generated.items() if k.startswith(("sampling/", "env/"))},
     }
     gap = (batch.gen_logprobs - old_logprobs).abs().exp()
     tmpe_max = float(gap[mask].max()) if mask.any() else 1.0
@@ -315,6 +320,7 @@ def _step_metrics(
     # the update process exactly these (tokens/s and MFU of a phase = this / its time).
     out["train/real_tokens"] = totals["train/real_tokens"]
     out.update(sampled)
+    out.update(step_env_metrics(totals, "env"))
     out.update({f"train/{k}": v for k, v in update.items()})
     out.update(routing.step_metrics(t.policy, parallel.data_parallel_group()))
     out.update({f"time/{k}": v for k, v in timer.seconds.items()})

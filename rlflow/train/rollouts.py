@@ -3,7 +3,9 @@
 One row per rollout: the (expanded) prompt tokens followed by the generated tokens, right-padded.
 Logits at position t predict token t+1, so every per-token tensor here is aligned with the
 *targets* input_ids[:, 1:] and has length L-1; `target_mask` is True where the target is a
-generated token.
+token the policy generated: a multi-turn trajectory's environment tokens (its completion's
+`loss_mask` 0) are in the row, as context, but never targets, so the loss, the KL term, the
+importance weights, the logprob passes and the token counts all leave them out.
 """
 
 from __future__ import annotations
@@ -101,12 +103,14 @@ def build_train_batch(
     """Right-padded prompt+completion rows (prompts[i] produced completions[i]).
 
     prompt_ids: a prompt's ids as the model consumes them (`Policy.prompt_ids`)."""
-    rows, starts, logprobs = [], [], []
+    rows, starts, logprobs, trained = [], [], [], []
     for prompt, completion in zip(prompts, completions, strict=True):
         ids = prompt_ids(prompt)
         starts.append(len(ids))
         rows.append(ids + list(completion.token_ids))
         logprobs.append(completion.logprobs)
+        mask = completion.loss_mask
+        trained.append(None if mask is None else torch.tensor(mask, dtype=torch.bool))
     width = max(len(r) for r in rows)
     n = len(rows)
     input_ids = torch.full((n, width), pad_token_id, dtype=torch.long)
@@ -114,12 +118,12 @@ def build_train_batch(
     prompt_mask = torch.zeros((n, width), dtype=torch.bool)
     target_mask = torch.zeros((n, width - 1), dtype=torch.bool)
     gen_logprobs = torch.zeros((n, width - 1), dtype=torch.float32)
-    for i, (row, start, lps) in enumerate(zip(rows, starts, logprobs)):
+    for i, (row, start, lps, mask) in enumerate(zip(rows, starts, logprobs, trained)):
         input_ids[i, : len(row)] = torch.tensor(row)
         attention[i, : len(row)] = True
         prompt_mask[i, :start] = True
         # target index t is token t+1: generated tokens start..len-1 are targets start-1..len-2
-        target_mask[i, start - 1 : len(row) - 1] = True
+        target_mask[i, start - 1 : len(row) - 1] = True if mask is None else mask
         gen_logprobs[i, start - 1 : len(row) - 1] = torch.tensor(lps, dtype=torch.float32)
     return TrainBatch(
         input_ids,

@@ -1,0 +1,28 @@
+"""The recipe's `environment` section: how a rollout is made (docs/environments.md).
+
+`single_turn` is one generation per prompt (every token the policy's); `tool_scenes` is the
+built-in multi-turn task, where the policy calls a tool on the row's scene and answers after
+its result (rlflow/environment/tool_scenes.py). Its own module, beside rlflow/recipe/schema.py
+(which imports it), so the section reads in one place, and a kind with a subsection of its own
+(e.g. `gym:`) is added here: a new name in `kind`'s Literal and a field for its settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Literal
+
+from rlflow.frozen import frozen
+from rlflow.recipe.bounds import bound
+
+MAX_TURNS = 64  # model turns per trajectory at most: far past any task's need
+
+
+@frozen
+class EnvironmentConfig:
+    # single_turn: one generation per prompt; tool_scenes: call a tool, then answer
+    kind: Literal["single_turn", "tool_scenes"]
+    # model turns per trajectory at most (single_turn reads none: only its default, 1)
+    max_turns: int = field(
+        metadata=bound(ge=1, le=MAX_TURNS, help="a tool call and the answer take 2 turns")
+    )
