@@ -1,7 +1,8 @@
 """`rlflow train --nproc N`'s launcher (rlflow/job/local.py) on signals, with stand-in ranks
 (no torch): SIGHUP (a closed terminal), SIGINT (Ctrl-C) and SIGTERM ask the ranks to save and
 stop, as the time-limit warning does, and the run exits 75; a second Ctrl-C stops it at once.
-tests/job/test_job_local_resume.py does the same to the real trainer and resumes it."""
+tests/job/test_job_local_resume.py does it to the real trainer (a closed terminal and SIGTERM:
+the ranks hear the same stop request for each of the three) and resumes it."""
 
 from __future__ import annotations
 

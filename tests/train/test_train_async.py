@@ -23,8 +23,12 @@ ONE_STEP_OFF = [
 ]
 # The main run and the killed one: 4 steps (checkpoints at 2 and 4), one validation at the end,
 # a short warm start (the weights of version 0 are then the warm start's, not the checkpoint's).
+# Small steps (one prompt per training rank, 2 rollouts each, still 2 minibatches): what is
+# looked at is the versions, the syncs and the metrics' equality, not what was learned.
 MAIN = [
     *ONE_STEP_OFF,
+    "grpo.num_prompts_per_step=2",
+    "grpo.num_generations_per_prompt=2",
     "grpo.val_at_start=false",
     "grpo.val_period=0",
     "warm_start.num_steps=2",
