@@ -120,6 +120,8 @@ def build_train_batch(
         prompt_mask[i, :start] = True
         # target index t is token t+1: generated tokens start..len-1 are targets start-1..len-2
         target_mask[i, start - 1 : len(row) - 1] = True
+        if completions[i].loss_mask is not None:  # environment tokens: context, never trained
+            target_mask[i, start - 1 : len(row) - 1] = torch.tensor(completions[i].loss_mask) > 0
         gen_logprobs[i, start - 1 : len(row) - 1] = torch.tensor(lps, dtype=torch.float32)
     return TrainBatch(
         input_ids,

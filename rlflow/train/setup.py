@@ -181,6 +181,10 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     context = RolloutContext(recipe, info, sampler, train_data, encoder, backend, scorer)
     separate = parallel.placement() is not None
     rollouts = RemoteRollouts(Link(policy, recipe), context) if separate else LocalRollouts(context)
+    if recipe.environment.kind == "gym":  # NeMo Gym's episodes against the engine's server
+        from rlflow.train.gym.source import GymRollouts
+
+        rollouts = GymRollouts(context, policy, checkpoint, run_dir)
     watchdog.beat("setup")
     return Trainer(
         recipe=recipe,
