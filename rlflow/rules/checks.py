@@ -35,6 +35,13 @@ from rlflow.rules.elsewhere import (
     video_patch_matches_checkpoint,
     wandb_installed,
 )
+from rlflow.rules.gym import (
+    gym_fits_engine,
+    gym_installed,
+    gym_needs_one_engine,
+    gym_ports_distinct,
+    gym_servers_defined,
+)
 
 
 def check_recipe(loaded: LoadedRecipe) -> list[Diagnostic]:
@@ -435,4 +442,9 @@ RULES = (
     settings_that_do_nothing,
     wandb_installed,
     _wandb_needs_a_project,
+    gym_installed,
+    gym_needs_one_engine,
+    gym_servers_defined,
+    gym_ports_distinct,
+    gym_fits_engine,
 )

@@ -38,8 +38,13 @@ class GymServer:
 
 
 def gym_config(cfg, policy_url: str, model_name: str):
-    """Gym's global config (an OmegaConf DictConfig), parsed by Gym, ports assigned."""
-    from nemo_gym.global_config import GlobalConfigDictParser
+    """Gym's global config (an OmegaConf DictConfig), parsed by Gym, ports assigned; also set as
+    this process's (Gym's head server, started by GymServers, serves it to Gym's clients)."""
+    from nemo_gym.global_config import (
+        GlobalConfigDictParserConfig,
+        get_global_config_dict,
+        set_global_config_dict,
+    )
     from omegaconf import OmegaConf
 
     initial = {
@@ -54,7 +59,13 @@ def gym_config(cfg, policy_url: str, model_name: str):
         }}},
     }  # fmt: skip
     try:
-        config = GlobalConfigDictParser().parse_no_environment(OmegaConf.create(initial))
+        set_global_config_dict(  # Gym's process-wide config: its head server serves it
+            GlobalConfigDictParserConfig(
+                dotenv_path=None, initial_global_config_dict=OmegaConf.create(initial),
+                skip_load_from_cli=True, skip_load_from_dotenv=True,
+            )
+        )  # fmt: skip
+        config = get_global_config_dict()
     except Exception as exc:  # Gym's own errors name the path or the key
         raise RlflowError(
             Diagnostic(
@@ -120,6 +131,16 @@ class GymServers:
         self.config, self.servers = config, servers
         self.log_dir, self.ready_timeout_s = log_dir, ready_timeout_s
         self.processes: dict[str, subprocess.Popen] = {}
+        self.head = None  # Gym's head server (uvicorn in a thread), as ng_run runs it
+
+    def _start_head(self) -> None:
+        from nemo_gym.server_utils import HeadServer
+
+        self.head, thread, instance = HeadServer.run_webserver()
+        self.head_thread = thread
+        instance.set_server_instances(
+            [{"process_name": s.name, "url": s.url, "port": s.port} for s in self.servers]
+        )
 
     def start(self) -> None:
         from nemo_gym.global_config import (
@@ -131,6 +152,7 @@ class GymServers:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         text = OmegaConf.to_yaml(self.config)
         try:
+            self._start_head()
             for server in self.servers:
                 env = dict(os.environ)
                 env[NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME] = text
@@ -151,12 +173,18 @@ class GymServers:
         import httpx
 
         deadline = time.monotonic() + self.ready_timeout_s
-        waiting = list(self.servers)
+        head = self.config["head_server"]
+        waiting = [
+            *self.servers,
+            GymServer("head_server", "head", Path(), "", head.host, head.port),
+        ]
         with httpx.Client(timeout=2.0) as client:
             while waiting:
                 for server in list(waiting):
-                    died = self.processes[server.name].poll()
-                    if died is not None:
+                    if server.kind == "head" and not self.head_thread.is_alive():
+                        self._fail(server, "stopped (is its port taken? environment.gym.head_port)")
+                    died = server.kind != "head" and self.processes[server.name].poll()
+                    if died is not None and died is not False:
                         self._fail(server, f"exited with status {died} before it was ready")
                     try:
                         client.get(server.url + "/")
@@ -204,3 +232,7 @@ class GymServers:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         self.processes.clear()
+        if self.head is not None:
+            self.head.should_exit = True
+            self.head_thread.join()
+            self.head = None
