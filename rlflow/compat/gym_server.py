@@ -14,7 +14,22 @@ import runpy
 import sys
 
 
+def _die_with_parent() -> None:
+    """SIGTERM when the trainer that started this server exits, however it exits (its rank
+    leaves with os._exit on errors, past any cleanup): no Gym server outlives its run."""
+    import ctypes
+    import os
+    import signal
+
+    parent = int(os.environ.get("RLFLOW_GYM_PARENT", "0"))
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if parent and os.getppid() != parent:  # it exited before prctl took effect
+        sys.exit(1)
+
+
 def main() -> None:
+    _die_with_parent()
     from nemo_gym import server_utils
 
     server_utils.initialize_ray = lambda: None  # the patch: no Ray cluster per server

@@ -142,12 +142,56 @@ def test_gym_runs_train_on_the_single_tool_and_multi_step_environments(tmp_path)
         for record in records:
             assert record["env/tasks"] == 8 and record["env/failed_tasks"] == 0
             assert record["env/turns_per_trajectory"] >= 1
-            assert record["train/tokens"] > 0
+            assert record["train/real_tokens"] > 0
             assert "time/environment" in record
         logs = sorted(p.name for p in (run_dir / "gym").iterdir())
         assert "policy_model.log" in logs and len(logs) == 3
         if name == "tool":  # Gym's verify rewards every finished episode of this one with 1
             assert records[-1]["train/reward"] == 1.0
+
+
+FLAKY = """
+from nemo_gym.base_resources_server import (
+    BaseResourcesServerConfig, BaseVerifyRequest, BaseVerifyResponse, SimpleResourcesServer,
+)
+
+
+class FlakyConfig(BaseResourcesServerConfig):
+    pass
+
+
+class Flaky(SimpleResourcesServer):
+    config: FlakyConfig
+
+    async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse:
+        if getattr(body, "fail", False):
+            raise RuntimeError("the verifier broke")
+        return BaseVerifyResponse(**body.model_dump(), reward=float(len(str(body.response)) % 2))
+
+
+if __name__ == "__main__":
+    Flaky.run_webserver()
+"""
+
+
+def test_a_failing_task_is_counted_and_its_group_left_out(tmp_path):
+    """A resources server whose verifier fails for one task: HTTP 500 through the agent,
+    `env/failed_tasks/http_500` counts its 4 episodes, the other group trains."""
+    config = _local_server(tmp_path, "flaky", FLAKY)
+    ask = {"input": [{"role": "user", "content": "hi"}]}
+    rows = [{"responses_create_params": ask}, {"responses_create_params": ask, "fail": True}]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    overrides = [
+        f"environment.gym.config_paths=[{config}]", "environment.gym.agent=agent",
+        "environment.gym.tasks=tasks.jsonl", "grpo.max_num_steps=1",
+    ]  # fmt: skip
+    run_dir = tmp_path / "run"
+    result = rlflow("train", str(GYM_TOOL), *QUIET, *overrides, "--run-dir", str(run_dir),
+                    cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    [record] = read_metrics(run_dir)
+    assert record["env/failed_tasks"] == 4 and record["env/failed_tasks/http_500"] == 4
+    assert record["env/tasks"] == 8 and record["train/real_tokens"] > 0  # the other group trained
 
 
 def _local_server(root: Path, name: str, app: str) -> str:

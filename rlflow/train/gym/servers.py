@@ -157,6 +157,7 @@ class GymServers:
                 env = dict(os.environ)
                 env[NEMO_GYM_CONFIG_DICT_ENV_VAR_NAME] = text
                 env[NEMO_GYM_CONFIG_PATH_ENV_VAR_NAME] = server.name
+                env["RLFLOW_GYM_PARENT"] = str(os.getpid())  # rlflow/compat/gym_server.py
                 log = open(self.log_dir / f"{server.name}.log", "wb")  # noqa: SIM115 - the child's
                 self.processes[server.name] = subprocess.Popen(
                     [sys.executable, "-m", "rlflow.compat.gym_server", server.entrypoint],
@@ -183,9 +184,11 @@ class GymServers:
                 for server in list(waiting):
                     if server.kind == "head" and not self.head_thread.is_alive():
                         self._fail(server, "stopped (is its port taken? environment.gym.head_port)")
-                    died = server.kind != "head" and self.processes[server.name].poll()
-                    if died is not None and died is not False:
-                        self._fail(server, f"exited with status {died} before it was ready")
+                    process = self.processes.get(server.name)
+                    if process is not None and process.poll() is not None:
+                        self._fail(
+                            server, f"exited with status {process.poll()} before it was ready"
+                        )
                     try:
                         client.get(server.url + "/")
                         waiting.remove(server)

@@ -62,15 +62,23 @@ class GymRollouts:
         self.tasks = load_tasks(tasks_path(config, self.cfg))
         servers = servers_to_start(config, self.cfg)
         self.servers = GymServers(config, servers, self.log_dir, self.cfg.ready_timeout_s)
-        self.servers.start()
+        try:
+            self.servers.start()  # stops what it started when it fails
+        except BaseException:
+            self.finish(1)
+            raise
         self.agent_url = next(s.url for s in servers if s.name == self.cfg.agent)
 
     def collect(self, step: int, timer) -> Rollouts:
         info = self.context.info
         groups = None
         if info.is_main:
-            with timer("environment"):
-                groups = self._run_step(step)
+            try:
+                with timer("environment"):
+                    groups = self._run_step(step)
+            except BaseException:
+                self.finish(1)  # the rank leaves with os._exit: stop Gym's servers now
+                raise
         groups, self.metrics = parallel.broadcast_object((groups, self.metrics))
         mine = groups[info.dp_rank :: info.dp_size]
         return self._rollouts(mine, step)
