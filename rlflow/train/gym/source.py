@@ -45,6 +45,9 @@ class GymRollouts:
         self.tasks: list[dict] = []
         self.agent_url = ""
         self.metrics: dict[str, float] = {}
+        # prompt ids -> the Prompt the server made of them (with its images: the trainer's
+        # forward needs the pixels), filled by the server's encoder, emptied each step
+        self.prompts: dict[tuple[int, ...], Prompt] = {}
 
     def start(self, step: int) -> None:
         if not self.context.info.is_main:
@@ -55,6 +58,7 @@ class GymRollouts:
         server = recipe.generation.server
         served = served_engine(self.policy, self.checkpoint, recipe, MODEL_NAME)
         served.engine.weight_version = step
+        _remember_prompts(served.encoder, self.prompts)
         self.thread = ServerThread(
             served, server.host, server.port, server.max_connections, server.idle_timeout_s
         ).start()
@@ -81,7 +85,7 @@ class GymRollouts:
                 raise
         groups, self.metrics = parallel.broadcast_object((groups, self.metrics))
         mine = groups[info.dp_rank :: info.dp_size]
-        return self._rollouts(mine, step)
+        return self._rollouts(mine)
 
     def after_update(self, step: int, timer) -> None:
         if self.thread is not None:
@@ -101,7 +105,7 @@ class GymRollouts:
 
     # --- rank 0 ---------------------------------------------------------------------------------
 
-    def _run_step(self, step: int) -> list[list[Trajectory]]:
+    def _run_step(self, step: int) -> list[list[tuple[Prompt, Trajectory]]]:
         recipe = self.context.recipe
         G = recipe.grpo.num_generations_per_prompt
         picked = step_tasks(
@@ -112,6 +116,7 @@ class GymRollouts:
         start = time.perf_counter()
         results = asyncio.run(self._post_all(rows, version))
         failed: dict[str, int] = {}
+        example: dict[str, str] = {}  # reason -> the first failure's detail
         malformed: dict[str, int] = {}
         groups, turns = [], []
         for g, task in enumerate(picked):
@@ -119,13 +124,15 @@ class GymRollouts:
             for item in group:
                 if isinstance(item, TaskFailed):
                     failed[item.reason] = failed.get(item.reason, 0) + 1
+                    example.setdefault(item.reason, item.detail)
                     self._on_failure(item, task)
                 else:
                     turns.append(item.turns)
                     for reason, n in item.malformed.items():
                         malformed[reason] = malformed.get(reason, 0) + n
             if not any(isinstance(item, TaskFailed) for item in group):
-                groups.append(group)
+                groups.append([(self._prompt(t, f"gym-{step}-{task}"), t) for t in group])
+        self.prompts.clear()
         self.metrics = _env_metrics(
             failed, malformed, turns, len(rows), time.perf_counter() - start
         )
@@ -133,11 +140,20 @@ class GymRollouts:
             raise RlflowError(
                 Diagnostic(
                     "gym.no-trajectories",
-                    f"step {step}: every NeMo Gym task group failed ({failed})",
+                    f"step {step}: every NeMo Gym task group failed ({failed}); first of "
+                    f"each: {example}",
                     help=f"see the Gym servers' logs in {self.log_dir}",
                 )
             )
         return groups
+
+    def _prompt(self, trajectory: Trajectory, name: str) -> Prompt:
+        """The first turn's prompt as the server made it (a text one if it had no images)."""
+        ids = tuple(trajectory.prompt_ids)
+        made = self.prompts.get(ids)
+        if made is not None:
+            return Prompt(name, made.text, ids, made.media)
+        return Prompt(name, "", ids, Media())
 
     async def _post_all(self, rows: list[dict], version: int) -> list:
         import httpx
@@ -188,16 +204,14 @@ class GymRollouts:
 
     # --- every rank -----------------------------------------------------------------------------
 
-    def _rollouts(self, groups: list[list[Trajectory]], step: int) -> Rollouts:
+    def _rollouts(self, groups: list[list[tuple[Prompt, Trajectory]]]) -> Rollouts:
         cfg = self.context.recipe.grpo
-        rewards = torch.tensor([[t.reward for t in g] for g in groups], dtype=torch.float32)
+        rewards = torch.tensor([[t.reward for _, t in g] for g in groups], dtype=torch.float32)
         advantages = grpo.group_advantages(
             rewards.reshape(len(groups), -1), cfg.use_leave_one_out_baseline, cfg.normalize_rewards
         ).flatten()
-        flat = [t for g in groups for t in g]
-        prompts = [
-            Prompt(f"gym-{step}-{i}", "", tuple(t.prompt_ids), Media()) for i, t in enumerate(flat)
-        ]
+        flat = [t for g in groups for _, t in g]
+        prompts = [p for g in groups for p, _ in g]
         completions = [t.completion for t in flat]
         trained = [sum(c.loss_mask) for c in completions]
         sums = {
@@ -213,6 +227,19 @@ class GymRollouts:
         }
         versions = [c.token_versions[0] if c.token_versions else 0 for c in completions]
         return Rollouts(prompts, completions, advantages.tolist(), sums, versions)
+
+
+def _remember_prompts(encoder, into: dict) -> None:
+    """The server's encoder, also keeping each prompt with images it makes (by its ids)."""
+    encode = encoder.encode
+
+    def remembering(chat):
+        prompt = encode(chat)
+        if prompt.media.num_images or prompt.media.num_videos:
+            into[tuple(prompt.token_ids)] = prompt
+        return prompt
+
+    encoder.encode = remembering
 
 
 def _env_metrics(failed, malformed, turns, tasks: int, seconds: float) -> dict[str, float]:
