@@ -102,6 +102,7 @@ SLOW_PATHS = (
     "tests/train/test_train_runs.py",  # end-to-end GRPO runs
     "tests/train/test_train_async.py",  # multi-rank runs with generation ranks of their own
     "tests/train/test_train_user_task.py",
+    "tests/train/test_train_gym.py",  # real NeMo Gym servers, GRPO runs through them
     "tests/train/test_train_signals.py",  # the real trainer stopped by a signal
     "tests/train/test_train_reward_failures.py",  # 2 ranks, a reward worker dies
     "tests/train/test_train_checkpoint_resume.py",

@@ -207,9 +207,11 @@ def _summary(plan, loaded) -> str:
     from rlflow.launch import cost
     from rlflow.launch.prepare import shape
     from rlflow.rules.allocation import expert_layout
+    from rlflow.rules.gym import gym_plan_text
 
     hours = plan.time_limit_seconds / 3600
     experts = expert_layout(loaded, plan.world_size)
+    gym = gym_plan_text(loaded)
     return "\n".join(
         [
             f"run dir:    {plan.run_dir}",
@@ -220,6 +222,7 @@ def _summary(plan, loaded) -> str:
             f"each rank:  {' '.join(plan.rank_command)}",
             *([f"placement:  {plan.placement}"] if plan.placement else []),
             *([f"experts:    {experts}"] if experts else []),
+            *([f"gym:        {gym}"] if gym else []),
         ]
     )
 

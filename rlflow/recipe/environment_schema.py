@@ -2,7 +2,8 @@
 
 `single_turn` is one generation per prompt (every token the policy's); `tool_scenes` is the
 built-in multi-turn task, where the policy calls a tool on the row's scene and answers after
-its result (rlflow/environment/tool_scenes.py). Its own module, beside rlflow/recipe/schema.py
+its result (rlflow/environment/tool_scenes.py); `gym` runs NeMo Gym's agents against the
+engine's OpenAI server (`environment.gym`, rlflow/recipe/gym_schema.py). Its own module, beside rlflow/recipe/schema.py
 (which imports it), so the section reads in one place, and a kind with a subsection of its own
 (e.g. `gym:`) is added here: a new name in `kind`'s Literal and a field for its settings.
 """
@@ -14,15 +15,18 @@ from typing import Literal
 
 from rlflow.frozen import frozen
 from rlflow.recipe.bounds import bound
+from rlflow.recipe.gym_schema import GymConfig
 
 MAX_TURNS = 64  # model turns per trajectory at most: far past any task's need
 
 
 @frozen
 class EnvironmentConfig:
-    # single_turn: one generation per prompt; tool_scenes: call a tool, then answer
-    kind: Literal["single_turn", "tool_scenes"]
+    # single_turn: one generation per prompt; tool_scenes: call a tool, then answer;
+    # gym: NeMo Gym's agents against the engine's OpenAI server (docs/gym.md)
+    kind: Literal["single_turn", "tool_scenes", "gym"]
     # model turns per trajectory at most (single_turn reads none: only its default, 1)
     max_turns: int = field(
         metadata=bound(ge=1, le=MAX_TURNS, help="a tool call and the answer take 2 turns")
     )
+    gym: GymConfig  # kind: gym only

@@ -20,13 +20,11 @@ from rlflow.recipe.environment_schema import EnvironmentConfig
 from rlflow.recipe.partial_schema import PartialRolloutsConfig
 from rlflow.recipe.serve_schema import ServerConfig
 
-MAX_TIMEOUT_S = 30 * 86400  # past any job's time limit (torch's timedelta overflows far beyond)
+MAX_TIMEOUT_S, DAYS = 30 * 86400, "30 days is longer than any job runs"  # past any time limit
 TIMEOUT = bound(
-    ge=1,
-    le=MAX_TIMEOUT_S,
-    help="30 days is longer than any job runs; to turn the watchdog off, set watchdog.enabled: false",
+    ge=1, le=MAX_TIMEOUT_S, help=f"{DAYS}; to turn the watchdog off, set watchdog.enabled: false"
 )
-VLLM_TIMEOUT = bound(ge=1, le=MAX_TIMEOUT_S, help="30 days is longer than any job runs")
+VLLM_TIMEOUT = bound(ge=1, le=MAX_TIMEOUT_S, help=DAYS)
 MAX_TOKENS = 2**20  # more positions than any model reads (elsewhere.generation_fits_model)
 TOKENS = bound(ge=1, le=MAX_TOKENS, help="a prompt and its generation fit the model's positions")
 IMAGE_HELP = "Qwen2.5-VL needs at least one 2x2 block of 14-pixel patches; 4096 is plenty"
@@ -490,6 +488,7 @@ class Recipe:
     optimizer: OptimizerConfig
     warm_start: WarmStartConfig
     generation: GenerationConfig
+    environment: EnvironmentConfig
     async_grpo: AsyncConfig
     parallelism: ParallelismConfig
     cluster: ClusterConfig

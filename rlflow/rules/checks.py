@@ -36,6 +36,13 @@ from rlflow.rules.elsewhere import (
     wandb_installed,
 )
 from rlflow.rules.environment import environment_fits
+from rlflow.rules.gym import (
+    gym_fits_engine,
+    gym_installed,
+    gym_needs_one_engine,
+    gym_ports_distinct,
+    gym_servers_defined,
+)
 from rlflow.rules.partial import partial_rollouts
 from rlflow.rules.server import server_in_job
 
@@ -441,4 +448,9 @@ RULES = (
     settings_that_do_nothing,
     wandb_installed,
     _wandb_needs_a_project,
+    gym_installed,
+    gym_needs_one_engine,
+    gym_servers_defined,
+    gym_ports_distinct,
+    gym_fits_engine,
 )

@@ -35,7 +35,7 @@ def environment_fits(loaded: LoadedRecipe) -> list[Diagnostic]:
                     "environment.kind: single_turn",
                 )
             )
-    if recipe.generation.backend == "vllm":
+    if env.kind == "tool_scenes" and recipe.generation.backend == "vllm":  # gym: rules/gym.py
         out.append(
             loaded.diagnostic(
                 ("generation", "backend"),

@@ -15,7 +15,7 @@ _OFF = "generation.partial_rollouts.enabled=false"
 
 def partial_rollouts(loaded: LoadedRecipe) -> list[Diagnostic]:
     """Partial rollouts are refused where rlflow does not implement them (separate placement,
-    the vllm backend, dynamic sampling, router replay, no importance correction), and need a
+    the vllm backend, multi-turn environments, dynamic sampling, router replay, no importance correction), and need a
     budget that cuts something and lets a row finish before it is stale."""
     recipe = loaded.recipe
     cfg = recipe.generation.partial_rollouts
@@ -32,6 +32,9 @@ def partial_rollouts(loaded: LoadedRecipe) -> list[Diagnostic]:
         (cfg.finished_fraction < 1 and gen.backend != "megatron", (*_KEY, "finished_fraction"),
          f"the megatron backend for `finished_fraction` below 1 (backend is {gen.backend})",
          "generation.partial_rollouts.finished_fraction=1.0, or generation.backend=megatron"),
+        (recipe.environment.kind != "single_turn", ("environment", "kind"),
+         f"single-turn rollouts (a {recipe.environment.kind} trajectory is not continued "
+         "across steps)", "environment.kind=single_turn"),
         (recipe.grpo.dynamic_sampling.enabled, ("grpo", "dynamic_sampling", "enabled"),
          "dynamic sampling off (groups that wait for their rows are not filtered)",
          "grpo.dynamic_sampling.enabled=false"),

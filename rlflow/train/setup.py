@@ -191,6 +191,10 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
     context = RolloutContext(recipe, info, sampler, train_data, encoder, backend, scorer)
     if separate:
         rollouts = RemoteRollouts(Link(policy, recipe), context)
+    elif recipe.environment.kind == "gym":  # NeMo Gym's episodes against the engine's server
+        from rlflow.train.gym.source import GymRollouts
+
+        rollouts = GymRollouts(context, policy, checkpoint, run_dir)
     elif recipe.generation.partial_rollouts.enabled:
         rollouts = PartialRollouts(context)  # (colocated only: rlflow/rules/partial.py)
     else:

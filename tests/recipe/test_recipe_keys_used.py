@@ -161,6 +161,15 @@ READ_BY = {
     "generation.server.port": ("rlflow/serve/start.py", "server_cfg.port"),
     "generation.server.max_connections": ("rlflow/serve/start.py", "server_cfg.max_connections"),
     "generation.server.idle_timeout_s": ("rlflow/serve/start.py", "server_cfg.idle_timeout_s"),
+    "environment.gym.config_paths": ("rlflow/train/gym/servers.py", "cfg.config_paths"),
+    "environment.gym.agent": ("rlflow/train/gym/servers.py", "cfg.agent"),
+    "environment.gym.resource_servers": ("rlflow/train/gym/servers.py", "cfg.resource_servers"),
+    "environment.gym.head_port": ("rlflow/train/gym/servers.py", "cfg.head_port"),
+    "environment.gym.tasks": ("rlflow/train/gym/tasks.py", "cfg.tasks"),
+    "environment.gym.concurrency": ("rlflow/train/gym/source.py", "self.cfg.concurrency"),
+    "environment.gym.task_timeout_s": ("rlflow/train/gym/source.py", "self.cfg.task_timeout_s"),
+    "environment.gym.ready_timeout_s": ("rlflow/train/gym/source.py", "self.cfg.ready_timeout_s"),
+    "environment.gym.on_task_failure": ("rlflow/train/gym/source.py", "self.cfg.on_task_failure"),
     "generation.vllm.device": ("rlflow/envs/spec.py", "vllm_cfg.device"),
     # the cpu and cuda pin sets: vllm_spec picks one by device and reads all five of its keys
     **{

@@ -1,0 +1,255 @@
+"""`environment.kind: gym`: a step's rollouts are NeMo Gym episodes against rlflow's server.
+
+`start()` (rank 0, after the policy's weights are loaded or restored): the engine's OpenAI
+server in-process (rlflow/serve/runner.py, sized by `generation.server`), then Gym's servers
+(servers.py) with Gym's `vllm_model` pointed at it. `collect()`: rank 0 posts the step's task
+rows to the agent's `/run` (what Gym's rollout collection does, `concurrency` at once, each
+bounded by `task_timeout_s`), turns each answer into a Completion (trajectory.py), computes the
+group advantages and sends every data-parallel rank its share. `after_update()`: the server
+serves the new weights from the next request on. `finish()` stops Gym's servers, then ours.
+
+A failed task (timeout, a server that died, HTTP error, malformed JSON, discontinuous token
+ids) is counted in `env/failed_tasks` and `env/failed_tasks/<reason>`; its prompt's group is
+left out of the step (`on_task_failure: continue`) or the run ends naming it (`stop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from rlflow import parallel
+from rlflow.errors import Diagnostic, RlflowError
+from rlflow.model.media import Media, Prompt
+from rlflow.train import grpo
+from rlflow.train.collect import RolloutContext, Rollouts
+from rlflow.train.gym.servers import GymServers, gym_config, servers_to_start
+from rlflow.train.gym.tasks import load_tasks, request_row, step_tasks, tasks_path
+from rlflow.train.gym.trajectory import TaskFailed, Trajectory, convert
+
+MODEL_NAME = "policy"  # the name Gym's vllm_model sends as `model`
+
+
+class GymRollouts:
+    """The RolloutSource of `environment.kind: gym` (rlflow/train/collect.py has the protocol)."""
+
+    def __init__(self, context: RolloutContext, policy, checkpoint: Path, run_dir: Path):
+        self.context, self.policy, self.checkpoint = context, policy, checkpoint
+        self.log_dir = run_dir / "gym"
+        self.cfg = context.recipe.environment.gym
+        self.thread = self.servers = None
+        self.tasks: list[dict] = []
+        self.agent_url = ""
+        self.metrics: dict[str, float] = {}
+        # prompt ids -> the Prompt the server made of them (with its images: the trainer's
+        # forward needs the pixels), filled by the server's encoder, emptied each step
+        self.prompts: dict[tuple[int, ...], Prompt] = {}
+
+    def start(self, step: int) -> None:
+        if not self.context.info.is_main:
+            return
+        from rlflow.serve.runner import ServerThread, served_engine
+
+        recipe = self.context.recipe
+        server = recipe.generation.server
+        served = served_engine(self.policy, self.checkpoint, recipe, MODEL_NAME)
+        served.engine.weight_version = step
+        _remember_prompts(served.encoder, self.prompts)
+        self.thread = ServerThread(
+            served, server.host, server.port, server.max_connections, server.idle_timeout_s
+        ).start()
+        config = gym_config(self.cfg, self.thread.url, MODEL_NAME)
+        self.tasks = load_tasks(tasks_path(config, self.cfg))
+        servers = servers_to_start(config, self.cfg)
+        self.servers = GymServers(config, servers, self.log_dir, self.cfg.ready_timeout_s)
+        try:
+            self.servers.start()  # stops what it started when it fails
+        except BaseException:
+            self.finish(1)
+            raise
+        self.agent_url = next(s.url for s in servers if s.name == self.cfg.agent)
+
+    def collect(self, step: int, timer) -> Rollouts:
+        info = self.context.info
+        groups = None
+        if info.is_main:
+            try:
+                with timer("environment"):
+                    groups = self._run_step(step)
+            except BaseException:
+                self.finish(1)  # the rank leaves with os._exit: stop Gym's servers now
+                raise
+        groups, self.metrics = parallel.broadcast_object((groups, self.metrics))
+        mine = groups[info.dp_rank :: info.dp_size]
+        return self._rollouts(mine)
+
+    def after_update(self, step: int, timer) -> None:
+        if self.thread is not None:
+            with timer("weight_refresh"):
+                self.thread.served.engine.update_weights(None, step)
+
+    def step_metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
+        return dict(self.metrics)
+
+    def finish(self, exit_code: int) -> None:
+        if self.servers is not None:
+            self.servers.stop()
+            self.servers = None
+        if self.thread is not None:
+            self.thread.stop()
+            self.thread = None
+
+    # --- rank 0 ---------------------------------------------------------------------------------
+
+    def _run_step(self, step: int) -> list[list[tuple[Prompt, Trajectory]]]:
+        recipe = self.context.recipe
+        G = recipe.grpo.num_generations_per_prompt
+        picked = step_tasks(
+            len(self.tasks), step, recipe.grpo.num_prompts_per_step, recipe.run.seed
+        )
+        rows = [request_row(self.tasks[i], recipe.generation) for i in picked for _ in range(G)]
+        version = self.thread.served.engine.weight_version
+        start = time.perf_counter()
+        results = asyncio.run(self._post_all(rows, version))
+        failed: dict[str, int] = {}
+        example: dict[str, str] = {}  # reason -> the first failure's detail
+        malformed: dict[str, int] = {}
+        groups, turns = [], []
+        for g, task in enumerate(picked):
+            group = results[g * G : (g + 1) * G]
+            for item in group:
+                if isinstance(item, TaskFailed):
+                    failed[item.reason] = failed.get(item.reason, 0) + 1
+                    example.setdefault(item.reason, item.detail)
+                    self._on_failure(item, task)
+                else:
+                    turns.append(item.turns)
+                    for reason, n in item.malformed.items():
+                        malformed[reason] = malformed.get(reason, 0) + n
+            if not any(isinstance(item, TaskFailed) for item in group):
+                groups.append([(self._prompt(t, f"gym-{step}-{task}"), t) for t in group])
+        self.prompts.clear()
+        self.metrics = _env_metrics(
+            failed, malformed, turns, len(rows), time.perf_counter() - start
+        )
+        if not groups:
+            raise RlflowError(
+                Diagnostic(
+                    "gym.no-trajectories",
+                    f"step {step}: every NeMo Gym task group failed ({failed}); first of "
+                    f"each: {example}",
+                    help=f"see the Gym servers' logs in {self.log_dir}",
+                )
+            )
+        return groups
+
+    def _prompt(self, trajectory: Trajectory, name: str) -> Prompt:
+        """The first turn's prompt as the server made it (a text one if it had no images)."""
+        ids = tuple(trajectory.prompt_ids)
+        made = self.prompts.get(ids)
+        if made is not None:
+            return Prompt(name, made.text, ids, made.media)
+        return Prompt(name, "", ids, Media())
+
+    async def _post_all(self, rows: list[dict], version: int) -> list:
+        import httpx
+
+        gate = asyncio.Semaphore(self.cfg.concurrency)
+        limits = httpx.Limits(max_connections=self.cfg.concurrency)
+        async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+
+            async def one(row: dict):
+                async with gate:
+                    try:
+                        return await asyncio.wait_for(
+                            self._post(client, row, version), self.cfg.task_timeout_s
+                        )
+                    except TaskFailed as failure:
+                        return failure
+                    except TimeoutError:
+                        return TaskFailed(
+                            "timeout", f"no answer within {self.cfg.task_timeout_s} s"
+                        )
+                    except httpx.HTTPError as exc:
+                        dead = self.servers.dead()
+                        detail = f"dead: {dead}" if dead else f"{type(exc).__name__}: {exc}"
+                        return TaskFailed("server_died" if dead else "connection", detail)
+
+            return await asyncio.gather(*(one(row) for row in rows))
+
+    async def _post(self, client, row: dict, version: int) -> Trajectory:
+        response = await client.post(f"{self.agent_url}/run", json=row)
+        if response.status_code != 200:
+            raise TaskFailed(f"http_{response.status_code}", response.text[-500:])
+        try:
+            body = response.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise TaskFailed("malformed_json", f"the agent's answer is not JSON: {exc}") from None
+        return convert(body, version)
+
+    def _on_failure(self, failure: TaskFailed, task: int) -> None:
+        if self.cfg.on_task_failure == "stop":
+            raise RlflowError(
+                Diagnostic(
+                    "gym.task-failed",
+                    f"NeMo Gym task {task} failed ({failure.reason}): {failure.detail}",
+                    help="environment.gym.on_task_failure: continue leaves failed tasks out "
+                    f"(counted in env/failed_tasks); the Gym servers' logs are in {self.log_dir}",
+                )
+            )
+
+    # --- every rank -----------------------------------------------------------------------------
+
+    def _rollouts(self, groups: list[list[tuple[Prompt, Trajectory]]]) -> Rollouts:
+        cfg = self.context.recipe.grpo
+        rewards = torch.tensor([[t.reward for _, t in g] for g in groups], dtype=torch.float32)
+        advantages = grpo.group_advantages(
+            rewards.reshape(len(groups), -1), cfg.use_leave_one_out_baseline, cfg.normalize_rewards
+        ).flatten()
+        flat = [t for g in groups for _, t in g]
+        prompts = [p for g in groups for p, _ in g]
+        completions = [t.completion for t in flat]
+        trained = [sum(c.loss_mask) for c in completions]
+        sums = {
+            "train/reward": sum(t.reward for t in flat),
+            "train/accuracy": float(sum(t.reward > 0 for t in flat)),
+            "train/response_length": float(sum(trained)),
+            "train/rollouts": float(len(flat)),
+            "sampling/groups_generated": float(len(groups)),
+            "sampling/groups_filtered": float(int(grpo.zero_variance_groups(rewards).sum())),
+            "sampling/extra_rounds": 0.0,
+            "sampling/generated_tokens": float(sum(trained)),
+            "sampling/preempted_rows": 0.0,
+        }
+        versions = [c.token_versions[0] if c.token_versions else 0 for c in completions]
+        return Rollouts(prompts, completions, advantages.tolist(), sums, versions)
+
+
+def _remember_prompts(encoder, into: dict) -> None:
+    """The server's encoder, also keeping each prompt with images it makes (by its ids)."""
+    encode = encoder.encode
+
+    def remembering(chat):
+        prompt = encode(chat)
+        if prompt.media.num_images or prompt.media.num_videos:
+            into[tuple(prompt.token_ids)] = prompt
+        return prompt
+
+    encoder.encode = remembering
+
+
+def _env_metrics(failed, malformed, turns, tasks: int, seconds: float) -> dict[str, float]:
+    out = {
+        "env/tasks": float(tasks),
+        "env/failed_tasks": float(sum(failed.values())),
+        "env/malformed_tool_calls": float(sum(malformed.values())),
+        "env/turns_per_trajectory": sum(turns) / max(len(turns), 1),
+        "env/seconds": seconds,
+    }
+    out.update({f"env/failed_tasks/{k}": float(v) for k, v in failed.items()})
+    out.update({f"env/malformed_tool_calls/{k}": float(v) for k, v in malformed.items()})
+    return out

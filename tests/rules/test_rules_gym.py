@@ -1,0 +1,82 @@
+"""`environment.kind: gym` on the login node: `submit --dry-run` shows the Gym servers rank 0
+will start and their ports (read from Gym's config files, Gym not imported), and refuses what
+cannot work: the extra missing, unknown servers, colliding ports, more tasks in flight than the
+server has rows or KV cache, an engine rank 0 cannot serve alone."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlflow.errors import RlflowError
+from rlflow.rules import load_checked
+
+ROOT = Path(__file__).resolve().parents[2]
+GYM = ROOT / "recipes" / "tiny-qwen3-gym-tool-1n1g-cpu.yaml"
+DRY_RUN = ["submit", str(GYM), "--nodes", "1", "--gpus", "1", "--dry-run"]
+
+
+def dry_run(*overrides: str, hide_gym: bool = False) -> subprocess.CompletedProcess:
+    """The console script's dry run; hide_gym: as on a machine without the `gym` extra (the
+    import system is told nemo_gym does not exist: uninstalling it would break the other
+    tests of this environment)."""
+    hide = "sys.modules['nemo_gym'] = None; " if hide_gym else ""
+    code = f"import sys; {hide}from rlflow.cli import main; sys.argv[0] = 'rlflow'; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *DRY_RUN, *overrides],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_the_dry_run_shows_the_gym_servers_and_their_ports():
+    result = dry_run("generation.server.port=8123")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "rank 0 (first node) starts rlflow's server on 127.0.0.1:8123" in out
+    assert "Gym's head server on 127.0.0.1:11000" in out
+    for line in (
+        "example_single_tool_call_simple_agent (responses_api_agents/simple_agent) on "
+        "127.0.0.1:free",
+        "example_single_tool_call (resources_servers/example_single_tool_call) on 127.0.0.1:free",
+        "policy_model (responses_api_models/vllm_model) on 127.0.0.1:free",
+    ):
+        assert line in out
+
+
+def test_the_dry_run_refuses_gym_without_the_extra():
+    result = dry_run(hide_gym=True)
+    assert result.returncode != 0
+    assert "NeMo Gym (nemo_gym) is not installed" in result.stderr
+    assert "uv sync --extra gym" in result.stderr and "Traceback" not in result.stderr
+
+
+def problems(*overrides: str) -> str:
+    with pytest.raises(RlflowError) as caught:
+        load_checked(GYM, list(overrides))
+    return "\n".join(d.render() for d in caught.value.diagnostics)
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["generation.server.port=11000"],
+         ["port 11000 is used twice", "generation.server.port", "environment.gym.head_port"]),
+        (["environment.gym.concurrency=9"],
+         ["`environment.gym.concurrency` (9) is above generation.server.max_rows (8)"]),
+        (["generation.kv_cache_tokens=4096"],
+         ["generation.kv_cache_tokens 4096 < 8 x generation.server.context_tokens 2048"]),
+        (["environment.gym.agent=no_such_agent"],
+         ["['no_such_agent'] are not defined by environment.gym.config_paths"]),
+        (["environment.gym.config_paths=[missing.yaml]"],
+         ["cannot be read", "missing.yaml"]),
+        (["parallelism.tensor_parallel_size=2", "generation.placement=separate"],
+         ["not implemented with parallelism.tensor_parallel_size=2, generation.placement="]),
+    ],
+    ids=["ports", "rows", "kv-cache", "agent", "config", "engine"],
+)  # fmt: skip
+def test_what_cannot_work_is_refused_naming_the_key(overrides, words):
+    text = problems(*overrides)
+    assert all(w in text for w in words), text

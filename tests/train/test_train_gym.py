@@ -1,0 +1,296 @@
+"""NeMo Gym as the rollout source (`environment.kind: gym`, rlflow/train/gym/): real Gym servers
+(Gym's own example environments, from the `gym` extra) against rlflow's server on the tiny
+Qwen3, trained through the console script; Gym's answers turned into trajectories with loss
+masks; servers that never come up or die end the run within the readiness timeout, naming them.
+
+The tiny model's weights are random: it never emits a well-formed tool call, so the CLI runs
+show one-turn episodes (the plumbing, the rewards, the metrics); multi-turn token layout is
+checked on Gym-shaped answers below, and the continuity rule on the tiny model's own template.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlflow.errors import RlflowError
+from rlflow.train.gym.trajectory import TaskFailed, convert, malformed_tool_calls
+from rlflow.train.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+RLFLOW = ROOT / ".venv" / "bin" / "rlflow"
+GYM_TOOL = ROOT / "recipes" / "tiny-qwen3-gym-tool-1n1g-cpu.yaml"
+MULTI_STEP = "resources_servers/example_multi_step/configs/example_multi_step.yaml"
+QUIET = ["checkpointing.enabled=false", "logging.progress_bar=false", "logging.tensorboard=false"]
+
+
+def rlflow(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return subprocess.run(
+        [str(RLFLOW), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def turn(prompt: list[int], generated: list[int], **item) -> dict:
+    return {
+        "prompt_token_ids": prompt,
+        "generation_token_ids": [str(t) for t in generated],  # Gym's vllm_model may send text
+        "generation_log_probs": [-0.5] * len(generated),
+        **item,
+    }
+
+
+def answer(output: list[dict], reward=1.0) -> dict:
+    return {"response": {"output": output}, "reward": reward}
+
+
+# --- trajectories ----------------------------------------------------------------------------
+
+
+def test_a_multi_turn_answer_trains_the_model_tokens_only():
+    call = {"type": "function_call", "name": "get_weather", "arguments": '{"city": "SF"}'}
+    output = [
+        turn([1, 2, 3], [10, 11], **call),
+        {"type": "function_call_output", "output": '{"weather": "cold"}'},
+        turn([1, 2, 3, 10, 11, 20, 21, 22], [12, 13, 14], type="message", role="assistant"),
+    ]
+    trajectory = convert(answer(output, reward=0.5), version=3)
+    c = trajectory.completion
+    assert trajectory.prompt_ids == [1, 2, 3] and trajectory.turns == 2
+    assert c.token_ids == [10, 11, 20, 21, 22, 12, 13, 14]
+    assert c.loss_mask == [1, 1, 0, 0, 0, 1, 1, 1]
+    assert c.logprobs == [-0.5, -0.5, 0.0, 0.0, 0.0, -0.5, -0.5, -0.5]
+    assert c.token_versions == [3] * 8 and trajectory.reward == 0.5
+    assert trajectory.malformed == {}
+
+
+def test_the_train_batch_masks_environment_tokens():
+    from rlflow.model.media import Media, Prompt
+    from rlflow.train.rollouts import build_train_batch
+
+    output = [turn([1, 2], [5]), turn([1, 2, 5, 7, 8], [6])]
+    c = convert(answer(output), version=0).completion
+    prompt = Prompt("p", "", (1, 2), Media())
+    batch = build_train_batch(
+        [prompt], [c], [1.0], prompt_ids=lambda p: list(p.token_ids), pad_token_id=0
+    )
+    # targets are input_ids[1:]: 2 | 5 7 8 6 -> only 5 and 6 are trained
+    assert batch.target_mask[0].tolist() == [False, True, False, False, True]
+
+
+def test_a_re_rendered_turn_is_refused_naming_the_turn_and_position():
+    output = [turn([1, 2, 3], [10, 11]), turn([1, 2, 3, 10, 99, 20], [12])]
+    with pytest.raises(TaskFailed) as caught:
+        convert(answer(output), version=0)
+    assert caught.value.reason == "discontinuous_tokens"
+    assert "turn 1" in caught.value.detail and "at token 4" in caught.value.detail
+
+
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        ({"reward": 1.0}, "malformed_json"),
+        (answer([turn([1], [2])], reward="high"), "malformed_json"),
+        (answer([{"type": "message", "role": "assistant", "content": []}]), "no_token_ids"),
+    ],
+)
+def test_an_answer_without_what_training_needs_fails_the_task(body, reason):
+    with pytest.raises(TaskFailed) as caught:
+        convert(body, version=0)
+    assert caught.value.reason == reason
+
+
+def test_malformed_tool_calls_are_counted_by_reason():
+    output = [
+        {"type": "function_call", "name": "get_weather", "arguments": "{city: SF"},
+        {"type": "function_call_output", "output": '{"detail":"Not Found"}'},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "<tool_call>{oops</tool_call>"}],
+        },
+    ]
+    assert malformed_tool_calls(output) == {
+        "arguments_not_json": 1,
+        "unknown_tool": 1,
+        "unparsed_tool_call": 1,
+    }
+
+
+# --- real Gym servers ---------------------------------------------------------------------------
+
+
+def short_multi_step_tasks(path: Path) -> Path:
+    """Gym's example_multi_step rows with their system prompt cut short: its 9,000-character
+    synonym list is 8,600 tokens for the tiny tokenizer, past the tiny model's 4,096 positions
+    (the tools, the question and the verifier's expected values are Gym's)."""
+    from rlflow.optional import gym_root
+
+    data = gym_root() / "resources_servers" / "example_multi_step" / "data" / "example.jsonl"
+    rows = [json.loads(line) for line in data.read_text().splitlines()[:2]]
+    for row in rows:
+        system = row["responses_create_params"]["input"][0]
+        system["content"] = system["content"][:200]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_gym_runs_train_on_the_single_tool_and_multi_step_environments(tmp_path):
+    runs = {
+        "tool": [],
+        "multi_step": [
+            f"environment.gym.config_paths=[{MULTI_STEP}]",
+            "environment.gym.agent=example_multi_step_simple_agent",
+            f"environment.gym.tasks={short_multi_step_tasks(tmp_path / 'tasks.jsonl')}",
+            "grpo.max_num_steps=1",
+            "generation.server.context_tokens=4096",
+        ],
+    }
+    for name, overrides in runs.items():
+        run_dir = tmp_path / name
+        result = rlflow("train", str(GYM_TOOL), *QUIET, *overrides, "--run-dir", str(run_dir))
+        assert result.returncode == 0, result.stderr[-3000:]
+        records = read_metrics(run_dir)
+        assert [r["step"] for r in records] == list(range(1, len(records) + 1))
+        for record in records:
+            assert record["env/tasks"] == 8 and record["env/failed_tasks"] == 0
+            assert record["env/turns_per_trajectory"] >= 1
+            assert record["train/real_tokens"] > 0
+            assert "time/environment" in record
+        logs = sorted(p.name for p in (run_dir / "gym").iterdir())
+        assert "policy_model.log" in logs and len(logs) == 3
+        if name == "tool":  # Gym's verify rewards every finished episode of this one with 1
+            assert records[-1]["train/reward"] == 1.0
+
+
+CIRCLES = "resources_servers/circle_count/configs/circle_count.yaml"
+
+
+def test_the_vlm_environment_circle_count_trains_the_tiny_vlm_on_its_images(tmp_path):
+    """Gym's circle_count (an image per task, one answer) on the tiny Qwen2.5-VL: the server
+    keeps the prompt it made (with the pixels) for the trainer's forward."""
+    overrides = [
+        "model.checkpoint=builtin:tiny-qwen25vl", f"environment.gym.config_paths=[{CIRCLES}]",
+        "environment.gym.agent=circle_count_simple_agent", "grpo.max_num_steps=1",
+        "grpo.num_prompts_per_step=1", "generation.server.context_tokens=4096",
+    ]  # fmt: skip
+    run_dir = tmp_path / "run"
+    result = rlflow("train", str(GYM_TOOL), *QUIET, *overrides, "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    [record] = read_metrics(run_dir)
+    assert record["env/tasks"] == 4 and record["env/failed_tasks"] == 0
+    # each row's image pad tokens met its pixels: the trainer checks them against each other
+    assert record["train/real_tokens"] > 0
+
+
+FLAKY = """
+from nemo_gym.base_resources_server import (
+    BaseResourcesServerConfig, BaseVerifyRequest, BaseVerifyResponse, SimpleResourcesServer,
+)
+
+
+class FlakyConfig(BaseResourcesServerConfig):
+    pass
+
+
+class Flaky(SimpleResourcesServer):
+    config: FlakyConfig
+
+    async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse:
+        if "please fail" in str(body.responses_create_params.input):
+            raise RuntimeError("the verifier broke")
+        return BaseVerifyResponse(**body.model_dump(), reward=float(len(str(body.response)) % 2))
+
+
+if __name__ == "__main__":
+    Flaky.run_webserver()
+"""
+
+
+def test_a_failing_task_is_counted_and_its_group_left_out(tmp_path):
+    """A resources server whose verifier fails for one task: HTTP 500 through the agent,
+    `env/failed_tasks/http_500` counts its 4 episodes, the other group trains."""
+    config = _local_server(tmp_path, "flaky", FLAKY)
+    rows = [
+        {"responses_create_params": {"input": [{"role": "user", "content": text}]}}
+        for text in ("hi", "please fail")
+    ]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    overrides = [
+        f"environment.gym.config_paths=[{config}]", "environment.gym.agent=agent",
+        "environment.gym.tasks=tasks.jsonl", "grpo.max_num_steps=1",
+    ]  # fmt: skip
+    run_dir = tmp_path / "run"
+    result = rlflow("train", str(GYM_TOOL), *QUIET, *overrides, "--run-dir", str(run_dir),
+                    cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    [record] = read_metrics(run_dir)
+    assert record["env/failed_tasks"] == 4 and record["env/failed_tasks/http_500"] == 4
+    assert record["env/tasks"] == 8 and record["train/real_tokens"] > 0  # the other group trained
+
+
+def _local_server(root: Path, name: str, app: str) -> str:
+    """A Gym config of one resources server `name` whose app.py is `app` (under root)."""
+    folder = root / "resources_servers" / name
+    folder.mkdir(parents=True)
+    (folder / "app.py").write_text(app)
+    config = root / f"{name}.yaml"
+    config.write_text(
+        f"{name}:\n  resources_servers:\n    {name}:\n      entrypoint: app.py\n      domain: other\n"
+        f"agent:\n  responses_api_agents:\n    simple_agent:\n      entrypoint: app.py\n"
+        f"      resources_server: {{type: resources_servers, name: {name}}}\n"
+        f"      model_server: {{type: responses_api_models, name: policy_model}}\n"
+    )
+    return str(config)
+
+
+@pytest.mark.parametrize(
+    "app, ready_s, code, words",
+    [
+        ("import time\ntime.sleep(600)\n", 2, "gym.not-ready", ["never_up", "2 s"]),
+        ("raise SystemExit(3)\n", 120, "gym.server-died", ["never_up", "status 3"]),
+    ],
+    ids=["hangs", "exits"],
+)
+def test_a_gym_server_that_never_comes_up_ends_the_start_naming_it(
+    tmp_path, monkeypatch, app, ready_s, code, words
+):
+    from rlflow.recipe.gym_schema import GymConfig
+    from rlflow.train.gym.servers import GymServers, gym_config, servers_to_start
+
+    monkeypatch.chdir(tmp_path)
+    cfg = GymConfig(
+        config_paths=[_local_server(tmp_path, "never_up", app)], agent="agent",
+        resource_servers=["never_up"], tasks="x.jsonl", concurrency=1, task_timeout_s=5,
+        ready_timeout_s=ready_s, on_task_failure="stop", head_port=_free_port(),
+    )  # fmt: skip
+    config = gym_config(cfg, "http://127.0.0.1:9", "policy")
+    servers = GymServers(config, servers_to_start(config, cfg), tmp_path / "logs", ready_s)
+    with pytest.raises(RlflowError) as caught:
+        servers.start()
+    [diagnostic] = caught.value.diagnostics
+    text = diagnostic.render()
+    assert diagnostic.code == code and all(w in text for w in words), text
+    assert servers.processes == {} and servers.head is None  # everything it started is gone
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_tasks_setting_names_a_file_or_an_agent_dataset(tmp_path):
+    from rlflow.train.gym.tasks import load_tasks
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"input": "no responses_create_params"}) + "\n")
+    with pytest.raises(RlflowError) as caught:
+        load_tasks(bad)
+    assert "bad.jsonl:1" in caught.value.diagnostics[0].render()
