@@ -49,7 +49,9 @@ def turn_params(params: SamplingParams, turn: int) -> SamplingParams:
 
 def step_env_metrics(totals: dict[str, float], prefix: str) -> dict[str, float]:
     """Step metrics from the rank-summed env/* sums: turns and tool calls per trajectory, the
-    share of tool calls that were valid, malformed calls (counts) by reason."""
+    share of tool calls that were valid, the share of trajectories without a valid call, and
+    malformed calls (counts) by reason. Environments without these sums (single_turn) add
+    nothing."""
     if "env/trajectories" not in totals:
         return {}
     trajectories = max(totals["env/trajectories"], 1.0)
@@ -58,6 +60,8 @@ def step_env_metrics(totals: dict[str, float], prefix: str) -> dict[str, float]:
         f"{prefix}/turns_per_trajectory": totals["env/turns"] / trajectories,
         f"{prefix}/tool_calls_per_trajectory": calls / trajectories,
         f"{prefix}/tool_call_validity": totals["env/valid_tool_calls"] / calls if calls else 0.0,
+        # the share of trajectories that answered without a valid tool call (scored as none)
+        f"{prefix}/answered_without_tool": totals["env/answered_without_tool"] / trajectories,
     }
     for key, value in totals.items():
         if key.startswith("env/malformed_tool_calls"):
