@@ -136,14 +136,15 @@ def wait_ready(
 
 
 def _job_failure(run_dir: Path, records: list[ServerRecord]) -> Diagnostic | None:
-    """The launcher's failure record of the newest attempt, if it is newer than the records."""
+    """The launcher's failure record of the newest attempt (a job that died before its ranks
+    wrote a record, too), unless a record is newer (a later attempt's ranks are up)."""
     attempts = files.attempt_dirs(run_dir)
     found = files.first_failure(attempts[-1]) if attempts else None
-    if found is None or not records:
+    if found is None:
         return None
     path, failure = found
     try:
-        if path.stat().st_mtime < min(r.time for r in records):
+        if records and path.stat().st_mtime < min(r.time for r in records):
             return None  # an earlier attempt's
     except OSError:
         return None

@@ -18,9 +18,9 @@ from tests.serve.conftest import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
 CONSOLE_SCRIPT = str(Path(sys.executable).with_name("rlflow"))
-STEPS = 2
-# Two short steps, no reference model, no warm start, no checkpoint: the run only has to reach
-# weight version 2 (the trainer then stops for good at `logged2`: RLFLOW_TEST_HANG), so the
+STEPS = 1
+# Short steps, no reference model, no warm start, no checkpoint: the run only has to reach
+# weight version STEPS (the trainer then stops for good at `logged<STEPS>`: RLFLOW_TEST_HANG), so the
 # version the server answers with is known.
 QUICK = [
     f"grpo.max_num_steps={STEPS + 1}", "grpo.num_prompts_per_step=2",

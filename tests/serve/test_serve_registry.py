@@ -76,10 +76,11 @@ def test_a_job_that_died_ends_the_wait_with_the_launchers_failure(tmp_path):
     status = files.attempt_status(tmp_path, 0)
     status.mkdir(parents=True)
     (status / files.FIRST_FAILURE).write_text(files.Failure("1", "rank 2: CUDA OOM", "n3").text())
-    with pytest.raises(RlflowError) as caught:
-        registry.wait_ready(tmp_path, [0], timeout_s=600)
-    assert caught.value.diagnostics[0].code == "serve.job-failed"
-    assert "rank 2: CUDA OOM" in caught.value.diagnostics[0].message
+    for ranks in ([0], [1]):  # rank 1 never wrote a record: the job died first
+        with pytest.raises(RlflowError) as caught:
+            registry.wait_ready(tmp_path, ranks, timeout_s=600)
+        assert caught.value.diagnostics[0].code == "serve.job-failed"
+        assert "rank 2: CUDA OOM" in caught.value.diagnostics[0].message
 
 
 def test_the_timeout_names_the_rank_its_url_and_its_last_state(tmp_path):
