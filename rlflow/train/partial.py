@@ -211,7 +211,8 @@ class PartialRollouts:
                     t.backend, pending, params, budget_steps=cfg.budget_steps, max_new_tokens=cap,
                     prompt_ids=t.backend.policy.prompt_ids,
                 )  # fmt: skip
-                scored.preempted += getattr(t.backend, "last_timings", {}).get("preempted", 0)
+                if pending:  # (the engine's timings are of its last call)
+                    scored.preempted += getattr(t.backend, "last_timings", {}).get("preempted", 0)
                 rounds += 1
                 waiting = not any(g.complete for g in self.groups)
                 if not parallel.all_reduce_max(float(waiting), group):
