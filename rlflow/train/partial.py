@@ -10,8 +10,9 @@ A step (`PartialRollouts.collect`, colocated placement):
    engine also stops a pass once `finished_fraction` of its rows finished). A row that has
    tokens is prefilled again as a continuation (its prompt + its tokens so far); each new token
    records the weight version that produced it (`Completion.token_versions`) and its logprob,
-   which the loss corrects for with importance sampling (TIS/MIS). Rounds repeat within the
-   step until every rank has a complete group;
+   which the loss corrects for with importance sampling (TIS/MIS). A rank left without a
+   complete group runs more rounds within the step, for its one group nearest to complete
+   (the other rows keep waiting), until every rank has one;
 4. train: complete groups (all G rows finished), oldest first, up to the step's share; they are
    scored and their advantages computed here; the rest wait for a later step.
 
@@ -106,6 +107,8 @@ def advance(
         prompts.append(prompt)
         rows.append(row)
     if not rows:
+        if backend.name == "megatron":  # an expert-parallel engine's peers need this rank
+            backend.generate([], params)
         return 0
     remaining = max(max_new_tokens - len(r.token_ids) for r in rows)
     steps = min(budget_steps or remaining, remaining)
@@ -123,6 +126,16 @@ def advance(
         elif len(row.token_ids) >= max_new_tokens:
             row.finish_reason = "length"
     return generated
+
+
+def nearest(groups: list[Group], max_new_tokens: int) -> Group:
+    """The group nearest to complete: fewest tokens left to its longest unfinished row (the
+    oldest among equals)."""
+
+    def left(g: Group) -> int:
+        return max(max_new_tokens - len(r.token_ids) for r in g.rows if r.finish_reason is None)
+
+    return min(groups, key=lambda g: (left(g), g.started))
 
 
 def drop_stale(groups: list[Group], version: int, max_staleness: int) -> tuple[int, int]:
@@ -181,20 +194,25 @@ class PartialRollouts:
 
         scored = Scored()
         generated = rounds = 0
+        cap = recipe.generation.max_new_tokens
         with timer("generation"):
             while True:
-                pending = [(prompt_of(g), r) for g in self.groups for r in g.rows
+                live = [g for g in self.groups if not g.complete]
+                if rounds:  # a rank without a complete group finishes the nearest one alone
+                    alone = live and len(live) == len(self.groups)
+                    live = [nearest(live, cap)] if alone else []
+                pending = [(prompt_of(g), r) for g in live for r in g.rows
                            if r.finish_reason is None]  # fmt: skip
                 params = dataclasses.replace(
                     sampling(t, step, recipe.generation.temperature, rounds),
                     stop_fraction=cfg.finished_fraction,
                 )
                 generated += advance(
-                    t.backend, pending, params, budget_steps=cfg.budget_steps,
-                    max_new_tokens=recipe.generation.max_new_tokens,
+                    t.backend, pending, params, budget_steps=cfg.budget_steps, max_new_tokens=cap,
                     prompt_ids=t.backend.policy.prompt_ids,
                 )  # fmt: skip
-                scored.preempted += getattr(t.backend, "last_timings", {}).get("preempted", 0)
+                if pending:  # (the engine's timings are of its last call)
+                    scored.preempted += getattr(t.backend, "last_timings", {}).get("preempted", 0)
                 rounds += 1
                 waiting = not any(g.complete for g in self.groups)
                 if not parallel.all_reduce_max(float(waiting), group):

@@ -101,6 +101,7 @@ PARTIAL = [
     "generation.partial_rollouts.enabled=true",
     "generation.partial_rollouts.budget_steps=2",
     "generation.partial_rollouts.max_staleness_steps=3",
+    "warm_start.num_steps=0",  # (every row runs to the cap: the nearest group alone finishes)
     "grpo.val_period=0",
     "grpo.val_at_start=false",
     "grpo.val_at_end=false",
