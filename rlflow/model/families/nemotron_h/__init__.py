@@ -33,6 +33,7 @@ class NemotronH(ModelFamily):
     builtins = ("tiny-nemotron-h",)
     multimodal = False
     rope = "1d"  # descriptive: attention has no rotary; positions are unused
+    megatron_engine = False  # the engine keeps no per-row Mamba conv/SSM state yet
 
     def register_bridge(self) -> None:
         from rlflow.model.families.nemotron_h import model
