@@ -106,6 +106,11 @@ def test_hf_round_trip_is_exact(hybrid):
     on_disk = load_file(str(policy.checkpoint / "model.safetensors"))
     assert sorted(exported) == sorted(on_disk)
     assert all(torch.equal(exported[k], on_disk[k]) for k in on_disk)
+    # ... and under HF's in-memory names (`model.*`, on disk `backbone.*`), as the HF backend loads
+    state = hybrid[2].state_dict()
+    in_memory = policy.family.hf_state_dict(exported)
+    assert sorted(in_memory) == sorted(state)
+    assert all(torch.equal(in_memory[k], state[k]) for k in state)
 
 
 def test_engine_state_slots_continue_the_policys_own_mixer(hybrid):
