@@ -224,11 +224,10 @@ def rms_norm_gated(x, weight, z=None, eps=1e-5, group_size=None, norm_before_gat
 class RMSNormGated(torch.nn.Module):
     """mamba_ssm.ops.triton.layernorm_gated.RMSNorm's interface: forward(x, z=None)."""
 
-    def __init__(self, hidden_size, eps=1e-5, group_size=None, norm_before_gate=True,
-                 device=None, dtype=None):  # fmt: skip
-        super().__init__()
+    def __init__(self, hidden_size, eps=1e-5, group_size=None, norm_before_gate=True, **factory):
+        super().__init__()  # factory: torch's device and dtype
         self.eps, self.group_size, self.norm_before_gate = eps, group_size, norm_before_gate
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, **factory))
         self.register_parameter("bias", None)
 
     def forward(self, x, z=None):

@@ -29,7 +29,7 @@ Examples:
   rlflow init-tiny-model /tmp/tiny-vlm
   rlflow init-tiny-model /scratch/qwen25vl-3b-random --preset qwen25vl-3b --device cuda
   rlflow init-tiny-model /scratch/qwen3vl-4b-random --preset qwen3vl-4b --device cuda
-  rlflow init-tiny-model /tmp/tiny-hybrid --preset tiny-nemotron-h
+  rlflow init-tiny-model /scratch/nemotron-h-random --preset nemotron-h-30b-a3b-dense --device cuda
 """
 )
 @click.argument("directory", type=click.Path(file_okay=False))

@@ -24,6 +24,7 @@ from rlflow.recipe.scalars import parse_time_limit
 from rlflow.rules.elsewhere import (
     accuracy_reward,
     builtin_checkpoint,
+    engine_serves_model,
     generation_fits_model,
     heads_split_evenly,
     mix_kinds,
@@ -445,6 +446,7 @@ RULES = (
     heads_split_evenly,
     moe_settings_fit_model,
     generation_fits_model,
+    engine_serves_model,
     settings_that_do_nothing,
     wandb_installed,
     _wandb_needs_a_project,

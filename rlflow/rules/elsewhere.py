@@ -183,6 +183,40 @@ def wandb_installed(loaded: LoadedRecipe) -> list[Diagnostic]:
 _LARGEST_GPU_GIB = 288  # no GPU rlflow runs on holds more (B300: 288 GB)
 
 
+def engine_serves_model(loaded: LoadedRecipe) -> list[Diagnostic]:
+    """`generation.backend: megatron` needs a family the engine serves (a hybrid model's Mamba
+    state is not held by the engine yet: ModelFamily.megatron_engine)."""
+    import json
+    from pathlib import Path
+
+    from rlflow.model import family as families
+
+    recipe = loaded.recipe
+    if recipe.generation.backend != "megatron":
+        return []
+    checkpoint = recipe.model.checkpoint
+    if checkpoint.startswith(families.BUILTIN_PREFIX):
+        family = families.by_builtin(checkpoint[len(families.BUILTIN_PREFIX) :])
+    else:
+        try:
+            config = json.loads((Path(checkpoint).expanduser() / "config.json").read_text())
+        except (OSError, ValueError):
+            return []  # the checkpoint's own rules report it
+        family = families.by_config(config) if isinstance(config, dict) else None
+    if family is None or family.megatron_engine:
+        return []
+    return [
+        loaded.diagnostic(
+            ("generation", "backend"),
+            "generation.megatron-engine",
+            f"`generation.backend` is megatron, whose engine does not serve `model.checkpoint` "
+            f"({checkpoint}, {family.architectures[0]}: a hybrid model whose Mamba layers keep "
+            "a recurrent state the engine does not hold yet)",
+            help="set generation.backend: hf (docs/hybrid-kernels.md, what is left)",
+        )
+    ]
+
+
 def _shape(recipe):
     from rlflow.model.shape import recipe_shape
 

@@ -106,3 +106,27 @@ def test_hf_round_trip_is_exact(hybrid):
     on_disk = load_file(str(policy.checkpoint / "model.safetensors"))
     assert sorted(exported) == sorted(on_disk)
     assert all(torch.equal(exported[k], on_disk[k]) for k in on_disk)
+    # ... and under HF's in-memory names (`model.*`, on disk `backbone.*`), as the HF backend loads
+    state = hybrid[2].state_dict()
+    in_memory = policy.family.hf_state_dict(exported)
+    assert sorted(in_memory) == sorted(state)
+    assert all(torch.equal(in_memory[k], state[k]) for k in state)
+
+
+def test_engine_state_slots_continue_the_policys_own_mixer(hybrid):
+    """rlflow/generation/megatron/mamba_state.py on the policy's megatron-core mixer (views of
+    its weights): a prefill then decode steps equal the mixer's full-sequence forward."""
+    from rlflow.generation.megatron.mamba_state import MambaStates, MambaWeights, decode, prefill
+
+    mixer = hybrid[0].core.decoder.layers[0].mixer
+    weights = MambaWeights.of(mixer)
+    assert weights.in_proj.data_ptr() == mixer.in_proj.weight.data_ptr()  # a view
+    hidden = torch.randn(12, 1, 128, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = mixer(hidden)[0][:, 0]
+        states = MambaStates([weights], slots=1, device="cpu", dtype=torch.float32)
+        slot = states.allocate()
+        got = [prefill(weights, hidden[:9, 0], [9], states, 0, [slot])]
+        for t in range(9, 12):
+            got.append(decode(weights, hidden[t], states, 0, torch.tensor([slot])))
+    torch.testing.assert_close(torch.cat(got), want, rtol=1e-4, atol=1e-5)

@@ -75,3 +75,11 @@ def test_sequence_parallel_on_at_tensor_parallel_1_is_refused():
     for ok in (["parallelism.sequence_parallel=off"], ["parallelism.sequence_parallel=auto"]):
         load_checked(TINY, ok)
     load_checked(TINY, ["parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=on"])
+
+
+def test_the_megatron_engine_refuses_a_hybrid_model_and_hf_generation_takes_it():
+    hybrid = ["model.checkpoint=builtin:tiny-nemotron-h", "data.train.kind=text"]
+    text = messages([*hybrid, "generation.backend=megatron"])
+    assert "`generation.backend` is megatron, whose engine does not serve" in text
+    assert "set generation.backend: hf" in text
+    load_checked(TINY, [*hybrid, "generation.backend=hf"])  # no diagnostic

@@ -33,6 +33,7 @@ class NemotronH(ModelFamily):
     builtins = ("tiny-nemotron-h",)
     multimodal = False
     rope = "1d"  # descriptive: attention has no rotary; positions are unused
+    megatron_engine = False  # the engine keeps no per-row Mamba conv/SSM state yet
 
     def register_bridge(self) -> None:
         from rlflow.model.families.nemotron_h import model
@@ -48,6 +49,12 @@ class NemotronH(ModelFamily):
         from rlflow.model.families.nemotron_h import model
 
         model.install(core)
+
+    def hf_module_name(self, exported: str) -> str:
+        """On disk `backbone.*` (the checkpoint's names); in transformers 5's memory `model.*`."""
+        if exported.startswith("backbone."):
+            return "model." + exported[len("backbone.") :]
+        return exported
 
     def write_tiny(self, out_dir: Path, name: str, seed: int, lm_head_scale: float = 1.0) -> Path:
         return write_tiny_nemotron_h(out_dir, seed=seed, lm_head_scale=lm_head_scale)
@@ -78,10 +85,6 @@ class HybridSizes(LanguageSizes):
     topk: int = 0
     expert_intermediate: int = 0
     shared_expert_intermediate: int = 0
-
-    @property
-    def layers_count(self) -> int:
-        return len(self.pattern)
 
 
 # A preset: the language model's shapes, the pattern, then the mixer's and experts', a few to a line.

@@ -1,0 +1,179 @@
+"""Per-row recurrent state of a hybrid model's Mamba-2 layers, for the generation engine.
+
+An attention layer remembers a row through its KV cache (kv_cache.py); a Mamba-2 layer through
+two fixed-size tensors per row: the conv state (the last `d_conv` inputs of its causal conv,
+[conv_dim, d_conv]) and the SSM state ([heads, head_dim, d_state], float32). `MambaStates` holds
+them for every Mamba layer in slots: a row is given a slot when admitted (zeroed), returns it
+when it retires, and a prompt's samples get copies of the prompt's slot after its one shared
+prefill (`copy`).
+
+`prefill` runs a layer's mixer over packed prompts (the chunked scan, rows kept apart by
+`seq_idx`) and leaves each row's final conv and SSM state in its slot; `decode` runs one token
+per row on the slots (the single-step conv and state updates). Both compute what megatron-core's
+`MambaMixer` computes, from its own parameters (`MambaWeights.of(mixer)`: views, no copies), with
+the kernels of rlflow/compat/mamba_reference.py.
+
+Status: the building block, tested against the mixer's full-sequence forward
+(tests/generation/test_generation_mamba_state.py, tests/model/test_model_nemotron_h.py). The
+engine (engine.py, decoder.py) does not drive it yet: see docs/hybrid-kernels.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from rlflow.compat import mamba_reference as ref
+
+
+@dataclass
+class MambaWeights:
+    """One Mamba-2 mixer's parameters and sizes (megatron-core's `MambaMixer` layout)."""
+
+    in_proj: torch.Tensor  # [2*d_inner + 2*groups*state + heads, hidden]: z, x, B, C, dt
+    conv_weight: torch.Tensor  # [conv_dim, d_conv]
+    conv_bias: torch.Tensor  # [conv_dim]
+    dt_bias: torch.Tensor  # [heads]
+    A_log: torch.Tensor  # [heads]
+    D: torch.Tensor  # [heads]
+    norm_weight: torch.Tensor  # [d_inner]
+    out_proj: torch.Tensor  # [hidden, d_inner]
+    heads: int
+    head_dim: int
+    groups: int
+    state: int
+    norm_eps: float = 1e-5
+
+    @property
+    def d_inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.groups * self.state
+
+    @staticmethod
+    def of(mixer) -> MambaWeights:
+        """Views of a megatron-core MambaMixer's parameters (one tensor-parallel rank)."""
+        return MambaWeights(
+            in_proj=mixer.in_proj.weight,
+            conv_weight=mixer.conv1d_weight[:, 0],
+            conv_bias=mixer.conv1d_bias,
+            dt_bias=mixer.dt_bias,
+            A_log=mixer.A_log,
+            D=mixer.D,
+            norm_weight=mixer.norm.weight,
+            out_proj=mixer.out_proj.weight,
+            heads=mixer.nheads_local_tp,
+            head_dim=mixer.headdim,
+            groups=mixer.ngroups_local_tp,
+            state=mixer.d_state,
+            norm_eps=mixer.norm.eps,
+        )
+
+    def split(self, projected: torch.Tensor):
+        """in_proj's output [..., P] -> z [..., d_inner], xBC [..., conv_dim], dt [..., heads]."""
+        return torch.split(projected, [self.d_inner, self.conv_dim, self.heads], dim=-1)
+
+    def finish(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The gated, grouped RMSNorm of the scan's output, then out_proj: [..., hidden]."""
+        normed = ref.rms_norm_gated(
+            y, self.norm_weight, z, self.norm_eps, self.d_inner // self.groups, False
+        )
+        return F.linear(normed, self.out_proj)
+
+
+class MambaStates:
+    """Conv and SSM states of every Mamba layer, one slot per live row."""
+
+    def __init__(self, layers: list[MambaWeights], slots: int, device, dtype: torch.dtype):
+        first = layers[0]
+        self.layers = len(layers)
+        self.conv = torch.zeros(
+            self.layers,
+            slots,
+            first.conv_dim,
+            first.conv_weight.shape[-1],
+            device=device,
+            dtype=dtype,
+        )
+        shape = (self.layers, slots, first.heads, first.head_dim, first.state)
+        self.ssm = torch.zeros(shape, device=device, dtype=torch.float32)
+        self._free = list(range(slots - 1, -1, -1))
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        """A zeroed slot for a new row; RuntimeError when every slot is live."""
+        if not self._free:
+            raise RuntimeError("every Mamba state slot is held by a live row")
+        slot = self._free.pop()
+        self.conv[:, slot].zero_()
+        self.ssm[:, slot].zero_()
+        return slot
+
+    def release(self, slot: int) -> None:
+        """The row retired: its slot is free again."""
+        if slot in self._free:
+            raise ValueError(f"Mamba state slot {slot} is already free")
+        self._free.append(slot)
+
+    def copy(self, source: int, targets: list[int]) -> None:
+        """After a shared prompt's prefill: each sample's slot starts from the prompt's state."""
+        index = torch.tensor(targets, device=self.conv.device)
+        self.conv[:, index] = self.conv[:, source, None].clone()
+        self.ssm[:, index] = self.ssm[:, source, None].clone()
+
+
+def prefill(w: MambaWeights, hidden: torch.Tensor, lengths: list[int], states: MambaStates,
+            layer: int, slots: list[int]) -> torch.Tensor:  # fmt: skip
+    """Packed prompts hidden [T, hidden] (rows of `lengths`, laid end to end) -> [T, hidden];
+    each row's final conv and SSM state written into its slot."""
+    z, xBC, dt = w.split(F.linear(hidden, w.in_proj))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=hidden.device)
+    seq_idx = ref.seq_idx_of(cu, hidden.shape[0])
+    width = w.conv_weight.shape[-1]
+    for row, slot in enumerate(slots):  # conv state: the row's last `width` inputs, zero-padded
+        start, end = int(cu[row]), int(cu[row + 1])
+        window = xBC[max(start, end - width) : end].T
+        states.conv[layer, slot] = F.pad(window, (width - window.shape[-1], 0))
+    conv = ref.causal_conv1d_fn(
+        xBC.T[None], w.conv_weight, w.conv_bias, seq_idx=seq_idx, activation="silu"
+    )[0].T
+    x, B, C = torch.split(conv, [w.d_inner, w.groups * w.state, w.groups * w.state], dim=-1)
+    A = -torch.exp(w.A_log.float())
+    ys = []
+    for row, slot in enumerate(slots):  # one scan per prompt: its final state is its slot's
+        rows = slice(int(cu[row]), int(cu[row + 1]))
+        n = rows.stop - rows.start
+        y, final = ref.mamba_chunk_scan_combined(
+            x[rows].reshape(1, n, w.heads, w.head_dim), dt[rows][None], A,
+            B[rows].reshape(1, n, w.groups, w.state), C[rows].reshape(1, n, w.groups, w.state),
+            chunk_size=128, D=w.D, dt_bias=w.dt_bias, dt_softplus=True,
+            initial_states=states.ssm[layer, slot][None], return_final_states=True,
+        )  # fmt: skip
+        states.ssm[layer, slot] = final[0]
+        ys.append(y.reshape(n, w.d_inner))
+    return w.finish(torch.cat(ys), z)
+
+
+def decode(w: MambaWeights, hidden: torch.Tensor, states: MambaStates, layer: int,
+           slots: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """One token per row hidden [R, hidden] -> [R, hidden]; the rows' slots advance one step."""
+    z, xBC, dt = w.split(F.linear(hidden, w.in_proj))
+    conv_state = states.conv[layer, slots]
+    conv = ref.causal_conv1d_update(xBC, conv_state, w.conv_weight, w.conv_bias, activation="silu")
+    states.conv[layer, slots] = conv_state
+    x, B, C = torch.split(conv, [w.d_inner, w.groups * w.state, w.groups * w.state], dim=-1)
+    ssm = states.ssm[layer, slots]
+    y = ref.selective_state_update(
+        ssm, x.reshape(-1, w.heads, w.head_dim), dt, -torch.exp(w.A_log.float()),
+        B.reshape(-1, w.groups, w.state), C.reshape(-1, w.groups, w.state), D=w.D,
+        dt_bias=w.dt_bias, dt_softplus=True,
+    )  # fmt: skip
+    states.ssm[layer, slots] = ssm
+    return w.finish(y.reshape(-1, w.d_inner), z)
