@@ -65,3 +65,44 @@ def test_a_training_run_serves_its_weights_at_the_url_in_the_run_directory(tmp_p
         train.kill()
         train.wait()
         log.close()
+
+
+def test_a_pause_holds_requests_and_they_get_the_new_version(
+    tiny_policy, tiny_ckpt, tiny_processor, tmp_path
+):
+    """In-process, on the shared tiny policy: inside `paused(1)` the trainer has the model (in
+    its own mode) and a request waits in the queue; after it, the request is answered with
+    version 1 and the registry says so."""
+    from dataclasses import replace
+
+    from rlflow.generation.base import SamplingParams
+    from rlflow.serve.job import JobServer
+    from rlflow.serve.requests import Request
+    from tests.tiny import base_recipe, make_prompt
+
+    recipe = base_recipe()
+    gen = recipe.generation
+    server_keys = replace(gen.server, enabled=True, port=0, max_rows=2, context_tokens=256)
+    recipe = replace(recipe, generation=replace(gen, server=server_keys))
+    server = JobServer(recipe, tmp_path, tiny_ckpt, rank=0, local_rank=0)
+    tiny_policy.core.train(True)  # a trainer's model (the shared fixture's is frozen)
+    try:
+        server.start(tiny_policy, 0)
+        assert registry.read(tmp_path, 0).state == "ready" and not tiny_policy.core.training
+        prompt = make_prompt(tiny_processor, "text", "How many?")
+        request = Request(
+            prompt, list(prompt.token_ids), SamplingParams(3, 1.0, 1.0, 0, 0, (), True), [0]
+        )
+        with server.paused(1):
+            assert tiny_policy.core.training  # the trainer's model, in its own mode
+            server.engine.submit(request)
+            assert not request.done and not server.engine.batch.rows  # the engine is held
+        request.wait()
+        assert request.error is None and request.weight_version == 1
+        assert len(request.choices[0].token_ids) == 3
+        assert registry.read(tmp_path, 0).weight_version == 1
+    finally:
+        server.stop()
+        trained = tiny_policy.core.training  # stop() handed it back in the trainer's mode
+        tiny_policy.core.eval()
+    assert registry.read(tmp_path, 0).state == "stopped" and trained
