@@ -13,7 +13,7 @@ import pytest
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe import inert, schema
 from rlflow.recipe.bounds import Bound, bound, bounded_values
-from rlflow.rules import checks, elsewhere, load_checked
+from rlflow.rules import checks, elsewhere, load_checked, partial
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "tiny-qwen25vl-clevr-1n1g-cpu.yaml"
@@ -109,7 +109,7 @@ def test_every_rule_is_listed_once_and_none_calls_another():
     no rule runs another one in its body or its `return` (no hidden sub-rules)."""
     functions = {
         n.name: n
-        for module in (checks, elsewhere, inert)
+        for module in (checks, elsewhere, inert, partial)
         for n in ast.parse(Path(module.__file__).read_text()).body
         if isinstance(n, ast.FunctionDef)
     }
