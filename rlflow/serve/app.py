@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
@@ -41,6 +42,14 @@ class Served:
     encoder: ChatEncoder
     model_name: str
     default_max_tokens: int  # generation.max_new_tokens, when a request names none
+    # seconds spent reading requests: "parse" (body, JSON, images) and "encode" (template,
+    # processor), summed over requests (threads overlap): benchmarks read it
+    seconds: dict[str, float] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, phase: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
     @property
     def context_tokens(self) -> int:
@@ -48,7 +57,9 @@ class Served:
 
     def request(self, chat: ChatRequest):
         """(engine Request, prompt ids) of a checked chat request; ApiError when it cannot fit."""
+        start = time.perf_counter()
         prompt = self.encoder.encode(chat)
+        self.add("encode", time.perf_counter() - start)
         ids = list(prompt.token_ids)
         room = self.context_tokens - len(ids)
         if room < 1:
@@ -109,7 +120,10 @@ def make_app(served: Served) -> FastAPI:
     async def chat_completions(http_request: HttpRequest):
         # the raw request: its body is parsed here, so a malformed one is a 400 in the OpenAI
         # shape (not FastAPI's 422)
-        chat = parse_chat(await _json(http_request), served.model_name)
+        body = await _json(http_request)
+        start = time.perf_counter()
+        chat = parse_chat(body, served.model_name)
+        served.add("parse", time.perf_counter() - start)
         if chat.n > served.engine.max_rows:
             raise ApiError(400, f"`n`={chat.n}: this server runs at most "
                            f"{served.engine.max_rows} rows (generation.server.max_rows)", "n")  # fmt: skip

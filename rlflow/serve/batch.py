@@ -8,7 +8,7 @@ move to the front (block-table rows only, no key or value moves).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -53,6 +53,11 @@ class Stats:
     prefills: int = 0
     preempted: int = 0
     cancelled: int = 0  # requests whose client went away (their rows freed at once)
+    # wall seconds of the engine thread's phases (admit, prefill, step, ...): benchmarks read it
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
     @property
     def mean_occupancy(self) -> float:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,23 +141,35 @@ class ServingEngine:
             row.request.fail(shutdown)
 
     def _iterate(self) -> None:
-        batch = self.batch
+        batch, add, clock = self.batch, self.stats.add, time.perf_counter
+        t0 = clock()
         batch.retire([r for r in batch.rows if r.request.cancelled or r.request.done])
         if self._update is not None and self._apply_update():
             return
+        t1 = clock()
+        add("retire", t1 - t0)
         if self._update is None:
             new = self._admissions()
+            t2 = clock()
+            add("admit", t2 - t1)
             if new:
                 batch.prefill(new, self.weight_version)
+                add("prefill", clock() - t2)
         if not batch.rows:
             return
+        t3 = clock()
         batch.retire(batch.sample())
+        t4 = clock()
+        add("sample_sync_stop", t4 - t3)
         if batch.rows:
             preempted = batch.grow()
             if preempted:
                 with self._cond:
                     self._waiting.extendleft(reversed(preempted))
+            t5 = clock()
+            add("grow", t5 - t4)
             batch.decode()
+            add("decode_launch", clock() - t5)
 
     def _apply_update(self) -> bool:
         """True when the update ran now (the iteration starts over)."""
