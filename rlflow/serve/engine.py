@@ -2,26 +2,28 @@
 
 `generate()` (rlflow/generation/megatron/engine.py) runs a set of rows known in advance. A server
 gets requests one at a time, from many clients, at random times; here one engine thread runs a
-step loop over the same pieces (the `Decoder`'s packed prefill and decode step, the paged
-`KVCache`, the per-row counter-based sampling), and between two decode steps:
+loop over the same pieces (the `Decoder`'s packed prefill and decode step, the paged `KVCache`,
+the per-row counter-based sampling) in intervals of `CHECK_EVERY` decode steps. At each check
+(the host's one sync of the interval) it:
 
-1. admits waiting requests while batch positions and cache blocks are free: their unique
-   prompts (a request's n choices, and identical text prompts of different requests) are
-   prefilled once, packed, straight into the new rows' cache blocks; the new rows join the
-   batch behind the running ones (new rows prefill while the others decode);
-2. samples one token per row with the row's own parameters (rows are grouped by temperature,
-   top-p and top-k) and its own seed and step: a choice's tokens are those `generate()` draws
-   for the same seed, whichever rows share its batch;
-3. retires rows that stopped (stop token, stop string, max_tokens, the context) or whose client
+1. retires rows that stopped (stop token, stop string, max_tokens, the context) or whose client
    went away: their blocks go back at once and the last rows move into the holes (no key or
    value moves: only block-table rows);
-4. grows the rows' block tables, preempting the last admitted rows when the cache is full (they
-   run again later from their prompt, with the same seeds), and runs the decode step (on a GPU a
-   CUDA graph per batch bucket, as in `generate()`).
+2. admits waiting requests while batch positions and cache blocks are free: their unique
+   prompts (a request's n choices, and identical prompts of different requests: text by its
+   ids, media by the prompt cache's shared object) are prefilled once, packed, straight into
+   the new rows' cache blocks; the new rows join the batch behind the running ones;
+3. grows the rows' block tables for the interval, preempting the last admitted rows when the
+   cache is full (they run again later from their prompt, with the same seeds);
+4. runs the interval's decode steps with no host sync (rlflow/serve/device_rows.py): each
+   samples one token per row with the row's own parameters and its own seed and step (a
+   choice's tokens are those `generate()` draws for the same seed, whichever rows share its
+   batch), marks stopped rows on the device, and decodes (on a GPU a CUDA graph per batch
+   bucket, as in `generate()`).
 
-The host syncs once a step (it must see every token to stop a row, or stream it); a request's
-rows finish on the weights they started with: an update (`update_weights`) waits for them to
-drain, or refuses them (`generation.server.on_weight_update`).
+A stopped row or a cancelled request leaves at the next check (at most CHECK_EVERY steps); a
+request's rows finish on the weights they started with: an update (`update_weights`) waits for
+them to drain, or refuses them (`generation.server.on_weight_update`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ import torch
 
 from rlflow.generation.megatron.kv_cache import blocks_for
 from rlflow.generation.megatron.schedule import RESERVE_SHARE
-from rlflow.serve.batch import Row, RunningBatch
+from rlflow.serve.batch import Row, RunningBatch, prompt_key
+from rlflow.serve.device_rows import CHECK_EVERY
 from rlflow.serve.requests import Request, RequestRefused
 
 
@@ -141,6 +144,7 @@ class ServingEngine:
             row.request.fail(shutdown)
 
     def _iterate(self) -> None:
+        """One interval: retire, admit and prefill, grow, CHECK_EVERY decode steps, check."""
         batch, add, clock = self.batch, self.stats.add, time.perf_counter
         t0 = clock()
         batch.retire([r for r in batch.rows if r.request.cancelled or r.request.done])
@@ -158,18 +162,22 @@ class ServingEngine:
         if not batch.rows:
             return
         t3 = clock()
-        batch.retire(batch.sample())
+        preempted = batch.grow(CHECK_EVERY)
+        if preempted:
+            with self._cond:
+                self._waiting.extendleft(reversed(preempted))
+        if not batch.rows:
+            return
         t4 = clock()
-        add("sample_sync_stop", t4 - t3)
-        if batch.rows:
-            preempted = batch.grow()
-            if preempted:
-                with self._cond:
-                    self._waiting.extendleft(reversed(preempted))
-            t5 = clock()
-            add("grow", t5 - t4)
-            batch.decode()
-            add("decode_launch", clock() - t5)
+        add("grow", t4 - t3)
+        batch.run(CHECK_EVERY)
+        t5 = clock()
+        add("steps_launch", t5 - t4)
+        finished = batch.collect(CHECK_EVERY)
+        t6 = clock()
+        add("check_sync", t6 - t5)
+        batch.retire(finished)
+        add("retire", clock() - t6)
 
     def _apply_update(self) -> bool:
         """True when the update ran now (the iteration starts over)."""
@@ -200,6 +208,7 @@ class ServingEngine:
         prompt + a quarter of max_tokens each) and the prefill budget last."""
         new: list[Row] = []
         tokens = 0
+        prefilled: set = set()  # prompts in this prefill: identical ones are prefilled once
         running = len(self.batch.rows)
         free = self.batch.cache.free_blocks - running  # a block of headroom per running row
         with self._cond:
@@ -212,12 +221,15 @@ class ServingEngine:
                 reserve = max(head.request.params.max_new_tokens // RESERVE_SHARE, 1)
                 need = len(group) * blocks_for(min(head.prompt_len + reserve, self.context_tokens))
                 room = running + len(new) + len(group) <= self.max_rows
-                budget = not new or tokens + head.prompt_len <= self.max_prefill_tokens
+                key = prompt_key(head.request)
+                cost = 0 if key in prefilled else head.prompt_len
+                budget = not new or tokens + cost <= self.max_prefill_tokens
                 if not (room and budget and (need <= free or not (new or running))):
                     break
                 for row in group:
                     self._waiting.remove(row)
                 new += group
                 free -= need
-                tokens += head.prompt_len
+                tokens += cost
+                prefilled.add(key)
         return new
