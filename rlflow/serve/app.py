@@ -26,11 +26,14 @@ from rlflow.generation.base import SamplingParams
 from rlflow.generation.megatron.sampling import row_seeds
 from rlflow.serve.chat import ApiError, ChatRequest, parse_chat
 from rlflow.serve.engine import ServingEngine
-from rlflow.serve.prompts import ChatEncoder
+from rlflow.serve.prompts import ChatEncoder, PromptCache
 from rlflow.serve.requests import Request
 from rlflow.serve.tools import parse_tool_calls
 
 VERSION_HEADER = "X-Rlflow-Weight-Version"
+# Encoded prompts kept by content (a GRPO prompt's samples arrive as separate requests close
+# together; 128 image prompts of Qwen2.5-VL at 448 px hold ~600 MB of pixel patches)
+_CACHED_PROMPTS = 128
 _REFUSED_STATUS = {"weight_update": 503, "engine_error": 500, "cancelled": 499}
 
 
@@ -46,6 +49,10 @@ class Served:
     # processor), summed over requests (threads overlap): benchmarks read it
     seconds: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    prompts: PromptCache = field(init=False)  # encoded prompts by request content
+
+    def __post_init__(self):
+        self.prompts = PromptCache(self.encoder.encode, _CACHED_PROMPTS)
 
     def add(self, phase: str, seconds: float) -> None:
         with self._lock:
@@ -58,7 +65,7 @@ class Served:
     def request(self, chat: ChatRequest):
         """(engine Request, prompt ids) of a checked chat request; ApiError when it cannot fit."""
         start = time.perf_counter()
-        prompt = self.encoder.encode(chat)
+        prompt = self.prompts.get(chat)
         self.add("encode", time.perf_counter() - start)
         ids = list(prompt.token_ids)
         room = self.context_tokens - len(ids)

@@ -57,7 +57,9 @@ class ChatRequest:
     """A checked request: the conversation for the chat template, its images, the sampling."""
 
     messages: list[dict]  # content parts as the chat templates take them ({"type": "image"})
-    images: list = field(default_factory=list)  # decoded PIL images, in order
+    # its images' data URLs, in order, each with where it was (`messages[0].content[1]...`):
+    # decoded by the encoder (rlflow/serve/prompts.py), off the event loop, once per content
+    images: list[tuple[str, str]] = field(default_factory=list)
     tools: list[dict] | None = None
     parse_tools: bool = False
     chat_template_kwargs: dict = field(default_factory=dict)
@@ -196,7 +198,10 @@ def _part(part, where: str, images: list) -> dict:
     if kind == "image_url":
         url = part.get("image_url")
         url = url.get("url") if isinstance(url, dict) else url
-        images.append(decode_image(url, f"{where}.image_url"))
+        where = f"{where}.image_url"
+        if not isinstance(url, str) or not url.startswith("data:"):
+            raise ApiError(400, "images must be data URLs (data:image/png;base64,...)", where)
+        images.append((url, where))
         return {"type": "image"}
     raise ApiError(
         400, f"content part type {kind!r} is not supported: send \"text\" or \"image_url\"",
