@@ -67,6 +67,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--checkpoint", type=Path, default=Path("/tmp/rlflow-bench/qwen25vl-3b"),
         help="where the random checkpoint is written once (grpo_shaped's default folder)",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-step-graphs", action="store_true",
+        help="the server decodes through CUDA graphs of the decode alone (sampling eager)",
+    )  # fmt: skip
     parser.add_argument("--client", default=None, help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args(argv)
     tiny = args.tiny
@@ -213,6 +217,10 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     # 2. the server: a burst of every row at once
+    if args.no_step_graphs:
+        from rlflow.serve.batch import RunningBatch
+
+        RunningBatch.step_graphs = False
     served = served_engine(policy, checkpoint, recipe, "bench")
     server = ServerThread(served, "127.0.0.1", 0, 4096, 60).start()
     messages = [as_messages(s, recipe.data.prompt_suffix) for s in samples]

@@ -16,7 +16,7 @@ from rlflow.generation.megatron.decoder import DecodeGraph, Decoder
 from rlflow.generation.megatron.engine import batch_buckets
 from rlflow.generation.megatron.kv_cache import BLOCK, KVCache, blocks_for
 from rlflow.generation.megatron.prefill import packed_prompts, prefill_slots
-from rlflow.serve.device_rows import DeviceRows
+from rlflow.serve.device_rows import DeviceRows, StepGraph
 from rlflow.serve.requests import Choice, Request, RequestRefused
 
 _CACHE_MEMORY_SHARE = 0.5  # of free GPU memory, as generate()'s cache
@@ -65,6 +65,8 @@ class Stats:
 class RunningBatch:
     """Rows on the device; only the engine's thread touches it."""
 
+    step_graphs = True  # a whole decode step as one CUDA graph (False: decode graphs only)
+
     def __init__(
         self, policy, pad_token_id: int, *, max_rows: int, context_tokens: int,
         cache_tokens: int, cuda_graphs: bool, compile_decode: bool,
@@ -81,6 +83,7 @@ class RunningBatch:
         self.decoder = Decoder(self.core, compile_decode=compile_decode and graphs)
         self.cache = new_cache(policy, self.decoder, max_rows, context_tokens, cache_tokens)
         self._graphs: dict[int, DecodeGraph] = {}
+        self._step_graphs: dict[tuple, StepGraph] = {}  # (bucket, DeviceRows.graph_key())
         self._pool = torch.cuda.graph_pool_handle() if graphs else None
         self._buckets = batch_buckets(max_rows) if graphs else None
         self.rows: list[Row] = []  # in position order
@@ -127,22 +130,41 @@ class RunningBatch:
         self.stats.prefills += 1
 
     def run(self, steps: int) -> None:
-        """`steps` decode steps of every row (sample, record, decode), no host sync."""
+        """`steps` decode steps of every row, no host sync: sample from the current logits,
+        then steps-1 times decode-and-sample (on a GPU one CUDA graph each, when the rows
+        sample alike), then decode: the logits the next interval starts from."""
         n = len(self.rows)
         size = next(b for b in self._buckets if b >= n) if self._buckets else n
         state = self.state
-        for column in range(steps):
-            state.step(self._logits, column)
-            tokens, positions = state.padded("last", size), state.padded("positions", size)
-            lengths = state.padded("lengths", size)
-            if self._buckets:
-                if size not in self._graphs:
-                    graph = DecodeGraph(self.decoder, self.cache, size, self._pool)
-                    self._graphs[size] = graph
-                self._logits = self._graphs[size].run(tokens, positions, lengths)[:n]
+        state.step(self._logits)
+        key = state.graph_key() if self._buckets and self.step_graphs else None
+        if key is not None and any(k[1][-1] != key[-1] for k in self._step_graphs):
+            self._step_graphs.clear()  # they read a stop table that is gone
+        for _ in range(steps - 1):
+            if key is not None:
+                if (size, key) not in self._step_graphs:
+                    self._step_graphs[size, key] = StepGraph(
+                        state, lambda *a: self._decode(size, *a), size, self._pool
+                    )
+                self._step_graphs[size, key].replay()
             else:
-                self._logits = self.decoder.decode(tokens, positions, lengths, self.cache, n)
+                state.step(self._decode_state(size)[:n])
+        self._logits = self._decode_state(size)[:n]
         self.stats.steps += steps
+
+    def _decode_state(self, size: int) -> torch.Tensor:
+        """The decode step of the rows' last tokens (the batch padded to `size`)."""
+        state = self.state
+        tokens, positions = state.padded("last", size), state.padded("positions", size)
+        lengths = state.padded("lengths", size)
+        if not self._buckets:
+            return self._decode(size, tokens, positions, lengths)
+        if size not in self._graphs:
+            self._graphs[size] = DecodeGraph(self.decoder, self.cache, size, self._pool)
+        return self._graphs[size].run(tokens, positions, lengths)
+
+    def _decode(self, size: int, tokens, positions, lengths) -> torch.Tensor:
+        return self.decoder.decode(tokens, positions, lengths, self.cache, size)
 
     def collect(self, steps: int) -> list[Row]:
         """The interval's tokens into the rows' choices (the host's one sync) -> the rows that

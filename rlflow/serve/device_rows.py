@@ -47,17 +47,13 @@ class DeviceRows:
         }
         self.tokens = torch.zeros(capacity, CHECK_EVERY, dtype=torch.long, device=device)
         self.logprobs = torch.zeros(capacity, CHECK_EVERY, dtype=torch.float32, device=device)
+        self.column = torch.zeros(1, dtype=torch.long, device=device)  # this interval's next
         self._stop_index: dict[tuple, int] = {}  # a stop set -> its row of the table
         self._stop_table: torch.Tensor | None = None  # [sets, vocab] bool
+        self._table_version = 0  # + 1 whenever the table is a new tensor (graphs read it)
         self._keys: list[tuple] = []  # each position's stop set
         self._groups: list[tuple[object, torch.Tensor | None]] = []  # (params, positions)
         self._params: list = []  # each position's sampling parameters
-
-    def __getattr__(self, name: str) -> torch.Tensor:
-        state = self.__dict__.get("state", {})
-        if name in state:
-            return state[name][: self.__dict__["n"]]
-        raise AttributeError(name)
 
     def padded(self, name: str, size: int) -> torch.Tensor:
         """positions 0..size-1 of a state tensor (the decode step's batch bucket)."""
@@ -111,38 +107,55 @@ class DeviceRows:
         self._params = [self._params[p] for p in keep]
         self._regroup()
 
-    def step(self, logits: torch.Tensor, column: int) -> None:
-        """Sample a token for each row from logits [n, V], record it in `column` of this
-        interval and advance the rows that had not stopped (all on the device)."""
-        n = self.n
-        seeds, generated = self.seeds, self.generated
+    def step(self, logits: torch.Tensor, rows: int | None = None) -> None:
+        """Sample a token for positions 0..rows-1 (default: the rows) from logits [rows, V],
+        record it in this interval's next column and advance the rows that had not stopped
+        (all on the device; padding positions are stopped: nothing of theirs changes)."""
+        rows = self.n if rows is None else rows
+        s = {name: tensor[:rows] for name, tensor in self.state.items()}
+        seeds, generated = s["seeds"], s["generated"]
         if len(self._groups) == 1:
             token, logprob = sample_tokens(logits, self._groups[0][0], seeds, generated)
         else:
-            token = torch.empty(n, dtype=torch.long, device=self.device)
-            logprob = torch.empty(n, dtype=logits.dtype, device=self.device)
+            token = torch.empty(rows, dtype=torch.long, device=self.device)
+            logprob = torch.empty(rows, dtype=logits.dtype, device=self.device)
             for params, index in self._groups:
                 t, lp = sample_tokens(logits[index], params, seeds[index], generated[index])
                 token[index], logprob[index] = t, lp
-        live = ~self.finished
-        self.tokens[:n, column] = token
-        self.logprobs[:n, column] = logprob
+        live = ~s["finished"]
+        self.tokens[:rows].index_copy_(1, self.column, token[:, None])
+        self.logprobs[:rows].index_copy_(1, self.column, logprob[:, None].float())
+        self.column.add_(1)
         generated.add_(live)
-        self.count.add_(live)
-        stop = self._stop_table[self.stop_set, token] | (generated >= self.limit)
-        self.finished.logical_or_(stop)
-        self.last.copy_(torch.where(live, token, self.last))
-        self.lengths.add_(live)
-        self.positions.add_(live)
+        s["count"].add_(live)
+        stop = self._stop_table[s["stop_set"], token] | (generated >= s["limit"])
+        s["finished"].logical_or_(stop)
+        s["last"].copy_(torch.where(live, token, s["last"]))
+        s["lengths"].add_(live)
+        s["positions"].add_(live)
+
+    def graph_key(self) -> tuple | None:
+        """What a captured step depends on besides the state tensors: the sampling parameters
+        of the rows' one group and the stop table; None when the rows sample in groups."""
+        if len(self._groups) != 1:
+            return None
+        p = self._groups[0][0]
+        return (p.temperature, p.top_p, p.top_k, self._table_version)
+
+    def snapshot(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of every device tensor a step changes (a graph's warm-up restores them)."""
+        tensors = [*self.state.values(), self.tokens, self.logprobs, self.column]
+        return [(t, t.clone()) for t in tensors]
 
     def read(self, steps: int) -> tuple[list[int], list[bool], list[list[int]], list[list]]:
         """The interval's (tokens per row, stopped, tokens, logprobs): the host's one sync."""
         n = self.n
-        head = torch.cat(
-            [self.count[:, None], self.finished[:, None].long(), self.tokens[:n, :steps]], 1
-        ).cpu()
+        count, finished = self.state["count"][:n], self.state["finished"][:n]
+        head = torch.cat([count[:, None], finished[:, None].long(), self.tokens[:n, :steps]], 1)
+        head = head.cpu()
         logprobs = self.logprobs[:n, :steps].cpu().tolist()
-        self.count.zero_()
+        count.zero_()
+        self.column.zero_()
         head = head.tolist()
         return [h[0] for h in head], [bool(h[1]) for h in head], [h[2:] for h in head], logprobs
 
@@ -181,6 +194,7 @@ class DeviceRows:
         table = table.to(self.device)
         old = self._stop_table
         self._stop_table = table if old is None else torch.cat([old, table])
+        self._table_version += 1
 
 
 def _stop_key(params) -> tuple:
@@ -190,3 +204,36 @@ def _stop_key(params) -> tuple:
 
 def _limit(row, context_tokens: int) -> int:
     return min(row.request.params.max_new_tokens, context_tokens - row.prompt_len)
+
+
+class StepGraph:
+    """One CUDA graph of a whole decode step for batch bucket `size`: decode the rows' last
+    tokens, sample from the logits, record and advance (DeviceRows.step). Its inputs and
+    outputs are the DeviceRows tensors themselves, so the engine's thread launches a step with
+    one call (it shares its process with the HTTP threads: fewer calls, fewer waits for the
+    GIL)."""
+
+    def __init__(self, rows: DeviceRows, decode, size: int, pool):
+        def run():
+            logits = decode(
+                rows.padded("last", size), rows.padded("positions", size),
+                rows.padded("lengths", size),
+            )  # fmt: skip
+            rows.step(logits, size)
+
+        device = rows.device
+        saved = rows.snapshot()  # warm-up runs really execute: the state is put back after
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # (their cache writes are the ones the first replay repeats)
+                run()
+                for tensor, copy in saved:
+                    tensor.copy_(copy)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            run()
+
+    def replay(self) -> None:
+        self.graph.replay()
