@@ -71,6 +71,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--no-step-graphs", action="store_true",
         help="the server decodes through CUDA graphs of the decode alone (sampling eager)",
     )  # fmt: skip
+    parser.add_argument(
+        "--switch-interval", type=float, default=0.0,
+        help="the GIL switch interval while the server runs (0: the engine's SWITCH_INTERVAL_S)",
+    )  # fmt: skip
     parser.add_argument("--client", default=None, help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args(argv)
     tiny = args.tiny
@@ -221,6 +225,10 @@ def main() -> None:
         from rlflow.serve.batch import RunningBatch
 
         RunningBatch.step_graphs = False
+    if args.switch_interval:
+        import rlflow.serve.engine
+
+        rlflow.serve.engine.SWITCH_INTERVAL_S = args.switch_interval
     served = served_engine(policy, checkpoint, recipe, "bench")
     server = ServerThread(served, "127.0.0.1", 0, 4096, 60).start()
     messages = [as_messages(s, recipe.data.prompt_suffix) for s in samples]

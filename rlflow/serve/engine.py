@@ -29,6 +29,7 @@ them to drain, or refuses them (`generation.server.on_weight_update`).
 from __future__ import annotations
 
 import collections
+import itertools
 import sys
 import threading
 import time
@@ -43,6 +44,12 @@ from rlflow.generation.megatron.schedule import RESERVE_SHARE
 from rlflow.serve.batch import Row, RunningBatch, prompt_key
 from rlflow.serve.device_rows import CHECK_EVERY
 from rlflow.serve.requests import Request, RequestRefused
+
+# The engine's thread shares the process's GIL with the HTTP threads (parsing, encoding), and
+# every torch call releases it: under load, taking it back waits up to the switch interval
+# (5 ms by default), so the prefill's hundreds of calls would crawl while requests arrive.
+# While an engine runs, a thread holding the GIL is asked to yield after this long instead.
+SWITCH_INTERVAL_S = 1e-4
 
 
 @dataclass
@@ -79,6 +86,8 @@ class ServingEngine:
         self._update: _Update | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="rlflow-serve-engine", daemon=True)
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self._thread.start()
 
     # --- any thread ----------------------------------------------------------------------------
@@ -118,6 +127,7 @@ class ServingEngine:
             self._closed = True
             self._cond.notify()
         self._thread.join()
+        sys.setswitchinterval(self._switch_interval)
 
     # --- the engine's thread -------------------------------------------------------------------
 
@@ -217,7 +227,9 @@ class ServingEngine:
                 if head.request.cancelled or head.request.done:
                     self._waiting.popleft().request.fail(RequestRefused("cancelled", "cancelled"))
                     continue
-                group = [r for r in self._waiting if r.request is head.request]
+                # (a request's waiting rows are next to each other: submitted or preempted
+                # together)
+                group = _leading(self._waiting, head.request)
                 reserve = max(head.request.params.max_new_tokens // RESERVE_SHARE, 1)
                 need = len(group) * blocks_for(min(head.prompt_len + reserve, self.context_tokens))
                 room = running + len(new) + len(group) <= self.max_rows
@@ -226,10 +238,15 @@ class ServingEngine:
                 budget = not new or tokens + cost <= self.max_prefill_tokens
                 if not (room and budget and (need <= free or not (new or running))):
                     break
-                for row in group:
-                    self._waiting.remove(row)
+                for _ in group:
+                    self._waiting.popleft()
                 new += group
                 free -= need
                 tokens += cost
                 prefilled.add(key)
         return new
+
+
+def _leading(waiting, request: Request) -> list[Row]:
+    """The rows of `request` at the queue's front."""
+    return list(itertools.takewhile(lambda r: r.request is request, waiting))
