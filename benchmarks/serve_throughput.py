@@ -245,7 +245,7 @@ def main() -> None:
     stats = served.engine.stats
     steps, rows_run = stats.steps, stats.rows
     served.prompts.clear()  # the burst encodes its prompts again (the warm-up's are not kept)
-    before = _seconds(served)
+    before, prefills = _seconds(served), stats.prefills
     burst = send(server.url, messages, which, fields, [0.0] * len(which), args.out)
     burst_tokens = sum(burst["tokens"])
     rate = burst_tokens / burst["wall_s"]
@@ -260,7 +260,7 @@ def main() -> None:
         f"({results['burst']['ratio_to_generate']:.2f} of generate()), mean occupancy "
         f"{results['burst']['mean_occupancy']:.1f}")  # fmt: skip
     if args.profile:
-        results["burst"]["seconds"] = _delta(before, _seconds(served), stats, steps)
+        results["burst"]["seconds"] = _delta(before, _seconds(served), stats, steps, prefills)
         log(f"burst, where the time went: {results['burst']['seconds']}")
 
     # 3. random arrivals (Poisson) at a rate that keeps the batch busy
@@ -275,7 +275,7 @@ def main() -> None:
                "stop_token_ids": list(stops)} for i in range(len(at))]  # fmt: skip
     steps, rows_run = stats.steps, stats.rows
     served.prompts.clear()
-    before = _seconds(served)
+    before, prefills = _seconds(served), stats.prefills
     arrivals = send(server.url, messages, pick, fields, at, args.out)
     occupancy = (stats.rows - rows_run) / max(stats.steps - steps, 1)
     results["arrivals"] = {
@@ -289,7 +289,7 @@ def main() -> None:
         f"p50 {results['arrivals']['p50_latency_s']:.2f} s, "
         f"p99 {results['arrivals']['p99_latency_s']:.2f} s")  # fmt: skip
     if args.profile:
-        results["arrivals"]["seconds"] = _delta(before, _seconds(served), stats, steps)
+        results["arrivals"]["seconds"] = _delta(before, _seconds(served), stats, steps, prefills)
         log(f"arrivals, where the time went: {results['arrivals']['seconds']}")
     server.stop()
     (args.out / RESULTS).write_text(json.dumps(results, indent=2))
@@ -301,9 +301,10 @@ def _seconds(served) -> dict[str, float]:
     return {**served.engine.stats.seconds, **served.seconds}
 
 
-def _delta(before: dict, after: dict, stats, steps: int) -> dict:
+def _delta(before: dict, after: dict, stats, steps: int, prefills: int) -> dict:
     out = {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
     out["decode_steps"] = stats.steps - steps
+    out["prefills"] = stats.prefills - prefills
     return out
 
 

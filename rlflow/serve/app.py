@@ -10,6 +10,7 @@ request refused by a weight update (`generation.server.on_weight_update: refuse`
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import secrets
 import threading
@@ -19,7 +20,6 @@ from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request as HttpRequest
 
 from rlflow.generation.base import SamplingParams
@@ -50,9 +50,22 @@ class Served:
     seconds: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     prompts: PromptCache = field(init=False)  # encoded prompts by request content
+    # One thread encodes (template, image processor): many request threads running the
+    # processor's torch ops at once (each with every core's intra-op threads) slowed every
+    # one of them and the engine's thread by an order of magnitude.
+    encoding: concurrent.futures.ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self):
         self.prompts = PromptCache(self.encoder.encode, _CACHED_PROMPTS)
+        self.encoding = concurrent.futures.ThreadPoolExecutor(1, "rlflow-serve-encode")
+
+    async def encode(self, function, chat: ChatRequest):
+        """function(chat) in the encoding thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.encoding, function, chat)
+
+    def close(self) -> None:
+        self.engine.close()
+        self.encoding.shutdown(wait=False, cancel_futures=True)
 
     def add(self, phase: str, seconds: float) -> None:
         with self._lock:
@@ -119,7 +132,7 @@ def make_app(served: Served) -> FastAPI:
         body = {k: v for k, v in body.items() if k in ("model", "messages", "tools",
                                                        "chat_template_kwargs")}  # fmt: skip
         chat = parse_chat(body, served.model_name)
-        prompt = await run_in_threadpool(served.encoder.encode, chat)
+        prompt = await served.encode(served.prompts.get, chat)
         ids = list(prompt.token_ids)
         return {"tokens": ids, "count": len(ids), "max_model_len": served.context_tokens}
 
@@ -134,7 +147,7 @@ def make_app(served: Served) -> FastAPI:
         if chat.n > served.engine.max_rows:
             raise ApiError(400, f"`n`={chat.n}: this server runs at most "
                            f"{served.engine.max_rows} rows (generation.server.max_rows)", "n")  # fmt: skip
-        request, ids = await run_in_threadpool(served.request, chat)
+        request, ids = await served.encode(served.request, chat)
         await _run(served.engine, request, http_request)
         if request.error is not None:
             status = _REFUSED_STATUS.get(request.error.kind, 500)

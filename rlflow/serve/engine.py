@@ -50,6 +50,11 @@ from rlflow.serve.requests import Request, RequestRefused
 # (5 ms by default), so the prefill's hundreds of calls would crawl while requests arrive.
 # While an engine runs, a thread holding the GIL is asked to yield after this long instead.
 SWITCH_INTERVAL_S = 1e-4
+# A prefill has a fixed cost (the vision tower's and the layers' launches, the positions on
+# the host): while rows are running, requests that fill less than half of the prefill budget
+# wait up to this many checks for others, so a stream of single requests does not prefill one
+# at a time between every two intervals.
+DEFER_CHECKS = 2
 
 
 @dataclass
@@ -84,6 +89,7 @@ class ServingEngine:
         self._cond = threading.Condition()
         self._waiting: collections.deque[Row] = collections.deque()
         self._update: _Update | None = None
+        self._deferred = 0  # checks the waiting requests have been deferred (_admissions)
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="rlflow-serve-engine", daemon=True)
         self._switch_interval = sys.getswitchinterval()
@@ -215,7 +221,8 @@ class ServingEngine:
 
     def _admissions(self) -> list[Row]:
         """Whole requests from the queue's front while batch positions, cache blocks (the
-        prompt + a quarter of max_tokens each) and the prefill budget last."""
+        prompt + a quarter of max_tokens each) and the prefill budget last. While rows run, a
+        small prefill waits up to DEFER_CHECKS checks for more requests to join it."""
         new: list[Row] = []
         tokens = 0
         prefilled: set = set()  # prompts in this prefill: identical ones are prefilled once
@@ -244,6 +251,14 @@ class ServingEngine:
                 free -= need
                 tokens += cost
                 prefilled.add(key)
+            if (
+                new and running and self._deferred < DEFER_CHECKS
+                and running + len(new) < self.max_rows and tokens < self.max_prefill_tokens // 2
+            ):  # fmt: skip
+                self._waiting.extendleft(reversed(new))  # a few more next time
+                self._deferred += 1
+                return []
+        self._deferred = 0
         return new
 
 
