@@ -136,6 +136,7 @@ class RunningBatch:
         n = len(self.rows)
         size = next(b for b in self._buckets if b >= n) if self._buckets else n
         state = self.state
+        state.column.zero_()  # (an interval cut short by an engine error left it anywhere)
         state.step(self._logits)
         key = state.graph_key() if self._buckets and self.step_graphs else None
         if key is not None and any(k[1][-1] != key[-1] for k in self._step_graphs):
