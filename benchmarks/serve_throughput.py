@@ -59,8 +59,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=0.0, help="arrivals/s (0: from burst)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--profile", action="store_true",
+        help="also report where the server's time goes: the engine thread's phases, request "
+        "parsing/encoding (summed over requests), and one thread's cost to read the workload",
+    )  # fmt: skip
+    parser.add_argument(
         "--checkpoint", type=Path, default=Path("/tmp/rlflow-bench/qwen25vl-3b"),
         help="where the random checkpoint is written once (grpo_shaped's default folder)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-step-graphs", action="store_true",
+        help="the server decodes through CUDA graphs of the decode alone (sampling eager)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--switch-interval", type=float, default=0.0,
+        help="the GIL switch interval while the server runs (0: the engine's SWITCH_INTERVAL_S)",
     )  # fmt: skip
     parser.add_argument("--client", default=None, help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args(argv)
@@ -208,6 +221,14 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     # 2. the server: a burst of every row at once
+    if args.no_step_graphs:
+        from rlflow.serve.batch import RunningBatch
+
+        RunningBatch.step_graphs = False
+    if args.switch_interval:
+        import rlflow.serve.engine
+
+        rlflow.serve.engine.SWITCH_INTERVAL_S = args.switch_interval
     served = served_engine(policy, checkpoint, recipe, "bench")
     server = ServerThread(served, "127.0.0.1", 0, 4096, 60).start()
     messages = [as_messages(s, recipe.data.prompt_suffix) for s in samples]
@@ -217,8 +238,14 @@ def main() -> None:
     fields = [{"max_tokens": args.max_new_tokens, "temperature": 1.0, "n": n, "seed": i,
                "stop_token_ids": list(stops)} for i in range(len(which))]  # fmt: skip
     send(server.url, messages, which, fields, [0.0] * len(which), args.out)  # warm-up
+    if args.profile:
+        results["ingest_one_thread"] = _ingest_cost(served, messages)
+        log(f"reading the {len(messages)} unique requests in one thread: "
+            f"{results['ingest_one_thread']}")  # fmt: skip
     stats = served.engine.stats
     steps, rows_run = stats.steps, stats.rows
+    served.prompts.clear()  # the burst encodes its prompts again (the warm-up's are not kept)
+    before, prefills = _seconds(served), stats.prefills
     burst = send(server.url, messages, which, fields, [0.0] * len(which), args.out)
     burst_tokens = sum(burst["tokens"])
     rate = burst_tokens / burst["wall_s"]
@@ -230,7 +257,11 @@ def main() -> None:
         "p99_latency_s": _quantile(burst["latency_s"], 0.99),
     }  # fmt: skip
     log(f"burst: {burst_tokens} tokens in {burst['wall_s']:.2f} s = {rate:,.0f} tok/s "
-        f"({results['burst']['ratio_to_generate']:.2f} of generate())")  # fmt: skip
+        f"({results['burst']['ratio_to_generate']:.2f} of generate()), mean occupancy "
+        f"{results['burst']['mean_occupancy']:.1f}")  # fmt: skip
+    if args.profile:
+        results["burst"]["seconds"] = _delta(before, _seconds(served), stats, steps, prefills)
+        log(f"burst, where the time went: {results['burst']['seconds']}")
 
     # 3. random arrivals (Poisson) at a rate that keeps the batch busy
     requests_per_s = args.rate or 0.9 * len(which) / burst["wall_s"]
@@ -243,6 +274,8 @@ def main() -> None:
     fields = [{"max_tokens": args.max_new_tokens, "temperature": 1.0, "n": 1, "seed": 10**6 + i,
                "stop_token_ids": list(stops)} for i in range(len(at))]  # fmt: skip
     steps, rows_run = stats.steps, stats.rows
+    served.prompts.clear()
+    before, prefills = _seconds(served), stats.prefills
     arrivals = send(server.url, messages, pick, fields, at, args.out)
     occupancy = (stats.rows - rows_run) / max(stats.steps - steps, 1)
     results["arrivals"] = {
@@ -255,9 +288,42 @@ def main() -> None:
     log(f"arrivals: {len(at)} at {requests_per_s:.1f}/s: mean occupancy {occupancy:.1f} rows, "
         f"p50 {results['arrivals']['p50_latency_s']:.2f} s, "
         f"p99 {results['arrivals']['p99_latency_s']:.2f} s")  # fmt: skip
+    if args.profile:
+        results["arrivals"]["seconds"] = _delta(before, _seconds(served), stats, steps, prefills)
+        log(f"arrivals, where the time went: {results['arrivals']['seconds']}")
     server.stop()
     (args.out / RESULTS).write_text(json.dumps(results, indent=2))
     log(f"wrote {args.out / RESULTS}")
+
+
+def _seconds(served) -> dict[str, float]:
+    """The engine thread's phase seconds and the request-reading seconds, so far."""
+    return {**served.engine.stats.seconds, **served.seconds}
+
+
+def _delta(before: dict, after: dict, stats, steps: int, prefills: int) -> dict:
+    out = {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()}
+    out["decode_steps"] = stats.steps - steps
+    out["prefills"] = stats.prefills - prefills
+    return out
+
+
+def _ingest_cost(served, messages: list[dict]) -> dict:
+    """Seconds one thread takes to read the unique requests: JSON, parse (image decode),
+    encode (chat template, processor)."""
+    from rlflow.serve.chat import parse_chat
+
+    bodies = [json.dumps(m) for m in messages]
+    t0 = time.perf_counter()
+    parsed = [json.loads(b) for b in bodies]
+    t1 = time.perf_counter()
+    chats = [parse_chat(b, "bench") for b in parsed]
+    t2 = time.perf_counter()
+    for chat in chats:
+        served.encoder.encode(chat)
+    t3 = time.perf_counter()
+    return {"requests": len(bodies), "json_s": round(t1 - t0, 3), "parse_s": round(t2 - t1, 3),
+            "encode_s": round(t3 - t2, 3), "mb": round(sum(map(len, bodies)) / 1e6, 1)}  # fmt: skip
 
 
 def _quantile(values: list[float], q: float) -> float:

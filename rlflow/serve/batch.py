@@ -8,7 +8,7 @@ move to the front (block-table rows only, no key or value moves).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -16,7 +16,7 @@ from rlflow.generation.megatron.decoder import DecodeGraph, Decoder
 from rlflow.generation.megatron.engine import batch_buckets
 from rlflow.generation.megatron.kv_cache import BLOCK, KVCache, blocks_for
 from rlflow.generation.megatron.prefill import packed_prompts, prefill_slots
-from rlflow.generation.megatron.sampling import sample_tokens
+from rlflow.serve.device_rows import DeviceRows, StepGraph
 from rlflow.serve.requests import Choice, Request, RequestRefused
 
 _CACHE_MEMORY_SHARE = 0.5  # of free GPU memory, as generate()'s cache
@@ -29,9 +29,7 @@ class Row:
     request: Request
     index: int  # which choice
     prompt_len: int
-    next_pos: int = 0  # the text position of the first generated token (set by the prefill)
-    generated: int = 0
-    last: int = 0  # the last sampled token
+    generated: int = 0  # tokens in its choice so far
 
     @property
     def seed(self) -> int:
@@ -39,7 +37,7 @@ class Row:
 
     def restart(self) -> None:
         """Preempted: it runs again from its prompt (same seed, same tokens)."""
-        self.generated, self.last = 0, 0
+        self.generated = 0
         self.request.choices[self.index] = Choice()
 
 
@@ -53,6 +51,11 @@ class Stats:
     prefills: int = 0
     preempted: int = 0
     cancelled: int = 0  # requests whose client went away (their rows freed at once)
+    # wall seconds of the engine thread's phases (admit, prefill, step, ...): benchmarks read it
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
     @property
     def mean_occupancy(self) -> float:
@@ -61,6 +64,8 @@ class Stats:
 
 class RunningBatch:
     """Rows on the device; only the engine's thread touches it."""
+
+    step_graphs = True  # a whole decode step as one CUDA graph (False: decode graphs only)
 
     def __init__(
         self, policy, pad_token_id: int, *, max_rows: int, context_tokens: int,
@@ -78,20 +83,22 @@ class RunningBatch:
         self.decoder = Decoder(self.core, compile_decode=compile_decode and graphs)
         self.cache = new_cache(policy, self.decoder, max_rows, context_tokens, cache_tokens)
         self._graphs: dict[int, DecodeGraph] = {}
+        self._step_graphs: dict[tuple, StepGraph] = {}  # (bucket, DeviceRows.graph_key())
         self._pool = torch.cuda.graph_pool_handle() if graphs else None
         self._buckets = batch_buckets(max_rows) if graphs else None
         self.rows: list[Row] = []  # in position order
+        self.state = DeviceRows(max_rows, self.device)  # their sampling state on the device
         self._logits: torch.Tensor | None = None  # [rows, V]: each row's next-token logits
         self.stats = Stats()
 
     def prefill(self, new: list[Row], weight_version: int) -> None:
         """New rows join behind the running ones: their unique prompts (a request's choices,
-        identical text prompts) prefilled once, packed, into the new rows' blocks."""
+        identical prompts of different requests) prefilled once, packed, into their blocks."""
         unique: dict[object, int] = {}  # a prompt's key -> its slot in the pack
         prompts, ids, slot = [], [], []
         for row in new:
             request = row.request
-            key = tuple(request.prompt_ids) if not _has_media(request) else id(request)
+            key = prompt_key(request)
             if key not in unique:
                 unique[key] = len(prompts)
                 prompts.append(request.prompt)
@@ -100,71 +107,94 @@ class RunningBatch:
             if request.weight_version < 0:
                 request.weight_version = weight_version
         first = len(self.rows)
-        self.cache.grow([0] * first + [r.prompt_len + 1 for r in new])
+        self.cache.grow([0] * first + [r.prompt_len for r in new])
         self.cache.upload()
         decoder, device = self.decoder, self.device
         pack, attend, inputs, cos, sin, next_pos = packed_prompts(
             self.core, prompts, ids, sum(len(i) for i in ids), decoder=decoder,
             policy=self.policy, pad_token_id=self.pad_token_id, device=device,
         )  # fmt: skip
-        row_slot = torch.tensor(slot, dtype=torch.long, device=device)
+        row_slot = _on(torch.tensor(slot, dtype=torch.long), device)
         dest, src = prefill_slots(pack, row_slot, self.cache, first)
         hidden = decoder.prefill(
             inputs.hidden, cos, sin, attend, self.cache, dest, src, deepstack=inputs.deepstack
         )
         last = pack.cu_seqlens[1:].long()[: len(prompts)] - 1
         logits = decoder.logits(hidden.index_select(0, last)).index_select(0, row_slot)
-        next_pos = next_pos.tolist()
-        for row, s in zip(new, slot):
-            row.next_pos = next_pos[s]
         self.rows += new
+        self.state.place(
+            new, next_pos.to(device).index_select(0, row_slot), logits.shape[-1],
+            self.context_tokens,
+        )  # fmt: skip
         self._logits = logits if self._logits is None else torch.cat([self._logits, logits])
         self.stats.prefills += 1
 
-    def sample(self) -> list[Row]:
-        """One token per row, with its request's parameters -> the rows that stopped."""
-        rows, logits, device = self.rows, self._logits, self.device
-        groups: dict[tuple, list[int]] = {}
-        for i, row in enumerate(rows):
-            p = row.request.params
-            groups.setdefault((p.temperature, p.top_p, p.top_k), []).append(i)
-        seeds = torch.tensor([r.seed for r in rows], dtype=torch.long, device=device)
-        steps = torch.tensor([r.generated for r in rows], dtype=torch.long, device=device)
-        if len(groups) == 1:
-            tokens, logprobs = sample_tokens(logits, rows[0].request.params, seeds, steps)
-        else:
-            tokens = torch.empty(len(rows), dtype=torch.long, device=device)
-            logprobs = torch.empty(len(rows), dtype=logits.dtype, device=device)
-            for members in groups.values():
-                index = torch.tensor(members, dtype=torch.long, device=device)
-                params = rows[members[0]].request.params
-                t, lp = sample_tokens(logits[index], params, seeds[index], steps[index])
-                tokens[index], logprobs[index] = t, lp
+    def run(self, steps: int) -> None:
+        """`steps` decode steps of every row, no host sync: sample from the current logits,
+        then steps-1 times decode-and-sample (on a GPU one CUDA graph each, when the rows
+        sample alike), then decode: the logits the next interval starts from."""
+        n = len(self.rows)
+        size = next(b for b in self._buckets if b >= n) if self._buckets else n
+        state = self.state
+        state.column.zero_()  # (an interval cut short by an engine error left it anywhere)
+        state.step(self._logits)
+        key = state.graph_key() if self._buckets and self.step_graphs else None
+        if key is not None and any(k[1][-1] != key[-1] for k in self._step_graphs):
+            self._step_graphs.clear()  # they read a stop table that is gone
+        for _ in range(steps - 1):
+            if key is not None:
+                if (size, key) not in self._step_graphs:
+                    self._step_graphs[size, key] = StepGraph(
+                        state, lambda *a: self._decode(size, *a), size, self._pool
+                    )
+                self._step_graphs[size, key].replay()
+            else:
+                state.step(self._decode_state(size)[:n])
+        self._logits = self._decode_state(size)[:n]
+        self.stats.steps += steps
+
+    def _decode_state(self, size: int) -> torch.Tensor:
+        """The decode step of the rows' last tokens (the batch padded to `size`)."""
+        state = self.state
+        tokens, positions = state.padded("last", size), state.padded("positions", size)
+        lengths = state.padded("lengths", size)
+        if not self._buckets:
+            return self._decode(size, tokens, positions, lengths)
+        if size not in self._graphs:
+            self._graphs[size] = DecodeGraph(self.decoder, self.cache, size, self._pool)
+        return self._graphs[size].run(tokens, positions, lengths)
+
+    def _decode(self, size: int, tokens, positions, lengths) -> torch.Tensor:
+        return self.decoder.decode(tokens, positions, lengths, self.cache, size)
+
+    def collect(self, steps: int) -> list[Row]:
+        """The interval's tokens into the rows' choices (the host's one sync) -> the rows that
+        stopped: a stop token, a stop string (the choice is cut after it), max_tokens, the
+        context."""
+        counts, stopped, tokens, logprobs = self.state.read(steps)
         finished = []
-        for row, token, logprob in zip(rows, tokens.tolist(), logprobs.tolist()):
-            choice = row.request.choices[row.index]
-            choice.token_ids.append(token)
-            choice.logprobs.append(logprob)
-            row.generated += 1
-            row.last = token
-            reason = self._stop_reason(row, choice)
+        for p, row in enumerate(self.rows):
+            request, k = row.request, counts[p]
+            choice = request.choices[row.index]
+            before = len(choice.token_ids)
+            choice.token_ids += tokens[p][:k]
+            choice.logprobs += logprobs[p][:k]
+            row.generated += k
+            reason = None
+            if request.stop_check is not None:
+                reason = _stop_string(request, choice, before)
+                row.generated = len(choice.token_ids)
+            if reason is None and stopped[p]:
+                params = request.params
+                stop = not params.ignore_eos and choice.token_ids[-1] in params.stop_token_ids
+                reason = "stop" if stop else "length"
             if reason is not None:
                 choice.finish_reason = reason
                 finished.append(row)
-        self.stats.tokens += len(rows)
+        live = sum(counts)
+        self.stats.tokens += live
+        self.stats.rows += live
         return finished
-
-    def _stop_reason(self, row: Row, choice: Choice) -> str | None:
-        request, params = row.request, row.request.params
-        if not params.ignore_eos and choice.token_ids[-1] in params.stop_token_ids:
-            return "stop"
-        if request.stop_check is not None and request.stop_check(choice.token_ids):
-            return "stop"
-        if row.generated >= params.max_new_tokens:
-            return "length"
-        if row.prompt_len + row.generated >= self.context_tokens:
-            return "length"
-        return None
 
     def retire(self, gone: list[Row], finished: bool = True) -> None:
         """Rows leave the batch: their blocks go back, the others move to the front.
@@ -176,6 +206,7 @@ class RunningBatch:
         self.cache.release([p for p, r in enumerate(self.rows) if id(r) in gone_ids])
         self.cache.compact(keep)
         self.cache.upload()
+        self.state.reorder(keep)
         for row in gone:
             request = row.request
             if not finished or request.done:
@@ -187,7 +218,7 @@ class RunningBatch:
                 request.choice_done()
         self.rows = [self.rows[p] for p in keep]
         if self._logits is not None:
-            index = torch.tensor(keep, dtype=torch.long, device=self.device)
+            index = _on(torch.tensor(keep, dtype=torch.long), self.device)
             self._logits = self._logits.index_select(0, index) if keep else None
 
     def drop(self, rows: list[Row], error: RequestRefused) -> None:
@@ -197,11 +228,11 @@ class RunningBatch:
             row.request.fail(error)
         self.retire(rows)
 
-    def grow(self) -> list[Row]:
-        """Blocks for every row's next token -> the rows preempted for them (the last admitted
-        give way when the cache is full; the caller queues them again)."""
+    def grow(self, steps: int) -> list[Row]:
+        """Blocks for every row's next `steps` tokens -> the rows preempted for them (the last
+        admitted give way when the cache is full; the caller queues them again)."""
         cache, preempted = self.cache, []
-        need = [r.prompt_len + r.generated + 1 for r in self.rows]
+        need = [r.prompt_len + r.generated + steps for r in self.rows]
         while cache.missing(need) > cache.free_blocks and len(self.rows) > 1:
             request = self.rows[-1].request
             members = [r for r in self.rows if r.request is request]
@@ -211,33 +242,13 @@ class RunningBatch:
             for row in members:
                 row.restart()
             preempted = members + preempted
-            need = [r.prompt_len + r.generated + 1 for r in self.rows]
+            need = [r.prompt_len + r.generated + steps for r in self.rows]
         self.stats.preempted += len(preempted)
         free = cache.free_blocks
         cache.grow(need)
         if cache.free_blocks != free:  # a row took a block: the device's table changes
             cache.upload()
         return preempted
-
-    def decode(self) -> None:
-        """One decode step of every row: the logits of each row's next token."""
-        rows, device = self.rows, self.device
-        n = len(rows)
-        size = next(b for b in self._buckets if b >= n) if self._buckets else n
-        pad = size - n
-        tokens = torch.tensor([r.last for r in rows] + [0] * pad, device=device)
-        positions = [r.next_pos + r.generated - 1 for r in rows]
-        positions = torch.tensor(positions + [0] * pad, device=device)
-        lengths = [r.prompt_len + r.generated for r in rows]
-        lengths = torch.tensor(lengths + [1] * pad, device=device)
-        if self._buckets:
-            if size not in self._graphs:
-                self._graphs[size] = DecodeGraph(self.decoder, self.cache, size, self._pool)
-            self._logits = self._graphs[size].run(tokens, positions, lengths)[:n]
-        else:
-            self._logits = self.decoder.decode(tokens, positions, lengths, self.cache, n)
-        self.stats.steps += 1
-        self.stats.rows += n
 
 
 def new_cache(policy, decoder: Decoder, rows: int, context_tokens: int, cache_tokens: int):
@@ -267,6 +278,28 @@ def new_cache(policy, decoder: Decoder, rows: int, context_tokens: int, cache_to
     )  # fmt: skip
 
 
-def _has_media(request: Request) -> bool:
+def prompt_key(request: Request) -> object:
+    """What makes two requests' prompts one prefill: the ids of a text prompt; the Prompt
+    object of one with media (the server's prompt cache hands identical requests one object:
+    rlflow/serve/prompts.py)."""
     media = request.prompt.media
-    return bool(media.num_images or media.num_videos)
+    if media.num_images or media.num_videos:
+        return id(request.prompt)
+    return tuple(request.prompt_ids)
+
+
+def _stop_string(request: Request, choice: Choice, before: int) -> str | None:
+    """ "stop" when a stop string ends in the tokens after `before` (the choice is cut after
+    the first token that completes one), else None."""
+    for end in range(before + 1, len(choice.token_ids) + 1):
+        if request.stop_check(choice.token_ids[:end]):
+            del choice.token_ids[end:], choice.logprobs[end:]
+            return "stop"
+    return None
+
+
+def _on(host: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on the device without waiting for the device's queue (pinned, async)."""
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)

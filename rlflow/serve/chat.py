@@ -65,7 +65,9 @@ class ChatRequest:
     """A checked request: the conversation for the chat template, its images, the sampling."""
 
     messages: list[dict]  # content parts as the chat templates take them ({"type": "image"})
-    images: list = field(default_factory=list)  # decoded PIL images, in order
+    # its images' data URLs, in order, each with where it was (`messages[0].content[1]...`):
+    # decoded by the encoder (rlflow/serve/prompts.py), off the event loop, once per content
+    images: list[tuple[str, str]] = field(default_factory=list)
     videos: list[Video] = field(default_factory=list)  # decoded videos, in order
     tools: list[dict] | None = None
     parse_tools: bool = False
@@ -206,7 +208,10 @@ def _part(part, where: str, images: list, videos: list) -> dict:
     if kind == "image_url":
         url = part.get("image_url")
         url = url.get("url") if isinstance(url, dict) else url
-        images.append(decode_image(url, f"{where}.image_url"))
+        where = f"{where}.image_url"
+        if not isinstance(url, str) or not url.startswith("data:"):
+            raise ApiError(400, "images must be data URLs (data:image/png;base64,...)", where)
+        images.append((url, where))
         return {"type": "image"}
     if kind == "video_url":
         videos.append(decode_video(part.get("video_url"), f"{where}.video_url"))

@@ -2,33 +2,37 @@
 
 `generate()` (rlflow/generation/megatron/engine.py) runs a set of rows known in advance. A server
 gets requests one at a time, from many clients, at random times; here one engine thread runs a
-step loop over the same pieces (the `Decoder`'s packed prefill and decode step, the paged
-`KVCache`, the per-row counter-based sampling), and between two decode steps:
+loop over the same pieces (the `Decoder`'s packed prefill and decode step, the paged `KVCache`,
+the per-row counter-based sampling) in intervals of `CHECK_EVERY` decode steps. At each check
+(the host's one sync of the interval) it:
 
-1. admits waiting requests while batch positions and cache blocks are free: their unique
-   prompts (a request's n choices, and identical text prompts of different requests) are
-   prefilled once, packed, straight into the new rows' cache blocks; the new rows join the
-   batch behind the running ones (new rows prefill while the others decode);
-2. samples one token per row with the row's own parameters (rows are grouped by temperature,
-   top-p and top-k) and its own seed and step: a choice's tokens are those `generate()` draws
-   for the same seed, whichever rows share its batch;
-3. retires rows that stopped (stop token, stop string, max_tokens, the context) or whose client
+1. retires rows that stopped (stop token, stop string, max_tokens, the context) or whose client
    went away: their blocks go back at once and the last rows move into the holes (no key or
    value moves: only block-table rows);
-4. grows the rows' block tables, preempting the last admitted rows when the cache is full (they
-   run again later from their prompt, with the same seeds), and runs the decode step (on a GPU a
-   CUDA graph per batch bucket, as in `generate()`).
+2. admits waiting requests while batch positions and cache blocks are free: their unique
+   prompts (a request's n choices, and identical prompts of different requests: text by its
+   ids, media by the prompt cache's shared object) are prefilled once, packed, straight into
+   the new rows' cache blocks; the new rows join the batch behind the running ones;
+3. grows the rows' block tables for the interval, preempting the last admitted rows when the
+   cache is full (they run again later from their prompt, with the same seeds);
+4. runs the interval's decode steps with no host sync (rlflow/serve/device_rows.py): each
+   samples one token per row with the row's own parameters and its own seed and step (a
+   choice's tokens are those `generate()` draws for the same seed, whichever rows share its
+   batch), marks stopped rows on the device, and decodes (on a GPU a CUDA graph per batch
+   bucket, as in `generate()`).
 
-The host syncs once a step (it must see every token to stop a row, or stream it); a request's
-rows finish on the weights they started with: an update (`update_weights`) waits for them to
-drain, or refuses them (`generation.server.on_weight_update`).
+A stopped row or a cancelled request leaves at the next check (at most CHECK_EVERY steps); a
+request's rows finish on the weights they started with: an update (`update_weights`) waits for
+them to drain, or refuses them (`generation.server.on_weight_update`).
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,8 +41,20 @@ import torch
 
 from rlflow.generation.megatron.kv_cache import blocks_for
 from rlflow.generation.megatron.schedule import RESERVE_SHARE
-from rlflow.serve.batch import Row, RunningBatch
+from rlflow.serve.batch import Row, RunningBatch, prompt_key
+from rlflow.serve.device_rows import CHECK_EVERY
 from rlflow.serve.requests import Request, RequestRefused
+
+# The engine's thread shares the process's GIL with the HTTP threads (parsing, encoding), and
+# every torch call releases it: under load, taking it back waits up to the switch interval
+# (5 ms by default), so the prefill's hundreds of calls would crawl while requests arrive.
+# While an engine runs, a thread holding the GIL is asked to yield after this long instead.
+SWITCH_INTERVAL_S = 1e-4
+# A prefill has a fixed cost (the vision tower's and the layers' launches, the positions on
+# the host): while rows are running, requests that fill less than half of the prefill budget
+# wait up to this many checks for others, so a stream of single requests does not prefill one
+# at a time between every two intervals.
+DEFER_CHECKS = 2
 
 
 @dataclass
@@ -73,8 +89,11 @@ class ServingEngine:
         self._cond = threading.Condition()
         self._waiting: collections.deque[Row] = collections.deque()
         self._update: _Update | None = None
+        self._deferred = 0  # checks the waiting requests have been deferred (_admissions)
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="rlflow-serve-engine", daemon=True)
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self._thread.start()
 
     # --- any thread ----------------------------------------------------------------------------
@@ -121,6 +140,7 @@ class ServingEngine:
             self._closed = True
             self._cond.notify()
         self._thread.join()
+        sys.setswitchinterval(self._switch_interval)
 
     # --- the engine's thread -------------------------------------------------------------------
 
@@ -147,23 +167,40 @@ class ServingEngine:
             row.request.fail(shutdown)
 
     def _iterate(self) -> None:
-        batch = self.batch
+        """One interval: retire, admit and prefill, grow, CHECK_EVERY decode steps, check."""
+        batch, add, clock = self.batch, self.stats.add, time.perf_counter
+        t0 = clock()
         batch.retire([r for r in batch.rows if r.request.cancelled or r.request.done])
         if self._update is not None and self._apply_update():
             return
+        t1 = clock()
+        add("retire", t1 - t0)
         if self._update is None:
             new = self._admissions()
+            t2 = clock()
+            add("admit", t2 - t1)
             if new:
                 batch.prefill(new, self.weight_version)
+                add("prefill", clock() - t2)
         if not batch.rows:
             return
-        batch.retire(batch.sample())
-        if batch.rows:
-            preempted = batch.grow()
-            if preempted:
-                with self._cond:
-                    self._waiting.extendleft(reversed(preempted))
-            batch.decode()
+        t3 = clock()
+        preempted = batch.grow(CHECK_EVERY)
+        if preempted:
+            with self._cond:
+                self._waiting.extendleft(reversed(preempted))
+        if not batch.rows:
+            return
+        t4 = clock()
+        add("grow", t4 - t3)
+        batch.run(CHECK_EVERY)
+        t5 = clock()
+        add("steps_launch", t5 - t4)
+        finished = batch.collect(CHECK_EVERY)
+        t6 = clock()
+        add("check_sync", t6 - t5)
+        batch.retire(finished)
+        add("retire", clock() - t6)
 
     def _apply_update(self) -> bool:
         """True when the update ran now (the iteration starts over)."""
@@ -193,9 +230,11 @@ class ServingEngine:
 
     def _admissions(self) -> list[Row]:
         """Whole requests from the queue's front while batch positions, cache blocks (the
-        prompt + a quarter of max_tokens each) and the prefill budget last."""
+        prompt + a quarter of max_tokens each) and the prefill budget last. While rows run, a
+        small prefill waits up to DEFER_CHECKS checks for more requests to join it."""
         new: list[Row] = []
         tokens = 0
+        prefilled: set = set()  # prompts in this prefill: identical ones are prefilled once
         running = len(self.batch.rows)
         free = self.batch.cache.free_blocks - running  # a block of headroom per running row
         with self._cond:
@@ -204,16 +243,34 @@ class ServingEngine:
                 if head.request.cancelled or head.request.done:
                     self._waiting.popleft().request.fail(RequestRefused("cancelled", "cancelled"))
                     continue
-                group = [r for r in self._waiting if r.request is head.request]
+                # (a request's waiting rows are next to each other: submitted or preempted
+                # together)
+                group = _leading(self._waiting, head.request)
                 reserve = max(head.request.params.max_new_tokens // RESERVE_SHARE, 1)
                 need = len(group) * blocks_for(min(head.prompt_len + reserve, self.context_tokens))
                 room = running + len(new) + len(group) <= self.max_rows
-                budget = not new or tokens + head.prompt_len <= self.max_prefill_tokens
+                key = prompt_key(head.request)
+                cost = 0 if key in prefilled else head.prompt_len
+                budget = not new or tokens + cost <= self.max_prefill_tokens
                 if not (room and budget and (need <= free or not (new or running))):
                     break
-                for row in group:
-                    self._waiting.remove(row)
+                for _ in group:
+                    self._waiting.popleft()
                 new += group
                 free -= need
-                tokens += head.prompt_len
+                tokens += cost
+                prefilled.add(key)
+            if (
+                new and running and self._deferred < DEFER_CHECKS
+                and running + len(new) < self.max_rows and tokens < self.max_prefill_tokens // 2
+            ):  # fmt: skip
+                self._waiting.extendleft(reversed(new))  # a few more next time
+                self._deferred += 1
+                return []
+        self._deferred = 0
         return new
+
+
+def _leading(waiting, request: Request) -> list[Row]:
+    """The rows of `request` at the queue's front."""
+    return list(itertools.takewhile(lambda r: r.request is request, waiting))

@@ -8,11 +8,13 @@ response are the ids a trainer builds for the same conversation.
 
 from __future__ import annotations
 
+import collections
+import threading
 import uuid
 
 from rlflow.model.media import Media, Prompt
 from rlflow.model.processor import CheckpointProcessor
-from rlflow.serve.chat import ApiError, ChatRequest
+from rlflow.serve.chat import ApiError, ChatRequest, decode_image
 from rlflow.serve.tools import arguments_as_objects
 
 
@@ -43,7 +45,8 @@ class ChatEncoder(CheckpointProcessor):
         if not self.multimodal:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             return Prompt(f"chat-{uuid.uuid4().hex}", text, tuple(ids), Media())
-        media_kwargs = _media_kwargs(chat)
+        decoded = [decode_image(url, where) for url, where in chat.images]
+        media_kwargs = _media_kwargs(decoded, chat.videos)
         try:
             enc = self.processor(text=[text], return_tensors="pt", **media_kwargs)
         except Exception as exc:  # e.g. an image too small for the processor
@@ -59,7 +62,7 @@ class ChatEncoder(CheckpointProcessor):
         ids = tuple(enc["input_ids"][0].tolist())
         video = chat.videos[0] if len(chat.videos) == 1 else None  # (vLLM-style backends: one)
         return Prompt(
-            f"chat-{uuid.uuid4().hex}", text, ids, media, images=tuple(chat.images),
+            f"chat-{uuid.uuid4().hex}", text, ids, media, images=tuple(decoded),
             video=tuple(video.frames) if video else None, video_fps=video.fps if video else None,
         )  # fmt: skip
 
@@ -67,18 +70,84 @@ class ChatEncoder(CheckpointProcessor):
         return self.tokenizer.decode([token_id])
 
 
-def _media_kwargs(chat: ChatRequest) -> dict:
+def _media_kwargs(images: list, videos: list) -> dict:
     """The processor's arguments for the request's images and videos: frames as given (no
     sampling), with their rate, exactly as the trainer's PromptEncoder passes a video sample."""
     kwargs: dict = {}
-    if chat.images:
-        kwargs["images"] = list(chat.images)
-    if chat.videos:
-        kwargs["videos"] = [list(v.frames) for v in chat.videos]
+    if images:
+        kwargs["images"] = list(images)
+    if videos:
+        kwargs["videos"] = [list(v.frames) for v in videos]
         kwargs["video_metadata"] = [
             {"fps": v.fps, "total_num_frames": len(v.frames),
              "frames_indices": list(range(len(v.frames))), "duration": len(v.frames) / v.fps}
-            for v in chat.videos
+            for v in videos
         ]  # fmt: skip
         kwargs["do_sample_frames"] = False
     return kwargs
+
+
+class PromptCache:
+    """Encoded prompts by request content (messages, images, tools, template arguments).
+
+    RL clients send a prompt's G samples as G requests of the same conversation: each is
+    encoded once (the chat template and the image processor are the server's costliest host
+    work), and identical requests get one shared `Prompt`, which the engine prefills once
+    (rlflow/serve/batch.py, `prompt_key`). A request whose twin is being encoded waits for it.
+    Holds the last `size` prompts; failures are not kept (the next twin tries again)."""
+
+    def __init__(self, encode, size: int):
+        self._encode, self._size = encode, size
+        self._done: collections.OrderedDict[tuple, Prompt] = collections.OrderedDict()
+        self._running: dict[tuple, threading.Event] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    def get(self, chat: ChatRequest) -> Prompt:
+        if chat.videos:  # decoded in the request's checks: no content key for them yet
+            return self._encode(chat)
+        key = _content_key(chat)
+        while True:
+            with self._lock:
+                if key in self._done:
+                    self._done.move_to_end(key)
+                    self.hits += 1
+                    return self._done[key]
+                running = self._running.get(key)
+                if running is None:
+                    running = self._running[key] = threading.Event()
+                    break
+            running.wait()  # its twin's prompt is cached now (or its encoding failed)
+        try:
+            prompt = self._encode(chat)
+            with self._lock:
+                self._done[key] = prompt
+                while len(self._done) > self._size:
+                    self._done.popitem(last=False)
+            return prompt
+        finally:
+            with self._lock:
+                del self._running[key]
+            running.set()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._done.clear()
+
+
+def _content_key(chat: ChatRequest) -> tuple:
+    return (
+        _frozen(chat.messages),
+        tuple(url for url, _ in chat.images),
+        _frozen(chat.tools),
+        _frozen(chat.chat_template_kwargs),
+    )
+
+
+def _frozen(value):
+    """JSON values -> a hashable equivalent (objects as sorted key/value tuples)."""
+    if isinstance(value, dict):
+        return ("{", *sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return ("[", *(_frozen(v) for v in value))
+    return value

@@ -110,7 +110,7 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self._thread.join()
-        self.served.engine.close()
+        self.served.close()
         self.socket.close()
 
 

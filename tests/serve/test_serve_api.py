@@ -109,6 +109,31 @@ def test_a_video_as_frames_or_a_gif_has_the_ids_the_trainer_builds(client, tiny_
         assert ids == list(trainer.token_ids)
 
 
+def test_identical_requests_are_encoded_once_and_draw_alike(client, server):
+    """Two identical image requests at once (a GRPO prompt's samples sent as separate
+    requests): one encoding, the same prompt ids; greedy, the same tokens."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    content = [
+        {"type": "image_url", "image_url": {"url": _data_url(random_image(5))}},
+        {"type": "text", "text": "How many spheres?"},
+    ]
+    prompts = server.served.prompts
+    hits = prompts.hits
+
+    def one(_):
+        completion, _ = _create(
+            client, messages=[{"role": "user", "content": content}], max_tokens=6, temperature=0
+        )
+        return completion.choices[0].message.model_extra
+
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(one, range(2))
+    assert prompts.hits == hits + 1
+    assert first["prompt_token_ids"] == second["prompt_token_ids"]
+    assert first["generation_token_ids"] == second["generation_token_ids"]
+
+
 def test_tools_and_tool_turns_render_through_the_chat_template(client, tiny_processor):
     """The request's tools reach the prompt (Qwen's hermes system block), and an earlier call
     and its result render as the template renders them for a trainer."""

@@ -7,7 +7,7 @@ import pytest
 
 from rlflow.generation.base import SamplingParams
 from rlflow.serve.requests import Request
-from tests.tiny import megatron_generation, mixed_prompts
+from tests.tiny import greedy, make_prompt, megatron_generation, mixed_prompts
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +50,22 @@ def test_requests_joining_a_running_batch_draw_what_generate_draws(
     for a, b in zip(got, expected):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
     assert engine.stats.prefills > 1  # not one fixed batch
+
+
+def test_one_prompt_of_separate_requests_is_prefilled_once(engine, tiny_policy, tiny_processor):
+    """Two requests carrying one prompt (what the server's prompt cache hands identical
+    requests) join in one prefill; greedy, each draws what the prompt alone draws through
+    generate() without sharing."""
+    eos = tiny_processor.tokenizer.eos_token_id
+    prompt = make_prompt(tiny_processor, "image", "How many red squares are there?", seed=1)
+    params = greedy(8, eos)
+    [alone] = megatron_generation(tiny_policy, 0, share_prompts=False).generate([prompt], params)
+    twins = [_request(tiny_policy, prompt, params, [seed]) for seed in (3, 4)]
+    prefills = engine.stats.prefills
+    with engine._cond:  # (the engine admits under this lock: both wait for the same check)
+        for request in twins:
+            engine.submit(request)
+    for request in twins:
+        assert request.wait(60) and request.error is None
+    assert engine.stats.prefills == prefills + 1
+    assert [r.choices[0].token_ids for r in twins] == [alone.token_ids] * 2
