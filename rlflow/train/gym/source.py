@@ -58,7 +58,7 @@ class GymRollouts:
         server = recipe.generation.server
         served = served_engine(self.policy, self.checkpoint, recipe, MODEL_NAME)
         served.engine.weight_version = step
-        _remember_prompts(served.encoder, self.prompts)
+        _remember_prompts(served.prompts, self.prompts)
         self.thread = ServerThread(
             served, server.host, server.port, server.max_connections, server.idle_timeout_s
         ).start()
@@ -229,17 +229,18 @@ class GymRollouts:
         return Rollouts(prompts, completions, advantages.tolist(), sums, versions)
 
 
-def _remember_prompts(encoder, into: dict) -> None:
-    """The server's encoder, also keeping each prompt with images it makes (by its ids)."""
-    encode = encoder.encode
+def _remember_prompts(cache, into: dict) -> None:
+    """The server's prompt cache (rlflow/serve/prompts.py), also keeping each prompt with images
+    it hands out, encoded or cached (by its ids)."""
+    get = cache.get
 
     def remembering(chat):
-        prompt = encode(chat)
+        prompt = get(chat)
         if prompt.media.num_images or prompt.media.num_videos:
             into[tuple(prompt.token_ids)] = prompt
         return prompt
 
-    encoder.encode = remembering
+    cache.get = remembering
 
 
 def _env_metrics(failed, malformed, turns, tasks: int, seconds: float) -> dict[str, float]:
