@@ -242,7 +242,9 @@ class PartialRollouts:
         samples = [t.train_data[g.index] for g in done for _ in g.rows]
         completions = [r.completion() for g in done for r in g.rows]
         with timer("reward"):
-            rewards, per_reward, accuracy = score_rollouts(t, samples, completions)
+            # single-turn only (rlflow/rules/partial.py): the rewards read the completions
+            texts = [t.encoder.decode(c.token_ids) for c in completions]
+            rewards, per_reward, accuracy = score_rollouts(t, samples, completions, texts)
             penalty = shaping_penalty(t.recipe, completions)
             if penalty is not None:
                 rewards = [r + p for r, p in zip(rewards, penalty, strict=True)]

@@ -46,6 +46,8 @@ def register() -> None:
     cpu_compat.install_mamba_reference()  # a GPU without mamba-ssm runs the reference too
     _local_final_norm()
 
+    from megatron.core.transformer.enums import AttnBackend
+
     class RlflowNemotronHBridge(NemotronHBridge):
         def provider_bridge(self, hf_pretrained):
             check_config(hf_pretrained.config)
@@ -56,6 +58,10 @@ def register() -> None:
             provider.moe_permute_fusion = False
             provider.moe_shared_expert_overlap = False
             provider.first_last_layers_bf16 = False
+            # the hybrid provider asks for `flash`, whose NVTE_* environment variables clash
+            # with those an earlier model of the process set (megatron-core asserts on them);
+            # rlflow's local spec uses none of Transformer Engine's attention backends
+            provider.attention_backend = AttnBackend.auto
             return provider
 
     MegatronModelBridge.register_bridge(
