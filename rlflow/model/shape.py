@@ -35,11 +35,13 @@ class ModelShape:
     experts: int  # routed experts per layer (0: a dense model)
     topk: int  # experts per token (0: a dense model)
     multimodal: bool  # a vision (or video) tower: model.freeze_vision means something
+    kv_layers: int = -1  # layers that keep a KV cache (-1: all; a hybrid's attention layers)
 
     def kv_bytes_per_token(self, dtype_bytes: int, tensor_parallel: int = 1) -> int:
         """KV-cache bytes one token takes on one tensor-parallel rank (keys and values)."""
         kv_heads = max(self.kv_heads // max(tensor_parallel, 1), 1)
-        return 2 * self.layers * kv_heads * self.head_dim * dtype_bytes
+        layers = self.layers if self.kv_layers < 0 else self.kv_layers
+        return 2 * layers * kv_heads * self.head_dim * dtype_bytes
 
 
 def builtin_keys(
@@ -61,6 +63,21 @@ def builtin_keys(
     return keys
 
 
+def hybrid_block_types(section: dict[str, Any]) -> list[str] | None:
+    """A hybrid's layer kinds (`mamba`, `attention`, `mlp`, `moe`) from Nemotron-H's
+    `layers_block_type` list (transformers 5) or `hybrid_override_pattern` string (`M*-E`);
+    None for a model whose layers are all alike."""
+    listed = section.get("layers_block_type")
+    if isinstance(listed, list) and all(isinstance(kind, str) for kind in listed):
+        renamed = {"linear_attention": "mamba", "full_attention": "attention"}
+        return [renamed.get(kind, kind) for kind in listed]
+    pattern = section.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        symbols = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+        return [symbols.get(symbol, symbol) for symbol in pattern]
+    return None
+
+
 def shape_of_config(config: dict[str, Any]) -> ModelShape:
     """The shape of a parsed HF config.json (language keys first from `text_config`)."""
     sections = [s for s in (config.get("text_config"), config) if isinstance(s, dict)]
@@ -76,15 +93,22 @@ def shape_of_config(config: dict[str, Any]) -> ModelShape:
     heads = number("num_attention_heads", "n_head")
     hidden = number("hidden_size", "n_embd")
     experts = number(*_EXPERT_KEYS)
+    layers = number("num_hidden_layers", "n_layer")
+    kv_layers = -1
+    blocks = next((b for b in map(hybrid_block_types, sections) if b is not None), None)
+    if blocks is not None:  # a hybrid: experts only where a layer is one; KV in attention only
+        layers, kv_layers = len(blocks), blocks.count("attention")
+        experts = experts if "moe" in blocks else 0
     return ModelShape(
         heads=heads,
         kv_heads=number("num_key_value_heads") or heads,
         head_dim=number("head_dim") or (hidden // heads if heads else 0),
-        layers=number("num_hidden_layers", "n_layer"),
+        layers=layers,
         max_positions=number("max_position_embeddings", "n_positions"),
         experts=experts,
         topk=number(*_TOPK_KEYS) if experts else 0,
         multimodal=isinstance(config.get("vision_config"), dict),
+        kv_layers=kv_layers,
     )
 
 

@@ -35,3 +35,22 @@ def test_reading_a_builtins_sizes_imports_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_hybrid_keeps_kv_in_its_attention_layers_only():
+    """Nemotron-H `M-*M-`: five layers, one attention layer holds KV; its HF config's unused
+    expert keys (`n_routed_experts` with no `moe` layer) make no MoE."""
+    from rlflow.model.shape import shape_of_config
+
+    shape = recipe_shape("builtin:tiny-nemotron-h")
+    assert (shape.layers, shape.kv_layers, shape.experts) == (5, 1, 0)
+    assert shape.kv_bytes_per_token(2) == 2 * 1 * shape.kv_heads * shape.head_dim * 2
+    moe = shape_of_config(
+        {
+            "hybrid_override_pattern": "ME*E",
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "num_attention_heads": 4,
+        }
+    )
+    assert (moe.layers, moe.kv_layers, moe.experts, moe.topk) == (4, 1, 8, 2)

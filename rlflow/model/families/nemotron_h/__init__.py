@@ -63,7 +63,8 @@ class NemotronH(ModelFamily):
         from rlflow.model.shape import builtin_keys
 
         sizes = PRESETS["tiny-nemotron-h"]
-        return builtin_keys(sizes, max_positions=sizes.max_positions, multimodal=False)
+        keys = builtin_keys(sizes, max_positions=sizes.max_positions, multimodal=False)
+        return {**keys, "hybrid_override_pattern": sizes.pattern}
 
 
 FAMILY = NemotronH()
