@@ -23,6 +23,14 @@ class EnvRollouts:
     reward_texts: list[str]
     # sums over the rollouts, logged as env/* (the same keys on every rank and every call)
     sums: dict[str, float] = field(default_factory=dict)
+    # a rollout that failed (its index) -> (reason, detail); reasons are FAILURE_REASONS. The
+    # trainer leaves its prompt's group out, or stops (`environment.on_task_failure`)
+    failed: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+
+# Why an environment's task failed (env/failed_tasks/<reason>): its tool raised, ran past the
+# task's time (`environment.task_timeout_s`), or answered something that is not a tool result.
+FAILURE_REASONS = ("tool_error", "timeout", "malformed_result")
 
 
 class Environment(abc.ABC):
@@ -47,6 +55,14 @@ def turn_params(params: SamplingParams, turn: int) -> SamplingParams:
     return replace(params, seed=(params.seed + turn * 104_729) % 2**31)
 
 
+def failure_sums(failed: dict[int, tuple[str, str]]) -> dict[str, float]:
+    """env/failed_tasks and one sum per reason (every reason, so every rank has the keys)."""
+    out = {"env/failed_tasks": float(len(failed))}
+    for reason in FAILURE_REASONS:
+        out[f"env/failed_tasks/{reason}"] = float(sum(r == reason for r, _ in failed.values()))
+    return out
+
+
 def step_env_metrics(totals: dict[str, float], prefix: str) -> dict[str, float]:
     """Step metrics from the rank-summed env/* sums: turns and tool calls per trajectory, the
     share of tool calls that were valid, the share of trajectories without a valid call, and
@@ -64,6 +80,6 @@ def step_env_metrics(totals: dict[str, float], prefix: str) -> dict[str, float]:
         f"{prefix}/answered_without_tool": totals["env/answered_without_tool"] / trajectories,
     }
     for key, value in totals.items():
-        if key.startswith("env/malformed_tool_calls"):
+        if key.startswith(("env/malformed_tool_calls", "env/failed_tasks")):
             out[prefix + key.removeprefix("env")] = value
     return out

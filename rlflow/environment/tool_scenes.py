@@ -66,8 +66,9 @@ def run_tool(call: dict, scene) -> tuple[str, str | None]:
 
 
 class ToolScenes(Environment):
-    def __init__(self, encoder, max_turns: int, prompt_suffix: str):
+    def __init__(self, encoder, max_turns: int, prompt_suffix: str, task_timeout_s: float):
         self.encoder = encoder
+        self.task_timeout_s = task_timeout_s
         self.max_turns = max_turns
         self.prompt_suffix = prompt_suffix
         tokenizer = encoder.tokenizer
@@ -105,7 +106,9 @@ class ToolScenes(Environment):
         from rlflow.serve.tools import parse_tool_calls
 
         _, calls = parse_tool_calls(content)
-        answers = [run_tool(call, scene) for call in calls]
+        answers = [tr.call_tool(run_tool, (c, scene), self.task_timeout_s, _valid) for c in calls]
+        if tr.failure:  # the tool failed: the task ends here (rlflow/environment/trajectory.py)
+            return 0
         if not calls:
             answers = [('error: a call is <tool_call>{"name": ..., "arguments": {...}}</tool_call>',
                         "json")]  # fmt: skip
@@ -154,7 +157,8 @@ class ToolScenes(Environment):
             sums["env/turns"] += tr.model_turns
             sums["env/answered_without_tool"] += float(calls == 0)
         texts = [text if calls else "" for text, calls in zip(finals, valid)]
-        return EnvRollouts([tr.completion() for tr in trajectories], texts, sums)
+        failed = {i: tr.failure for i, tr in enumerate(trajectories) if tr.failure}
+        return EnvRollouts([tr.completion() for tr in trajectories], texts, sums, failed)
 
     def reference(self, sample, prompt) -> Completion:
         tr = self._start(sample, prompt)
@@ -166,6 +170,11 @@ class ToolScenes(Environment):
             if text.startswith("<tool_call>"):
                 self._respond(tr, text, sample.scene, _scratch())
         return tr.completion()
+
+
+def _valid(answer) -> bool:
+    """A tool result: (its text, the malformed reason or None)."""
+    return isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], str)
 
 
 def _scratch() -> dict[str, float]:

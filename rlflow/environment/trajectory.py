@@ -8,11 +8,19 @@ rendered with the new message, and only the text after what was already built is
 template that renders the earlier turns differently from the text the ids were built from
 (Qwen3's drops earlier turns' `<think>` blocks, for example) cannot be continued exactly: it is
 refused, naming the turn and the first differing character (`environment.template-rerenders`).
+
+An environment's tool runs through `call_tool`, bounded by what is left of the task's time
+(`environment.task_timeout_s`): a tool that raises, hangs past it, or answers something that is
+not a tool result fails the trajectory (`failure`: reason and detail; it ends there) instead of
+the run. Each model turn's weight version is kept (`turn_versions`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rlflow.errors import Diagnostic, RlflowError
@@ -34,6 +42,8 @@ class Trajectory:
     finish_reason: str = "stop"
     model_turns: int = 0
     done: bool = False
+    failure: tuple[str, str] | None = None  # (reason, detail): the task failed, it ended there
+    tool_seconds: float = 0.0  # spent in the environment's tools so far
 
     def turn_prompt(self) -> Prompt:
         """The next turn's prompt: the first prompt itself (its samples share one prefill), then
@@ -57,6 +67,41 @@ class Trajectory:
         self.messages.append({"role": "assistant", "content": content})
         self.text += content + end
         self.model_turns += 1
+
+    def call_tool(self, tool: Callable, args: tuple, timeout_s: float, valid: Callable):
+        """`tool(*args)`, bounded by what is left of `timeout_s` for this trajectory; its
+        answer, or None when the task failed (`failure` says why; the trajectory is done): the
+        tool raised (`tool_error`), did not answer in time (`timeout`; its thread is left to
+        finish on its own), or answered something `valid` refuses (`malformed_result`)."""
+        left = timeout_s - self.tool_seconds
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["answer"] = tool(*args)
+            except Exception as exc:  # the environment's own bug or outage: this task fails
+                box["error"] = f"{type(exc).__name__}: {exc}"
+
+        thread = threading.Thread(target=run, name="rlflow-env-tool", daemon=True)
+        start = time.perf_counter()
+        thread.start()
+        thread.join(max(left, 0.0))
+        self.tool_seconds += time.perf_counter() - start
+        if thread.is_alive():
+            self._fail("timeout", f"the tool ran past the task's {timeout_s:g} s")
+        elif "error" in box:
+            self._fail("tool_error", box["error"])
+        elif not valid(box["answer"]):
+            self._fail("malformed_result", f"the tool answered {box['answer']!r:.200}")
+        return None if self.failure else box["answer"]
+
+    def _fail(self, reason: str, detail: str) -> None:
+        self.failure = (reason, f"after model turn {self.model_turns}: {detail}")
+        self.done = True
+
+    def turn_versions(self) -> list[int]:
+        """The weight version of each model turn, in order."""
+        return turn_versions(self.loss_mask, self.versions)
 
     def add_environment_turn(self, message: dict, template, tokenizer) -> None:
         """The environment's message, as the chat template renders it after the conversation
@@ -83,6 +128,15 @@ class Trajectory:
             loss_mask=list(self.loss_mask),
             token_versions=list(self.versions),
         )
+
+
+def turn_versions(loss_mask: list[int], versions: list[int]) -> list[int]:
+    """The weight version of each model turn (each run of loss-mask-1 tokens) of a trajectory."""
+    out = []
+    for i, (m, v) in enumerate(zip(loss_mask, versions, strict=True)):
+        if m and (i == 0 or not loss_mask[i - 1] or versions[i - 1] != v):
+            out.append(v)
+    return out
 
 
 def first_difference(a: str, b: str) -> int:

@@ -29,4 +29,11 @@ class EnvironmentConfig:
     max_turns: int = field(
         metadata=bound(ge=1, le=MAX_TURNS, help="a tool call and the answer take 2 turns")
     )
+    # one task at most: gym, the agent's /run (every turn, tool call, the verification);
+    # tool_scenes, its tool calls (generation is batched across trajectories)
+    task_timeout_s: int = field(metadata=bound(ge=1, le=86400))
+    # a failed task (a tool or server that died, hung, answered malformed output): its group
+    # is left out of the step (`continue`; counted in env/failed_tasks) or the run ends naming
+    # it (`stop`)
+    on_task_failure: Literal["continue", "stop"]
     gym: GymConfig  # kind: gym only

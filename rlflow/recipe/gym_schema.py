@@ -7,7 +7,6 @@ module, beside rlflow/recipe/schema.py (which imports it)."""
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Literal
 
 from rlflow.frozen import frozen
 from rlflow.recipe.bounds import bound
@@ -25,11 +24,6 @@ class GymConfig:
     # the agent's `datasets` in its config
     tasks: str = field(metadata=bound(nonempty=True))
     concurrency: int = field(metadata=bound(ge=1, le=65536))  # Gym tasks in flight at once
-    # one task (the agent's /run: every turn, tool call and the verification) at most
-    task_timeout_s: int = field(metadata=bound(ge=1, le=86400))
     # every Gym server must answer HTTP within this after start, or the run ends naming it
     ready_timeout_s: int = field(metadata=bound(ge=1, le=3600))
-    # a failed task (a server died, hung, answered malformed JSON): left out of the step
-    # (`continue`; counted in env/failed_tasks) or the run ends naming it (`stop`)
-    on_task_failure: Literal["continue", "stop"]
     head_port: int = field(metadata=bound(ge=1, le=65535))  # Gym's head server (config lookups)

@@ -281,6 +281,7 @@ class AsyncConfig:
     max_staleness: int = field(
         metadata=bound(ge=0, help="0: synchronous; 1: one-step-off; N: up to N steps stale")
     )
+    on_stale_turn: Literal["stop", "drop"]  # a turn past max_staleness: end the run | mask it out
 
 
 @frozen

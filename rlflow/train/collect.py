@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from rlflow import parallel
+from rlflow.environment.base import failure_sums
 from rlflow.environment.factory import make_environment
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
@@ -128,6 +129,17 @@ def collect_rollouts(t: RolloutContext, step: int, timer) -> Rollouts:
     else:
         _raise_exhausted(kept, want, dynamic.max_extra_rounds, generated_groups, filtered_groups)
     kept = kept[:want]
+    if not kept:  # every group had a failed task (on_task_failure: continue)
+        raise RlflowError(
+            Diagnostic(
+                "environment.no-trajectories",
+                f"step {step}: every prompt group of data-parallel rank {info.dp_rank} had a "
+                f"failed environment task ({scored.env_sums.get('env/failed_tasks', 0):.0f} "
+                "failed): nothing to train on",
+                help="see env/failed_tasks/<reason> in the metrics; environment.on_task_failure: "
+                "stop names the first failure and its row",
+            )
+        )
     with timer("advantages"):
         advantages = grpo.group_advantages(
             torch.tensor([g.rewards for g in kept]),
@@ -206,7 +218,7 @@ def _generate_and_score(
         )
     completions = made.completions
     out.preempted += getattr(t.backend, "last_timings", {}).get("preempted", 0)
-    for key, value in made.sums.items():
+    for key, value in environment_sums(recipe, made, rollout_samples).items():
         out.env_sums[key] = out.env_sums.get(key, 0.0) + value
     with timer("reward"):
         rewards, per_reward, accuracy = score_rollouts(
@@ -221,10 +233,37 @@ def _generate_and_score(
     out.generated += completions
     for name, values in per_reward.items():
         out.per_reward.setdefault(name, []).extend(values)
-    return [
+    return [  # continue: a group with a failed task is left out (GRPO needs the whole group)
         _Group(prompts[i], completions[i * G : (i + 1) * G], rewards[i * G : (i + 1) * G])
         for i in range(len(samples))
+        if not any(k in made.failed for k in range(i * G, (i + 1) * G))
     ]
+
+
+def environment_sums(recipe, made, samples) -> dict[str, float]:
+    """The environment's env/* sums with its failed tasks counted (every kind but single_turn,
+    which has no tasks that can fail); a failed task ends the run here with
+    `environment.on_task_failure: stop`."""
+    if recipe.environment.kind == "single_turn":
+        return made.sums
+    on_task_failure = recipe.environment.on_task_failure
+    if made.failed and on_task_failure == "stop":
+        _raise_failed(made.failed, samples)
+    return {**made.sums, **failure_sums(made.failed)}
+
+
+def _raise_failed(failed: dict[int, tuple[str, str]], samples) -> None:
+    index, (reason, detail) = min(failed.items())
+    raise RlflowError(
+        Diagnostic(
+            "environment.task-failed",
+            f"the environment's task on row `{samples[index].id}` failed ({reason}): {detail}"
+            + (f"; {len(failed) - 1} more failed in this pass" if len(failed) > 1 else ""),
+            help="environment.on_task_failure: continue leaves a failed task's prompt group out "
+            "of the step (counted in env/failed_tasks); environment.task_timeout_s bounds a "
+            "task's tool calls",
+        )
+    )
 
 
 def no_signal(rewards: list[float]) -> bool:

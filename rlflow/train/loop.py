@@ -20,7 +20,13 @@ from rlflow.errors import EX_TEMPFAIL, Diagnostic, RlflowError
 from rlflow.model.moe import routing
 from rlflow.recipe.schema import GRPOConfig
 from rlflow.train import checkpoint, grpo, hf_export, rollout_dump, watchdog
-from rlflow.train.collect import effective_loss, sampling, sampling_metrics, score_rollouts
+from rlflow.train.collect import (
+    effective_loss,
+    environment_sums,
+    sampling,
+    sampling_metrics,
+    score_rollouts,
+)
 from rlflow.train.faults import inject_failure
 from rlflow.train.metrics import StepTimer
 from rlflow.train.rollouts import build_train_batch
@@ -171,7 +177,7 @@ def validate(t: Trainer) -> dict[str, float]:
         "val/accuracy": sum(correct),
         "val/reward": sum(rewards),
         "val/response_length": sum(c.num_policy_tokens for c in completions),
-        **made.sums,
+        **environment_sums(recipe, made, samples),  # a failed task scores as no answer
     }
     for media in ("image", "video", "text"):
         hits = [c for c, s in zip(correct, samples) if s.media == media]

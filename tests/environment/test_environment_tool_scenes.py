@@ -74,7 +74,7 @@ def test_turn_prompts_are_the_previous_ids_plus_the_environments(encoder):
     calls = [call_text(query_of(s.question)) for s in samples]
     answers = [f"<answer>{s.answer}</answer>" for s in samples]
     backend = Scripted(encoder, [calls, answers])
-    made = ToolScenes(encoder, 2, SUFFIX).rollout(backend, prompts, samples, PARAMS)
+    made = ToolScenes(encoder, 2, SUFFIX, 60).rollout(backend, prompts, samples, PARAMS)
     for i, (sample, prompt, done) in enumerate(zip(samples, prompts, made.completions)):
         (one, a, b), (zero, _, c), (last, _, d) = runs(done.loss_mask)
         assert (one, zero, last) == (1, 0, 1) and d == len(done.token_ids)
@@ -112,7 +112,7 @@ def test_a_template_that_rerenders_earlier_turns_is_refused(encoder, tiny_ckpt):
     prompts = [copy.encode(samples[0])]
     backend = Scripted(copy, [[call_text(query_of(samples[0].question)) + "   "], ["x"]])
     with pytest.raises(RlflowError) as caught:
-        ToolScenes(copy, 2, SUFFIX).rollout(backend, prompts, samples, PARAMS)
+        ToolScenes(copy, 2, SUFFIX, 60).rollout(backend, prompts, samples, PARAMS)
     text = caught.value.diagnostics[0].render()
     assert "environment.template-rerenders" in text and "after model turn 1" in text
     at = len(prompts[0].text) + len(call_text(query_of(samples[0].question)))
@@ -129,7 +129,7 @@ def test_malformed_tool_calls_are_counted_and_answered(encoder):
         "<answer>2</answer>",  # answers without calling the tool
     ]
     backend = Scripted(encoder, [first, ["<answer>1</answer>"] * 3])
-    made = ToolScenes(encoder, 2, SUFFIX).rollout(backend, prompts, samples, PARAMS)
+    made = ToolScenes(encoder, 2, SUFFIX, 60).rollout(backend, prompts, samples, PARAMS)
     sums = made.sums
     assert sums["env/tool_calls"] == 3 and sums["env/valid_tool_calls"] == 1
     assert sums["env/malformed_tool_calls"] == 2

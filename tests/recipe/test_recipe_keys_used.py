@@ -167,9 +167,7 @@ READ_BY = {
     "environment.gym.head_port": ("rlflow/train/gym/servers.py", "cfg.head_port"),
     "environment.gym.tasks": ("rlflow/train/gym/tasks.py", "cfg.tasks"),
     "environment.gym.concurrency": ("rlflow/train/gym/source.py", "self.cfg.concurrency"),
-    "environment.gym.task_timeout_s": ("rlflow/train/gym/source.py", "self.cfg.task_timeout_s"),
     "environment.gym.ready_timeout_s": ("rlflow/train/gym/source.py", "self.cfg.ready_timeout_s"),
-    "environment.gym.on_task_failure": ("rlflow/train/gym/source.py", "self.cfg.on_task_failure"),
     "generation.vllm.device": ("rlflow/envs/spec.py", "vllm_cfg.device"),
     # the cpu and cuda pin sets: vllm_spec picks one by device and reads all five of its keys
     **{
@@ -232,6 +230,12 @@ READ_BY = {
     "logging.rollout_dump_period": ("rlflow/train/loop.py", "recipe.logging.rollout_dump_period"),
     "environment.kind": ("rlflow/environment/factory.py", "cfg.kind"),
     "environment.max_turns": ("rlflow/environment/factory.py", "cfg.max_turns"),
+    "async_grpo.on_stale_turn": ("rlflow/train/generation_role/remote.py", "cfg.on_stale_turn"),
+    "environment.task_timeout_s": ("rlflow/environment/factory.py", "cfg.task_timeout_s"),
+    "environment.on_task_failure": (
+        "rlflow/train/collect.py",
+        "recipe.environment.on_task_failure",
+    ),
     "logging.wandb.enabled": ("rlflow/train/metrics.py", "wandb.enabled"),
     "logging.wandb.project": ("rlflow/train/wandb_log.py", "cfg.project"),
     "logging.wandb.entity": ("rlflow/train/wandb_log.py", "cfg.entity"),

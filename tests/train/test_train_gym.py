@@ -265,8 +265,8 @@ def test_a_gym_server_that_never_comes_up_ends_the_start_naming_it(
     monkeypatch.chdir(tmp_path)
     cfg = GymConfig(
         config_paths=[_local_server(tmp_path, "never_up", app)], agent="agent",
-        resource_servers=["never_up"], tasks="x.jsonl", concurrency=1, task_timeout_s=5,
-        ready_timeout_s=ready_s, on_task_failure="stop", head_port=_free_port(),
+        resource_servers=["never_up"], tasks="x.jsonl", concurrency=1,
+        ready_timeout_s=ready_s, head_port=_free_port(),
     )  # fmt: skip
     config = gym_config(cfg, "http://127.0.0.1:9", "policy")
     servers = GymServers(config, servers_to_start(config, cfg), tmp_path / "logs", ready_s)

@@ -63,3 +63,50 @@ def test_the_trainer_refuses_rollouts_off_the_schedule(batch_step, version):
         diagnostic.message
     )
     assert "async_grpo.max_staleness is 1, the schedule says version 1" in diagnostic.message
+
+
+def trajectory(turn_versions_: list[int]):
+    """Two tokens per model turn (version given), one environment token after each but the
+    last (loss mask 0, the turn's version)."""
+    from rlflow.generation.base import Completion
+
+    mask, versions = [], []
+    for k, v in enumerate(turn_versions_):
+        mask += [1, 1] + ([0] if k < len(turn_versions_) - 1 else [])
+        versions += [v] * (3 if k < len(turn_versions_) - 1 else 2)
+    n = len(mask)
+    return Completion(list(range(n)), [-0.5] * n, "stop", loss_mask=mask, token_versions=versions)
+
+
+@pytest.mark.parametrize("on_stale_turn", ["stop", "drop"])
+def test_every_model_turn_is_checked_against_the_staleness_bound(on_stale_turn):
+    """Step 4 of a one-step-off run trains weights of version 3 on a batch of version 2: a
+    trajectory whose first turn came from version 1 (two steps old) stops the run naming it,
+    or, with on_stale_turn: drop, trains without that turn's tokens (counted)."""
+    from rlflow.model.media import Media, Prompt
+
+    recipe = load_recipe(RECIPE, [*ONE_STEP_OFF, f"async_grpo.on_stale_turn={on_stale_turn}"])
+    context = RolloutContext(recipe.recipe, None, None, None, None, None, None)
+    remote = RemoteRollouts(link=None, context=context)
+    remote.schedule = Schedule(1, start=0, last=4)
+    prompt = Prompt("row7", "", (1, 2), Media())
+    fresh, stale = trajectory([2, 2]), trajectory([1, 2, 3])
+    batch = RolloutBatch(4, 2, [(prompt, [fresh, stale], [0.5, -0.5])], {}, {})
+    if on_stale_turn == "stop":
+        with pytest.raises(RlflowError) as error:
+            remote._check_turns(batch, 4)
+        (diagnostic,) = error.value.diagnostics
+        assert diagnostic.code == "async.stale-turn"
+        assert "model turn 0 of a trajectory of row `row7`" in diagnostic.message
+        assert "version 1; the trainer accepts versions 2 to 3" in diagnostic.message
+        return
+    [(_, [kept_fresh, kept_stale], _)] = remote._check_turns(batch, 4).groups
+    assert kept_fresh == fresh  # every turn within the bound: unchanged
+    assert kept_stale.loss_mask == [0, 0, 0, 1, 1, 0, 1, 1]  # turn 0 out of the loss, in context
+    assert kept_stale.token_ids == stale.token_ids
+    assert remote.turn_metrics == {
+        "async/stale_turns": 1.0, "async/stale_tokens": 2.0, "async/turn_staleness_max": 1.0
+    }  # fmt: skip
+    # a turn newer than the trainer's weights is an error either way
+    with pytest.raises(RlflowError, match="async.stale-turn|version 4"):
+        remote._check_turns(RolloutBatch(4, 2, [(prompt, [trajectory([4])], [0.0])], {}, {}), 4)

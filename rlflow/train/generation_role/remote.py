@@ -17,13 +17,21 @@ trains), N at most N steps stale. The schedule depends on nothing but the step, 
 fixed seed does the same thing twice. The trainer checks every batch's version against it and
 logs the lag (async/staleness); a resumed run restarts the schedule from its checkpoint's
 weights (`start`), so its first batches are fresher than the uninterrupted run's.
+
+It checks every model turn too (`Completion.token_versions`: a multi-turn trajectory records
+the weights of each turn): a turn staler than max_staleness, or newer than the trainer's
+weights, stops the run naming it (`async_grpo.on_stale_turn: stop`) or is masked out of the
+loss (`drop`; its tokens stay in the context), counted in async/stale_turns and
+async/stale_tokens; async/turn_staleness_max is the stalest turn trained.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from rlflow import parallel
+from rlflow.environment.trajectory import turn_versions
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.generation.base import Completion
 from rlflow.model.media import Prompt
@@ -113,6 +121,7 @@ class RemoteRollouts:
         self.link, self.context, self.recipe = link, context, context.recipe
         self.schedule: Schedule | None = None
         self.sync_seconds = 0.0
+        self.turn_metrics: dict[str, float] = {}  # the last batch's per-turn staleness
 
     def start(self, step: int) -> None:
         """After the warm start or the resume: the weights of `step` and the sampler's state."""
@@ -130,6 +139,7 @@ class RemoteRollouts:
                 None, self.link.leader, keep_alive=watchdog.beat
             )
         self._check(batch, step)
+        batch = self._check_turns(batch, step)
         self.context.sampler.load_state_dict(batch.sampler_state)
         for phase, seconds in batch.seconds.items():
             timer.seconds[phase] = timer.seconds.get(phase, 0.0) + seconds
@@ -149,6 +159,7 @@ class RemoteRollouts:
         return {
             "async/weight_version": float(version),
             "async/staleness": float(step - 1 - version),
+            **self.turn_metrics,
         }
 
     def finish(self, exit_code: int) -> None:
@@ -180,6 +191,50 @@ class RemoteRollouts:
                 "checkpoint",
             )
         )
+
+    def _check_turns(self, batch: RolloutBatch, step: int) -> RolloutBatch:
+        """Every model turn within max_staleness of the weights trained (version step - 1)
+        and no newer; a turn outside stops the run or, with on_stale_turn: drop, is masked out
+        of the loss. The whole batch on every training rank, so the counts agree."""
+        cfg = self.recipe.async_grpo
+        newest, oldest = step - 1, step - 1 - cfg.max_staleness
+        counts = {"async/stale_turns": 0.0, "async/stale_tokens": 0.0}
+        worst, groups = 0, []
+        for prompt, completions, advantages in batch.groups:
+            kept = []
+            for c in completions:
+                versions = c.token_versions or [batch.weight_version] * len(c.token_ids)
+                mask = c.loss_mask or [1] * len(c.token_ids)
+                turns = turn_versions(mask, versions)
+                bad = [(k, v) for k, v in enumerate(turns) if not oldest <= v <= newest]
+                worst = max([worst, *(newest - v for v in turns if v >= oldest)])
+                if bad and (cfg.on_stale_turn == "stop" or bad[0][1] > newest):
+                    raise _stale_turn(prompt.sample_id, step, bad[0], oldest, newest)
+                if bad:
+                    dropped = [int(m and v < oldest) for m, v in zip(mask, versions, strict=True)]
+                    counts["async/stale_turns"] += len(bad)
+                    counts["async/stale_tokens"] += sum(dropped)
+                    mask = [m * (1 - d) for m, d in zip(mask, dropped, strict=True)]
+                    c = dataclasses.replace(c, loss_mask=mask)
+                kept.append(c)
+            groups.append((prompt, kept, advantages))
+        self.turn_metrics = {**counts, "async/turn_staleness_max": float(worst)}
+        return dataclasses.replace(batch, groups=groups)
+
+
+def _stale_turn(name: str, step: int, bad: tuple[int, int], oldest: int, newest: int):
+    turn, version = bad
+    return RlflowError(
+        Diagnostic(
+            "async.stale-turn",
+            f"step {step}: model turn {turn} of a trajectory of row `{name}` was generated "
+            f"with weights of version {version}; the trainer accepts versions {oldest} to "
+            f"{newest} (async_grpo.max_staleness)",
+            help="async_grpo.on_stale_turn: drop trains such a trajectory without its stale "
+            "turns (counted in async/stale_turns); a turn newer than the trainer's weights is "
+            "always an error: the generation ranks are out of step",
+        )
+    )
 
 
 def _layout_error(reports: list) -> RlflowError:

@@ -4,13 +4,13 @@
 server in-process (rlflow/serve/runner.py, sized by `generation.server`), then Gym's servers
 (servers.py) with Gym's `vllm_model` pointed at it. `collect()`: rank 0 posts the step's task
 rows to the agent's `/run` (what Gym's rollout collection does, `concurrency` at once, each
-bounded by `task_timeout_s`), turns each answer into a Completion (trajectory.py), computes the
+bounded by `environment.task_timeout_s`), turns each answer into a Completion (trajectory.py), computes the
 group advantages and sends every data-parallel rank its share. `after_update()`: the server
 serves the new weights from the next request on. `finish()` stops Gym's servers, then ours.
 
 A failed task (timeout, a server that died, HTTP error, malformed JSON, discontinuous token
 ids) is counted in `env/failed_tasks` and `env/failed_tasks/<reason>`; its prompt's group is
-left out of the step (`on_task_failure: continue`) or the run ends naming it (`stop`).
+left out of the step (`environment.on_task_failure: continue`) or the run ends naming it (`stop`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class GymRollouts:
     def __init__(self, context: RolloutContext, policy, checkpoint: Path, run_dir: Path):
         self.context, self.policy, self.checkpoint = context, policy, checkpoint
         self.log_dir = run_dir / "gym"
-        self.cfg = context.recipe.environment.gym
+        self.env = context.recipe.environment
+        self.cfg = self.env.gym
         self.thread = self.servers = None
         self.tasks: list[dict] = []
         self.agent_url = ""
@@ -166,13 +167,13 @@ class GymRollouts:
                 async with gate:
                     try:
                         return await asyncio.wait_for(
-                            self._post(client, row, version), self.cfg.task_timeout_s
+                            self._post(client, row, version), self.env.task_timeout_s
                         )
                     except TaskFailed as failure:
                         return failure
                     except TimeoutError:
                         return TaskFailed(
-                            "timeout", f"no answer within {self.cfg.task_timeout_s} s"
+                            "timeout", f"no answer within {self.env.task_timeout_s} s"
                         )
                     except httpx.HTTPError as exc:
                         dead = self.servers.dead()
@@ -192,12 +193,12 @@ class GymRollouts:
         return convert(body, version)
 
     def _on_failure(self, failure: TaskFailed, task: int) -> None:
-        if self.cfg.on_task_failure == "stop":
+        if self.env.on_task_failure == "stop":
             raise RlflowError(
                 Diagnostic(
                     "gym.task-failed",
                     f"NeMo Gym task {task} failed ({failure.reason}): {failure.detail}",
-                    help="environment.gym.on_task_failure: continue leaves failed tasks out "
+                    help="environment.on_task_failure: continue leaves failed tasks out "
                     f"(counted in env/failed_tasks); the Gym servers' logs are in {self.log_dir}",
                 )
             )
