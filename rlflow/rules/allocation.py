@@ -386,6 +386,8 @@ def _colocated_problems(loaded: LoadedRecipe) -> list[Diagnostic]:
     ]
     if recipe.async_grpo.max_staleness:
         set_keys.append((("async_grpo", "max_staleness"), recipe.async_grpo.max_staleness))
+    if recipe.async_grpo.on_stale_turn != "stop":  # the trainer of separate placement checks
+        set_keys.append((("async_grpo", "on_stale_turn"), recipe.async_grpo.on_stale_turn))
     return [
         loaded.diagnostic(
             path,

@@ -110,3 +110,13 @@ def test_every_model_turn_is_checked_against_the_staleness_bound(on_stale_turn):
     # a turn newer than the trainer's weights is an error either way
     with pytest.raises(RlflowError, match="async.stale-turn|version 4"):
         remote._check_turns(RolloutBatch(4, 2, [(prompt, [trajectory([4])], [0.0])], {}, {}), 4)
+
+
+def test_on_stale_turn_is_refused_without_generation_ranks_of_their_own():
+    from rlflow.rules import load_checked
+    from rlflow.rules.allocation import check_allocation
+
+    with pytest.raises(RlflowError) as error:
+        check_allocation(load_checked(RECIPE, ["async_grpo.on_stale_turn=drop"]), 1)
+    text = "\n".join(d.render() for d in error.value.diagnostics)
+    assert "`async_grpo.on_stale_turn` is set, but generation.placement is colocated" in text
