@@ -9,7 +9,9 @@ from rlflow.environment.base import Environment
 def make_environment(recipe, encoder) -> Environment:
     """The environment `recipe.environment` names, on the rank's prompt encoder."""
     cfg = recipe.environment
-    if cfg.kind == "single_turn":
+    # gym: the step's rollouts are Gym's episodes (rlflow/train/gym/source.py); validation
+    # still generates single-turn on the recipe's data.validation (docs/gym.md)
+    if cfg.kind in ("single_turn", "gym"):
         from rlflow.environment.single_turn import SingleTurn
 
         return SingleTurn(encoder)

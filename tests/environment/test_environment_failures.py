@@ -105,3 +105,14 @@ def test_a_failing_tool_fails_its_task_not_the_run(encoder, monkeypatch, tool, r
 def test_each_model_turns_weight_version_is_kept():
     assert turn_versions([0, 1, 1, 0, 0, 1, 1, 0, 1], [3, 3, 3, 3, 4, 4, 4, 4, 4]) == [3, 4, 4]
     assert turn_versions([1, 1, 1], [2, 2, 3]) == [2, 3]  # a turn continued on newer weights
+
+
+def test_gym_validates_single_turn(encoder):
+    """With environment.kind gym the steps' rollouts are Gym's; validation generates
+    single-turn on data.validation, as docs/gym.md says (it raised `unknown kind` before)."""
+    from rlflow.environment.factory import make_environment
+    from rlflow.environment.single_turn import SingleTurn
+
+    r = base_recipe()
+    gym = dataclasses.replace(r, environment=dataclasses.replace(r.environment, kind="gym"))
+    assert isinstance(make_environment(gym, encoder), SingleTurn)
