@@ -151,6 +151,14 @@ INERT: dict[str, Unread] = {
     "environment.max_turns": _off(
         "environment.kind", lambda r: r.environment.kind == "single_turn", "single_turn (one turn)"
     ),
+    **{
+        f"environment.{key}": _off(
+            "environment.kind",
+            lambda r: r.environment.kind == "single_turn",
+            "single_turn (no task that can fail)",
+        )
+        for key in ("task_timeout_s", "on_task_failure")
+    },
     "warm_start.batch_size": _off(
         "warm_start.num_steps", lambda r: r.warm_start.num_steps == 0, "0"
     ),

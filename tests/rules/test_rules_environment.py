@@ -36,3 +36,6 @@ def test_single_turn_refuses_max_turns_and_a_misspelt_kind():
     assert "environment.max_turns" in text and "single_turn" in text
     text = refused(TEXT, ["environment.kind=tool_scene"])
     assert "did you mean 'tool_scenes'?" in text
+    text = refused(TEXT, ["environment.on_task_failure=stop", "environment.task_timeout_s=5"])
+    assert "environment.on_task_failure" in text and "environment.task_timeout_s" in text
+    assert "single_turn (no task that can fail)" in text
