@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlflow.errors import Diagnostic, RlflowError
 from rlflow.generation.megatron.kv_cache import blocks_for
 from rlflow.generation.megatron.schedule import RESERVE_SHARE
 from rlflow.serve.batch import Row, RunningBatch, prompt_key
@@ -63,6 +64,7 @@ class _Update:
     version: int
     done: threading.Event = field(default_factory=threading.Event)
     seen: bool = False
+    error: str | None = None  # apply() or the requantization raised: the update did not happen
 
 
 class ServingEngine:
@@ -127,6 +129,15 @@ class ServingEngine:
             self._update = update
             self._cond.notify()
         update.done.wait()
+        if update.error is not None:  # fail fast: the caller's job ends, naming the cause
+            raise RlflowError(
+                Diagnostic(
+                    "serve.weight-update",
+                    f"the engine could not take the weights of version {version}: {update.error}",
+                    help="the engine still serves its previous weights; the traceback is in "
+                    "this rank's log",
+                )
+            )
 
     def pending(self) -> list[Request]:
         """The requests queued or running now (rlflow/serve/job.py answers them before it
@@ -219,9 +230,16 @@ class ServingEngine:
                 batch.drop(batch.rows, RequestRefused("weight_update", message))
         if batch.rows:
             return False  # finish_old: the rows in flight drain first
-        if update.apply is not None:
-            update.apply()
-        batch.decoder.requantize()  # (a no-op without FP8 copies)
+        try:
+            if update.apply is not None:
+                update.apply()
+            batch.decoder.requantize()  # (a no-op without FP8 copies)
+        except Exception as exc:  # handed to update_weights' caller, not retried forever
+            update.error = f"{type(exc).__name__}: {exc}"
+            with self._cond:
+                self._update = None
+            update.done.set()
+            raise
         self.weight_version = update.version
         with self._cond:
             self._update = None

@@ -58,6 +58,25 @@ def test_a_request_spanning_an_update_finishes_on_the_old_weights_marked(client,
     assert "weight_version_superseded" not in json.loads(after.text)
 
 
+def test_a_weight_update_that_fails_ends_at_once_naming_the_cause(client, engine):
+    """An update whose apply raises is handed back to update_weights' caller (the trainer's
+    weight refresh), not retried in the engine's loop while the caller waits for good."""
+    from rlflow.errors import RlflowError
+
+    old = engine.weight_version
+
+    def broken():
+        raise OSError("the weights' file went away")
+
+    with pytest.raises(RlflowError) as caught:
+        engine.update_weights(broken, old + 1)
+    [diagnostic] = caught.value.diagnostics
+    assert diagnostic.code == "serve.weight-update"
+    assert f"version {old + 1}: OSError: the weights' file went away" in diagnostic.message
+    after = client.chat.completions.create(**{**LONG, "max_tokens": 2})
+    assert after.model_extra["weight_version"] == old  # still serving, on the old weights
+
+
 def test_a_request_spanning_an_update_is_refused_when_the_recipe_says_so(client, engine):
     engine.on_weight_update = "refuse"
     old = engine.weight_version
