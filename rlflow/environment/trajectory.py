@@ -12,7 +12,7 @@ refused, naming the turn and the first differing character (`environment.templat
 An environment's tool runs through `call_tool`, bounded by what is left of the task's time
 (`environment.task_timeout_s`): a tool that raises, hangs past it, or answers something that is
 not a tool result fails the trajectory (`failure`: reason and detail; it ends there) instead of
-the run. Each model turn's weight version is kept (`turn_versions`).
+the run. `turn_versions` gives each model turn's weight version.
 """
 
 from __future__ import annotations
@@ -72,7 +72,10 @@ class Trajectory:
         """`tool(*args)`, bounded by what is left of `timeout_s` for this trajectory; its
         answer, or None when the task failed (`failure` says why; the trajectory is done): the
         tool raised (`tool_error`), did not answer in time (`timeout`; its thread is left to
-        finish on its own), or answered something `valid` refuses (`malformed_result`)."""
+        finish on its own), or answered something `valid` refuses (`malformed_result`). After
+        a failure, later calls return None without running."""
+        if self.failure:
+            return None
         left = timeout_s - self.tool_seconds
         box: dict = {}
 
@@ -98,10 +101,6 @@ class Trajectory:
     def _fail(self, reason: str, detail: str) -> None:
         self.failure = (reason, f"after model turn {self.model_turns}: {detail}")
         self.done = True
-
-    def turn_versions(self) -> list[int]:
-        """The weight version of each model turn, in order."""
-        return turn_versions(self.loss_mask, self.versions)
 
     def add_environment_turn(self, message: dict, template, tokenizer) -> None:
         """The environment's message, as the chat template renders it after the conversation

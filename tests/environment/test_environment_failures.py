@@ -72,13 +72,17 @@ def test_a_failing_tool_fails_its_task_not_the_run(encoder, monkeypatch, tool, r
     prompts = [encoder.encode(s) for s in samples]
     real = tool_scenes.run_tool
     tool = tool() if tool is Hangs else tool
-    # row 1's call goes to the failing tool; rows 0 and 2 get the real one
-    monkeypatch.setattr(
-        tool_scenes, "run_tool", lambda call, scene: (tool if scene is samples[1].scene else real)(
-            call, scene
-        ),
-    )  # fmt: skip
+    ran = []
+
+    def routed(call, scene):  # row 1's calls go to the failing tool; rows 0 and 2 get the real one
+        if scene is samples[1].scene:
+            ran.append(call)
+            return tool(call, scene)
+        return real(call, scene)
+
+    monkeypatch.setattr(tool_scenes, "run_tool", routed)
     first = [call_text(query_of(s.question)) for s in samples]
+    first[1] *= 2  # two calls in one turn: the second is not run once the first failed
     backend = Scripted(encoder, [first, ["<answer>1</answer>"] * 2])
     try:
         made = ToolScenes(encoder, 2, SUFFIX, 0.2).rollout(backend, prompts, samples, PARAMS)
@@ -88,7 +92,7 @@ def test_a_failing_tool_fails_its_task_not_the_run(encoder, monkeypatch, tool, r
     assert list(made.failed) == [1]
     got, detail = made.failed[1]
     assert got == reason and words in detail and "after model turn 1" in detail, detail
-    assert len(backend.calls[1]) == 2  # the failed task ended: no second turn
+    assert len(backend.calls[1]) == 2 and len(ran) == 1  # the failed task ended there
     assert made.reward_texts == ["<answer>1</answer>", "", "<answer>1</answer>"]
 
     sums = environment_sums(recipe("continue"), made, samples)
