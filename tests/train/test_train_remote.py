@@ -108,8 +108,11 @@ def test_every_model_turn_is_checked_against_the_staleness_bound(on_stale_turn):
         "async/stale_turns": 1.0, "async/stale_tokens": 2.0, "async/turn_staleness_max": 1.0
     }  # fmt: skip
     # a turn newer than the trainer's weights is an error either way
-    with pytest.raises(RlflowError, match="async.stale-turn|version 4"):
-        remote._check_turns(RolloutBatch(4, 2, [(prompt, [trajectory([4])], [0.0])], {}, {}), 4)
+    with pytest.raises(RlflowError) as error:
+        remote._check_turns(RolloutBatch(4, 2, [(prompt, [trajectory([1, 4])], [0.0])], {}, {}), 4)
+    assert "model turn 1 of a trajectory of row `row7` was generated with weights of version 4" in (
+        error.value.diagnostics[0].message
+    )
 
 
 def test_on_stale_turn_is_refused_without_generation_ranks_of_their_own():

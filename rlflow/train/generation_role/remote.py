@@ -208,8 +208,9 @@ class RemoteRollouts:
                 turns = turn_versions(mask, versions)
                 bad = [(k, v) for k, v in enumerate(turns) if not oldest <= v <= newest]
                 worst = max([worst, *(newest - v for v in turns if v >= oldest)])
-                if bad and (cfg.on_stale_turn == "stop" or bad[0][1] > newest):
-                    raise _stale_turn(prompt.sample_id, step, bad[0], oldest, newest)
+                too_new = [(k, v) for k, v in bad if v > newest]
+                if too_new or (bad and cfg.on_stale_turn == "stop"):
+                    raise _stale_turn(prompt.sample_id, step, (too_new or bad)[0], oldest, newest)
                 if bad:
                     dropped = [int(m and v < oldest) for m, v in zip(mask, versions, strict=True)]
                     counts["async/stale_turns"] += len(bad)
