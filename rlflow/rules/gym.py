@@ -218,4 +218,10 @@ def gym_plan_text(recipe_file: LoadedRecipe) -> str | None:
     ]
     for s in servers:
         lines.append(f"  {s.name} ({s.kind}/{s.server}) on 127.0.0.1:{s.port or 'free'}")
+    env = recipe.environment
+    lines.append(
+        f"  every server answers within {env.gym.ready_timeout_s} s or the job ends; "
+        f"{env.gym.concurrency} tasks in flight, each at most {env.task_timeout_s} s; "
+        f"a failed task: {env.on_task_failure}"
+    )
     return "\n".join(lines)

@@ -42,6 +42,8 @@ def test_the_dry_run_shows_the_gym_servers_and_their_ports():
         "127.0.0.1:free",
         "example_single_tool_call (resources_servers/example_single_tool_call) on 127.0.0.1:free",
         "policy_model (responses_api_models/vllm_model) on 127.0.0.1:free",
+        "every server answers within 120 s or the job ends; 8 tasks in flight, each at most "
+        "120 s; a failed task: continue",
     ):
         assert line in out
 
