@@ -1,0 +1,128 @@
+"""rlflow's Megatron engine on a hybrid model (tiny Nemotron-H: Mamba-2 + attention + MLP, fp32,
+CPU): greedy tokens equal HF's for 64 tokens and its logprobs equal HF's and the trainer's;
+batched rows of different lengths, a prompt's samples (one shared prefill, its Mamba state
+copied to each sample) and passes that reuse retired rows' state slots all equal rows run one at
+a time; a slot given back and given again starts from zeros."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlflow.generation.base import Prompt, SamplingParams
+from rlflow.model.media import Media
+from tests.tiny import FP32, SINGLE, greedy, megatron_generation
+
+QUESTIONS = [
+    "How many red squares are there?",
+    "Count.",
+    "A picture shows a large blue triangle and a small red circle. How many circles?",
+]
+
+
+@pytest.fixture(scope="module")
+def hybrid(single_rank, family_ckpt):
+    from transformers import AutoTokenizer
+
+    from rlflow.model.build import load_policy
+
+    path = family_ckpt("tiny-nemotron-h")
+    policy = load_policy(path, FP32, SINGLE, trainable=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    prompts = []
+    for i, question in enumerate(QUESTIONS):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
+        )
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        prompts.append(Prompt(f"text-{i}", question, tuple(ids), Media()))
+    return policy, tokenizer, prompts
+
+
+def _engine(hybrid, **changes):
+    policy, tokenizer, _ = hybrid
+    return megatron_generation(policy, tokenizer.pad_token_id, **changes)
+
+
+def _tokens(completions) -> list[list[int]]:
+    return [c.token_ids for c in completions]
+
+
+def test_greedy_64_tokens_equal_hf_and_logprobs_equal_hf_and_the_trainers(hybrid):
+    from rlflow.generation.hf import HFGeneration
+    from rlflow.model.packed_forward import pack_rows, target_logprobs
+
+    policy, tokenizer, prompts = hybrid
+    params = greedy(64, tokenizer.eos_token_id)
+    ours = _engine(hybrid).generate(prompts, params)
+    ref = HFGeneration(policy, tokenizer.pad_token_id, 8).generate(prompts, params)
+    assert _tokens(ours) == _tokens(ref)
+    assert all(len(c.token_ids) == 64 for c in ours)
+    for a, b in zip(ours, ref):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    # the trainer's packed forward over prompt + completion scores the same logprobs
+    rows = [list(p.token_ids) + c.token_ids for p, c in zip(prompts, ours)]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    mask = torch.zeros(ids.shape, dtype=torch.bool)
+    targets = torch.zeros(len(rows), width - 1, dtype=torch.bool)
+    for i, (row, prompt) in enumerate(zip(rows, prompts)):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = True
+        targets[i, len(prompt.token_ids) - 1 : len(row) - 1] = True
+    with torch.no_grad():
+        packed = pack_rows(policy.core, ids, mask, mask, targets, [Media()] * len(rows))
+        trainer, _ = target_logprobs(policy.core, packed, (None, None), with_entropy=False)
+    engine = torch.tensor([x for c in ours for x in c.logprobs])
+    assert (trainer - engine).abs().max() < 1e-4
+    assert float(torch.exp((trainer - engine).abs().mean())) < 1.0 + 1e-5
+
+
+def test_rows_and_samples_equal_one_at_a_time(hybrid):
+    """Prompts of different lengths, 2 samples each, in one batch: greedy, each row equals its
+    prompt run alone."""
+    _, tokenizer, prompts = hybrid
+    params = greedy(16, tokenizer.eos_token_id)
+    engine = _engine(hybrid)
+    together = _tokens(engine.generate([p for p in prompts for _ in range(2)], params))
+    alone = [t for p in prompts for t in _tokens(engine.generate([p], params)) * 2]
+    assert together == alone
+
+
+def test_shared_prefill_and_reused_slots_never_change_a_rows_tokens(hybrid):
+    """T=1 sampling (a row's draws depend on its seed only), 3 samples per prompt: sharing each
+    prompt's prefill (its Mamba states copied to its samples) equals prefilling every row
+    alone; a KV cache so small that the rows run in several passes (each taking the state
+    slots the last one gave back) and some are preempted mid-generation changes nothing."""
+    _, _, prompts = hybrid
+    rows = [prompts[2]] * 3 + [prompts[1]] * 2  # 43 and 26 prompt tokens: 24 more cross a block
+    params = SamplingParams(24, 1.0, 1.0, 0, seed=5, stop_token_ids=(-1,), ignore_eos=True)
+    shared = _tokens(_engine(hybrid).generate(rows, params))
+    assert len({tuple(t) for t in shared[:3]}) > 1  # samples, not copies
+    assert _tokens(_engine(hybrid, share_prompts=False).generate(rows, params)) == shared
+    small = _engine(hybrid, cache_tokens=192)  # 3 blocks of 64 tokens
+    assert _tokens(small.generate(rows, params)) == shared
+    assert small.last_timings["passes"] > 1 and small.last_timings["preempted"] > 0
+
+
+def test_a_released_slot_is_given_again_zeroed():
+    from rlflow.generation.megatron.mamba_state import HybridCache
+    from tests.generation.test_generation_mamba_state import _weights
+
+    cache = HybridCache(
+        [_weights()], 1, blocks=8, rows=3, max_len=64, kv_heads=1, head_dim=8,
+        dtype=torch.float32, device="cpu",
+    )  # fmt: skip
+    cache.grow([5, 5, 0])
+    cache.upload()
+    first, second = cache.slot_table.tolist()[:2]
+    assert 0 not in (first, second) and cache.slot_table[2] == 0  # 0: scratch, no row
+    cache.states.conv[:, first] = 1.0
+    cache.states.ssm[:, first] = 1.0
+    cache.release([0])  # row 0 retired: its slot is free, its position points at scratch
+    cache.compact([1, 0])
+    cache.grow([6, 5, 0])
+    cache.upload()
+    assert cache.slot_table.tolist() == [second, first, 0]  # position 1 took the freed slot
+    assert float(cache.states.conv[:, first].abs().sum()) == 0.0
+    assert float(cache.states.ssm[:, first].abs().sum()) == 0.0
