@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlflow.generation.base import Prompt, SamplingParams
+from rlflow.generation.base import SamplingParams
 from rlflow.model.media import Media
-from tests.tiny import FP32, SINGLE, greedy, megatron_generation
+from tests.tiny import greedy, megatron_generation, text_prompt
 
 QUESTIONS = [
     "How many red squares are there?",
@@ -21,21 +21,9 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def hybrid(single_rank, family_ckpt):
-    from transformers import AutoTokenizer
-
-    from rlflow.model.build import load_policy
-
-    path = family_ckpt("tiny-nemotron-h")
-    policy = load_policy(path, FP32, SINGLE, trainable=False)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    prompts = []
-    for i, question in enumerate(QUESTIONS):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
-        )
-        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        prompts.append(Prompt(f"text-{i}", question, tuple(ids), Media()))
+def hybrid(hybrid_policy):
+    policy, tokenizer, _ = hybrid_policy
+    prompts = [text_prompt(tokenizer, q, f"text-{i}") for i, q in enumerate(QUESTIONS)]
     return policy, tokenizer, prompts
 
 
