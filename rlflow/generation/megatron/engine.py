@@ -22,6 +22,9 @@ stopping well before the cap; the engine is built around that shape:
    rlflow/generation/megatron/schedule.py admits whole prompt groups per pass and preempts rows that
    outgrow the cache (they run again in a later pass, with the same seeds).
 
+A hybrid model (Nemotron-H) runs through rlflow/generation/megatron/hybrid_decoder.py: the same
+steps, with each row's Mamba conv and SSM state in a slot beside its KV blocks (mamba_state.py).
+
 Sampling is per row and counter-based (rlflow/generation/megatron/sampling.py): a row's tokens depend on
 its seed only, so sharing, retiring and resizing never change them. Logprobs are of the
 unmodified (temperature-1) distribution.
