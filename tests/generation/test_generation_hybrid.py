@@ -36,45 +36,43 @@ def _tokens(completions) -> list[list[int]]:
     return [c.token_ids for c in completions]
 
 
-def test_greedy_64_tokens_equal_hf_and_logprobs_equal_hf_and_the_trainers(hybrid):
+def test_greedy_rows_equal_hf_for_64_tokens_and_the_trainers_logprobs(hybrid):
+    """Prompts of different lengths, 2 samples of two of them, in one batch: each row's 64 greedy
+    tokens are HF's for its prompt, its logprobs HF's and the packed trainer's; a row run alone
+    draws what it draws in the batch."""
     from rlflow.generation.hf import HFGeneration
     from rlflow.model.packed_forward import pack_rows, target_logprobs
 
     policy, tokenizer, prompts = hybrid
     params = greedy(64, tokenizer.eos_token_id)
-    ours = _engine(hybrid).generate(prompts, params)
-    ref = HFGeneration(policy, tokenizer.pad_token_id, 8).generate(prompts, params)
+    rows = [prompts[0], prompts[0], prompts[1], prompts[2], prompts[2]]
+    engine = _engine(hybrid)
+    ours = engine.generate(rows, params)
+    hf = HFGeneration(policy, tokenizer.pad_token_id, 8).generate(prompts, params)
+    ref = [hf[0], hf[0], hf[1], hf[2], hf[2]]
     assert _tokens(ours) == _tokens(ref)
     assert all(len(c.token_ids) == 64 for c in ours)
     for a, b in zip(ours, ref):
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    [alone] = engine.generate([prompts[1]], greedy(16, tokenizer.eos_token_id))
+    assert alone.token_ids == ours[2].token_ids[:16]
     # the trainer's packed forward over prompt + completion scores the same logprobs
-    rows = [list(p.token_ids) + c.token_ids for p, c in zip(prompts, ours)]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    unique = [ours[0], ours[2], ours[3]]
+    sequences = [list(p.token_ids) + c.token_ids for p, c in zip(prompts, unique)]
+    width = max(len(r) for r in sequences)
+    ids = torch.full((len(sequences), width), tokenizer.pad_token_id)
     mask = torch.zeros(ids.shape, dtype=torch.bool)
-    targets = torch.zeros(len(rows), width - 1, dtype=torch.bool)
-    for i, (row, prompt) in enumerate(zip(rows, prompts)):
+    targets = torch.zeros(len(sequences), width - 1, dtype=torch.bool)
+    for i, (row, prompt) in enumerate(zip(sequences, prompts)):
         ids[i, : len(row)] = torch.tensor(row)
         mask[i, : len(row)] = True
         targets[i, len(prompt.token_ids) - 1 : len(row) - 1] = True
     with torch.no_grad():
-        packed = pack_rows(policy.core, ids, mask, mask, targets, [Media()] * len(rows))
+        packed = pack_rows(policy.core, ids, mask, mask, targets, [Media()] * len(sequences))
         trainer, _ = target_logprobs(policy.core, packed, (None, None), with_entropy=False)
-    engine = torch.tensor([x for c in ours for x in c.logprobs])
-    assert (trainer - engine).abs().max() < 1e-4
-    assert float(torch.exp((trainer - engine).abs().mean())) < 1.0 + 1e-5
-
-
-def test_rows_and_samples_equal_one_at_a_time(hybrid):
-    """Prompts of different lengths, 2 samples each, in one batch: greedy, each row equals its
-    prompt run alone."""
-    _, tokenizer, prompts = hybrid
-    params = greedy(16, tokenizer.eos_token_id)
-    engine = _engine(hybrid)
-    together = _tokens(engine.generate([p for p in prompts for _ in range(2)], params))
-    alone = [t for p in prompts for t in _tokens(engine.generate([p], params)) * 2]
-    assert together == alone
+    engine_lp = torch.tensor([x for c in unique for x in c.logprobs])
+    assert (trainer - engine_lp).abs().max() < 1e-4
+    assert float(torch.exp((trainer - engine_lp).abs().mean())) < 1.0 + 1e-5
 
 
 def test_shared_prefill_and_reused_slots_never_change_a_rows_tokens(hybrid):
