@@ -186,7 +186,8 @@ _LARGEST_GPU_GIB = 288  # no GPU rlflow runs on holds more (B300: 288 GB)
 def engine_serves_model(loaded: LoadedRecipe) -> list[Diagnostic]:
     """`generation.backend: megatron` needs a model the engine runs: a family it serves
     (ModelFamily.megatron_engine) and, for a hybrid (`hybrid_override_pattern`), no
-    mixture-of-experts (`E`) layers (rlflow/generation/megatron/hybrid_decoder.py)."""
+    mixture-of-experts (`E`) layers and no `generation.fp8`
+    (rlflow/generation/megatron/hybrid_decoder.py)."""
     import json
     from pathlib import Path
 
@@ -209,13 +210,22 @@ def engine_serves_model(loaded: LoadedRecipe) -> list[Diagnostic]:
         family = families.by_config(config) if isinstance(config, dict) else None
     if family is None:
         return []
+    pattern = config.get("hybrid_override_pattern")
     why = None
     if not family.megatron_engine:
         why = "a model whose layers keep a state the engine does not hold yet"
-    elif "E" in str(config.get("hybrid_override_pattern", "")):
-        why = (
-            "a hybrid model with mixture-of-experts (`E`) layers, which the engine does not run yet"
-        )
+    elif "E" in str(pattern or ""):
+        why = "a hybrid model with mixture-of-experts (`E`) layers, which it does not run yet"
+    elif pattern and recipe.generation.fp8:
+        return [
+            loaded.diagnostic(
+                ("generation", "fp8"),
+                "generation.megatron-engine",
+                "`generation.fp8` is true, but the engine has no FP8 decode for a hybrid model "
+                f"({checkpoint}, {family.architectures[0]})",
+                help="set generation.fp8: false (docs/hybrid-kernels.md)",
+            )
+        ]
     if why is None:
         return []
     return [
