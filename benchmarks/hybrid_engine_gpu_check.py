@@ -7,7 +7,8 @@ per batch bucket, which no CPU test can capture; this script checks it and times
 
 1. tiny (`builtin:tiny-nemotron-h`, fp32 on the GPU): T=1 rollouts (3 prompts x 6 samples, 32
    tokens) with graphs equal those without, also when rows stop mid-generation (retired rows
-   move between graph buckets and give their state slots back); greedy 64 tokens equal HF's.
+   move between graph buckets and give their state slots back); greedy 64 tokens equal HF's;
+   megatron-core's Triton SSM decode step (the engine's on CUDA) against the reference's.
 2. cut (`--layers` layers of the `nemotron-h-30b-a3b-dense` preset: the 30B-A3B widths, Mamba /
    MLP / attention in its order, random weights, bf16): `--prompts` x `--samples` rows of
    `--prompt-len` random tokens, `--max-new-tokens` each with no stop (every row lives the
@@ -17,7 +18,8 @@ per batch bucket, which no CPU test can capture; this script checks it and times
    layer) is read and written; roofline time = those bytes / the HBM bandwidth (H100 SXM
    3.35 TB/s, H200 4.8 TB/s).
 
-    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/hybrid_engine_gpu_check.py --out $OUT
+    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/hybrid_engine_gpu_check.py --out $OUT \
+        --compare-reference
 
 Results and the command as run: benchmarks/hybrid_engine_gpu_check.md.
 """
@@ -51,6 +53,7 @@ def tiny_check(work: Path) -> dict:
 
     from rlflow.generation.base import SamplingParams
     from rlflow.generation.hf import HFGeneration
+    from rlflow.generation.megatron import mamba_state
     from rlflow.generation.megatron.engine import MegatronGeneration
     from rlflow.model import family
     from rlflow.model.build import load_policy
@@ -76,7 +79,17 @@ def tiny_check(work: Path) -> dict:
     params = greedy(64, tokenizer.eos_token_id)
     ours = graphs.generate(prompts, params)
     ref = HFGeneration(policy, pad, 8).generate(prompts, params)
+    mamba_state.TRITON_SSM_DECODE = False  # the reference SSM step, for comparison
+    try:
+        reference_ssm = eager.generate(rows, free)
+    finally:
+        mamba_state.TRITON_SSM_DECODE = True
     return {
+        "tokens_equal_triton_vs_reference_ssm": [x.token_ids for x in a]
+        == [x.token_ids for x in reference_ssm],
+        "max_logprob_diff_triton_vs_reference_ssm": max(
+            abs(p - q) for x, y in zip(a, reference_ssm) for p, q in zip(x.logprobs, y.logprobs)
+        ),
         "rows": len(rows),
         "graphs_captured": sorted(graphs._graphs),
         "tokens_equal_free": [x.token_ids for x in a] == [x.token_ids for x in b],
@@ -94,6 +107,7 @@ def tiny_check(work: Path) -> dict:
 
 def cut_check(work: Path, args) -> dict:
     from rlflow.generation.base import Prompt, SamplingParams
+    from rlflow.generation.megatron import mamba_state
     from rlflow.generation.megatron.engine import MegatronGeneration
     from rlflow.generation.megatron.hybrid_decoder import HybridDecoder
     from rlflow.generation.megatron.kv_cache import KVCache
@@ -119,6 +133,14 @@ def cut_check(work: Path, args) -> dict:
     engine = MegatronGeneration(policy, 0, cuda_graphs=True, **_KNOBS)
     params = SamplingParams(args.max_new_tokens, 1.0, 1.0, 0, 3, (), True)
     engine.generate(rows[: len(rows) // 4], dataclasses.replace(params, max_new_tokens=16))
+    reference_ms = None
+    if args.compare_reference:  # the reference SSM decode step (gather, update, scatter)
+        mamba_state.TRITON_SSM_DECODE = False
+        engine.close()  # graphs captured again, on the reference
+        engine.generate(rows, params)
+        reference_ms = engine.last_timings["decode_ms_per_step"]
+        mamba_state.TRITON_SSM_DECODE = True
+        engine.close()
     torch.cuda.synchronize()
     start = time.perf_counter()
     engine.generate(rows, params)
@@ -150,6 +172,7 @@ def cut_check(work: Path, args) -> dict:
         "total_s": total,
         "prefill_s": t["prefill_s"],
         "decode_ms_per_step": decode_ms,
+        "decode_ms_per_step_reference_ssm": reference_ms,
         "passes": t["passes"],
         "preempted": t["preempted"],
         "bytes_per_step": {
@@ -173,6 +196,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--compare-reference", action="store_true",
+                        help="cut: also time decode with the reference SSM step")  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     from tests.tiny import init_single_rank

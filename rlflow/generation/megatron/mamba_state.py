@@ -25,6 +25,7 @@ serves whatever rows hold the positions. Used by hybrid_decoder.py.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -177,20 +178,47 @@ def prefill(w: MambaWeights, hidden: torch.Tensor, lengths: list[int], states: M
 
 def decode(w: MambaWeights, hidden: torch.Tensor, states: MambaStates, layer: int,
            slots: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """One token per row hidden [R, hidden] -> [R, hidden]; the rows' slots advance one step."""
+    """One token per row hidden [R, hidden] -> [R, hidden]; the rows' slots advance one step.
+
+    The SSM step is megatron-core's Triton `selective_state_update` on CUDA tensors (in place
+    on the slots, `state_batch_indices`: no gather or scatter of the float32 state), the
+    reference elsewhere or with TRITON_SSM_DECODE off; the conv step is the reference's (the
+    Triton conv update's output disagreed with it in benchmarks/mamba_kernels_gpu_check.md)."""
     z, xBC, dt = w.split(F.linear(hidden, w.in_proj))
     conv_state = states.conv[layer, slots]
     conv = ref.causal_conv1d_update(xBC, conv_state, w.conv_weight, w.conv_bias, activation="silu")
     states.conv[layer, slots] = conv_state
     x, B, C = torch.split(conv, [w.d_inner, w.groups * w.state, w.groups * w.state], dim=-1)
+    x = x.reshape(-1, w.heads, w.head_dim)
+    B, C = B.reshape(-1, w.groups, w.state), C.reshape(-1, w.groups, w.state)
+    if TRITON_SSM_DECODE and x.is_cuda and _triton_ssm() is not None:
+        y = _triton_ssm()(
+            states.ssm[layer], x, dt[..., None].expand(-1, -1, w.head_dim),
+            -torch.exp(w.A_log.float()).view(-1, 1, 1).expand(-1, w.head_dim, w.state), B, C,
+            w.D[:, None].expand(-1, w.head_dim), dt_bias=w.dt_bias[:, None].expand(-1, w.head_dim),
+            dt_softplus=True, state_batch_indices=slots,
+        )  # fmt: skip
+        return w.finish(y.reshape(-1, w.d_inner), z)
     ssm = states.ssm[layer, slots]
     y = ref.selective_state_update(
-        ssm, x.reshape(-1, w.heads, w.head_dim), dt, -torch.exp(w.A_log.float()),
-        B.reshape(-1, w.groups, w.state), C.reshape(-1, w.groups, w.state), D=w.D,
-        dt_bias=w.dt_bias, dt_softplus=True,
+        ssm, x, dt, -torch.exp(w.A_log.float()), B, C, D=w.D, dt_bias=w.dt_bias,
+        dt_softplus=True,
     )  # fmt: skip
     states.ssm[layer, slots] = ssm
     return w.finish(y.reshape(-1, w.d_inner), z)
+
+
+TRITON_SSM_DECODE = True  # benchmarks/hybrid_engine_gpu_check.py turns it off to compare
+
+
+@functools.cache
+def _triton_ssm():
+    """megatron-core's Triton selective_state_update, or None (no Triton: CPU installs)."""
+    try:
+        from megatron.core.ssm.ops import mamba_ssm
+    except ImportError:
+        return None
+    return getattr(mamba_ssm, "selective_state_update", None)
 
 
 class HybridCache(KVCache):
