@@ -98,6 +98,8 @@ class HybridDecoder(Decoder):
         self.stack = [_layer(layer, i, counts) for i, layer in enumerate(lm.decoder.layers)]
         self.layers = [h.attention for h in self.stack if h.kind == "attention"]
         self.mamba = [h.mamba for h in self.stack if h.kind == "mamba"]
+        if not self.layers or not self.mamba:
+            _refuse("the engine runs stacks with both Mamba and attention layers")
         attention = next(
             (
                 x.self_attention
@@ -235,6 +237,8 @@ def _layer(layer, position: int, counts: dict[str, int]) -> HybridLayer:
             fc2=mlp.linear_fc2.weight,
         )  # fmt: skip
     attention = getattr(layer, "self_attention", None)
+    if kind == "TransformerLayer" and type(getattr(layer, "mlp", None)).__name__ != "IdentityOp":
+        _refuse(f"layer {position} is an attention layer with its own MLP or experts")
     if kind == "TransformerLayer" and hasattr(attention, "linear_qkv"):
         index = counts["attention"] = counts.get("attention", -1) + 1
         weights = LayerWeights(
