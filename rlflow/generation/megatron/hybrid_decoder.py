@@ -20,8 +20,9 @@ batch position holding a row.
   capturable as a CUDA graph (DecodeGraph); a graph's warm-up steps (lengths = cache.length)
   use the scratch slot 0, as they use the KV cache's scratch block.
 
-Refused (RlflowError `generation.megatron-engine`): mixture-of-experts layers, rotary positions,
-tensor parallelism; FP8 decode (ValueError, as for MoE models). `compile_decode` is not applied
+Refused (RlflowError `generation.megatron-engine`): mixture-of-experts layers, attention layers
+with their own MLP, stacks without both Mamba and attention layers, rotary positions, tensor
+parallelism; FP8 decode (ValueError, as for MoE models). `compile_decode` is not applied
 to hybrid layers (they run eagerly, captured in graphs on GPUs).
 """
 
