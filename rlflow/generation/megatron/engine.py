@@ -221,11 +221,17 @@ class MegatronGeneration(GenerationBackend):
         decoder, dtype = self._decoder, self.policy.dtype
         blocks = self._pool_blocks(rows * blocks_for(max_len) + 1, rows)
         if blocks - 1 < blocks_for(max_len):
+            states = (rows + 1) * HybridDecoder.state_bytes_per_row(decoder, dtype)
+            beside = f", beside {states / 2**30:.1f} GiB of {rows} rows' Mamba states" * bool(
+                states
+            )
             raise _cache_error(
-                f"the KV cache ({blocks - 1} blocks of {BLOCK} tokens) cannot hold one row of "
-                f"{max_len} tokens (the longest prompt + generation.max_new_tokens)",
+                f"the KV cache ({max(blocks - 1, 0)} blocks of {BLOCK} tokens{beside}) cannot "
+                f"hold one row of {max_len} tokens (the longest prompt + "
+                "generation.max_new_tokens)",
                 "raise generation.kv_cache_tokens (0 sizes it from free GPU memory), or lower "
-                "generation.max_new_tokens",
+                "generation.max_new_tokens"
+                + (" or generation.max_batch_size (rows per pass)" if states else ""),
             )
         make = dict(blocks=blocks, rows=rows, max_len=max_len, dtype=dtype, device=self.device)
         if not self.cuda_graphs:
