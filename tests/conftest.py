@@ -58,6 +58,20 @@ def tiny_policy(single_rank, tiny_ckpt):
 
 
 @pytest.fixture(scope="session")
+def hybrid_policy(single_rank, family_ckpt):
+    """(policy, tokenizer, checkpoint) of the tiny Nemotron-H (Mamba-2 + attention + MLP), fp32,
+    frozen: the generation engine's and the server's hybrid tests share it."""
+    from transformers import AutoTokenizer
+
+    from rlflow.model.build import load_policy
+    from tests.tiny import FP32, SINGLE
+
+    path = family_ckpt("tiny-nemotron-h")
+    policy = load_policy(path, FP32, SINGLE, trainable=False)
+    return policy, AutoTokenizer.from_pretrained(str(path)), path
+
+
+@pytest.fixture(scope="session")
 def tiny_processor(tiny_ckpt):
     from transformers import AutoProcessor
 
@@ -94,6 +108,7 @@ SLOW_FIXTURES = {
     "tiny_policy",
     "tiny_processor",
     "family_ckpt",
+    "hybrid_policy",
 }
 SLOW_PATHS = (
     "tests/model/",  # megatron-core models against HF

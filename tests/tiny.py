@@ -80,6 +80,18 @@ def random_image(seed: int, size: int = 112):
     return Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
 
 
+def text_prompt(tokenizer, question: str, sample_id: str = "text"):
+    """A text-only Prompt through the tokenizer's chat template (a text model's, no processor)."""
+    from rlflow.generation.base import Prompt
+    from rlflow.model.media import Media
+
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True
+    )
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return Prompt(sample_id, question, tuple(ids), Media())
+
+
 def make_prompt(
     processor, kind: str, question: str, seed: int = 0, frames: int = 4, fps: float = 2.0
 ):

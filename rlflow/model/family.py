@@ -65,8 +65,9 @@ class ModelFamily:
     # Descriptive only (nothing branches on it): "1d" plain RoPE, "mrope" 3-D (t, h, w) positions
     # from media grids, "mrope-interleaved" the same with the axes interleaved over frequencies.
     rope: ClassVar[Literal["1d", "mrope", "mrope-interleaved"]]
-    # Whether rlflow's Megatron generation engine serves it (a hybrid's recurrent state is not
-    # held by the engine yet): the recipe rule `generation.megatron-engine` reads it, no torch.
+    # Whether rlflow's Megatron generation engine serves it (Nemotron-H's Mamba state it holds:
+    # rlflow/generation/megatron/hybrid_decoder.py): the recipe rule `generation.megatron-engine`
+    # reads it, no torch.
     megatron_engine: ClassVar[bool] = True
 
     # --- media -> tokens ---------------------------------------------------------------------------

@@ -184,8 +184,10 @@ _LARGEST_GPU_GIB = 288  # no GPU rlflow runs on holds more (B300: 288 GB)
 
 
 def engine_serves_model(loaded: LoadedRecipe) -> list[Diagnostic]:
-    """`generation.backend: megatron` needs a family the engine serves (a hybrid model's Mamba
-    state is not held by the engine yet: ModelFamily.megatron_engine)."""
+    """`generation.backend: megatron` needs a model the engine runs: a family it serves
+    (ModelFamily.megatron_engine) and, for a hybrid (`hybrid_override_pattern`), no
+    mixture-of-experts (`E`) layers and no `generation.fp8`
+    (rlflow/generation/megatron/hybrid_decoder.py)."""
     import json
     from pathlib import Path
 
@@ -196,22 +198,42 @@ def engine_serves_model(loaded: LoadedRecipe) -> list[Diagnostic]:
         return []
     checkpoint = recipe.model.checkpoint
     if checkpoint.startswith(families.BUILTIN_PREFIX):
-        family = families.by_builtin(checkpoint[len(families.BUILTIN_PREFIX) :])
+        name = checkpoint[len(families.BUILTIN_PREFIX) :]
+        family = families.by_builtin(name)
+        sized = getattr(family, "builtin_config", None)
+        config = sized(name) if sized is not None else {}
     else:
         try:
             config = json.loads((Path(checkpoint).expanduser() / "config.json").read_text())
         except (OSError, ValueError):
             return []  # the checkpoint's own rules report it
         family = families.by_config(config) if isinstance(config, dict) else None
-    if family is None or family.megatron_engine:
+    if family is None:
+        return []
+    pattern = config.get("hybrid_override_pattern")
+    why = None
+    if not family.megatron_engine:
+        why = "a model whose layers keep a state the engine does not hold yet"
+    elif "E" in str(pattern or ""):
+        why = "a hybrid model with mixture-of-experts (`E`) layers, which it does not run yet"
+    elif pattern and recipe.generation.fp8:
+        return [
+            loaded.diagnostic(
+                ("generation", "fp8"),
+                "generation.megatron-engine",
+                "`generation.fp8` is true, but the engine has no FP8 decode for a hybrid model "
+                f"({checkpoint}, {family.architectures[0]})",
+                help="set generation.fp8: false (docs/hybrid-kernels.md)",
+            )
+        ]
+    if why is None:
         return []
     return [
         loaded.diagnostic(
             ("generation", "backend"),
             "generation.megatron-engine",
             f"`generation.backend` is megatron, whose engine does not serve `model.checkpoint` "
-            f"({checkpoint}, {family.architectures[0]}: a hybrid model whose Mamba layers keep "
-            "a recurrent state the engine does not hold yet)",
+            f"({checkpoint}, {family.architectures[0]}: {why})",
             help="set generation.backend: hf (docs/hybrid-kernels.md, what is left)",
         )
     ]

@@ -14,7 +14,9 @@ import torch
 
 from rlflow.generation.megatron.decoder import DecodeGraph, Decoder
 from rlflow.generation.megatron.engine import batch_buckets
+from rlflow.generation.megatron.hybrid_decoder import HybridDecoder, make_decoder
 from rlflow.generation.megatron.kv_cache import BLOCK, KVCache, blocks_for
+from rlflow.generation.megatron.mamba_state import HybridCache
 from rlflow.generation.megatron.prefill import packed_prompts, prefill_slots
 from rlflow.serve.device_rows import DeviceRows, StepGraph
 from rlflow.serve.requests import Choice, Request, RequestRefused
@@ -80,8 +82,13 @@ class RunningBatch:
         self.core.eval()
         graphs = cuda_graphs and self.device.type == "cuda"
         # (compiled for GPU graphs only, as generate()'s decoder)
-        self.decoder = Decoder(self.core, compile_decode=compile_decode and graphs)
+        self.decoder = make_decoder(self.core, compile_decode=compile_decode and graphs)
         self.cache = new_cache(policy, self.decoder, max_rows, context_tokens, cache_tokens)
+        if isinstance(self.cache, HybridCache):
+            # A step graph's warm-up runs decode on the live rows (rewriting the same keys and
+            # values); a Mamba state would advance: hybrids take the decode graphs, whose
+            # warm-up writes scratch.
+            self.step_graphs = False
         self._graphs: dict[int, DecodeGraph] = {}
         self._step_graphs: dict[tuple, StepGraph] = {}  # (bucket, DeviceRows.graph_key())
         self._pool = torch.cuda.graph_pool_handle() if graphs else None
@@ -116,6 +123,8 @@ class RunningBatch:
         )  # fmt: skip
         row_slot = _on(torch.tensor(slot, dtype=torch.long), device)
         dest, src = prefill_slots(pack, row_slot, self.cache, first)
+        if isinstance(self.cache, HybridCache):  # the new rows' Mamba state slots, per prompt
+            self.cache.share(slot, first)
         hidden = decoder.prefill(
             inputs.hidden, cos, sin, attend, self.cache, dest, src, deepstack=inputs.deepstack
         )
@@ -265,7 +274,8 @@ def new_cache(policy, decoder: Decoder, rows: int, context_tokens: int, cache_to
             len(decoder.layers), d.kv_heads, d.head_dim, policy.dtype
         )
         free, _ = torch.cuda.mem_get_info(policy.device)
-        blocks = min(worst, int(free * _CACHE_MEMORY_SHARE) // per_block)
+        states = (rows + 1) * HybridDecoder.state_bytes_per_row(decoder, policy.dtype)
+        blocks = min(worst, (int(free * _CACHE_MEMORY_SHARE) - states) // per_block)
     if blocks - 1 < blocks_for(context_tokens):
         raise ValueError(
             f"a KV cache of {blocks - 1} blocks of {BLOCK} tokens cannot hold one row of "

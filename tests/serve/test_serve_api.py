@@ -4,6 +4,7 @@ logprobs as token ids equal to the engine's, the prompt ids the trainer builds, 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 
@@ -255,3 +256,38 @@ def test_malformed_json_is_a_400_and_the_server_keeps_serving(client, server):
     assert response.json()["error"]["code"] == "invalid_json"
     completion, _ = _create(client, messages=HELLO, max_tokens=2)
     assert completion.choices[0].message.content is not None
+
+
+def test_a_hybrid_model_is_served(hybrid_policy):
+    """Tiny Nemotron-H (Mamba-2 + attention + MLP) behind its own server: a request's 2 choices
+    (one shared prefill, its Mamba state copied to both rows) are generate()'s rows 0 and 1."""
+    from openai import OpenAI
+
+    from rlflow.serve.runner import ServerThread, served_engine
+    from tests.serve.conftest import SERVER_KEYS
+    from tests.tiny import text_prompt
+
+    policy, tokenizer, path = hybrid_policy
+    recipe = base_recipe()
+    gen = recipe.generation
+    gen = dataclasses.replace(gen, server=dataclasses.replace(gen.server, **SERVER_KEYS))
+    served = served_engine(policy, path, dataclasses.replace(recipe, generation=gen), "hybrid")
+    thread = ServerThread(served, "127.0.0.1", 0, 8, 30).start()
+    try:
+        client = OpenAI(base_url=f"{thread.url}/v1", api_key="unused", max_retries=0)
+        question = "How many red squares are there?"
+        completion = client.chat.completions.create(
+            model="hybrid", messages=[{"role": "user", "content": question}], n=2,
+            max_tokens=10, seed=3, temperature=1.0, logprobs=True, top_logprobs=0,
+            extra_body={"return_tokens_as_token_ids": True},
+        )  # fmt: skip
+    finally:
+        thread.stop()
+    prompt = text_prompt(tokenizer, question)
+    eos = tokenizer.eos_token_id
+    expected = megatron_generation(policy, 0).generate(
+        [prompt, prompt], SamplingParams(10, 1.0, 1.0, 0, 3, (eos,), False)
+    )
+    for choice, row in zip(completion.choices, expected):
+        tokens = [int(t.token.removeprefix("token_id:")) for t in choice.logprobs.content]
+        assert tokens == row.token_ids

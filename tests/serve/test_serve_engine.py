@@ -69,3 +69,42 @@ def test_one_prompt_of_separate_requests_is_prefilled_once(engine, tiny_policy, 
         assert request.wait(60) and request.error is None
     assert engine.stats.prefills == prefills + 1
     assert [r.choices[0].token_ids for r in twins] == [alone.token_ids] * 2
+
+
+def test_hybrid_rows_joining_as_others_retire_draw_what_generate_draws(hybrid_policy):
+    """Tiny Nemotron-H: six one-choice requests through a 3-row batch, each stopping at its own
+    max_tokens, so rows join as others retire and take the Mamba state slots they gave back:
+    each draws generate()'s row (a later row's slot starts from zeros, not from a retired row's
+    state)."""
+    import dataclasses
+
+    from rlflow.generation.megatron.sampling import row_seeds
+    from rlflow.serve.engine import ServingEngine
+    from tests.tiny import text_prompt
+
+    policy, tokenizer, _ = hybrid_policy
+    questions = ["How many red squares are there?", "Count.", "How many circles are there?"]
+    prompts = [text_prompt(tokenizer, q) for q in questions for _ in range(2)]
+    params = SamplingParams(12, 1.0, 1.0, 0, 9, (-1,), True)
+    expected = megatron_generation(policy, 0, share_prompts=False).generate(prompts, params)
+    seeds = row_seeds(params.seed, len(prompts), "cpu").tolist()
+    engine = ServingEngine(
+        policy, tokenizer.pad_token_id, max_rows=3, context_tokens=256, cache_tokens=0,
+        cuda_graphs=False, compile_decode=False, on_weight_update="finish_old",
+        max_prefill_tokens=64,
+    )  # fmt: skip
+    try:
+        lengths = [12, 3, 9, 5, 12, 7]
+        requests = [
+            _request(policy, p, dataclasses.replace(params, max_new_tokens=n), [s])
+            for p, n, s in zip(prompts, lengths, seeds)
+        ]
+        for r in requests:
+            engine.submit(r)
+        for r in requests:
+            assert r.wait(60) and r.error is None
+    finally:
+        engine.close()
+    for r, want, n in zip(requests, expected, lengths):
+        assert r.choices[0].token_ids == want.token_ids[:n]
+    assert engine.stats.prefills > 1

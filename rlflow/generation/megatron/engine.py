@@ -22,6 +22,9 @@ stopping well before the cap; the engine is built around that shape:
    rlflow/generation/megatron/schedule.py admits whole prompt groups per pass and preempts rows that
    outgrow the cache (they run again in a later pass, with the same seeds).
 
+A hybrid model (Nemotron-H) runs through rlflow/generation/megatron/hybrid_decoder.py: the same
+steps, with each row's Mamba conv and SSM state in a slot beside its KV blocks (mamba_state.py).
+
 Sampling is per row and counter-based (rlflow/generation/megatron/sampling.py): a row's tokens depend on
 its seed only, so sharing, retiring and resizing never change them. Logprobs are of the
 unmodified (temperature-1) distribution.
@@ -37,8 +40,10 @@ from rlflow.errors import Diagnostic, RlflowError
 from rlflow.generation.base import Completion, GenerationBackend, SamplingParams
 from rlflow.generation.megatron import fp8 as fp8_ops
 from rlflow.generation.megatron.decoder import DecodeGraph, Decoder
+from rlflow.generation.megatron.hybrid_decoder import HybridDecoder, make_decoder
 from rlflow.generation.megatron.kv_cache import BLOCK, KVCache, blocks_for
 from rlflow.generation.megatron.lockstep import Lockstep
+from rlflow.generation.megatron.mamba_state import HybridCache
 from rlflow.generation.megatron.moe_decode import RoutingRecord
 from rlflow.generation.megatron.prefill import packed_prompts, prefill_slots
 from rlflow.generation.megatron.sampling import row_seeds, sample_tokens
@@ -135,7 +140,7 @@ class MegatronGeneration(GenerationBackend):
 
     def _generate(self, core, prompts: list[Prompt], params: SamplingParams) -> list[Completion]:
         if self._decoder is None:  # views of the weights: built once, current after every update
-            self._decoder = Decoder(core, compile_decode=self.compile_decode)
+            self._decoder = make_decoder(core, compile_decode=self.compile_decode)
             self._decoder.set_fp8(self.fp8)
         elif self._stale:
             start = time.perf_counter()
@@ -154,7 +159,8 @@ class MegatronGeneration(GenerationBackend):
         self.last_timings = {"prefill_s": 0.0, "steps": 0, "passes": 0, "preempted": 0}
         lockstep = Lockstep.of(self._decoder, self.device)
         (most,) = lockstep.max(len(prompts))  # expert parallelism: the busiest rank's rows
-        cache = self._cache_for(max(most, 1), max_len)
+        # (a pass never holds more than max_batch_size rows: admit caps it)
+        cache = self._cache_for(max(min(most, self.max_batch_size or most), 1), max_len)
         prompt_len = [len(ids[p]) for p in row_prompt]
         reserve = max(params.max_new_tokens // RESERVE_SHARE, _STOP_CHECK_EVERY + 1)
         pending = list(range(len(prompts)))
@@ -184,9 +190,10 @@ class MegatronGeneration(GenerationBackend):
         )
         return results  # type: ignore[return-value]
 
-    def _pool_blocks(self, worst: int) -> int:
+    def _pool_blocks(self, worst: int, rows: int) -> int:
         """Cache blocks: `generation.kv_cache_tokens`, else what half of the free GPU memory
-        holds (the whole worst case on a CPU), never more than the worst case."""
+        holds after the rows' Mamba states (hybrid models; the whole worst case on a CPU),
+        never more than the worst case."""
         if self.cache_tokens:
             return min(worst, blocks_for(self.cache_tokens) + 1)
         if self.device.type != "cuda":
@@ -202,19 +209,29 @@ class MegatronGeneration(GenerationBackend):
             # The trainer's engine: blocks the allocator caches belong to no tensor now (the
             # cache is freed before logprobs and the update run, which allocate them again).
             torch.cuda.empty_cache()
+            held += self._cache.rows * HybridDecoder.state_bytes_per_row(
+                self._decoder, self.policy.dtype
+            )
         free, _ = torch.cuda.mem_get_info(self.device)
-        return min(worst, int((free + held) * _CACHE_MEMORY_SHARE) // per_block)
+        states = (rows + 1) * HybridDecoder.state_bytes_per_row(self._decoder, self.policy.dtype)
+        return min(worst, (int((free + held) * _CACHE_MEMORY_SHARE) - states) // per_block)
 
     def _cache_for(self, rows: int, max_len: int) -> KVCache:
         """A cache with a block table for `rows` batch positions and rows up to max_len tokens."""
         decoder, dtype = self._decoder, self.policy.dtype
-        blocks = self._pool_blocks(rows * blocks_for(max_len) + 1)
+        blocks = self._pool_blocks(rows * blocks_for(max_len) + 1, rows)
         if blocks - 1 < blocks_for(max_len):
+            states = (rows + 1) * HybridDecoder.state_bytes_per_row(decoder, dtype)
+            beside = f", beside {states / 2**30:.1f} GiB of {rows} rows' Mamba states" * bool(
+                states
+            )
             raise _cache_error(
-                f"the KV cache ({blocks - 1} blocks of {BLOCK} tokens) cannot hold one row of "
-                f"{max_len} tokens (the longest prompt + generation.max_new_tokens)",
+                f"the KV cache ({max(blocks - 1, 0)} blocks of {BLOCK} tokens{beside}) cannot "
+                f"hold one row of {max_len} tokens (the longest prompt + "
+                "generation.max_new_tokens)",
                 "raise generation.kv_cache_tokens (0 sizes it from free GPU memory), or lower "
-                "generation.max_new_tokens",
+                "generation.max_new_tokens"
+                + (" or generation.max_batch_size (rows per pass)" if states else ""),
             )
         make = dict(blocks=blocks, rows=rows, max_len=max_len, dtype=dtype, device=self.device)
         if not self.cuda_graphs:
@@ -280,6 +297,8 @@ class MegatronGeneration(GenerationBackend):
             [slot_of[row_prompt[r]] for r in rows], dtype=torch.long, device=device
         )
         dest, src = prefill_slots(pack, row_slot, cache)
+        if isinstance(cache, HybridCache):  # which batch positions hold each prompt's samples
+            cache.share([slot_of[row_prompt[r]] for r in rows])
         record = None
         if decoder.topk:  # MoE: every token's experts, for router replay
             record = RoutingRecord(decoder, n, params.max_new_tokens, device)

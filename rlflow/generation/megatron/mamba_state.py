@@ -13,19 +13,26 @@ per row on the slots (the single-step conv and state updates). Both compute what
 `MambaMixer` computes, from its own parameters (`MambaWeights.of(mixer)`: views, no copies), with
 the kernels of rlflow/compat/mamba_reference.py.
 
-Status: the building block, tested against the mixer's full-sequence forward
-(tests/generation/test_generation_mamba_state.py, tests/model/test_model_nemotron_h.py). The
-engine (engine.py, decoder.py) does not drive it yet: see docs/hybrid-kernels.md.
+`HybridCache` is the engine's cache for a hybrid model: the paged KV cache of its attention
+layers (kv_cache.py) plus the Mamba states, one slot per batch position that holds a row. The
+book-keeping follows the KV cache's: a position that takes its first block takes a zeroed slot,
+one that gives its blocks back (the row retired or was preempted) gives its slot back, and
+retiring rows reorders the position -> slot table only (no state moves). Slot 0 is scratch, like
+block 0: positions without a row and the CUDA graphs' warm-up steps read and write it. The
+decode step reads the slots through a device tensor (`slot_table`), so one captured graph
+serves whatever rows hold the positions. Used by hybrid_decoder.py.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from rlflow.compat import mamba_reference as ref
+from rlflow.generation.megatron.kv_cache import KVCache
 
 
 @dataclass
@@ -122,6 +129,14 @@ class MambaStates:
             raise ValueError(f"Mamba state slot {slot} is already free")
         self._free.append(slot)
 
+    @staticmethod
+    def bytes_per_slot(layers: list[MambaWeights], dtype: torch.dtype) -> int:
+        if not layers:
+            return 0
+        w = layers[0]
+        conv = w.conv_dim * w.conv_weight.shape[-1] * torch.finfo(dtype).bits // 8
+        return len(layers) * (conv + w.heads * w.head_dim * w.state * 4)
+
     def copy(self, source: int, targets: list[int]) -> None:
         """After a shared prompt's prefill: each sample's slot starts from the prompt's state."""
         index = torch.tensor(targets, device=self.conv.device)
@@ -163,17 +178,115 @@ def prefill(w: MambaWeights, hidden: torch.Tensor, lengths: list[int], states: M
 
 def decode(w: MambaWeights, hidden: torch.Tensor, states: MambaStates, layer: int,
            slots: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """One token per row hidden [R, hidden] -> [R, hidden]; the rows' slots advance one step."""
+    """One token per row hidden [R, hidden] -> [R, hidden]; the rows' slots advance one step.
+
+    The SSM step is megatron-core's Triton `selective_state_update` on CUDA tensors (in place
+    on the slots, `state_batch_indices`: no gather or scatter of the float32 state), the
+    reference elsewhere or with TRITON_SSM_DECODE off; the conv step is the reference's (the
+    Triton conv update's output disagreed with it in benchmarks/mamba_kernels_gpu_check.md)."""
     z, xBC, dt = w.split(F.linear(hidden, w.in_proj))
     conv_state = states.conv[layer, slots]
     conv = ref.causal_conv1d_update(xBC, conv_state, w.conv_weight, w.conv_bias, activation="silu")
     states.conv[layer, slots] = conv_state
     x, B, C = torch.split(conv, [w.d_inner, w.groups * w.state, w.groups * w.state], dim=-1)
+    x = x.reshape(-1, w.heads, w.head_dim)
+    B, C = B.reshape(-1, w.groups, w.state), C.reshape(-1, w.groups, w.state)
+    if TRITON_SSM_DECODE and x.is_cuda and _triton_ssm() is not None:
+        y = _triton_ssm()(
+            states.ssm[layer], x, dt[..., None].expand(-1, -1, w.head_dim),
+            -torch.exp(w.A_log.float()).view(-1, 1, 1).expand(-1, w.head_dim, w.state), B, C,
+            w.D[:, None].expand(-1, w.head_dim), dt_bias=w.dt_bias[:, None].expand(-1, w.head_dim),
+            dt_softplus=True, state_batch_indices=slots,
+        )  # fmt: skip
+        return w.finish(y.reshape(-1, w.d_inner), z)
     ssm = states.ssm[layer, slots]
     y = ref.selective_state_update(
-        ssm, x.reshape(-1, w.heads, w.head_dim), dt, -torch.exp(w.A_log.float()),
-        B.reshape(-1, w.groups, w.state), C.reshape(-1, w.groups, w.state), D=w.D,
-        dt_bias=w.dt_bias, dt_softplus=True,
+        ssm, x, dt, -torch.exp(w.A_log.float()), B, C, D=w.D, dt_bias=w.dt_bias,
+        dt_softplus=True,
     )  # fmt: skip
     states.ssm[layer, slots] = ssm
     return w.finish(y.reshape(-1, w.d_inner), z)
+
+
+TRITON_SSM_DECODE = True  # benchmarks/hybrid_engine_gpu_check.py turns it off to compare
+
+
+@functools.cache
+def _triton_ssm():
+    """megatron-core's Triton selective_state_update, or None (no Triton: CPU installs)."""
+    try:
+        from megatron.core.ssm.ops import mamba_ssm
+    except ImportError:
+        return None
+    return getattr(mamba_ssm, "selective_state_update", None)
+
+
+class HybridCache(KVCache):
+    """The KV cache of the attention layers plus one Mamba state slot per batch position that
+    holds a row (`states`; slot 0 is scratch). Batch positions are those of KVCache."""
+
+    def __init__(self, mamba: list[MambaWeights], num_layers: int, *, rows: int, **kv):
+        super().__init__(num_layers, rows=rows, **kv)
+        self.states = MambaStates(mamba, rows + 1, kv["device"], kv["dtype"])
+        assert self.states.allocate() == 0  # scratch
+        self._slot = [0] * rows  # the slot of each batch position (0: none, scratch)
+        self.slot_table = torch.zeros(rows, dtype=torch.long, device=kv["device"])
+        self._sources: list[int] = []  # each unique prompt's slot, for the next prefill
+        self._copies: tuple[list[int], list[int]] = ([], [])
+
+    def grow(self, tokens: list[int]) -> None:
+        """KVCache.grow; a position that holds tokens and no slot yet gets a zeroed one."""
+        super().grow(tokens)
+        for p, t in enumerate(tokens):
+            if t and not self._slot[p]:
+                self._slot[p] = self.states.allocate()
+
+    def release(self, positions) -> None:
+        super().release(positions)
+        for p in positions:
+            if self._slot[p]:
+                self.states.release(self._slot[p])
+                self._slot[p] = 0
+
+    def release_all(self) -> None:
+        super().release_all()
+        self.release([p for p in range(self.rows) if self._slot[p]])
+
+    def compact(self, order: list[int]) -> None:
+        super().compact(order)
+        self._slot = [self._slot[p] for p in order] + [0] * (self.rows - len(order))
+
+    def upload(self) -> None:
+        super().upload()
+        source = torch.tensor(self._slot, dtype=torch.long)
+        self.slot_table.copy_(source.pin_memory() if self.slot_table.is_cuda else source)
+
+    def share(self, row_prompt: list[int], base: int = 0) -> None:
+        """Before a prefill: batch position base + i holds a sample of unique prompt
+        row_prompt[i] (prompts numbered in packing order). The prefill writes each prompt's
+        final states into its first sample's slot (`prompt_slots`); `copy_samples` then copies
+        that snapshot to the slots of its other samples."""
+        first: dict[int, int] = {}
+        targets, sources = [], []
+        for i, prompt in enumerate(row_prompt):
+            slot = self._slot[base + i]
+            if prompt in first:
+                targets.append(slot)
+                sources.append(first[prompt])
+            else:
+                first[prompt] = slot
+        self._sources = [first[p] for p in sorted(first)]
+        self._copies = (sources, targets)
+
+    @property
+    def prompt_slots(self) -> list[int]:
+        return self._sources
+
+    def copy_samples(self) -> None:
+        """After the shared prefill: every other sample's slot <- its prompt's snapshot."""
+        sources, targets = self._copies
+        if targets:
+            device = self.states.conv.device
+            src, dst = (torch.tensor(t, device=device) for t in (sources, targets))
+            self.states.conv.index_copy_(1, dst, self.states.conv.index_select(1, src))
+            self.states.ssm.index_copy_(1, dst, self.states.ssm.index_select(1, src))

@@ -12,9 +12,9 @@ Mamba mixer runs `mamba-ssm`'s CUDA kernels where installed, else rlflow's PyTor
 (docs/hybrid-kernels.md). Text only, right-padded rows (a Mamba layer reads every token before
 it: left padding would enter the state).
 
-Limits: one model-parallel rank (TP, CP, PP and EP refused); the Megatron generation engine keeps
-attention KV caches only, so recipes generate with `generation.backend: hf` until it holds the
-Mamba layers' conv and SSM states per row (docs/hybrid-kernels.md, "What is left").
+Limits: one model-parallel rank (TP, CP, PP and EP refused). Both generation backends run it:
+the Megatron engine holds the Mamba layers' conv and SSM states per row
+(rlflow/generation/megatron/hybrid_decoder.py, docs/hybrid-kernels.md).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ class NemotronH(ModelFamily):
     builtins = ("tiny-nemotron-h",)
     multimodal = False
     rope = "1d"  # descriptive: attention has no rotary; positions are unused
-    megatron_engine = False  # the engine keeps no per-row Mamba conv/SSM state yet
 
     def register_bridge(self) -> None:
         from rlflow.model.families.nemotron_h import model
