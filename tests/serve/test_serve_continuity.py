@@ -86,4 +86,6 @@ def test_ids_that_cannot_be_continued_are_refused_naming_the_message(client):
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
         assert caught.value.body["param"] == param, caught.value.body
-        assert caught.value.body["message"], caught.value.body
+        # Gym's vllm_model takes a 400 saying either for a turn that ran out of context
+        message = caught.value.body["message"]
+        assert message and "context length" not in message and "max_tokens" not in message
