@@ -240,6 +240,8 @@ def test_a_failing_task_is_counted_and_its_group_left_out(tmp_path):
     [record] = read_metrics(run_dir)
     assert record["env/failed_tasks"] == 4 and record["env/failed_tasks/http_500"] == 4
     assert record["env/tasks"] == 8 and record["train/real_tokens"] > 0  # the other group trained
+    assert "warning[gym.tasks-failed]: step 1: 4 NeMo Gym tasks failed" in result.stderr
+    assert "note: http_500 (4): " in result.stderr  # the first failure's answer, for the user
 
 
 def _local_server(root: Path, name: str, app: str) -> str:
