@@ -89,3 +89,26 @@ def test_ids_that_cannot_be_continued_are_refused_naming_the_message(client):
         # Gym's vllm_model takes a 400 saying either for a turn that ran out of context
         message = caught.value.body["message"]
         assert message and "context length" not in message and "max_tokens" not in message
+
+
+def test_the_splice_takes_nothing_before_the_turns_end_from_the_template():
+    """The rule on ids (eos 2, "\\n" 9): a template that renders the earlier turn otherwise once
+    a message follows (here: drops its text, as Qwen3's drops old thinking) still continues the
+    ids sent back; a template that closes the turn otherwise, or never, is refused."""
+    from rlflow.serve.chat import ApiError, Continuation
+    from rlflow.serve.continuity import continue_ids
+
+    sent = Continuation(1, prompt_ids=(1, 2, 3), generated_ids=(10, 11, 2))
+    upto = [1, 2, 3, 40, 41, 2, 9]  # the template's text of the assistant turn: 40 41
+    whole = [1, 2, 3, 2, 9, 7, 7, 3]  # the turn's text dropped, then a user message (7 7)
+    assert continue_ids(sent, whole, upto, eos=2) == [1, 2, 3, 10, 11, 2, 9, 7, 7, 3]
+    cut_off = Continuation(1, prompt_ids=(1, 2, 3), generated_ids=(10, 11))  # by max_tokens
+    assert continue_ids(cut_off, whole, upto, eos=2) == [1, 2, 3, 10, 11, 2, 9, 7, 7, 3]
+    for other_whole, other_upto, words in [
+        ([1, 2, 3, 2, 8, 7], upto, "position 4"),  # the turn's end is "\n" 9 alone, then 8
+        ([1, 3, 5, 7], [1, 3, 5], "end-of-turn token (id 2)"),  # a template without eos
+    ]:
+        with pytest.raises(ApiError) as caught:
+            continue_ids(sent, other_whole, other_upto, eos=2)
+        assert caught.value.param == "messages[1]" and words in caught.value.message
+        assert caught.value.code == "discontinuous_tokens"
