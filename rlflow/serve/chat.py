@@ -36,6 +36,17 @@ _TOKEN_INFO = {"prompt_token_ids", "generation_token_ids", "generation_log_probs
 _MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"} | _TOKEN_INFO
 
 
+@dataclass(frozen=True)
+class Continuation:
+    """The token ids a client sent back on its last assistant turn (NeMo Gym's `vllm_model`
+    does, as vLLM's NeMo RL server reads them): the new prompt continues them exactly
+    (rlflow/serve/continuity.py)."""
+
+    message: int  # the index of the last assistant message that carries them
+    prompt_ids: tuple[int, ...]  # its `prompt_token_ids`
+    generated_ids: tuple[int, ...]  # its `generation_token_ids`
+
+
 class ApiError(Exception):
     """An HTTP error in the OpenAI shape: {"error": {"message", "type", "param", "code"}}."""
 
@@ -65,6 +76,7 @@ class ChatRequest:
     """A checked request: the conversation for the chat template, its images, the sampling."""
 
     messages: list[dict]  # content parts as the chat templates take them ({"type": "image"})
+    continues: Continuation | None = None  # the last assistant turn's ids, when sent back
     # its images' data URLs, in order, each with where it was (`messages[0].content[1]...`):
     # decoded by the encoder (rlflow/serve/prompts.py), off the event loop, once per content
     images: list[tuple[str, str]] = field(default_factory=list)
@@ -103,6 +115,7 @@ def parse_chat(body: Any, model_name: str) -> ChatRequest:
         )  # fmt: skip
     chat = ChatRequest(messages=[])
     chat.messages, chat.images, chat.videos = _messages(body.get("messages"))
+    chat.continues = continuation(body["messages"])
     _sampling(body, chat)
     _tools(body, chat)
     kwargs = body.get("chat_template_kwargs") or {}
@@ -199,6 +212,42 @@ def _messages(messages) -> tuple[list[dict], list, list[Video]]:
             raise ApiError(400, "`content` must be a string or a list of parts", f"{where}.content")
         out.append(converted)
     return out, images, videos
+
+
+def continuation(messages: list[dict]) -> Continuation | None:
+    """The last assistant turn's `prompt_token_ids` + `generation_token_ids`, checked; None when
+    no message carries them. Every assistant turn after the first one that carries ids must carry
+    them too: a turn without would be re-tokenized from its decoded text."""
+    found, first = None, None
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        has = [key for key in ("prompt_token_ids", "generation_token_ids") if key in message]
+        if has and message["role"] != "assistant":
+            raise ApiError(400, "token ids are read on assistant turns only", f"{where}.{has[0]}")
+        if message["role"] != "assistant" or (not has and first is None):
+            continue
+        if len(has) < 2:
+            missing = "generation_token_ids" if has else "prompt_token_ids"
+            sent = f"messages[{first}]" if first is not None else "an earlier assistant turn"
+            raise ApiError(
+                400, f"`{missing}` is missing: {sent} carries its token ids, so every later "
+                "assistant turn must carry `prompt_token_ids` and `generation_token_ids` (a turn "
+                "without would be re-tokenized from its text)", f"{where}.{missing}",
+                "discontinuous_tokens",
+            )  # fmt: skip
+        first = i if first is None else first
+        prompt = _token_ids(message["prompt_token_ids"], f"{where}.prompt_token_ids")
+        generated = _token_ids(message["generation_token_ids"], f"{where}.generation_token_ids")
+        if not prompt:
+            raise ApiError(400, "`prompt_token_ids` is empty", f"{where}.prompt_token_ids")
+        found = Continuation(i, prompt, generated)
+    return found
+
+
+def _token_ids(value, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(type(t) is int and t >= 0 for t in value):
+        raise ApiError(400, "must be a list of token ids (integers >= 0)", where)
+    return tuple(value)
 
 
 def _part(part, where: str, images: list, videos: list) -> dict:

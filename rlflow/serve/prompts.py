@@ -3,22 +3,31 @@
 The checkpoint's own processor does everything, exactly as rlflow/model/processor.py does for
 training samples: its chat template renders the conversation (and the tools), the processor
 expands each image into its pad tokens and makes the pixel patches. So `prompt_token_ids` in a
-response are the ids a trainer builds for the same conversation.
+response are the ids a trainer builds for the same conversation. A request that sends an earlier
+assistant turn's ids back gets them continued instead of its text re-rendered (continuity.py).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
+import json
 import threading
 import uuid
+from pathlib import Path
 
 from rlflow.model.media import Media, Prompt
 from rlflow.model.processor import CheckpointProcessor
 from rlflow.serve.chat import ApiError, ChatRequest, decode_image
+from rlflow.serve.continuity import continue_ids
 from rlflow.serve.tools import arguments_as_objects
 
 
 class ChatEncoder(CheckpointProcessor):
+    def __init__(self, checkpoint: Path):
+        super().__init__(checkpoint)
+        self.checkpoint = Path(checkpoint)
+
     def encode(self, chat: ChatRequest) -> Prompt:
         """The conversation, templated with a generation prompt, tokenized with its images."""
         if (chat.images or chat.videos) and not self.multimodal:
@@ -44,6 +53,7 @@ class ChatEncoder(CheckpointProcessor):
             )  # fmt: skip
         if not self.multimodal:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = self._continued(chat, messages, kwargs, ids)
             return Prompt(f"chat-{uuid.uuid4().hex}", text, tuple(ids), Media())
         decoded = [decode_image(url, where) for url, where in chat.images]
         media_kwargs = _media_kwargs(decoded, chat.videos)
@@ -59,12 +69,42 @@ class ChatEncoder(CheckpointProcessor):
             video_grid_thw=enc.get("video_grid_thw"),
             second_per_grid_ts=enc.get("second_per_grid_ts"),
         )
-        ids = tuple(enc["input_ids"][0].tolist())
+        ids = tuple(self._continued(chat, messages, kwargs, enc["input_ids"][0].tolist()))
         video = chat.videos[0] if len(chat.videos) == 1 else None  # (vLLM-style backends: one)
         return Prompt(
             f"chat-{uuid.uuid4().hex}", text, ids, media, images=tuple(decoded),
             video=tuple(video.frames) if video else None, video_fps=video.fps if video else None,
         )  # fmt: skip
+
+    def _continued(self, chat: ChatRequest, messages: list, kwargs: dict, ids: list) -> list:
+        """The prompt ids: the template's, or, when the request sent the last assistant turn's
+        ids back, those ids continued by the template's ids after that turn (continuity.py)."""
+        if chat.continues is None:
+            return ids
+        template = self.processor if self.multimodal else self.tokenizer
+        upto = template.apply_chat_template(
+            messages[: chat.continues.message + 1], add_generation_prompt=False, tokenize=False,
+            **kwargs,
+        )  # fmt: skip
+        upto_ids = self.tokenizer(upto, add_special_tokens=False)["input_ids"]
+        pads = tuple(
+            t for t in (getattr(self.processor, f"{kind}_token_id", None)
+                        for kind in ("image", "video")) if t is not None
+        ) if self.multimodal else ()  # fmt: skip
+        ids = continue_ids(chat.continues, ids, upto_ids, self.eos_token_id, pads)
+        vocab = self.vocab_size
+        if vocab and max(ids) >= vocab:
+            where = f"messages[{chat.continues.message}]"
+            raise ApiError(400, f"token id {max(ids)} is past the model's vocabulary of {vocab}",
+                           where, "discontinuous_tokens")  # fmt: skip
+        return ids
+
+    @functools.cached_property
+    def vocab_size(self) -> int | None:
+        """The model's vocabulary (its embedding rows, from config.json; None if unnamed)."""
+        config = json.loads((self.checkpoint / "config.json").read_text())
+        text = config.get("text_config") or {}
+        return config.get("vocab_size") or text.get("vocab_size")
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
@@ -138,6 +178,7 @@ class PromptCache:
 def _content_key(chat: ChatRequest) -> tuple:
     return (
         _frozen(chat.messages),
+        chat.continues,
         tuple(url for url, _ in chat.images),
         _frozen(chat.tools),
         _frozen(chat.chat_template_kwargs),

@@ -81,13 +81,19 @@ def test_gym_chat_completions_carry_the_engines_token_ids(gym_model, tiny_policy
 
 def test_gym_responses_api_round_trip(gym_model):
     """The Responses API an agent speaks, converted by Gym into a chat completion on our server
-    and back: the output message carries the token information training needs."""
-    response = gym_model.post(
-        "/v1/responses",
-        json={"input": [{"role": "user", "content": "Count the cubes."}], "max_output_tokens": 6},
-    )
+    and back: the output message carries the token information training needs, and an agent's
+    second turn (the first turn's output sent back as input, as Gym's agents do) gets a prompt
+    that continues the first turn's prompt and generated ids."""
+    question = [{"role": "user", "content": "Count the cubes."}]
+    response = gym_model.post("/v1/responses", json={"input": question, "max_output_tokens": 6})
     assert response.status_code == 200, response.text
     [output] = response.json()["output"]
     assert output["type"] == "message"
     assert len(output["generation_token_ids"]) == len(output["generation_log_probs"]) >= 1
     assert output["prompt_token_ids"]
+    then = [*question, output, {"role": "user", "content": "And the spheres?"}]
+    response = gym_model.post("/v1/responses", json={"input": then, "max_output_tokens": 4})
+    assert response.status_code == 200, response.text
+    [second] = response.json()["output"]
+    first = output["prompt_token_ids"] + [int(t) for t in output["generation_token_ids"]]
+    assert second["prompt_token_ids"][: len(first)] == first

@@ -3,9 +3,11 @@
 Qwen3, trained through the console script; Gym's answers turned into trajectories with loss
 masks; servers that never come up or die end the run within the readiness timeout, naming them.
 
-The tiny model's weights are random: it never emits a well-formed tool call, so the CLI runs
-show one-turn episodes (the plumbing, the rewards, the metrics); multi-turn token layout is
-checked on Gym-shaped answers below, and the continuity rule on the tiny model's own template.
+The tiny model's weights are random: it never emits a well-formed tool call, so the tool run
+shows one-turn episodes (the plumbing, the rewards, the metrics); Gym's
+example_multi_turn_gymnasium (a scripted user) gives real multi-turn episodes whatever the model
+says, their turns continued token for token by rlflow's server. The token layout and the
+continuity rule are also checked on Gym-shaped answers below.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from rlflow.train.metrics import read_metrics
 ROOT = Path(__file__).resolve().parents[2]
 RLFLOW = ROOT / ".venv" / "bin" / "rlflow"
 GYM_TOOL = ROOT / "recipes" / "tiny-qwen3-gym-tool-1n1g-cpu.yaml"
-MULTI_STEP = "resources_servers/example_multi_step/configs/example_multi_step.yaml"
+MULTI_TURN = (
+    "resources_servers/example_multi_turn_gymnasium/configs/example_multi_turn_gymnasium.yaml"
+)
 QUIET = ["checkpointing.enabled=false", "logging.progress_bar=false", "logging.tensorboard=false"]
 
 
@@ -124,30 +128,32 @@ def test_malformed_tool_calls_are_counted_by_reason():
 # --- real Gym servers ---------------------------------------------------------------------------
 
 
-def short_multi_step_tasks(path: Path) -> Path:
-    """Gym's example_multi_step rows with their system prompt cut short: its 9,000-character
-    synonym list is 8,600 tokens for the tiny tokenizer, past the tiny model's 4,096 positions
-    (the tools, the question and the verifier's expected values are Gym's)."""
+def multi_turn_tasks(path: Path) -> Path:
+    """Gym's example_multi_turn_gymnasium rows (a question, then one or two scripted follow-ups:
+    every episode has 2 or 3 model turns), with the verifier's expected answer made a letter the
+    random model's last turn holds about half the time, so groups have rewards to learn from."""
     from rlflow.optional import gym_root
 
-    data = gym_root() / "resources_servers" / "example_multi_step" / "data" / "example.jsonl"
-    rows = [json.loads(line) for line in data.read_text().splitlines()[:2]]
+    data = gym_root() / "resources_servers" / "example_multi_turn_gymnasium" / "data"
+    rows = [json.loads(line) for line in (data / "example.jsonl").read_text().splitlines()[:2]]
     for row in rows:
-        system = row["responses_create_params"]["input"][0]
-        system["content"] = system["content"][:200]
+        row["expected_answer"] = "g"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
-def test_gym_runs_train_on_the_single_tool_and_multi_step_environments(tmp_path):
+def test_gym_runs_train_on_the_single_tool_and_multi_turn_environments(tmp_path):
+    """The multi-turn run: each later turn's prompt continues the earlier turns' ids (rlflow's
+    server builds it from the ids Gym's vllm_model sends back), so no episode fails as
+    `discontinuous_tokens`, and the trainer's logprobs of every model token, recomputed over
+    the whole trajectory, are the server's."""
     runs = {
         "tool": [],
-        "multi_step": [
-            f"environment.gym.config_paths=[{MULTI_STEP}]",
-            "environment.gym.agent=example_multi_step_simple_agent",
-            f"environment.gym.tasks={short_multi_step_tasks(tmp_path / 'tasks.jsonl')}",
+        "multi_turn": [
+            f"environment.gym.config_paths=[{MULTI_TURN}]",
+            "environment.gym.agent=example_multi_turn_gymnasium_agent",
+            f"environment.gym.tasks={multi_turn_tasks(tmp_path / 'tasks.jsonl')}",
             "grpo.max_num_steps=1",
-            "generation.server.context_tokens=4096",
         ],
     }
     for name, overrides in runs.items():
@@ -157,14 +163,17 @@ def test_gym_runs_train_on_the_single_tool_and_multi_step_environments(tmp_path)
         records = read_metrics(run_dir)
         assert [r["step"] for r in records] == list(range(1, len(records) + 1))
         for record in records:
-            assert record["env/tasks"] == 8 and record["env/failed_tasks"] == 0
+            assert record["env/tasks"] == 8 and record["env/failed_tasks"] == 0, record
             assert record["env/turns_per_trajectory"] >= 1
             assert record["train/real_tokens"] > 0
+            assert abs(record["train/token_mult_prob_error"] - 1.0) < 1e-3, record
             assert "time/environment" in record
         logs = sorted(p.name for p in (run_dir / "gym").iterdir())
         assert "policy_model.log" in logs and len(logs) == 3
         if name == "tool":  # Gym's verify rewards every finished episode of this one with 1
             assert records[-1]["train/reward"] == 1.0
+        else:  # 2 or 3 model turns in every episode
+            assert records[-1]["env/turns_per_trajectory"] >= 2
 
 
 CIRCLES = "resources_servers/circle_count/configs/circle_count.yaml"
@@ -231,6 +240,8 @@ def test_a_failing_task_is_counted_and_its_group_left_out(tmp_path):
     [record] = read_metrics(run_dir)
     assert record["env/failed_tasks"] == 4 and record["env/failed_tasks/http_500"] == 4
     assert record["env/tasks"] == 8 and record["train/real_tokens"] > 0  # the other group trained
+    assert "warning[gym.tasks-failed]: step 1: 4 NeMo Gym tasks failed" in result.stderr
+    assert "note: http_500 (4): " in result.stderr  # the first failure's answer, for the user
 
 
 def _local_server(root: Path, name: str, app: str) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -134,6 +135,9 @@ class GymRollouts:
             if not any(isinstance(item, TaskFailed) for item in group):
                 groups.append([(self._prompt(t, f"gym-{step}-{task}"), t) for t in group])
         self.prompts.clear()
+        if failed and groups:  # on_task_failure: continue: say why, once per reason and step
+            print(_failures_seen(step, failed, example, self.log_dir).render() + "\n",
+                  file=sys.stderr, flush=True)  # fmt: skip
         self.metrics = _env_metrics(
             failed, malformed, turns, len(rows), time.perf_counter() - start
         )
@@ -242,6 +246,20 @@ def _remember_prompts(cache, into: dict) -> None:
         return prompt
 
     cache.get = remembering
+
+
+def _failures_seen(step: int, failed: dict, example: dict, log_dir: Path) -> Diagnostic:
+    """A warning naming each reason's count and its first task's detail (for continuity: the
+    turn and the first differing token)."""
+    notes = tuple(f"{reason} ({n}): {example[reason]}" for reason, n in sorted(failed.items()))
+    return Diagnostic(
+        "gym.tasks-failed",
+        f"step {step}: {sum(failed.values())} NeMo Gym tasks failed and their groups were left "
+        "out (environment.on_task_failure: continue)",
+        severity="warning",
+        notes=notes,
+        help=f"the Gym servers' logs are in {log_dir}",
+    )
 
 
 def _env_metrics(failed, malformed, turns, tasks: int, seconds: float) -> dict[str, float]:
