@@ -121,8 +121,22 @@ def parse_chat(body: Any, model_name: str) -> ChatRequest:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise ApiError(400, "`chat_template_kwargs` must be an object", "chat_template_kwargs")
+    for key in kwargs:
+        if key in _TEMPLATE_CALL_ARGUMENTS:  # the server's own call, not a template variable
+            raise ApiError(400, f"`chat_template_kwargs.{key}` is set by the server, not the "
+                           "request: send only the template's own variables (e.g. "
+                           "enable_thinking)", f"chat_template_kwargs.{key}")  # fmt: skip
     chat.chat_template_kwargs = kwargs
     return chat
+
+
+# apply_chat_template's own arguments: the checkpoint's template, the tools and the generation
+# prompt are the server's to set, so the ids stay the ones the trainer builds.
+_TEMPLATE_CALL_ARGUMENTS = frozenset((
+    "chat_template", "tokenize", "add_generation_prompt", "continue_final_message", "tools",
+    "documents", "conversation", "return_tensors", "return_dict", "padding", "truncation",
+    "max_length", "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs",
+))  # fmt: skip
 
 
 def _sampling(body: dict, chat: ChatRequest) -> None:

@@ -236,10 +236,12 @@ HELLO = [{"role": "user", "content": "hi"}]
             ]}]),
             400, "messages[0].content[0].video_url.fps",
         ),
+        (dict(messages=HELLO, extra_body={"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}),
+         400, "chat_template_kwargs.chat_template"),
     ],
     ids=["unknown-model", "max-tokens-0", "past-context", "prompt-too-long", "top-logprobs",
          "stream", "unknown-field", "tool-choice", "n-over-rows", "bad-image", "image-url",
-         "audio", "video-mp4", "frames-without-fps"],
+         "audio", "video-mp4", "frames-without-fps", "own-chat-template"],
 )  # fmt: skip
 def test_bad_requests_get_an_openai_error_naming_the_field(client, kwargs, status, param):
     kwargs.setdefault("model", MODEL)
