@@ -19,6 +19,7 @@ Mamba layers' conv and SSM states per row (docs/hybrid-kernels.md, "What is left
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +27,14 @@ from rlflow.model.family import ModelFamily
 from rlflow.model.presets import NEMOTRON_H_PRESET_NAMES
 from rlflow.model.tiny import LanguageSizes
 
+# a routed expert's weight on disk (the bridge's export): one tensor per expert
+_EXPERT = re.compile(r"^(backbone\.layers\.\d+\.mixer\.experts)\.(\d+)\.(up|down)_proj\.weight$")
+
 
 class NemotronH(ModelFamily):
     model_types = ("nemotron_h",)
     architectures = ("NemotronHForCausalLM",)
-    builtins = ("tiny-nemotron-h",)
+    builtins = ("tiny-nemotron-h", "tiny-nemotron-h-moe")
     multimodal = False
     rope = "1d"  # descriptive: attention has no rotary; positions are unused
     megatron_engine = False  # the engine keeps no per-row Mamba conv/SSM state yet
@@ -44,6 +48,7 @@ class NemotronH(ModelFamily):
         from rlflow.model.families.nemotron_h import model
 
         model.check_parallelism(provider)
+        model.configure_moe(provider, hf_config, model_cfg)
 
     def install(self, core) -> None:
         from rlflow.model.families.nemotron_h import model
@@ -56,14 +61,42 @@ class NemotronH(ModelFamily):
             return "model." + exported[len("backbone.") :]
         return exported
 
+    def hf_state_dict(self, exported: dict) -> dict:
+        """On-disk names and per-expert tensors -> HF's in-memory state dict: `model.*`, the
+        routed experts of each MoE layer stacked (`experts.up_proj` [E, F, H],
+        `experts.down_proj` [E, H, F])."""
+        import torch
+
+        out, experts = {}, {}
+        for name, tensor in exported.items():
+            match = _EXPERT.match(name)
+            if match is None:
+                out[self.hf_module_name(name)] = tensor
+                continue
+            prefix, index, kind = match.group(1), int(match.group(2)), match.group(3)
+            experts.setdefault(prefix, {}).setdefault(kind, {})[index] = tensor
+        for prefix, kinds in experts.items():
+            for kind, tensors in kinds.items():
+                stacked = torch.stack([tensors[e] for e in sorted(tensors)])
+                out[self.hf_module_name(f"{prefix}.{kind}_proj")] = stacked
+        return out
+
     def write_tiny(self, out_dir: Path, name: str, seed: int, lm_head_scale: float = 1.0) -> Path:
-        return write_tiny_nemotron_h(out_dir, seed=seed, lm_head_scale=lm_head_scale)
+        return write_tiny_nemotron_h(
+            out_dir, seed=seed, lm_head_scale=lm_head_scale, sizes=PRESETS[name]
+        )
 
     def builtin_config(self, name: str) -> dict:
         from rlflow.model.shape import builtin_keys
 
-        sizes = PRESETS["tiny-nemotron-h"]
-        keys = builtin_keys(sizes, max_positions=sizes.max_positions, multimodal=False)
+        sizes = PRESETS[name]
+        keys = builtin_keys(
+            sizes,
+            max_positions=sizes.max_positions,
+            experts=sizes.experts,
+            topk=sizes.topk,
+            multimodal=False,
+        )
         return {**keys, "hybrid_override_pattern": sizes.pattern}
 
 
@@ -82,28 +115,39 @@ class HybridSizes(LanguageSizes):
     mamba_groups: int = 2
     state: int = 16
     chunk: int = 16
-    experts: int = 0  # `E` layers (refused by the loader until built)
+    experts: int = 0  # routed experts of the `E` layers
     topk: int = 0
     expert_intermediate: int = 0
     shared_expert_intermediate: int = 0
+    routed_scaling: float = 1.0  # the router's weights x this (HF routed_scaling_factor)
+    expert_groups: int = 1  # group-limited routing: groups of experts (n_group) ...
+    topk_groups: int = 1  # ... of which each token's experts come from this many (topk_group)
 
 
 # A preset: the language model's shapes, the pattern, then the mixer's and experts', a few to a line.
 # fmt: off
 PRESETS = {
     "tiny-nemotron-h": HybridSizes(layers=5),
+    # the same with two MoE layers: 8 routed experts top-2 in 2 groups (1 chosen per token),
+    # squared-ReLU experts, a shared expert, sigmoid scores with a correction bias, scaling 2.5
+    "tiny-nemotron-h-moe": HybridSizes(
+        layers=5, pattern="ME*E-", experts=8, topk=2, expert_intermediate=64,
+        shared_expert_intermediate=96, routed_scaling=2.5, expert_groups=2, topk_groups=1,
+    ),
     # Nemotron-3-Nano-30B-A3B's language model (the LM of Nemotron Omni 30B-A3B): 52 layers,
     # 23 Mamba-2, 23 MoE (128 routed experts, top-6, one shared), 6 attention (GQA 32/2)
     # (shapes as published in its config.json; check them against the checkpoint you train).
-    # The loader refuses its `E` layers until MoE is built; GPU benchmarks cut the pattern.
+    # Router: sigmoid, top-6 of 128 in one group, weights x 2.5 (megatron-bridge's recipe
+    # nemotron_3_nano.py). GPU benchmarks cut the pattern.
     "nemotron-h-30b-a3b": HybridSizes(
         vocab_size=131072, hidden=2688, intermediate=1856, heads=32, kv_heads=2, head_dim=128,
         max_positions=262144, layers=52,
         pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
         mamba_heads=64, mamba_head_dim=64, mamba_groups=8, state=128, chunk=128,
         experts=128, topk=6, expert_intermediate=1856, shared_expert_intermediate=3712,
+        routed_scaling=2.5,
     ),
-    # Its dense cut for today's loader: the same widths, Mamba/attention/MLP in the same order
+    # Its dense cut: the same widths, Mamba/attention/MLP in the same order (MLPs for the MoE)
     "nemotron-h-30b-a3b-dense": HybridSizes(
         vocab_size=131072, hidden=2688, intermediate=1856, heads=32, kv_heads=2, head_dim=128,
         max_positions=262144, layers=52,
@@ -123,8 +167,8 @@ def write_tiny_nemotron_h(
     sizes: HybridSizes = PRESETS["tiny-nemotron-h"],
     device: str = "cpu",
 ) -> Path:
-    """A random Nemotron-H checkpoint (the builtin: `M-*M-`, 128 wide) with the same locally
-    built tokenizer and chat template as the other tiny models."""
+    """A random Nemotron-H checkpoint (the builtin: `M-*M-`, 128 wide; `sizes` another preset)
+    with the same locally built tokenizer and chat template as the other tiny models."""
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
     from rlflow.model.tiny import TinyModel, token_ids_config, write_tiny
@@ -155,6 +199,10 @@ def write_tiny_nemotron_h(
             moe_intermediate_size=sizes.expert_intermediate or sizes.intermediate,
             moe_shared_expert_intermediate_size=sizes.shared_expert_intermediate
             or sizes.intermediate,
+            routed_scaling_factor=sizes.routed_scaling,
+            n_group=sizes.expert_groups,
+            topk_group=sizes.topk_groups,
+            norm_topk_prob=True,
             layer_norm_epsilon=1e-5,
             tie_word_embeddings=sizes.tie_embeddings,
             use_mamba_kernels=False,
@@ -164,9 +212,14 @@ def write_tiny_nemotron_h(
     def mixers(model) -> None:
         # HF clamps dt (after softplus) at time_step_min, megatron-core's mixer does not: a
         # dt_bias near zero keeps every dt far above the clamp, so both compute the same.
+        # HF's router starts at zero (every score 0.5: choices decided by rounding); a wide
+        # random router and correction bias make every token's top-k clear and the bias count.
         for layer in model.model.layers:
             if hasattr(layer.mixer, "dt_bias"):
                 layer.mixer.dt_bias.zero_()
+            if hasattr(layer.mixer, "gate"):
+                layer.mixer.gate.weight.normal_(0.0, 0.5)
+                layer.mixer.gate.e_score_correction_bias.normal_(0.0, 0.1)
 
     tiny = TinyModel(NemotronHForCausalLM, config, bos=False, init=mixers)
     return write_tiny(out_dir, tiny, sizes, seed=seed, device=device, lm_head_scale=lm_head_scale)
