@@ -7,6 +7,7 @@ NEMOTRON_H_PRESET_NAMES = (
     "tiny-nemotron-h",
     "tiny-nemotron-h-moe",
     "nemotron-h-30b-a3b",
+    "nemotron-h-30b-a3b-8l",
     "nemotron-h-30b-a3b-dense",
 )
 PRESET_NAMES = QWEN25VL_PRESET_NAMES + QWEN3VL_PRESET_NAMES + NEMOTRON_H_PRESET_NAMES

@@ -174,3 +174,33 @@ def test_router_replay_follows_hfs_routes(moe_hybrid):
     assert (results["compared"] - hf_lp).abs().max() < 1e-4
     assert (forced_lp - hf_lp).abs().max() > 1e-2  # the other experts matter ...
     assert (results["forced"] - forced_lp).abs().max() < 1e-4  # ... and are HF's
+
+
+def test_the_30b_a3b_preset_converts_to_the_published_moe_provider(single_rank, tmp_path):
+    """The `nemotron-h-30b-a3b` preset's config.json (no weights) through the bridge and the
+    family: the provider megatron-bridge's recipe for Nemotron-3 Nano 30B-A3B writes by hand."""
+    from megatron.bridge import AutoBridge
+
+    from rlflow.model.build import _configure_provider
+    from rlflow.model.families.nemotron_h import FAMILY, PRESETS, hf_config
+    from tests.tiny import SINGLE
+
+    config = hf_config(PRESETS["nemotron-h-30b-a3b"])
+    config.architectures = ["NemotronHForCausalLM"]
+    config.save_pretrained(tmp_path)
+    FAMILY.register_bridge()
+    bridge = AutoBridge.from_hf_pretrained(str(tmp_path))
+    provider = bridge.to_megatron_provider(load_weights=False)
+    _configure_provider(provider, SINGLE, torch.bfloat16)
+    FAMILY.configure_provider(provider, bridge.hf_pretrained.config, FP32)
+    provider.finalize()
+    want = dict(
+        num_layers=52, hybrid_layer_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        hidden_size=2688, num_attention_heads=32, num_query_groups=2, kv_channels=128,
+        mamba_num_heads=64, mamba_head_dim=64, mamba_num_groups=8, mamba_state_dim=128,
+        num_moe_experts=128, moe_router_topk=6, moe_ffn_hidden_size=1856,
+        moe_shared_expert_intermediate_size=3712, moe_router_topk_scaling_factor=2.5,
+        moe_router_num_groups=1, moe_router_group_topk=1, moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True, moe_router_dtype="fp32", vocab_size=131072,
+    )  # fmt: skip
+    assert {key: getattr(provider, key) for key in want} == want

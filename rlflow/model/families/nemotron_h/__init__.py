@@ -147,6 +147,15 @@ PRESETS = {
         experts=128, topk=6, expert_intermediate=1856, shared_expert_intermediate=3712,
         routed_scaling=2.5,
     ),
+    # Its first 8 layers (4 Mamba-2, 3 MoE, 1 attention; 4.8 B parameters): what one GPU
+    # holds with the reference and the optimizer, for benchmarks
+    "nemotron-h-30b-a3b-8l": HybridSizes(
+        vocab_size=131072, hidden=2688, intermediate=1856, heads=32, kv_heads=2, head_dim=128,
+        max_positions=262144, layers=8, pattern="MEMEM*EM",
+        mamba_heads=64, mamba_head_dim=64, mamba_groups=8, state=128, chunk=128,
+        experts=128, topk=6, expert_intermediate=1856, shared_expert_intermediate=3712,
+        routed_scaling=2.5,
+    ),
     # Its dense cut: the same widths, Mamba/attention/MLP in the same order (MLPs for the MoE)
     "nemotron-h-30b-a3b-dense": HybridSizes(
         vocab_size=131072, hidden=2688, intermediate=1856, heads=32, kv_heads=2, head_dim=128,
@@ -169,45 +178,12 @@ def write_tiny_nemotron_h(
 ) -> Path:
     """A random Nemotron-H checkpoint (the builtin: `M-*M-`, 128 wide; `sizes` another preset)
     with the same locally built tokenizer and chat template as the other tiny models."""
-    from transformers import NemotronHConfig, NemotronHForCausalLM
+    from transformers import NemotronHForCausalLM
 
     from rlflow.model.tiny import TinyModel, token_ids_config, write_tiny
 
-    if len(sizes.pattern) != sizes.layers:
-        raise ValueError(
-            f"pattern {sizes.pattern!r} has {len(sizes.pattern)} layers, not {sizes.layers}"
-        )
-
     def config(ids: dict[str, int], tokens: int):
-        return NemotronHConfig(
-            vocab_size=max(sizes.vocab_size, tokens),
-            hidden_size=sizes.hidden,
-            intermediate_size=sizes.intermediate,
-            hybrid_override_pattern=sizes.pattern,
-            num_attention_heads=sizes.heads,
-            num_key_value_heads=sizes.kv_heads,
-            head_dim=sizes.head_dim,
-            max_position_embeddings=sizes.max_positions,
-            mamba_num_heads=sizes.mamba_heads,
-            mamba_head_dim=sizes.mamba_head_dim,
-            n_groups=sizes.mamba_groups,
-            ssm_state_size=sizes.state,
-            chunk_size=sizes.chunk,
-            expand=sizes.mamba_heads * sizes.mamba_head_dim // sizes.hidden,
-            n_routed_experts=sizes.experts or 8,
-            num_experts_per_tok=sizes.topk or 2,
-            moe_intermediate_size=sizes.expert_intermediate or sizes.intermediate,
-            moe_shared_expert_intermediate_size=sizes.shared_expert_intermediate
-            or sizes.intermediate,
-            routed_scaling_factor=sizes.routed_scaling,
-            n_group=sizes.expert_groups,
-            topk_group=sizes.topk_groups,
-            norm_topk_prob=True,
-            layer_norm_epsilon=1e-5,
-            tie_word_embeddings=sizes.tie_embeddings,
-            use_mamba_kernels=False,
-            **token_ids_config(ids),
-        )
+        return hf_config(sizes, token_ids_config(ids), tokens)
 
     def mixers(model) -> None:
         # HF clamps dt (after softplus) at time_step_min, megatron-core's mixer does not: a
@@ -223,3 +199,42 @@ def write_tiny_nemotron_h(
 
     tiny = TinyModel(NemotronHForCausalLM, config, bos=False, init=mixers)
     return write_tiny(out_dir, tiny, sizes, seed=seed, device=device, lm_head_scale=lm_head_scale)
+
+
+def hf_config(sizes: HybridSizes, token_ids: dict | None = None, tokens: int = 0):
+    """The transformers `NemotronHConfig` of `sizes` (`token_ids`: pad/eos/bos ids of a
+    tokenizer of `tokens` entries; a config alone, e.g. for the provider, needs neither)."""
+    from transformers import NemotronHConfig
+
+    if len(sizes.pattern) != sizes.layers:
+        raise ValueError(
+            f"pattern {sizes.pattern!r} has {len(sizes.pattern)} layers, not {sizes.layers}"
+        )
+    return NemotronHConfig(
+        vocab_size=max(sizes.vocab_size, tokens),
+        hidden_size=sizes.hidden,
+        intermediate_size=sizes.intermediate,
+        hybrid_override_pattern=sizes.pattern,
+        num_attention_heads=sizes.heads,
+        num_key_value_heads=sizes.kv_heads,
+        head_dim=sizes.head_dim,
+        max_position_embeddings=sizes.max_positions,
+        mamba_num_heads=sizes.mamba_heads,
+        mamba_head_dim=sizes.mamba_head_dim,
+        n_groups=sizes.mamba_groups,
+        ssm_state_size=sizes.state,
+        chunk_size=sizes.chunk,
+        expand=sizes.mamba_heads * sizes.mamba_head_dim // sizes.hidden,
+        n_routed_experts=sizes.experts or 8,
+        num_experts_per_tok=sizes.topk or 2,
+        moe_intermediate_size=sizes.expert_intermediate or sizes.intermediate,
+        moe_shared_expert_intermediate_size=sizes.shared_expert_intermediate or sizes.intermediate,
+        routed_scaling_factor=sizes.routed_scaling,
+        n_group=sizes.expert_groups,
+        topk_group=sizes.topk_groups,
+        norm_topk_prob=True,
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=sizes.tie_embeddings,
+        use_mamba_kernels=False,
+        **(token_ids or {}),
+    )
