@@ -1,10 +1,11 @@
-"""Nemotron-H text: a hybrid of Mamba-2 mixers, attention and MLP layers (megatron-core's
+"""Nemotron-H text: a hybrid of Mamba-2 mixers, attention, MLP and MoE layers (megatron-core's
 HybridModel), the language model of Nemotron Omni.
 
 The layer pattern (HF `hybrid_override_pattern`, e.g. `M-M*-`) says each layer's kind: `M` a
 Mamba-2 mixer, `*` attention (no positional encoding: the Mamba layers carry order), `-` a
-squared-ReLU MLP, `E` a mixture of experts (refused: not built yet). Every layer is pre-norm
-(RMSNorm) with a residual.
+squared-ReLU MLP, `E` a mixture of experts (squared-ReLU routed experts under a sigmoid router
+with a correction bias, plus a shared expert). Every layer is pre-norm (RMSNorm) with a
+residual.
 
 Which path runs where: rlflow's bridge registration (model.py) keeps megatron-bridge's
 `NemotronHBridge` mappings and provider with a local (non-TE) stack spec, on every machine; the
@@ -12,9 +13,10 @@ Mamba mixer runs `mamba-ssm`'s CUDA kernels where installed, else rlflow's PyTor
 (docs/hybrid-kernels.md). Text only, right-padded rows (a Mamba layer reads every token before
 it: left padding would enter the state).
 
-Limits: one model-parallel rank (TP, CP, PP and EP refused); the Megatron generation engine keeps
-attention KV caches only, so recipes generate with `generation.backend: hf` until it holds the
-Mamba layers' conv and SSM states per row (docs/hybrid-kernels.md, "What is left").
+Limits: tensor and expert parallelism work, context, pipeline and sequence parallelism are
+refused; the Megatron generation engine keeps attention KV caches only, so recipes generate
+with `generation.backend: hf` until it holds the Mamba layers' conv and SSM states per row
+(docs/hybrid-kernels.md, "What is left").
 """
 
 from __future__ import annotations

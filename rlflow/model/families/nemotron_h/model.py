@@ -10,13 +10,16 @@ layers with megatron-core's local modules (ColumnParallelLinear / RowParallelLin
 DotProductAttention, the torch RMSNorm), the norm of each layer a separate module (the bridge maps
 `norm.weight`, `input_layernorm.weight` and `pre_mlp_layernorm.weight` to HF's
 `backbone.layers.*.norm.weight`). HybridStack makes its final norm a `TENorm` whatever the spec
-says; without TE, `register()` binds that name in hybrid_block.py to the local norm.
+says; without TE, `register()` binds that name in hybrid_block.py to the local norm. The MoE
+layers (`E`) take megatron-core's local MoE module with rlflow's MoE layer and grouped experts
+(`moe_layer_spec`), and the provider HF's router settings (`configure_moe`).
 
 The Mamba mixer's kernels: `mamba-ssm` where installed, else rlflow's PyTorch reference
 (rlflow/compat/mamba_reference.py, installed by rlflow.compat.cpu_compat, patch 8; see
-docs/hybrid-kernels.md). Two hooks make the model rlflow's (`install`):
+docs/hybrid-kernels.md). Three hooks make the model rlflow's (`install`):
 * the trainer's packed rows: inside `packed_attention.packing(...)` each Mamba mixer gets the
   rows' `seq_idx` (PackedSeqParams), so the conv window and the scan state stop at row ends;
+* each router keeps the checkpoint's correction bias (megatron-core would move it each step);
 * megatron-core's `HybridModel.forward` has no `output_processor` (GPTModel's hook the packed
   trainer computes its target logprobs with): the model's forward is wrapped to call it on the
   decoder's hidden states.
