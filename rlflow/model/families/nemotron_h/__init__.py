@@ -195,8 +195,8 @@ def write_tiny_nemotron_h(
         for layer in model.model.layers:
             if hasattr(layer.mixer, "dt_bias"):
                 layer.mixer.dt_bias.zero_()
-            if hasattr(layer.mixer, "gate"):
-                layer.mixer.gate.weight.normal_(0.0, 0.5)
+            if hasattr(layer.mixer, "gate"):  # logits of about the same spread at any width
+                layer.mixer.gate.weight.normal_(0.0, 0.5 * (128 / sizes.hidden) ** 0.5)
                 layer.mixer.gate.e_score_correction_bias.normal_(0.0, 0.1)
 
     tiny = TinyModel(NemotronHForCausalLM, config, bos=False, init=mixers)
