@@ -204,3 +204,26 @@ def test_the_30b_a3b_preset_converts_to_the_published_moe_provider(single_rank, 
         moe_router_enable_expert_bias=True, moe_router_dtype="fp32", vocab_size=131072,
     )  # fmt: skip
     assert {key: getattr(provider, key) for key in want} == want
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"moe_latent_size": 32}, "moe_latent_size 32"),
+        ({"norm_topk_prob": False}, "norm_topk_prob false"),
+        ({"n_group": 4, "topk_group": 2, "num_experts_per_tok": 6}, "topk_group 2 != 2"),
+    ],
+)
+def test_moe_settings_megatron_would_compute_otherwise_are_refused(changes, named):
+    from rlflow.errors import RlflowError
+    from rlflow.model.families.nemotron_h import PRESETS, hf_config
+    from rlflow.model.families.nemotron_h.model import check_config
+
+    config = hf_config(PRESETS["tiny-nemotron-h-moe"])
+    check_config(config)  # the builtin's own settings pass
+    for key, value in changes.items():
+        setattr(config, key, value)
+    with pytest.raises(RlflowError) as raised:
+        check_config(config)
+    (diagnostic,) = raised.value.diagnostics
+    assert diagnostic.code == "model.nemotron-h-unsupported" and named in diagnostic.message
