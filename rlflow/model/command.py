@@ -29,7 +29,7 @@ Examples:
   rlflow init-tiny-model /tmp/tiny-vlm
   rlflow init-tiny-model /scratch/qwen25vl-3b-random --preset qwen25vl-3b --device cuda
   rlflow init-tiny-model /scratch/qwen3vl-4b-random --preset qwen3vl-4b --device cuda
-  rlflow init-tiny-model /scratch/nemotron-h-random --preset nemotron-h-30b-a3b-dense --device cuda
+  rlflow init-tiny-model /scratch/nemotron-h-random --preset nemotron-h-30b-a3b-8l --device cuda
 """
 )
 @click.argument("directory", type=click.Path(file_okay=False))
@@ -40,8 +40,9 @@ Examples:
     show_default=True,
     help="tiny: ~1 M parameters for CPU tests (Qwen2.5-VL); qwen25vl-3b: Qwen2.5-VL-3B's real "
     "shapes; qwen3vl-4b: Qwen3-VL-4B's real shapes (DeepStack, interleaved mrope); "
-    "tiny-nemotron-h: a tiny Nemotron-H hybrid (Mamba-2, attention, MLP); nemotron-h-30b-a3b: "
-    "Nemotron-H 30B-A3B's shapes (MoE layers), nemotron-h-30b-a3b-dense: the same with MLPs.",
+    "tiny-nemotron-h: a tiny Nemotron-H hybrid (Mamba-2, attention, MLP; -moe: with MoE "
+    "layers); nemotron-h-30b-a3b: Nemotron-H 30B-A3B's shapes (MoE layers), -8l: its first 8 "
+    "layers, -dense: the same with MLPs.",
 )
 @click.option(
     "--seed",

@@ -263,6 +263,17 @@ def _experts(loaded: LoadedRecipe, trains: bool) -> list[Diagnostic]:
                 "tokens over the TP ranks itself)",
             )
         )
+    elif trains and splits_sequence(par) and _hybrid(recipe.model.checkpoint):
+        problems.append(
+            loaded.diagnostic(
+                ("parallelism", "sequence_parallel"),
+                "allocation.hybrid-sequence-parallel",
+                f"`parallelism.sequence_parallel` is on (or auto with tensor_parallel_size "
+                f"{par.tensor_parallel_size}), but {where} is a hybrid model whose Mamba layers "
+                "scan the whole sequence: sequence parallelism is not built for them",
+                help="set parallelism.sequence_parallel: off (docs/hybrid-kernels.md)",
+            )
+        )
     backend = recipe.generation.backend
     if trains and experts and recipe.loss.router_replay and backend != "megatron":
         problems.append(
@@ -277,6 +288,14 @@ def _experts(loaded: LoadedRecipe, trains: bool) -> list[Diagnostic]:
             )
         )
     return problems
+
+
+def _hybrid(checkpoint: str) -> bool:
+    """Whether `model.checkpoint` has recurrent (Mamba) layers beside attention (no torch)."""
+    from rlflow.model.shape import recipe_shape
+
+    shape = recipe_shape(checkpoint)
+    return shape is not None and shape.kv_layers >= 0
 
 
 def _data_parallel(loaded: LoadedRecipe, world_size: int, shape: str) -> list[Diagnostic]:

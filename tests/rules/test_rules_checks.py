@@ -96,3 +96,16 @@ def test_the_megatron_engine_takes_a_hybrid_model_but_not_its_moe_layers(tmp_pat
         "mixture-of-experts (`E`) layers, which it does not run" in text
         and "set generation.backend: hf" in text
     )
+    load_checked(TINY, [*hybrid, "generation.backend=hf"])  # no diagnostic
+
+
+def test_sequence_parallel_is_refused_for_a_hybrid_model():
+    from rlflow.rules.allocation import allocation_diagnostics
+
+    hybrid = ["model.checkpoint=builtin:tiny-nemotron-h", "data.train.kind=text"]
+    tp2 = [*hybrid, "generation.backend=hf", "parallelism.tensor_parallel_size=2"]
+    refused = allocation_diagnostics(load_checked(TINY, tp2), 1, 2)
+    assert [d.code for d in refused] == ["allocation.hybrid-sequence-parallel"]
+    assert "set parallelism.sequence_parallel: off" in refused[0].help
+    off = load_checked(TINY, [*tp2, "parallelism.sequence_parallel=off"])
+    assert allocation_diagnostics(off, 1, 2) == []

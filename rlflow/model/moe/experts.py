@@ -7,7 +7,8 @@ rules read them: rlflow/model/shape.py). That builds each layer from megatron-co
 with two rlflow classes swapped in:
 
 * `GroupedExperts`: megatron-core's `SequentialMLP` (same parameters, names, checkpoints and
-  megatron-bridge mappings) whose per-expert weights live in one [experts, out, in] tensor, so
+  megatron-bridge mappings; SwiGLU experts, or Nemotron-H's squared-ReLU ones) whose
+  per-expert weights live in one [experts, out, in] tensor, so
   the experts run as two grouped matrix products (`torch._grouped_mm`: a CUTLASS kernel on
   GPUs in bfloat16, an exact per-group loop in C++ on CPUs) with device-side offsets, never a
   Python loop over experts and no host sync (float32 on GPUs: see `grouped_mm`).
@@ -202,6 +203,17 @@ def swiglu_experts(x, fc1, fc2, offsets, probs):
     return grouped_mm(act, fc2, offsets)
 
 
+def relu2_experts(x, fc1, fc2, offsets, probs):
+    """Routed squared-ReLU experts (not gated: Nemotron-H's) on tokens sorted by expert:
+    x [P, H], fc1 [E, F, H], fc2 [E, H, F], probs [P] -> [P, H]; the router weight scales the
+    activation before fc2, as in `swiglu_experts`."""
+    import torch.nn.functional as F
+
+    act = F.relu(grouped_mm(x, fc1, offsets)).square()
+    act = (act * probs.unsqueeze(-1)).to(act.dtype)
+    return grouped_mm(act, fc2, offsets)
+
+
 @functools.cache
 def GroupedExperts():  # noqa: N802 - a class, built on first use (megatron imports are heavy)
     import torch
@@ -227,17 +239,21 @@ def GroupedExperts():  # noqa: N802 - a class, built on first use (megatron impo
             super().__init__(num_local_experts, config, submodules, pg_collection, name)
             for linear in ("linear_fc1", "linear_fc2"):
                 share_storage([getattr(e, linear) for e in self.local_experts])
-            self._grouped = (
+            plain = (
                 not config.add_bias_linear
-                and config.gated_linear_unit
-                and config.activation_func is F.silu
                 and not (config.fp8 or config.fp4 or config.moe_apply_probs_on_input)
                 and config.activation_func_clamp_value is None
                 and config.glu_linear_offset == 0.0
             )
+            self._grouped = None  # which grouped computation, None: SequentialMLP's own
+            if plain and config.gated_linear_unit and config.activation_func is F.silu:
+                self._grouped = swiglu_experts
+            relu2 = getattr(config.activation_func, "__name__", "") == "squared_relu"
+            if plain and not config.gated_linear_unit and relu2:
+                self._grouped = relu2_experts  # Nemotron-H's experts
 
         def forward(self, permuted_local_hidden_states, tokens_per_expert, permuted_probs):
-            if not self._grouped:  # an expert layout the grouped path does not cover
+            if self._grouped is None:  # an expert layout the grouped path does not cover
                 return super().forward(
                     permuted_local_hidden_states, tokens_per_expert, permuted_probs
                 )
@@ -246,7 +262,7 @@ def GroupedExperts():  # noqa: N802 - a class, built on first use (megatron impo
             offsets = torch.cumsum(counts, 0, dtype=torch.int32)
             fc1 = _Stacked.apply(*(e.linear_fc1.weight for e in self.local_experts))
             fc2 = _Stacked.apply(*(e.linear_fc2.weight for e in self.local_experts))
-            return swiglu_experts(x, fc1, fc2, offsets, permuted_probs), None
+            return self._grouped(x, fc1, fc2, offsets, permuted_probs), None
 
         def stacked_weights(self):
             """(fc1 [E, 2F, H], fc2 [E, H, F]): views of the live weights (generation reads them)."""
@@ -322,8 +338,8 @@ def _moe_layer_class():
             tp = self.attn_tp_group.size()
             if tp == 1 or self.config.sequence_parallel or intermediate_tensors is not None:
                 return super().forward(hidden_states, intermediate_tensors, padding_mask)
-            if self.use_shared_expert:
-                raise NotImplementedError("shared experts under tensor parallelism")
+            # a shared expert (Nemotron-H) is a TP-split MLP over the whole sequence
+            shared = self.shared_experts_compute(hidden_states)
             if padding_mask is not None:
                 padding_mask = padding_mask.transpose(0, 1).bool()
             shape = hidden_states.shape
@@ -346,6 +362,7 @@ def _moe_layer_class():
             output = gather_from_sequence_parallel_region(
                 output, tensor_parallel_output_grad=False, group=group
             )
-            return output[: output.shape[0] - pad].reshape(shape), mlp_bias
+            output = output[: output.shape[0] - pad].reshape(shape)
+            return output if shared is None else output + shared, mlp_bias
 
     return MoELayer

@@ -10,13 +10,16 @@ layers with megatron-core's local modules (ColumnParallelLinear / RowParallelLin
 DotProductAttention, the torch RMSNorm), the norm of each layer a separate module (the bridge maps
 `norm.weight`, `input_layernorm.weight` and `pre_mlp_layernorm.weight` to HF's
 `backbone.layers.*.norm.weight`). HybridStack makes its final norm a `TENorm` whatever the spec
-says; without TE, `register()` binds that name in hybrid_block.py to the local norm.
+says; without TE, `register()` binds that name in hybrid_block.py to the local norm. The MoE
+layers (`E`) take megatron-core's local MoE module with rlflow's MoE layer and grouped experts
+(`moe_layer_spec`), and the provider HF's router settings (`configure_moe`).
 
 The Mamba mixer's kernels: `mamba-ssm` where installed, else rlflow's PyTorch reference
 (rlflow/compat/mamba_reference.py, installed by rlflow.compat.cpu_compat, patch 8; see
-docs/hybrid-kernels.md). Two hooks make the model rlflow's (`install`):
+docs/hybrid-kernels.md). Three hooks make the model rlflow's (`install`):
 * the trainer's packed rows: inside `packed_attention.packing(...)` each Mamba mixer gets the
   rows' `seq_idx` (PackedSeqParams), so the conv window and the scan state stop at row ends;
+* each router keeps the checkpoint's correction bias (megatron-core would move it each step);
 * megatron-core's `HybridModel.forward` has no `output_processor` (GPTModel's hook the packed
   trainer computes its target logprobs with): the model's forward is wrapped to call it on the
   decoder's hidden states.
@@ -30,7 +33,7 @@ import types
 from rlflow.errors import Diagnostic, RlflowError
 
 # HF layer types rlflow builds (HF `layers_block_type` / the pattern's symbols)
-SUPPORTED_LAYERS = {"M": "mamba", "*": "attention", "-": "mlp"}
+SUPPORTED_LAYERS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
 @functools.cache
@@ -54,8 +57,9 @@ def register() -> None:
             provider = super().provider_bridge(hf_pretrained)
             provider.hybrid_stack_spec = local_hybrid_stack_spec
             provider.activation_func = squared_relu
-            provider.moe_grouped_gemm = False
-            provider.moe_permute_fusion = False
+            provider.moe_grouped_gemm = False  # megatron's GroupedMLP needs `grouped_gemm`
+            provider.moe_permute_fusion = False  # Transformer Engine kernels
+            provider.moe_router_fusion = False
             provider.moe_shared_expert_overlap = False
             provider.first_last_layers_bf16 = False
             # the hybrid provider asks for `flash`, whose NVTE_* environment variables clash
@@ -97,10 +101,9 @@ def check_config(hf_config) -> None:
     unsupported = sorted(set(pattern) - set(SUPPORTED_LAYERS))
     problems = []
     if unsupported:
-        problems.append(
-            f"hybrid_override_pattern `{pattern}` has layer types {unsupported} "
-            "('E': mixture-of-experts layers, not built yet)"
-        )
+        problems.append(f"hybrid_override_pattern `{pattern}` has layer types {unsupported}")
+    if "E" in pattern:
+        problems += _moe_problems(hf_config)
     if getattr(hf_config, "num_nextn_predict_layers", 0):
         problems.append("num_nextn_predict_layers > 0 (multi-token prediction layers)")
     if hf_config.conv_kernel != 4:
@@ -121,34 +124,99 @@ def check_config(hf_config) -> None:
             Diagnostic(
                 "model.nemotron-h-unsupported",
                 "this Nemotron-H checkpoint's config.json has " + "; ".join(problems),
-                help="rlflow builds Nemotron-H with Mamba-2 (M), attention (*) and MLP (-) layers",
+                help="rlflow builds Nemotron-H with Mamba-2 (M), attention (*), MLP (-) and "
+                "MoE (E) layers as the published checkpoints have them (docs/hybrid-kernels.md)",
             )
         )
 
 
+def _moe_problems(hf_config) -> list[str]:
+    """MoE settings whose HF computation megatron-core's router or experts would not repeat."""
+    problems = []
+    if getattr(hf_config, "moe_latent_size", None):
+        problems.append(f"moe_latent_size {hf_config.moe_latent_size} (latent MoE projections)")
+    if not getattr(hf_config, "norm_topk_prob", True):
+        problems.append("norm_topk_prob false (megatron-core's sigmoid router always normalises)")
+    groups, topk_groups = hf_config.n_group or 1, hf_config.topk_group or 1
+    topk = hf_config.num_experts_per_tok
+    if groups > 1 and topk // topk_groups != 2:
+        # HF ranks groups by their best two scores, megatron-core by their best topk/topk_group
+        problems.append(
+            f"group-limited routing with num_experts_per_tok {topk} / topk_group {topk_groups} "
+            "!= 2 (HF ranks expert groups by their top-2 scores)"
+        )
+    return problems
+
+
 def check_parallelism(provider) -> None:
-    """TP, CP, PP and EP are refused until the hybrid model's paths for them are built."""
+    """Tensor parallelism (the Mamba mixer's heads, the attention heads and the MLPs split; the
+    MoE layers' tokens split, rlflow/model/moe/experts.py) and expert parallelism are built;
+    context and pipeline parallelism are refused, and so is sequence parallelism (the packed
+    rows' `seq_idx` of each mixer is the whole sequence's)."""
     sizes = {
-        "tensor_parallel_size": provider.tensor_model_parallel_size,
         "context_parallel_size": provider.context_parallel_size,
         "pipeline_parallel_size": provider.pipeline_model_parallel_size,
-        "expert_parallel_size": provider.expert_model_parallel_size,
     }
-    wider = {k: v for k, v in sizes.items() if v != 1}
+    wider = [f"parallelism.{k}: {v}" for k, v in sizes.items() if v != 1]
+    if provider.sequence_parallel:
+        wider.append(
+            "parallelism.sequence_parallel: on (or auto with tensor_parallel_size "
+            f"{provider.tensor_model_parallel_size})"
+        )
     if wider:
         raise RlflowError(
             Diagnostic(
                 "model.nemotron-h-parallelism",
-                "Nemotron-H runs on one model-parallel rank for now; the recipe sets "
-                + ", ".join(f"parallelism.{k}: {v}" for k, v in wider.items()),
-                help="set these to 1 (data parallelism works); the Mamba mixer's TP split, "
-                "expert parallelism and CP/PP for hybrid models are not built yet",
+                "Nemotron-H is built for tensor, expert and data parallelism; the recipe sets "
+                + ", ".join(wider),
+                help="set context_parallel_size and pipeline_parallel_size to 1 and "
+                "sequence_parallel to off (context, pipeline and sequence parallelism for "
+                "hybrid models are not built: docs/hybrid-kernels.md)",
             )
         )
 
 
-def local_hybrid_stack_spec():
-    """megatron-core's hybrid stack with local (non-TE) modules and separate norms."""
+def configure_moe(provider, hf_config, model_cfg) -> None:
+    """The MoE settings of the provider from `model.moe` (null: the checkpoint's), as the
+    Qwen3-MoE family's (rlflow/model/moe/experts.py) but with Nemotron-H's router: sigmoid
+    scores plus the checkpoint's correction bias (kept as loaded: megatron-core's aux-loss-free
+    bias update is off, `install`), top-k renormalised and scaled, in float32 as HF computes it
+    (router_dtype null); megatron-bridge's 1e-4 sequence load-balancing loss is not HF's (the
+    checkpoint's config has no coefficient: off unless `model.moe.aux_loss_coeff` sets one)."""
+    cfg = model_cfg.moe
+    provider.rlflow_grouped_experts = cfg.grouped_experts
+    if "E" not in hf_config.hybrid_override_pattern:
+        return
+    experts = int(hf_config.n_routed_experts)
+    topk = cfg.router_topk if cfg.router_topk is not None else int(hf_config.num_experts_per_tok)
+    if not 1 <= topk <= experts:
+        raise RlflowError(
+            Diagnostic(
+                "moe.router-topk",
+                f"`model.moe.router_topk` is {topk}, but the model has {experts} experts",
+                help=f"choose 1..{experts}, or null for the checkpoint's num_experts_per_tok",
+            )
+        )
+    coeff = cfg.aux_loss_coeff
+    if coeff is None:
+        coeff = float(getattr(hf_config, "router_aux_loss_coef", 0.0) or 0.0)
+    provider.moe_router_topk = topk
+    provider.moe_router_score_function = "sigmoid"
+    provider.moe_router_enable_expert_bias = True
+    provider.moe_router_bias_update_rate = 0.0
+    provider.moe_router_topk_scaling_factor = float(hf_config.routed_scaling_factor)
+    provider.moe_token_dispatcher_type = "alltoall"
+    provider.moe_router_load_balancing_type = "aux_loss" if coeff > 0 else "none"
+    provider.moe_aux_loss_coeff = coeff
+    provider.moe_z_loss_coeff = cfg.z_loss_coeff or None
+    provider.moe_router_dtype = {None: "fp32", "float32": "fp32", "float64": "fp64"}[
+        cfg.router_dtype
+    ]
+
+
+def local_hybrid_stack_spec(config=None):
+    """megatron-core's hybrid stack with local (non-TE) modules and separate norms; its MoE
+    layers are rlflow's (`moe_layer_spec`; `config.rlflow_grouped_experts`, default on)."""
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.models.gpt.gpt_layer_specs import LNImpl
     from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
@@ -162,6 +230,7 @@ def local_hybrid_stack_spec():
     from megatron.core.transformer.mlp import MLP, MLPSubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_layer import (
+        MoETransformerLayer,
         TransformerLayer,
         TransformerLayerSubmodules,
     )
@@ -183,6 +252,7 @@ def local_hybrid_stack_spec():
         module=MLP,
         submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
     )
+    grouped = getattr(config, "rlflow_grouped_experts", True)
     return ModuleSpec(
         module=HybridStack,
         submodules=HybridStackSubmodules(
@@ -206,18 +276,54 @@ def local_hybrid_stack_spec():
                     pre_mlp_layernorm=LNImpl, mlp=mlp, mlp_bda=get_bias_dropout_add
                 ),
             ),
+            moe_layer=ModuleSpec(
+                module=MoETransformerLayer,
+                submodules=TransformerLayerSubmodules(
+                    pre_mlp_layernorm=LNImpl,
+                    mlp=moe_layer_spec(grouped),
+                    mlp_bda=get_bias_dropout_add,
+                ),
+            ),
         ),
     )
 
 
+def moe_layer_spec(grouped: bool = True):
+    """megatron-core's local MoE module (router, routed experts, shared expert) with rlflow's
+    MoE layer (router replay, the TP token split) and, with `grouped`, its grouped experts
+    (rlflow/model/moe/experts.py; squared-ReLU experts: `relu2_experts`)."""
+    import dataclasses
+
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+
+    from rlflow.model.moe import experts
+
+    core = get_moe_module_spec(use_te=False, num_experts=1, moe_grouped_gemm=False)
+    submodules = core.keywords["submodules"]
+    routed = submodules.experts
+    if grouped:
+        routed = functools.partial(
+            experts.GroupedExperts(), submodules=routed.keywords["submodules"]
+        )
+    return functools.partial(
+        experts._moe_layer_class(), submodules=dataclasses.replace(submodules, experts=routed)
+    )
+
+
 def install(core) -> None:
-    """The packed-rows hook on every Mamba mixer and the output_processor forward."""
+    """The packed-rows hook on every Mamba mixer, the routers' bias frozen, and the
+    output_processor forward."""
     from megatron.core.ssm.mamba_mixer import MambaMixer
 
     for module in core.modules():
         if isinstance(module, MambaMixer) and not getattr(module, "_rlflow_packed", False):
             module.forward = types.MethodType(_packed_mixer_forward(module.forward), module)
             module._rlflow_packed = True
+        if getattr(module, "expert_bias", None) is not None:
+            # the checkpoint's routing bias, as HF uses it: megatron-core would count tokens
+            # per expert (a torch.compile'd function) and move the bias after each step
+            module.enable_expert_bias = False
+            module.frozen_expert_bias = True
     if not getattr(core, "_rlflow_output_processor", False):
         core.forward = types.MethodType(_with_output_processor(core.forward), core)
         core._rlflow_output_processor = True
