@@ -16,5 +16,5 @@ def make_environment(recipe, encoder) -> Environment:
     if cfg.kind == "tool_scenes":
         from rlflow.environment.tool_scenes import ToolScenes
 
-        return ToolScenes(encoder, cfg.max_turns, recipe.data.prompt_suffix)
+        return ToolScenes(encoder, cfg.max_turns, recipe.data.prompt_suffix, cfg.tool_call_format)
     raise ValueError(f"unknown environment.kind {cfg.kind!r}")  # the schema's Literal refuses it

@@ -151,6 +151,9 @@ INERT: dict[str, Unread] = {
     "environment.max_turns": _off(
         "environment.kind", lambda r: r.environment.kind == "single_turn", "single_turn (one turn)"
     ),
+    "environment.tool_call_format": _off(
+        "environment.kind", lambda r: r.environment.kind != "tool_scenes", "not tool_scenes"
+    ),
     "warm_start.batch_size": _off(
         "warm_start.num_steps", lambda r: r.warm_start.num_steps == 0, "0"
     ),

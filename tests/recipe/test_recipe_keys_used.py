@@ -232,6 +232,7 @@ READ_BY = {
     "logging.rollout_dump_period": ("rlflow/train/loop.py", "recipe.logging.rollout_dump_period"),
     "environment.kind": ("rlflow/environment/factory.py", "cfg.kind"),
     "environment.max_turns": ("rlflow/environment/factory.py", "cfg.max_turns"),
+    "environment.tool_call_format": ("rlflow/environment/factory.py", "cfg.tool_call_format"),
     "logging.wandb.enabled": ("rlflow/train/metrics.py", "wandb.enabled"),
     "logging.wandb.project": ("rlflow/train/wandb_log.py", "cfg.project"),
     "logging.wandb.entity": ("rlflow/train/wandb_log.py", "cfg.entity"),

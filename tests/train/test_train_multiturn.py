@@ -41,7 +41,7 @@ def trajectories(encoder, n: int):
     rng = random.Random(5)
     spec = SceneSpec(image_size=56, max_objects=3, num_frames=None, condition=None)
     samples = [make_text_row(rng, f"row{i}", spec) for i in range(n // 2)]
-    env = ToolScenes(encoder, 2, SUFFIX)
+    env = ToolScenes(encoder, 2, SUFFIX, "hermes")
     prompts = [encoder.encode(s) for s in samples for _ in range(2)]
     completions = [
         env.reference(s, p) for s, p in zip([s for s in samples for _ in range(2)], prompts)
