@@ -143,16 +143,19 @@ class ToolScenes(Environment):
         if not calls:
             answers = [('error: a call is <tool_call>{"name": ..., "arguments": {...}}</tool_call>',
                         "json")]  # fmt: skip
-        for text, reason in answers:
+        for _, reason in answers:
             sums["env/tool_calls"] += 1
             if reason is None:
                 sums["env/valid_tool_calls"] += 1
             else:
                 sums["env/malformed_tool_calls"] += 1
                 sums[f"env/malformed_tool_calls/{reason}"] += 1
-            tr.add_environment_turn(
-                {"role": "tool", "content": text}, self.encoder.processor, self.encoder.tokenizer
-            )
+        # One environment turn for all of a turn's results: the template renders consecutive
+        # tool messages in one user turn, so adding them one by one (each followed by the next
+        # assistant header) would not be what the template renders after the last.
+        messages = [{"role": "tool", "content": text} for text, _ in answers]
+        tr.messages.extend(messages[:-1])
+        tr.add_environment_turn(messages[-1], self.encoder.processor, self.encoder.tokenizer)
         return sum(reason is None for _, reason in answers)
 
     def rollout(self, backend, prompts, samples, params) -> EnvRollouts:

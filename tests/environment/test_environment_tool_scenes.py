@@ -144,7 +144,7 @@ def test_malformed_tool_calls_are_counted_and_answered(encoder):
 
 
 def test_compact_calls_are_run_and_their_mistakes_counted(encoder):
-    samples = rows(5)
+    samples = rows(6)
     prompts = [encoder.encode(s) for s in samples]
     first = [
         call_text(query_of(samples[0].question), "compact"),  # count blue objects
@@ -152,19 +152,24 @@ def test_compact_calls_are_run_and_their_mistakes_counted(encoder):
         "<tool_call>zoom red</tool_call>",  # no such tool
         "<tool_call>count red blue</tool_call>",  # two colours
         "<tool_call></tool_call>",  # no tool name
+        "<tool_call>count red</tool_call><tool_call>count circles</tool_call>",  # two at once
     ]
-    backend = Scripted(encoder, [first, ["<answer>1</answer>"] * 5])
+    backend = Scripted(encoder, [first, ["<answer>1</answer>"] * 6])
     made = ToolScenes(encoder, 2, SUFFIX, "compact").rollout(backend, prompts, samples, PARAMS)
     sums = made.sums
     assert first[0] == f"<tool_call>count {query_of(samples[0].question).noun()}</tool_call>"
-    assert sums["env/valid_tool_calls"] == 2 and sums["env/malformed_tool_calls"] == 3
+    assert sums["env/valid_tool_calls"] == 4 and sums["env/malformed_tool_calls"] == 3
     for reason in ("unknown_tool", "bad_arguments", "json"):
         assert sums[f"env/malformed_tool_calls/{reason}"] == 1
-    told = [encoder.tokenizer.decode(c.token_ids, skip_special_tokens=False) for c in made.completions]
+    told = [
+        encoder.tokenizer.decode(c.token_ids, skip_special_tokens=False) for c in made.completions
+    ]
     answer = count(samples[0].scene, query_of(samples[0].question))
     assert f"<tool_response>\n{answer}\n</tool_response>" in told[0]
     assert f"<tool_response>\n{len(samples[1].scene.objects)}\n</tool_response>" in told[1]
-    assert made.reward_texts[:2] == ["<answer>1</answer>"] * 2 and made.reward_texts[2:] == [""] * 3
+    assert made.reward_texts == ["<answer>1</answer>"] * 2 + [""] * 3 + ["<answer>1</answer>"]
+    # both results of the two calls in one user turn, then the answer
+    assert "</tool_response>\n<tool_response>" in told[5] and told[5].count("<|im_start|>") == 2
     # the warm start's reference calls the tool in the compact form
     reference = ToolScenes(encoder, 2, SUFFIX, "compact").reference(samples[0], prompts[0])
     assert first[0] in encoder.tokenizer.decode(reference.token_ids)

@@ -36,3 +36,6 @@ def test_single_turn_refuses_max_turns_and_a_misspelt_kind():
     assert "environment.max_turns" in text and "single_turn" in text
     text = refused(TEXT, ["environment.kind=tool_scene"])
     assert "did you mean 'tool_scenes'?" in text
+    text = refused(TEXT, ["environment.tool_call_format=compact"])
+    assert "environment.tool_call_format" in text and "not tool_scenes" in text
+    assert "'hermes'" in refused(TOOLS, ["environment.tool_call_format=json"])
