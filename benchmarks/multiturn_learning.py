@@ -4,6 +4,7 @@ single-turn GRPO on the same text counting scenes, same seed, on a CPU.
     nice -n 10 uv run python benchmarks/multiturn_learning.py --steps 10 --prompts 4 \
         --warm-start 40                                  # both runs, then the table
     uv run python benchmarks/multiturn_learning.py --analyze-only   # the table from saved runs
+    ... --runs tools                                     # one run again, the table from both
 
 Runs (`rlflow train`, the console script, one process each, side by side):
 - tools:  recipes/tiny-qwen3-text-tools-1n1g-cpu.yaml (call `count`, then answer; 2 turns);
@@ -102,10 +103,11 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--warm-start", type=int, default=40)
     parser.add_argument("--analyze-only", action="store_true")
+    parser.add_argument("--runs", nargs="+", choices=list(RUNS), default=list(RUNS))
     args = parser.parse_args()
     if not args.analyze_only:
         began = time.perf_counter()
-        procs = {name: start(name, args) for name in RUNS}
+        procs = {name: start(name, args) for name in args.runs}
         codes = {name: p.wait() for name, p in procs.items()}
         print(f"runs finished in {time.perf_counter() - began:.0f} s: exit codes {codes}")
     print(table())

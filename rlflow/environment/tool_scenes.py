@@ -8,7 +8,7 @@ scene graph). The one tool, in the hermes style of rlflow.serve.tools:
 
 counts the scene's objects of that colour and/or shape (both optional). With
 `environment.tool_call_format: compact` a call is the tool's name and the question's words
-instead, `<tool_call>count red squares</tool_call>` (or `count objects`, `count circles`): a
+instead, `<tool_call> count red squares</tool_call>` (or `count objects`, `count circles`): a
 few tokens a tiny model can learn, where the JSON is dozens. Each model turn that
 ends with a call gets the result as a `tool` message, rendered by the chat template
 (`<tool_response>...</tool_response>` in a user turn), and the policy goes on; a turn without a
@@ -47,17 +47,17 @@ def query_of(question: str) -> Query:
 def call_text(query: Query, call_format: str) -> str:
     """The tool call a perfect policy makes for `query`, in `call_format` (hermes | compact)."""
     if call_format == "compact":
-        return f"<tool_call>{TOOL} {query.noun()}</tool_call>"
+        return f"<tool_call> {TOOL} {query.noun()}</tool_call>"  # " count": one tiny token
     arguments = {k: v for k, v in (("color", query.color), ("shape", query.shape)) if v}
     return f"<tool_call>{json.dumps({'name': TOOL, 'arguments': arguments})}</tool_call>"
 
 
 _COMPACT = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-_COMPACT_HELP = "error: a call is <tool_call>count red squares</tool_call>"
+_COMPACT_HELP = "error: a call is <tool_call> count red squares</tool_call>"
 
 
 def compact_calls(content: str) -> list[dict]:
-    """The compact calls of a turn's text (`<tool_call>count red squares</tool_call>`), each in
+    """The compact calls of a turn's text (`<tool_call> count red squares</tool_call>`), each in
     the OpenAI shape with its arguments as JSON, or {} for a call with no tool name."""
     out = []
     for match in _COMPACT.finditer(content):

@@ -157,7 +157,7 @@ def test_compact_calls_are_run_and_their_mistakes_counted(encoder):
     backend = Scripted(encoder, [first, ["<answer>1</answer>"] * 6])
     made = ToolScenes(encoder, 2, SUFFIX, "compact").rollout(backend, prompts, samples, PARAMS)
     sums = made.sums
-    assert first[0] == f"<tool_call>count {query_of(samples[0].question).noun()}</tool_call>"
+    assert first[0] == f"<tool_call> count {query_of(samples[0].question).noun()}</tool_call>"
     assert sums["env/valid_tool_calls"] == 4 and sums["env/malformed_tool_calls"] == 3
     for reason in ("unknown_tool", "bad_arguments", "json"):
         assert sums[f"env/malformed_tool_calls/{reason}"] == 1
