@@ -13,7 +13,8 @@ Both: the same scenes (data seeds 1 and 2, text rows, 1..3 objects), run.seed 42
 supervised steps of 16 rows (each recipe's own reference: the whole tool trajectory, or the
 answer), then --steps GRPO steps of --prompts prompts x 8, validation (greedy) on 32 held-out
 scenes after the warm start (step 0) and at the end. Metrics are kept in
-benchmarks/results/multiturn/<run>/metrics.jsonl; the table goes to stdout.
+benchmarks/results/multiturn/<run>/metrics.jsonl; the table goes to stdout. Train columns are
+sampled rollouts (temperature 1), the mean of the first 5 GRPO steps → of the last 5.
 """
 
 from __future__ import annotations
@@ -66,23 +67,32 @@ def records(name: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def _ends(train: list[dict], key: str) -> str:
+    """The key's mean over the first and the last 5 GRPO steps (sampled rollouts)."""
+    first, last = train[:5], train[-5:]
+    if key not in train[0]:
+        return "—"
+    mean = lambda rs: sum(r[key] for r in rs) / len(rs)  # noqa: E731
+    return f"{mean(first):.3f} → {mean(last):.3f}"
+
+
 def table() -> str:
     rows = [
-        "| run | val accuracy before (step 0) | after | GRPO steps run | turns / trajectory "
-        "(val, last) | tool-call validity (val, last) | train reward first → last | "
-        "response tokens (train, last) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | val accuracy before (step 0) | after | GRPO steps | turns / trajectory "
+        "(val, last) | tool-call validity (val, last) | train accuracy | train reward | "
+        "train tool-call validity | train answered without tool | response tokens (train, last) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in RUNS:
         recs = records(name)
         vals = [r for r in recs if "val/accuracy" in r]
         train = [r for r in recs if "train/reward" in r]
         if not vals:
-            rows.append(f"| {name} | (stopped before the first validation) |||||||")
+            rows.append(f"| {name} | (stopped before the first validation) ||||||||||")
             continue
         first, last = vals[0], vals[-1]
         if not train:  # stopped after the warm start's validation: the "before" column only
-            rows.append(f"| {name} | {first['val/accuracy']:.3f} | (stopped at step 0) ||||||")
+            rows.append(f"| {name} | {first['val/accuracy']:.3f} | (stopped at step 0) |||||||||")
             continue
         turns = last.get("val/turns_per_trajectory", 1.0)
         validity = last.get("val/tool_call_validity")
@@ -91,7 +101,9 @@ def table() -> str:
             f"| {name} | {first['val/accuracy']:.3f} | {after} | "
             f"{train[-1]['step']} | {turns:.2f} | "
             f"{'—' if validity is None else f'{validity:.3f}'} | "
-            f"{train[0]['train/reward']:.3f} → {train[-1]['train/reward']:.3f} | "
+            f"{_ends(train, 'train/accuracy')} | {_ends(train, 'train/reward')} | "
+            f"{_ends(train, 'env/tool_call_validity')} | "
+            f"{_ends(train, 'env/answered_without_tool')} | "
             f"{train[-1]['train/response_length']:.1f} |"
         )
     return "\n".join(rows)
