@@ -18,5 +18,8 @@ def make_environment(recipe, encoder) -> Environment:
     if cfg.kind == "tool_scenes":
         from rlflow.environment.tool_scenes import ToolScenes
 
-        return ToolScenes(encoder, cfg.max_turns, recipe.data.prompt_suffix, cfg.task_timeout_s)
+        return ToolScenes(
+            encoder, cfg.max_turns, recipe.data.prompt_suffix, cfg.task_timeout_s,
+            cfg.tool_call_format,
+        )  # fmt: skip
     raise ValueError(f"unknown environment.kind {cfg.kind!r}")  # the schema's Literal refuses it

@@ -6,7 +6,10 @@ scene graph). The one tool, in the hermes style of rlflow.serve.tools:
 
     <tool_call>{"name": "count", "arguments": {"color": "red", "shape": "square"}}</tool_call>
 
-counts the scene's objects of that colour and/or shape (both optional). Each model turn that
+counts the scene's objects of that colour and/or shape (both optional). With
+`environment.tool_call_format: compact` a call is the tool's name and the question's words
+instead, `<tool_call> count red squares</tool_call>` (or `count objects`, `count circles`): a
+few tokens a tiny model can learn, where the JSON is dozens. Each model turn that
 ends with a call gets the result as a `tool` message, rendered by the chat template
 (`<tool_response>...</tool_response>` in a user turn), and the policy goes on; a turn without a
 call ends the trajectory, as does a turn cut at generation.max_new_tokens or the last of
@@ -21,6 +24,7 @@ answered with an error message, so the policy can try again in its next turn, an
 from __future__ import annotations
 
 import json
+import re
 
 from rlflow.data.scene import COLORS, SHAPES, Query, count
 from rlflow.environment.base import Environment, EnvRollouts, turn_params
@@ -40,10 +44,35 @@ def query_of(question: str) -> Query:
     return Query(color=color, shape=shape)
 
 
-def call_text(query: Query) -> str:
-    """The tool call a perfect policy makes for `query`."""
+def call_text(query: Query, call_format: str) -> str:
+    """The tool call a perfect policy makes for `query`, in `call_format` (hermes | compact)."""
+    if call_format == "compact":
+        return f"<tool_call> {TOOL} {query.noun()}</tool_call>"  # " count": one tiny token
     arguments = {k: v for k, v in (("color", query.color), ("shape", query.shape)) if v}
     return f"<tool_call>{json.dumps({'name': TOOL, 'arguments': arguments})}</tool_call>"
+
+
+_COMPACT = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_COMPACT_HELP = "error: a call is <tool_call> count red squares</tool_call>"
+
+
+def compact_calls(content: str) -> list[dict]:
+    """The compact calls of a turn's text (`<tool_call> count red squares</tool_call>`), each in
+    the OpenAI shape with its arguments as JSON, or {} for a call with no tool name."""
+    out = []
+    for match in _COMPACT.finditer(content):
+        name, *words = match.group(1).split() or [""]
+        arguments, bad = {}, False
+        for word in words:
+            shape = word.removesuffix("s")
+            key = "color" if word in COLORS else "shape" if shape in SHAPES else None
+            if word == "objects":
+                continue
+            bad = bad or key is None or key in arguments
+            arguments[key] = word if key == "color" else shape
+        text = "not arguments" if bad else json.dumps(arguments)
+        out.append({"function": {"name": name, "arguments": text}} if name else {})
+    return out
 
 
 def run_tool(call: dict, scene) -> tuple[str, str | None]:
@@ -66,11 +95,14 @@ def run_tool(call: dict, scene) -> tuple[str, str | None]:
 
 
 class ToolScenes(Environment):
-    def __init__(self, encoder, max_turns: int, prompt_suffix: str, task_timeout_s: float):
+    def __init__(
+        self, encoder, max_turns: int, prompt_suffix: str, task_timeout_s: float, call_format: str
+    ):
         self.encoder = encoder
         self.task_timeout_s = task_timeout_s
         self.max_turns = max_turns
         self.prompt_suffix = prompt_suffix
+        self.call_format = call_format  # environment.tool_call_format: hermes | compact
         tokenizer = encoder.tokenizer
         self.stop_text = tokenizer.decode([encoder.eos_token_id], skip_special_tokens=False)
 
@@ -105,23 +137,33 @@ class ToolScenes(Environment):
         """The tool's messages for a turn that called it; returns the valid calls."""
         from rlflow.serve.tools import parse_tool_calls
 
-        _, calls = parse_tool_calls(content)
-        answers = [tr.call_tool(run_tool, (c, scene), self.task_timeout_s, _valid) for c in calls]
+        if self.call_format == "compact":
+            calls = compact_calls(content)
+        else:
+            _, calls = parse_tool_calls(content)
+        answers = [
+            tr.call_tool(run_tool, (c, scene), self.task_timeout_s, _valid)
+            if c else (_COMPACT_HELP, "json")
+            for c in calls
+        ]  # fmt: skip
         if tr.failure:  # the tool failed: the task ends here (rlflow/environment/trajectory.py)
             return 0
         if not calls:
             answers = [('error: a call is <tool_call>{"name": ..., "arguments": {...}}</tool_call>',
                         "json")]  # fmt: skip
-        for text, reason in answers:
+        for _, reason in answers:
             sums["env/tool_calls"] += 1
             if reason is None:
                 sums["env/valid_tool_calls"] += 1
             else:
                 sums["env/malformed_tool_calls"] += 1
                 sums[f"env/malformed_tool_calls/{reason}"] += 1
-            tr.add_environment_turn(
-                {"role": "tool", "content": text}, self.encoder.processor, self.encoder.tokenizer
-            )
+        # One environment turn for all of a turn's results: the template renders consecutive
+        # tool messages in one user turn, so adding them one by one (each followed by the next
+        # assistant header) would not be what the template renders after the last.
+        messages = [{"role": "tool", "content": text} for text, _ in answers]
+        tr.messages.extend(messages[:-1])
+        tr.add_environment_turn(messages[-1], self.encoder.processor, self.encoder.tokenizer)
         return sum(reason is None for _, reason in answers)
 
     def rollout(self, backend, prompts, samples, params) -> EnvRollouts:
@@ -164,7 +206,8 @@ class ToolScenes(Environment):
         tr = self._start(sample, prompt)
         from rlflow.data.prompts import format_answer
 
-        for text in (call_text(query_of(sample.question)), format_answer(sample.answer)):
+        call = call_text(query_of(sample.question), self.call_format)
+        for text in (call, format_answer(sample.answer)):
             ids = self.encoder.completion_ids(text)
             self._model_turn(tr, Completion(ids, [0.0] * len(ids), "stop"), 0)
             if text.startswith("<tool_call>"):

@@ -6,7 +6,8 @@ real Qwen2.5-VL checkpoint takes. Sizes respect vLLM's CPU attention (head_dim >
 
 The tokenizer is a byte-level BPE trained on a small corpus of the synthetic tasks' words, with
 Qwen2-VL's special tokens and chat template, and `<answer>`/`</answer>` as single tokens so a
-tiny policy can learn the answer format quickly.
+tiny policy can learn the answer format quickly; `<tool_call>`/`</tool_call>` are single tokens
+too, as in Qwen2.5's and Qwen3's tokenizers, so a tiny policy can learn to call a tool.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ SPECIAL_TOKENS = [
     "<|video_pad|>",
 ]
 ANSWER_TOKENS = [ANSWER_OPEN, ANSWER_CLOSE]  # one token each (format: rlflow.data.prompts)
+TOOL_TOKENS = ["<tool_call>", "</tool_call>"]  # one token each (rlflow.serve.tools' tags)
 
 # Qwen2-VL-Instruct's chat template (same semantics), so prompts look like the real model's; with
 # Qwen2.5's hermes tool blocks (the request's tools in the system turn, the assistant's calls in
@@ -315,7 +317,7 @@ def build_tokenizer(vocab_size: int, seed: int):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(ANSWER_TOKENS),
+        vocab_size=vocab_size - len(ANSWER_TOKENS) - len(TOOL_TOKENS),
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
@@ -329,7 +331,10 @@ def build_tokenizer(vocab_size: int, seed: int):
         model_max_length=4096,
         chat_template=CHAT_TEMPLATE,
     )
-    fast.add_tokens(ANSWER_TOKENS)  # normal (not special) tokens: kept when decoding
+    # normal (not special) tokens: kept when decoding; the tool tags first, so the answer tags
+    # keep the ids they had before the tool tags were added
+    fast.add_tokens(TOOL_TOKENS)
+    fast.add_tokens(ANSWER_TOKENS)
     fast.padding_side = "left"
     return fast
 

@@ -36,4 +36,8 @@ class EnvironmentConfig:
     # is left out of the step (`continue`; counted in env/failed_tasks) or the run ends naming
     # it (`stop`)
     on_task_failure: Literal["continue", "stop"]
+    # tool_scenes: how a call is written. hermes: a JSON object in <tool_call> tags, as the Qwen
+    # templates and `rlflow serve` read it; compact: the tool's name and the question's words,
+    # `<tool_call> count red squares</tool_call>` (few tokens: a tiny model can learn it)
+    tool_call_format: Literal["hermes", "compact"]
     gym: GymConfig  # kind: gym only

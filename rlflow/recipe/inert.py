@@ -159,6 +159,9 @@ INERT: dict[str, Unread] = {
         )
         for key in ("task_timeout_s", "on_task_failure")
     },
+    "environment.tool_call_format": _off(
+        "environment.kind", lambda r: r.environment.kind != "tool_scenes", "not tool_scenes"
+    ),
     "warm_start.batch_size": _off(
         "warm_start.num_steps", lambda r: r.warm_start.num_steps == 0, "0"
     ),

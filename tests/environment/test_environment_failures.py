@@ -85,7 +85,9 @@ def test_a_failing_tool_fails_its_task_not_the_run(encoder, monkeypatch, tool, r
     first[1] *= 2  # two calls in one turn: the second is not run once the first failed
     backend = Scripted(encoder, [first, ["<answer>1</answer>"] * 2])
     try:
-        made = ToolScenes(encoder, 2, SUFFIX, 0.2).rollout(backend, prompts, samples, PARAMS)
+        made = ToolScenes(encoder, 2, SUFFIX, 0.2, "hermes").rollout(
+            backend, prompts, samples, PARAMS
+        )
     finally:
         if isinstance(tool, Hangs):
             tool.release.set()

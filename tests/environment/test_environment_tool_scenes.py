@@ -71,10 +71,10 @@ def runs(mask: list[int]) -> list[tuple[int, int, int]]:
 def test_turn_prompts_are_the_previous_ids_plus_the_environments(encoder):
     samples = rows(2)
     prompts = [encoder.encode(s) for s in samples]
-    calls = [call_text(query_of(s.question)) for s in samples]
+    calls = [call_text(query_of(s.question), "hermes") for s in samples]
     answers = [f"<answer>{s.answer}</answer>" for s in samples]
     backend = Scripted(encoder, [calls, answers])
-    made = ToolScenes(encoder, 2, SUFFIX, 60).rollout(backend, prompts, samples, PARAMS)
+    made = ToolScenes(encoder, 2, SUFFIX, 60, "hermes").rollout(backend, prompts, samples, PARAMS)
     for i, (sample, prompt, done) in enumerate(zip(samples, prompts, made.completions)):
         (one, a, b), (zero, _, c), (last, _, d) = runs(done.loss_mask)
         assert (one, zero, last) == (1, 0, 1) and d == len(done.token_ids)
@@ -110,12 +110,12 @@ def test_a_template_that_rerenders_earlier_turns_is_refused(encoder, tiny_ckpt):
     )
     samples = rows(1)
     prompts = [copy.encode(samples[0])]
-    backend = Scripted(copy, [[call_text(query_of(samples[0].question)) + "   "], ["x"]])
+    backend = Scripted(copy, [[call_text(query_of(samples[0].question), "hermes") + "   "], ["x"]])
     with pytest.raises(RlflowError) as caught:
-        ToolScenes(copy, 2, SUFFIX, 60).rollout(backend, prompts, samples, PARAMS)
+        ToolScenes(copy, 2, SUFFIX, 60, "hermes").rollout(backend, prompts, samples, PARAMS)
     text = caught.value.diagnostics[0].render()
     assert "environment.template-rerenders" in text and "after model turn 1" in text
-    at = len(prompts[0].text) + len(call_text(query_of(samples[0].question)))
+    at = len(prompts[0].text) + len(call_text(query_of(samples[0].question), "hermes"))
     assert f"first difference at character {at} " in text
 
 
@@ -123,13 +123,13 @@ def test_malformed_tool_calls_are_counted_and_answered(encoder):
     samples = rows(4)
     prompts = [encoder.encode(s) for s in samples]
     first = [
-        call_text(query_of(samples[0].question)),
+        call_text(query_of(samples[0].question), "hermes"),
         '<tool_call>{"name": "count", "arguments": {"color": </tool_call>',  # not JSON
         '<tool_call>{"name": "zoom", "arguments": {}}</tool_call>',  # no such tool
         "<answer>2</answer>",  # answers without calling the tool
     ]
     backend = Scripted(encoder, [first, ["<answer>1</answer>"] * 3])
-    made = ToolScenes(encoder, 2, SUFFIX, 60).rollout(backend, prompts, samples, PARAMS)
+    made = ToolScenes(encoder, 2, SUFFIX, 60, "hermes").rollout(backend, prompts, samples, PARAMS)
     sums = made.sums
     assert sums["env/tool_calls"] == 3 and sums["env/valid_tool_calls"] == 1
     assert sums["env/malformed_tool_calls"] == 2
@@ -141,3 +141,35 @@ def test_malformed_tool_calls_are_counted_and_answered(encoder):
     told = encoder.tokenizer.decode(made.completions[2].token_ids, skip_special_tokens=False)
     assert "error: unknown tool 'zoom'; the tool is count" in told
     assert len(backend.calls[1]) == 3  # the answer without a call ended its trajectory
+
+
+def test_compact_calls_are_run_and_their_mistakes_counted(encoder):
+    samples = rows(6)
+    prompts = [encoder.encode(s) for s in samples]
+    first = [
+        call_text(query_of(samples[0].question), "compact"),  # count blue objects
+        "<tool_call>count objects</tool_call>",  # every object
+        "<tool_call>zoom red</tool_call>",  # no such tool
+        "<tool_call>count red blue</tool_call>",  # two colours
+        "<tool_call></tool_call>",  # no tool name
+        "<tool_call>count red</tool_call><tool_call>count circles</tool_call>",  # two at once
+    ]
+    backend = Scripted(encoder, [first, ["<answer>1</answer>"] * 6])
+    made = ToolScenes(encoder, 2, SUFFIX, 60, "compact").rollout(backend, prompts, samples, PARAMS)
+    sums = made.sums
+    assert first[0] == f"<tool_call> count {query_of(samples[0].question).noun()}</tool_call>"
+    assert sums["env/valid_tool_calls"] == 4 and sums["env/malformed_tool_calls"] == 3
+    for reason in ("unknown_tool", "bad_arguments", "json"):
+        assert sums[f"env/malformed_tool_calls/{reason}"] == 1
+    told = [
+        encoder.tokenizer.decode(c.token_ids, skip_special_tokens=False) for c in made.completions
+    ]
+    answer = count(samples[0].scene, query_of(samples[0].question))
+    assert f"<tool_response>\n{answer}\n</tool_response>" in told[0]
+    assert f"<tool_response>\n{len(samples[1].scene.objects)}\n</tool_response>" in told[1]
+    assert made.reward_texts == ["<answer>1</answer>"] * 2 + [""] * 3 + ["<answer>1</answer>"]
+    # both results of the two calls in one user turn, then the answer
+    assert "</tool_response>\n<tool_response>" in told[5] and told[5].count("<|im_start|>") == 2
+    # the warm start's reference calls the tool in the compact form
+    reference = ToolScenes(encoder, 2, SUFFIX, 60, "compact").reference(samples[0], prompts[0])
+    assert first[0] in encoder.tokenizer.decode(reference.token_ids)

@@ -236,6 +236,7 @@ READ_BY = {
         "rlflow/train/collect.py",
         "recipe.environment.on_task_failure",
     ),
+    "environment.tool_call_format": ("rlflow/environment/factory.py", "cfg.tool_call_format"),
     "logging.wandb.enabled": ("rlflow/train/metrics.py", "wandb.enabled"),
     "logging.wandb.project": ("rlflow/train/wandb_log.py", "cfg.project"),
     "logging.wandb.entity": ("rlflow/train/wandb_log.py", "cfg.entity"),

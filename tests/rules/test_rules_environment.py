@@ -39,3 +39,6 @@ def test_single_turn_refuses_max_turns_and_a_misspelt_kind():
     text = refused(TEXT, ["environment.on_task_failure=stop", "environment.task_timeout_s=5"])
     assert "environment.on_task_failure" in text and "environment.task_timeout_s" in text
     assert "single_turn (no task that can fail)" in text
+    text = refused(TEXT, ["environment.tool_call_format=compact"])
+    assert "environment.tool_call_format" in text and "not tool_scenes" in text
+    assert "'hermes'" in refused(TOOLS, ["environment.tool_call_format=json"])

@@ -41,7 +41,7 @@ def trajectories(encoder, n: int):
     rng = random.Random(5)
     spec = SceneSpec(image_size=56, max_objects=3, num_frames=None, condition=None)
     samples = [make_text_row(rng, f"row{i}", spec) for i in range(n // 2)]
-    env = ToolScenes(encoder, 2, SUFFIX, 60)
+    env = ToolScenes(encoder, 2, SUFFIX, 60, "hermes")
     prompts = [encoder.encode(s) for s in samples for _ in range(2)]
     completions = [
         env.reference(s, p) for s, p in zip([s for s in samples for _ in range(2)], prompts)
@@ -110,7 +110,11 @@ def test_environment_tokens_are_context_never_targets(trainable, tiny_ckpt, tmp_
     assert "trained tokens" in text.splitlines()[0]
 
 
-def test_tool_recipe_trains_through_the_console_script(tmp_path):
+def test_tool_recipe_learns_to_call_the_tool_through_the_console_script(tmp_path):
+    # The random tiny model never writes a valid call (tool-call validity 0, accuracy 0:
+    # benchmarks/multiturn_learning.md). A short warm start on reference trajectories and one
+    # GRPO step must leave a greedy policy that calls the tool validly and answers from its
+    # result. The GRPO gains themselves are the benchmark's (too slow for CI).
     env = {
         k: v
         for k, v in os.environ.items()
@@ -121,12 +125,11 @@ def test_tool_recipe_trains_through_the_console_script(tmp_path):
         "grpo.max_num_steps=1",
         "grpo.num_prompts_per_step=2",
         "grpo.num_generations_per_prompt=2",
-        "grpo.max_val_samples=2",
+        "grpo.max_val_samples=16",
         "grpo.val_at_start=false",  # validated once, at the end
         "loss.kl_penalty=0",  # no reference policy to load
-        "warm_start.num_steps=1",
-        "warm_start.batch_size=2",
-        "generation.max_new_tokens=8",
+        "warm_start.num_steps=30",
+        "warm_start.batch_size=16",
         "checkpointing.enabled=false",
         "logging.progress_bar=false",
         "logging.rollout_dump_period=1",
@@ -139,5 +142,7 @@ def test_tool_recipe_trains_through_the_console_script(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     step = records[-1]
     assert step["step"] == 1 and 1.0 <= step["env/turns_per_trajectory"] <= 2.0
-    assert "env/malformed_tool_calls" in step and "val/tool_call_validity" in step
+    assert "env/malformed_tool_calls" in step
+    assert step["val/turns_per_trajectory"] == 2.0, step
+    assert step["val/tool_call_validity"] >= 0.75 and step["val/accuracy"] >= 0.25, step
     assert (tmp_path / "rollouts" / "step_000001.txt").exists()
