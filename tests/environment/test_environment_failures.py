@@ -81,7 +81,7 @@ def test_a_failing_tool_fails_its_task_not_the_run(encoder, monkeypatch, tool, r
         return real(call, scene)
 
     monkeypatch.setattr(tool_scenes, "run_tool", routed)
-    first = [call_text(query_of(s.question)) for s in samples]
+    first = [call_text(query_of(s.question), "hermes") for s in samples]
     first[1] *= 2  # two calls in one turn: the second is not run once the first failed
     backend = Scripted(encoder, [first, ["<answer>1</answer>"] * 2])
     try:
