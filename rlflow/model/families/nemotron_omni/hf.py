@@ -146,6 +146,17 @@ def radio_tower(config: RadioConfig) -> RadioModel:
     return tower
 
 
+class NemotronHLanguageModel(NemotronHForCausalLM):
+    """transformers' Nemotron-H, whose `generate` takes the embedded prompt: its own
+    `prepare_inputs_for_generation` does not name `inputs_embeds`, which `generate` requires
+    (the generic one places them in the first step)."""
+
+    def prepare_inputs_for_generation(self, input_ids, inputs_embeds=None, **kwargs):
+        return super().prepare_inputs_for_generation(
+            input_ids, inputs_embeds=inputs_embeds, **kwargs
+        )
+
+
 class NemotronH_Nano_Omni_Reasoning_V3(PreTrainedModel):  # noqa: N801 - the checkpoint's name
     """RADIO + `mlp1` + Nemotron-H, images and video frames (no sound encoder). Named as the
     checkpoint's `architectures` name its remote class, so config.json reads as a real one's."""
@@ -160,7 +171,7 @@ class NemotronH_Nano_Omni_Reasoning_V3(PreTrainedModel):  # noqa: N801 - the che
         super().__init__(config)
         self.vision_model = radio_tower(config.vision_config)
         self.mlp1 = projector(config)
-        self.language_model = NemotronHForCausalLM._from_config(config.llm_config)
+        self.language_model = NemotronHLanguageModel._from_config(config.llm_config)
         self.post_init()
 
     @property
