@@ -65,9 +65,18 @@ def test_logits_and_packed_logprobs_match_hf(omni):
 
 
 def test_export_round_trips_into_the_hf_model(omni):
+    from safetensors import safe_open
+
     from rlflow.generation.hf import copy_policy_into
 
     policy, _, hf, _ = omni
+    with safe_open(str(policy.checkpoint / "model.safetensors"), "pt") as saved:
+        tops = {name.split(".")[0] + "." + name.split(".")[1] for name in saved.keys()}
+    # the layout megatron-bridge's Omni bridge reads (transformers renames it in memory)
+    assert tops == {"vision_model.radio_model", "mlp1.0", "mlp1.1", "mlp1.3"} | {
+        "language_model.backbone",
+        "language_model.lm_head",
+    }
     before = {k: v.clone() for k, v in hf.state_dict().items()}
     copy_policy_into(hf, policy)  # every name lines up, or it raises
     after = hf.state_dict()

@@ -247,7 +247,19 @@ class NemotronH_Nano_Omni_Reasoning_V3(PreTrainedModel):  # noqa: N801 - the che
 
 
 def register() -> None:
-    """Make transformers' Auto classes know the Omni checkpoint (idempotent)."""
+    """Make transformers' Auto classes know the Omni checkpoint (idempotent), and give
+    `NemotronHLanguageModel` Nemotron-H's checkpoint renaming (`backbone.` <-> `model.`):
+    transformers skips the renaming of a subclass defined outside it unless it is registered."""
+    from transformers.conversion_mapping import (
+        get_checkpoint_conversion_mapping,
+        register_checkpoint_conversion_mapping,
+    )
+
+    register_checkpoint_conversion_mapping(
+        NemotronHLanguageModel.__name__,
+        get_checkpoint_conversion_mapping("nemotron_h"),
+        overwrite=True,
+    )
     try:
         AutoConfig.register(MODEL_TYPE, NemotronOmniConfig)
         AutoModelForCausalLM.register(NemotronOmniConfig, NemotronH_Nano_Omni_Reasoning_V3)
