@@ -64,12 +64,16 @@ Examples:
 )
 def init_tiny_model(directory, preset, seed, device, overwrite):
     """Write a random Qwen2.5-VL (with a qwen3vl preset Qwen3-VL, with a nemotron-h preset
-    Nemotron-H) checkpoint to DIRECTORY.
+    Nemotron-H, with a nemotron-omni preset Nemotron Omni) checkpoint to DIRECTORY.
 
     The directory is a complete HF checkpoint (config, safetensors, tokenizer, image and video
     processors, chat template) that rlflow loads exactly like a downloaded one.
     """
-    from rlflow.model.presets import NEMOTRON_H_PRESET_NAMES, QWEN3VL_PRESET_NAMES
+    from rlflow.model.presets import (
+        NEMOTRON_H_PRESET_NAMES,
+        NEMOTRON_OMNI_PRESET_NAMES,
+        QWEN3VL_PRESET_NAMES,
+    )
 
     try:
         target = _target(directory, overwrite)
@@ -89,6 +93,12 @@ def init_tiny_model(directory, preset, seed, device, overwrite):
 
         sizes = HYBRID[preset]
         write, what = write_tiny_nemotron_h, "Nemotron-H"
+    elif preset in NEMOTRON_OMNI_PRESET_NAMES:
+        from rlflow.model.families.nemotron_omni import PRESETS as OMNI
+        from rlflow.model.families.nemotron_omni import write_tiny_nemotron_omni
+
+        sizes = OMNI[preset]
+        write, what = write_tiny_nemotron_omni, "Nemotron Omni"
     else:
         from rlflow.model.tiny import PRESETS, write_tiny_checkpoint
 

@@ -1,7 +1,7 @@
 """Model families: what rlflow needs to know about one kind of checkpoint, asked in one place.
 
 A family (one module each: qwen25vl.py, qwen2vl.py, qwen_text.py, qwen3vl.py, qwen3vl_moe.py, qwen3_moe.py,
-nemotron_h/)
+nemotron_h/, nemotron_omni/)
 says whether the model is multimodal, how media become tokens (placeholder ids, merge size, the
 checked prompt ids), the rotary positions of a batch, what the vision tower gives the language
 model, how it loads through megatron-bridge (provider settings, fast paths to install) and how
@@ -39,6 +39,7 @@ _FAMILY_MODULES = (
     "rlflow.model.families.qwen3vl_moe",
     "rlflow.model.families.qwen3_moe",
     "rlflow.model.families.nemotron_h",
+    "rlflow.model.families.nemotron_omni",
 )
 
 

@@ -11,3 +11,6 @@ NEMOTRON_H_PRESET_NAMES = (
     "nemotron-h-30b-a3b-dense",
 )
 PRESET_NAMES = QWEN25VL_PRESET_NAMES + QWEN3VL_PRESET_NAMES + NEMOTRON_H_PRESET_NAMES
+# rlflow/model/families/nemotron_omni/__init__.py PRESETS
+NEMOTRON_OMNI_PRESET_NAMES = ("tiny-nemotron-omni", "nemotron-omni-30b-a3b")
+PRESET_NAMES += NEMOTRON_OMNI_PRESET_NAMES

@@ -79,8 +79,10 @@ def hybrid_block_types(section: dict[str, Any]) -> list[str] | None:
 
 
 def shape_of_config(config: dict[str, Any]) -> ModelShape:
-    """The shape of a parsed HF config.json (language keys first from `text_config`)."""
-    sections = [s for s in (config.get("text_config"), config) if isinstance(s, dict)]
+    """The shape of a parsed HF config.json (language keys first from `text_config`, or
+    Nemotron Omni's `llm_config`)."""
+    language = (config.get("text_config"), config.get("llm_config"), config)
+    sections = [s for s in language if isinstance(s, dict)]
 
     def number(*keys: str) -> int:
         for section in sections:

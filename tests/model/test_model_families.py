@@ -23,6 +23,7 @@ def test_every_family_declares_what_it_is():
         "Qwen3VLMoe",
         "Qwen3Moe",
         "NemotronH",
+        "NemotronOmni",
     ]
     for f in shipped:
         assert f.model_types and f.architectures and f.builtins

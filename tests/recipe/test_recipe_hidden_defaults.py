@@ -61,6 +61,11 @@ NOT_A_RECIPE_KEY = {
         "write_tiny_nemotron_h",
         "device",
     ): "the torch device to build on",
+    (
+        "rlflow/model/families/nemotron_omni/__init__.py",
+        "write_tiny_nemotron_omni",
+        "device",
+    ): "the torch device to build on",
     ("rlflow/pins/bump.py", "_resolve", "path"): "a submodule's path, not a dataset's",
     ("rlflow/cicheck/shell.py", "invocations", "env"): "a CI line's environment",
     ("rlflow/cicheck/scripts.py", "shards_of", "env"): "a CI script's environment",
