@@ -19,8 +19,8 @@ What it is made of, and where it lives:
 Limits: audio is refused (no sound encoder is built: a checkpoint's `sound_config` is refused
 at load, and the server refuses `input_audio` parts); a checkpoint with a separate (temporal)
 video patch embedder is refused; text rows are right-padded (the Mamba state); one
-model-parallel rank, and generation with `generation.backend: hf`, as for Nemotron-H
-(rlflow/model/families/nemotron_h/: TP, EP and the engine's Mamba state are not built yet).
+model-parallel rank, and generation with `generation.backend: hf` (the engine's hybrid decoder,
+rlflow/generation/megatron/hybrid_decoder.py, is not wired to the vision tower yet).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class NemotronOmni(ModelFamily):
     builtins = ("tiny-nemotron-omni",)
     multimodal = True
     rope = "1d"  # descriptive: attention has no rotary; positions are unused
-    megatron_engine = False  # the engine keeps no per-row Mamba conv/SSM state yet
+    megatron_engine = False  # the engine's hybrid decoder takes no vision tower yet
 
     def media_tokens(self, hf_config) -> MediaTokens:
         video = getattr(hf_config, "video_context_token_id", None)
