@@ -365,7 +365,8 @@ def test_an_unknown_builtin_checkpoint_is_refused_by_the_dry_run_as_by_train(tmp
             "  --> command line `model.checkpoint=builtin:nope`\n"
             "help: built-in models: builtin:tiny-qwen25vl, builtin:tiny-qwen3, "
             "builtin:tiny-qwen2vl, builtin:tiny-qwen3vl, builtin:tiny-qwen3vl-moe, "
-            "builtin:tiny-qwen3-moe, builtin:tiny-nemotron-h, builtin:tiny-nemotron-h-moe; "
+            "builtin:tiny-qwen3-moe, builtin:tiny-nemotron-h, builtin:tiny-nemotron-h-moe, "
+            "builtin:tiny-nemotron-omni; "
             "or set model.checkpoint to an HF checkpoint directory\n"
         )
         _no_traceback(result)
