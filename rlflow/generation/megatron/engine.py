@@ -202,16 +202,15 @@ class MegatronGeneration(GenerationBackend):
         per_block = BLOCK * KVCache.bytes_per_token(
             len(self._decoder.layers), d.kv_heads, d.head_dim, self.policy.dtype
         )
-        held = 0  # a kept cache is freed before a larger one is made
+        held = 0  # a kept cache (KV blocks and Mamba states) is freed before a larger one
         if self._cache is not None:
-            held = self._cache.blocks * per_block
+            held = self._cache.blocks * per_block + self._cache.rows * (
+                HybridDecoder.state_bytes_per_row(self._decoder, self.policy.dtype)
+            )
         if self.release_cache:
             # The trainer's engine: blocks the allocator caches belong to no tensor now (the
             # cache is freed before logprobs and the update run, which allocate them again).
             torch.cuda.empty_cache()
-            held += self._cache.rows * HybridDecoder.state_bytes_per_row(
-                self._decoder, self.policy.dtype
-            )
         free, _ = torch.cuda.mem_get_info(self.device)
         states = (rows + 1) * HybridDecoder.state_bytes_per_row(self._decoder, self.policy.dtype)
         return min(worst, (int((free + held) * _CACHE_MEMORY_SHARE) - states) // per_block)
