@@ -21,7 +21,9 @@ then:
   difference, the mult-prob error exp(mean |diff|)), and the routing agreement of rlflow's
   routers with HF's top-6 per MoE layer (bf16 hidden states differ, so near-ties may route
   differently: what router replay is for);
-* timing: the packed trainer's logprob pass (no grad) and forward + backward of a weighted
+* timing: the packed trainer's logprob pass (no grad: the Mamba conv and scan on megatron-core's
+  Triton forward kernels; on a GPU also on the reference, `logprob_reference_scan_*`, with the
+  two passes' logprob differences) and forward + backward of a weighted
   logprob sum on --rows rows of --length tokens (CUDA-synchronised wall time, median of --reps
   after 2 warm-ups): tokens/s and MFU = (2 or 6) x active matmul parameters x tokens / time /
   the measured bf16 matmul rate. Active matmul parameters per token: Mamba in/out projections,
@@ -158,6 +160,7 @@ def parity(policy, hf, sizes, device) -> dict:
 
 
 def timing(policy, sizes, args, device, matmul_tflop_s: float) -> dict:
+    from rlflow.compat import mamba_reference as ref
     from rlflow.train.update import _backward
 
     ids, mask = batch([args.length] * args.rows, sizes.vocab_size or 200, device, seed=2)
@@ -169,13 +172,31 @@ def timing(policy, sizes, args, device, matmul_tflop_s: float) -> dict:
         with torch.no_grad():
             packed_logprobs(policy, ids, mask)
 
+    def reference_pass():
+        ref.TRITON_FORWARD = False
+        try:
+            logprob_pass()
+        finally:
+            ref.TRITON_FORWARD = True
+
     def update():
         chunk.zero_grad_buffer()
         lp = packed_logprobs(policy, ids, mask)
         _backward((lp * torch.linspace(-1.0, 1.0, lp.numel(), device=device)).sum())
 
     out = {"rows": args.rows, "length": args.length, "tokens": tokens}
-    for name, fn, factor in (("logprob", logprob_pass, 2), ("update", update, 6)):
+    passes = [("logprob", logprob_pass, 2), ("update", update, 6)]
+    if device.type == "cuda":  # the logprob pass on the reference scan and conv, to compare
+        passes.insert(1, ("logprob_reference_scan", reference_pass, 2))
+        with torch.no_grad():
+            triton_lp = packed_logprobs(policy, ids, mask).float()
+            ref.TRITON_FORWARD = False
+            reference_lp = packed_logprobs(policy, ids, mask).float()
+            ref.TRITON_FORWARD = True
+        diff = (triton_lp - reference_lp).abs()
+        out["logprob_triton_vs_reference_max_abs_diff"] = float(diff.max())
+        out["logprob_triton_vs_reference_mean_abs_diff"] = float(diff.mean())
+    for name, fn, factor in passes:
         seconds = timed(fn, args.reps, device)
         out[f"{name}_s"] = seconds
         out[f"{name}_tokens_per_s"] = tokens / seconds

@@ -180,6 +180,13 @@ def mamba_split_conv1d_scan_combined(
     d_inner = zxbcdt.shape[-1] - dim - nheads
     dstate = (dim - d_inner) // (2 * ngroups)
     headdim = headdim or d_inner // nheads
+    if initial_states is None and not return_final_states and activation == "silu":
+        if _triton_forward(zxbcdt) is not None:
+            sizes = (d_inner, dim, nheads, headdim, ngroups, dstate)
+            return _triton_split_conv1d_scan(
+                zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, seq_idx,
+                dt_limit, sizes,
+            )  # fmt: skip
     z, xBC, dt = torch.split(zxbcdt, [d_inner, dim, nheads], dim=-1)
     xBC = causal_conv1d_fn(
         xBC.transpose(1, 2), conv1d_weight, conv1d_bias, seq_idx=seq_idx, activation=activation
@@ -260,3 +267,75 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     y = torch.einsum("bhn,bhpn->bhp", Cf, new)
     y = _finish(y[:, None], x[:, None], D, None if z is None else z[:, None])[:, 0]
     return y.to(x.dtype)
+
+
+TRITON_FORWARD = True  # benchmarks/nemotron_h_moe_gpu_check.py turns it off to compare
+
+
+def _triton_forward(t: torch.Tensor):
+    """megatron-core's Triton forward kernels (varlen conv, varlen SSD scan) where they can
+    replace the reference: a CUDA tensor outside autograd (the trainer's logprob and reference
+    passes; megatron-core 0.19.2 ships no backward for them) and Triton importable; else None."""
+    if not (TRITON_FORWARD and t.is_cuda) or torch.is_grad_enabled():
+        return None
+    try:
+        from megatron.core.ssm.ops.causal_conv1d_varlen import causal_conv1d_varlen_fn
+        from megatron.core.ssm.ops.ssd_combined import mamba_chunk_scan_combined_varlen
+    except ImportError:
+        return None
+    return causal_conv1d_varlen_fn, mamba_chunk_scan_combined_varlen
+
+
+def _row_starts(seq_idx, batch: int, length: int) -> list[int]:
+    """The packed rows' starts over the flattened [batch * length] tokens (host: one sync)."""
+    starts = []
+    for b in range(batch):
+        starts.append(b * length)
+        if seq_idx is not None:
+            change = (seq_idx[b, 1:] != seq_idx[b, :-1]).nonzero().flatten() + 1
+            starts.extend((change + b * length).tolist())
+    return starts + [batch * length]
+
+
+def _chunks(cu: list[int], chunk: int) -> tuple[list[int], list[int], list[int]]:
+    """Chunk boundaries aligned to each row's start, each row's last chunk, each chunk's row."""
+    bounds, last, rows = [0], [], []
+    for row, (start, end) in enumerate(zip(cu[:-1], cu[1:])):
+        pos = start + chunk
+        while pos < end:
+            bounds.append(pos)
+            rows.append(row)
+            pos += chunk
+        bounds.append(end)
+        rows.append(row)
+        last.append(len(bounds) - 2)
+    return bounds, last, rows
+
+
+def _triton_split_conv1d_scan(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
+                              seq_idx, dt_limit, sizes):  # fmt: skip
+    """mamba_split_conv1d_scan_combined's forward on megatron-core's Triton kernels: the packed
+    rows (seq_idx, else each batch row) as variable-length sequences, so no state crosses a row
+    boundary. Equal to the reference within bf16 (benchmarks/mamba_kernels_gpu_check.md)."""
+    conv_fn, scan_fn = _triton_forward(zxbcdt)
+    d_inner, dim, nheads, headdim, ngroups, dstate = sizes
+    batch, length = zxbcdt.shape[:2]
+    total = batch * length
+    z, xBC, dt = torch.split(zxbcdt.reshape(total, -1), [d_inner, dim, nheads], dim=-1)
+    cu = _row_starts(seq_idx, batch, length)
+    device = zxbcdt.device
+
+    def ints(values):
+        return torch.tensor(values, dtype=torch.int32, device=device)
+
+    xBC = conv_fn(xBC.contiguous(), conv1d_weight, conv1d_bias, ints(cu), activation="silu")
+    x, B, C = torch.split(xBC, [d_inner, ngroups * dstate, ngroups * dstate], dim=-1)
+    bounds, last, rows = _chunks(cu, chunk_size)
+    out = torch.empty(total, nheads, headdim, dtype=zxbcdt.dtype, device=device)
+    scan_fn(
+        x.reshape(total, nheads, headdim), dt.contiguous(), A, B.reshape(total, ngroups, dstate),
+        C.reshape(total, ngroups, dstate), chunk_size, ints(bounds), ints(last), ints(rows), out,
+        D=D, z=z.reshape(total, nheads, headdim), dt_bias=dt_bias, dt_softplus=True,
+        dt_limit=dt_limit, state_dtype=torch.float32,
+    )  # fmt: skip
+    return out.reshape(batch, length, d_inner)

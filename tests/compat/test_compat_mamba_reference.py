@@ -99,3 +99,20 @@ def test_conv_equals_torch_conv1d_and_decode_steps_continue_the_prefill():
     )  # fmt: skip
     torch.testing.assert_close(last, full[:, 8], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(y, full[:, :8], rtol=1e-5, atol=1e-5)
+
+
+def test_triton_forward_rows_and_chunks_follow_the_packed_rows():
+    """The Triton forward path (GPU, outside autograd) reads the packed rows from seq_idx: row
+    starts over the flattened batch, and chunks aligned to each row's start, so no chunk spans
+    two rows. On a CPU, or with autograd on, the reference runs (the GPU check compares them:
+    benchmarks/nemotron_h_moe_gpu_check.py)."""
+    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2, 2]])
+    starts = ref._row_starts(seq_idx, 1, 10)
+    assert starts == [0, 3, 5, 10]
+    assert ref._row_starts(None, 2, 4) == [0, 4, 8]
+    bounds, last, rows = ref._chunks(starts, 2)
+    assert bounds == [0, 2, 3, 5, 7, 9, 10]
+    assert rows == [0, 0, 1, 2, 2, 2]
+    assert last == [1, 2, 5]
+    with torch.no_grad():
+        assert ref._triton_forward(torch.zeros(1)) is None  # CPU tensors: the reference
