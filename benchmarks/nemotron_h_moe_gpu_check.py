@@ -203,6 +203,17 @@ def timing(policy, sizes, args, device, matmul_tflop_s: float) -> dict:
         out[f"{name}_mfu"] = factor * active * tokens / seconds / (matmul_tflop_s * 1e12)
     if device.type == "cuda":
         out["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    if (
+        args.profile and device.type == "cuda"
+    ):  # where one update's and one logprob pass's time goes
+        from torch.profiler import ProfilerActivity, profile
+
+        for name, fn in (("update", update), ("logprob", logprob_pass)):
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
+            (args.out / f"profile_{name}.txt").write_text(table)
     return out
 
 
@@ -232,6 +243,8 @@ def main() -> int:
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test, fp32")
+    parser.add_argument("--profile", action="store_true",
+                        help="GPU: profile_update.txt, profile_logprob.txt (ops by GPU time)")  # fmt: skip
     args = parser.parse_args()
     if not args.tiny and not torch.cuda.is_available():
         print("no GPU (use --tiny for the CPU smoke test)", file=sys.stderr)
