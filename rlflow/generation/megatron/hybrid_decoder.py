@@ -33,9 +33,9 @@ Mamba layers on the scratch state slot.
 
 Refused (RlflowError `generation.megatron-engine`): attention layers with their own MLP or
 experts, stacks without both Mamba and attention layers, rotary positions, tensor parallelism;
-FP8 decode (ValueError, as for MoE models); MoE layers the engine's routed-experts path does not
-cover (ValueError from moe_decode.moe_weights: ungrouped experts, a gated shared expert). `compile_decode` is not applied
-to hybrid layers (they run eagerly, captured in graphs on GPUs).
+FP8 decode (ValueError, as for MoE models); MoE layers the engine's routed-experts path does
+not cover (ValueError from moe_decode.moe_weights: ungrouped experts, a gated shared expert).
+`compile_decode` is not applied to hybrid layers (they run eagerly, captured in graphs on GPUs).
 """
 
 from __future__ import annotations
@@ -257,7 +257,9 @@ def _mlp(normed: torch.Tensor, h: HybridLayer) -> torch.Tensor:
 
 def _moe(hidden: torch.Tensor, h: HybridLayer, routing, eps: float) -> torch.Tensor:
     """Nemotron-H's MoE block (its norm, router, routed and shared experts: moe_decode.moe_mlp);
-    the chosen experts go to routing[:, stack position]."""
+    the chosen experts go to routing[:, stack position]. (moe_mlp's output is this rank's
+    partial sum under tensor parallelism, which the hybrid engine refuses today: a TP engine
+    reduces it here, as decoder.Decoder._routed does.)"""
     out, chosen = moe_mlp(hidden, h.moe, eps)
     if routing is not None:
         routing[:, h.index] = chosen
