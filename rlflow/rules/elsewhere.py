@@ -185,8 +185,8 @@ _LARGEST_GPU_GIB = 288  # no GPU rlflow runs on holds more (B300: 288 GB)
 
 def engine_serves_model(loaded: LoadedRecipe) -> list[Diagnostic]:
     """`generation.backend: megatron` needs a model the engine runs: a family it serves
-    (ModelFamily.megatron_engine) and, for a hybrid (`hybrid_override_pattern`), no
-    mixture-of-experts (`E`) layers and no `generation.fp8`
+    (ModelFamily.megatron_engine) and, for a hybrid (`hybrid_override_pattern`, with or without
+    mixture-of-experts `E` layers), no `generation.fp8`
     (rlflow/generation/megatron/hybrid_decoder.py)."""
     import json
     from pathlib import Path
@@ -214,8 +214,6 @@ def engine_serves_model(loaded: LoadedRecipe) -> list[Diagnostic]:
     why = None
     if not family.megatron_engine:
         why = "a model whose layers keep a state the engine does not hold yet"
-    elif "E" in str(pattern or ""):
-        why = "a hybrid model with mixture-of-experts (`E`) layers, which it does not run yet"
     elif pattern and recipe.generation.fp8:
         return [
             loaded.diagnostic(

@@ -192,17 +192,24 @@ def test_one_minibatch_update_counts_the_routing_once(moe, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("dtype", "hidden", "ffn"),
-    [(torch.float32, 32, 16), (torch.bfloat16, 12, 6)],
-    ids=["float32", "bfloat16-unaligned"],
+    ("dtype", "hidden", "ffn", "nemotron"),
+    [
+        (torch.float32, 32, 16, False),
+        (torch.bfloat16, 12, 6, False),
+        (torch.float32, 32, 16, True),
+        (torch.bfloat16, 12, 6, True),
+    ],
+    ids=["float32", "bfloat16-unaligned", "nemotron-float32", "nemotron-bfloat16-unaligned"],
 )
-def test_moe_decode_never_reads_the_gpu_from_the_host(dtype, hidden, ffn):
+def test_moe_decode_never_reads_the_gpu_from_the_host(dtype, hidden, ffn, nemotron):
     """The decode step is replayed as a CUDA graph (generation.cuda_graphs), and a host read of
     a GPU tensor fails its capture: an fp32 tiny MoE recipe stopped in its first rollout there.
     CUDA tensors of torch's FakeTensorMode (shapes and devices, no data, no GPU needed) raise on
     every host read (.tolist(), .item(), .cpu()), and torch's grouped kernel accepts them only
     where its CUDA build runs without one (bfloat16), so the layer must run on them in every
-    dtype a recipe can choose."""
+    dtype a recipe can choose: Qwen3-MoE's (softmax router, SwiGLU experts) and Nemotron-H's
+    (sigmoid router with expert bias, 2 groups, scaling; squared-ReLU experts; a shared
+    expert)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from rlflow.generation.megatron.moe_decode import MoEWeights, moe_mlp
@@ -210,14 +217,26 @@ def test_moe_decode_never_reads_the_gpu_from_the_host(dtype, hidden, ffn):
     experts, rows = 4, 6
     with FakeTensorMode():
 
-        def cuda(*shape):
+        def cuda(*shape, dtype=dtype):
             return torch.empty(shape, dtype=dtype, device="cuda")
 
+        if nemotron:
+            router = dict(
+                expert_bias=cuda(experts, dtype=torch.float32), score_function="sigmoid",
+                scaling=2.5, num_groups=2, group_topk=1, router_dtype=torch.float32,
+                activation="relu2", fc1=cuda(experts, ffn, hidden),
+                shared_fc1=cuda(3 * ffn, hidden), shared_fc2=cuda(hidden, 3 * ffn),
+            )  # fmt: skip
+        else:
+            router = dict(
+                expert_bias=None, score_function="softmax", scaling=None, num_groups=None,
+                group_topk=None, router_dtype=None, activation="swiglu",
+                fc1=cuda(experts, 2 * ffn, hidden), shared_fc1=None, shared_fc2=None,
+            )  # fmt: skip
         weights = MoEWeights(
             norm=cuda(hidden), router=cuda(experts, hidden), router_bias=None,
-            expert_bias=None, fc1=cuda(experts, 2 * ffn, hidden), fc2=cuda(experts, hidden, ffn),
-            first=0, topk=2, pre_softmax=False, score_function="softmax", scaling=None,
-            num_groups=None, group_topk=None, router_dtype=None, ep_group=None,
+            fc2=cuda(experts, hidden, ffn), first=0, topk=2, pre_softmax=False, ep_group=None,
+            **router,
         )  # fmt: skip
         out, chosen = moe_mlp(cuda(rows, hidden), weights, eps=1e-6)
         assert out.device.type == "cuda" and out.shape == (rows, hidden) and out.dtype == dtype

@@ -77,26 +77,14 @@ def test_sequence_parallel_on_at_tensor_parallel_1_is_refused():
     load_checked(TINY, ["parallelism.tensor_parallel_size=2", "parallelism.sequence_parallel=on"])
 
 
-def test_the_megatron_engine_takes_a_hybrid_model_but_not_its_moe_layers(tmp_path):
-    import json
-
-    from rlflow.model.families.nemotron_h import FAMILY
-
-    hybrid = ["model.checkpoint=builtin:tiny-nemotron-h", "data.train.kind=text"]
-    load_checked(TINY, [*hybrid, "generation.backend=megatron"])  # no diagnostic
-    fp8 = messages([*hybrid, "generation.fp8=true", "model.dtype=bfloat16"])
-    assert "no FP8 decode for a hybrid model" in fp8 and "set generation.fp8: false" in fp8
-    config = {**FAMILY.builtin_config("tiny-nemotron-h"), "hybrid_override_pattern": "ME*M-"}
-    config["architectures"], config["model_type"] = ["NemotronHForCausalLM"], "nemotron_h"
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    moe = [f"model.checkpoint={tmp_path}", "data.train.kind=text"]
-    text = messages([*moe, "generation.backend=megatron"])
-    assert "`generation.backend` is megatron, whose engine does not serve" in text
-    assert (
-        "mixture-of-experts (`E`) layers, which it does not run" in text
-        and "set generation.backend: hf" in text
-    )
-    load_checked(TINY, [*hybrid, "generation.backend=hf"])  # no diagnostic
+def test_the_megatron_engine_takes_hybrid_models_with_moe_layers_but_not_fp8():
+    for builtin in ("tiny-nemotron-h", "tiny-nemotron-h-moe"):
+        hybrid = [f"model.checkpoint=builtin:{builtin}", "data.train.kind=text"]
+        load_checked(TINY, [*hybrid, "generation.backend=megatron"])  # no diagnostic
+        fp8 = messages([*hybrid, "generation.fp8=true", "model.dtype=bfloat16"])
+        assert "error[generation.megatron-engine]" in fp8
+        assert "no FP8 decode for a hybrid model" in fp8 and "set generation.fp8: false" in fp8
+        load_checked(TINY, [*hybrid, "generation.backend=hf"])  # no diagnostic
 
 
 def test_sequence_parallel_is_refused_for_a_hybrid_model():

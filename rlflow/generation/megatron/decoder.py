@@ -126,6 +126,12 @@ class Decoder:
         self._decode_layers = self.layers
         self._sms = 0
 
+    @property
+    def moe_layers(self) -> list[MoEWeights | None]:
+        """Each layer's routed experts (None: a dense layer), in the order of the trainer's
+        router layer numbers (router replay's `routing` [..., layers, k])."""
+        return [w.moe for w in self.layers]
+
     def set_fp8(self, enabled: bool) -> None:
         """Decode through FP8 copies of the layer weights (quantized now; `requantize` after
         every weight update), or through the policy's own tensors."""

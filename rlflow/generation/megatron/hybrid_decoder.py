@@ -1,9 +1,13 @@
 """The generation engine's forward for a hybrid language model (megatron-core's `HybridModel`:
 Nemotron-H), written against the policy's own weight tensors as decoder.py is for GPT layers.
 
-A hybrid stack is a sequence of three kinds of pre-norm residual layers, in the order of its
+A hybrid stack is a sequence of four kinds of pre-norm residual layers, in the order of its
 pattern: Mamba-2 mixers (`MambaLayer`), attention without rotary positions (`TransformerLayer`
-with no MLP) and squared-ReLU MLPs (`MLPLayer`). The engine's cache for it is a `HybridCache`
+with no MLP), squared-ReLU MLPs (`MLPLayer`) and mixtures of experts (`MoETransformerLayer`,
+Nemotron-H's `E`: moe_decode.py's routed experts, the same code path as Qwen3-MoE's, with the
+model's router (sigmoid scores, expert bias, grouped top-k, normalisation and scaling as
+configured, through megatron-core's routing functions), squared-ReLU experts and the shared
+expert; static shapes, so decode stays capturable). The engine's cache for it is a `HybridCache`
 (mamba_state.py): the paged KV cache of the attention layers plus one conv and SSM state slot per
 batch position holding a row.
 
@@ -20,10 +24,18 @@ batch position holding a row.
   capturable as a CUDA graph (DecodeGraph); a graph's warm-up steps (lengths = cache.length)
   use the scratch slot 0, as they use the KV cache's scratch block.
 
-Refused (RlflowError `generation.megatron-engine`): mixture-of-experts layers, attention layers
-with their own MLP, stacks without both Mamba and attention layers, rotary positions, tensor
-parallelism; FP8 decode (ValueError, as for MoE models). `compile_decode` is not applied
-to hybrid layers (they run eagerly, captured in graphs on GPUs).
+MoE layers record each token's experts for router replay as decoder.py does, in the layer order
+of the trainer's routers (`routing` [..., stack layers, k], -1 in the other layers). Under expert
+parallelism the EP ranks run in lockstep as for Qwen3-MoE (moe_decode.py, lockstep.py): each
+rank holds its experts / EP, every MoE layer all-gathers the ranks' tokens and reduce-scatters
+the outputs; a rank's padding prefill sequence (or a pass with no rows of its own) runs its
+Mamba layers on the scratch state slot.
+
+Refused (RlflowError `generation.megatron-engine`): attention layers with their own MLP or
+experts, stacks without both Mamba and attention layers, rotary positions, tensor parallelism;
+FP8 decode (ValueError, as for MoE models); MoE layers the engine's routed-experts path does
+not cover (ValueError from moe_decode.moe_weights: ungrouped experts, a gated shared expert).
+`compile_decode` is not applied to hybrid layers (they run eagerly, captured in graphs on GPUs).
 """
 
 from __future__ import annotations
@@ -45,6 +57,7 @@ from rlflow.generation.megatron.decoder import (
     _reference_attention,
 )
 from rlflow.generation.megatron.mamba_state import HybridCache, MambaStates, MambaWeights
+from rlflow.generation.megatron.moe_decode import MoEWeights, moe_mlp, moe_weights
 from rlflow.model.packed_attention import Packing
 
 
@@ -63,10 +76,11 @@ def make_decoder(core, *, compile_decode: bool):
 
 @dataclass
 class HybridLayer:
-    kind: str  # "mamba", "attention" or "mlp"
+    kind: str  # "mamba", "attention", "mlp" or "moe"
     norm: torch.Tensor
-    index: int  # among the layers of its kind (KV cache layer, state layer)
+    index: int  # among the layers of its kind (KV cache layer, state layer); moe: stack position
     mamba: MambaWeights | None = None
+    moe: MoEWeights | None = None
     attention: LayerWeights | None = None
     fc1: torch.Tensor | None = None
     fc2: torch.Tensor | None = None
@@ -117,9 +131,16 @@ class HybridDecoder(Decoder):
             head_dim = attention.hidden_size_per_attention_head
         scale = config.softmax_scale or head_dim**-0.5
         self.dims = Dims(heads, kv_heads, head_dim, config.layernorm_epsilon, scale, None)
-        self.topk = 0
+        moe = next((h.moe for h in self.stack if h.moe is not None), None)
+        self.topk = moe.topk if moe is not None else 0  # experts per token; 0: no MoE layers
         self.fp8 = False
         self._sms = 0
+
+    @property
+    def moe_layers(self) -> list[MoEWeights | None]:
+        """Every stack layer's routed experts (None: not an MoE layer): the trainer's routers are
+        numbered over the whole stack."""
+        return [h.moe for h in self.stack]
 
     @staticmethod
     def state_bytes_per_row(decoder, dtype: torch.dtype) -> int:
@@ -156,12 +177,17 @@ class HybridDecoder(Decoder):
     ) -> torch.Tensor:  # fmt: skip
         """Packed prompts hidden [T, H] -> hidden [T, H] (before the final norm); keys/values
         to their rows' KV blocks (decoder.Decoder.prefill), each prompt's Mamba states to its
-        first sample's slot, then copied to its other samples' (`cache.share` said which)."""
+        first sample's slot, then copied to its other samples' (`cache.share` said which).
+        routing [T, stack layers, k]: receives each token's experts in the MoE layers.
+        Expert parallelism: a padding sequence after the prompts (prefill.packed_prompts)
+        runs on the scratch state slot 0."""
         if deepstack is not None:
             raise ValueError("a hybrid language model takes no DeepStack features")
         slots = cache.prompt_slots
-        if len(slots) != len(pack.lengths) or hidden.shape[0] != pack.total:
+        padding = len(pack.lengths) - len(slots)
+        if padding not in (0, 1) or hidden.shape[0] != pack.total:
             raise RuntimeError("HybridCache.share was not called for this prefill; a bug")
+        slots = slots + [0] * padding
         d = self.dims
         for h in self.stack:
             if h.kind == "mamba":
@@ -171,6 +197,8 @@ class HybridDecoder(Decoder):
                 )
             elif h.kind == "mlp":
                 hidden = hidden + _mlp(F.rms_norm(hidden, hidden.shape[-1:], h.norm, d.eps), h)
+            elif h.kind == "moe":  # (norms its own input)
+                hidden = hidden + _moe(hidden, h, routing, d.eps)
             else:  # (norms its own input)
                 keys = cache.keys[h.index].view(-1, d.kv_heads, d.head_dim)
                 values = cache.values[h.index].view(-1, d.kv_heads, d.head_dim)
@@ -185,7 +213,8 @@ class HybridDecoder(Decoder):
     ) -> torch.Tensor:
         """One new token for each of the first `rows` batch positions -> fp32 logits [rows, V]
         (decoder.Decoder.decode's contract). A position's Mamba states are those of its slot;
-        a warm-up step (lengths past the rows' span) uses the scratch slot."""
+        a warm-up step (lengths past the rows' span) uses the scratch slot. routing
+        [rows, stack layers, k]: receives each row's experts in the MoE layers."""
         d = self.dims
         dtype = self.final_norm.dtype
         cos, sin = self.rotary(positions, dtype)
@@ -193,6 +222,9 @@ class HybridDecoder(Decoder):
         hidden = self.embed(tokens[:, None])[:, 0]
         table = cache.table[:rows]
         for h in self.stack:
+            if h.kind == "moe":  # (norms its own input)
+                hidden = hidden + _moe(hidden, h, routing, d.eps)
+                continue
             normed = F.rms_norm(hidden, hidden.shape[-1:], h.norm, d.eps)
             if h.kind == "mamba":
                 out = mamba.decode(h.mamba, normed, cache.states, h.index, slots)
@@ -223,6 +255,17 @@ def _mlp(normed: torch.Tensor, h: HybridLayer) -> torch.Tensor:
     return F.linear(F.relu(F.linear(normed, h.fc1)).square(), h.fc2)
 
 
+def _moe(hidden: torch.Tensor, h: HybridLayer, routing, eps: float) -> torch.Tensor:
+    """Nemotron-H's MoE block (its norm, router, routed and shared experts: moe_decode.moe_mlp);
+    the chosen experts go to routing[:, stack position]. (moe_mlp's output is this rank's
+    partial sum under tensor parallelism, which the hybrid engine refuses today: a TP engine
+    reduces it here, as decoder.Decoder._routed does.)"""
+    out, chosen = moe_mlp(hidden, h.moe, eps)
+    if routing is not None:
+        routing[:, h.index] = chosen
+    return out
+
+
 def _layer(layer, position: int, counts: dict[str, int]) -> HybridLayer:
     """One layer's weights (views); counts: layers of each kind so far (their cache index)."""
     kind = type(layer).__name__
@@ -237,6 +280,11 @@ def _layer(layer, position: int, counts: dict[str, int]) -> HybridLayer:
             "mlp", layer.pre_mlp_layernorm.weight, 0, fc1=mlp.linear_fc1.weight,
             fc2=mlp.linear_fc2.weight,
         )  # fmt: skip
+    if kind == "MoETransformerLayer":
+        moe = moe_weights(layer)
+        if moe is None or type(getattr(layer, "self_attention", None)).__name__ != "IdentityOp":
+            _refuse(f"layer {position} is a {kind} with attention or without experts")
+        return HybridLayer("moe", moe.norm, position, moe=moe)
     attention = getattr(layer, "self_attention", None)
     if kind == "TransformerLayer" and type(getattr(layer, "mlp", None)).__name__ != "IdentityOp":
         _refuse(f"layer {position} is an attention layer with its own MLP or experts")

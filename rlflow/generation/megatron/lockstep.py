@@ -30,7 +30,7 @@ class Lockstep:
 
     @staticmethod
     def of(decoder, device) -> Lockstep:
-        moe = next((w.moe for w in decoder.layers if w.moe is not None), None)
+        moe = next((w for w in decoder.moe_layers if w is not None), None)
         return Lockstep(None if moe is None else moe.ep_group, device)
 
     @property

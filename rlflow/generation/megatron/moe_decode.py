@@ -9,8 +9,17 @@ so shapes never depend on the routing. A layer:
 2. sorts the (token, choice) pairs by expert and counts them per expert on the device
    (`scatter_add`, no host sync); pairs for experts another rank holds sort last;
 3. runs the experts as two grouped matrix products over the sorted pairs with device-side
-   offsets (rlflow.model.moe.experts.swiglu_experts: `torch._grouped_mm`), never a loop over experts;
-4. puts each pair's output back in token order and sums a token's k outputs in a fixed order.
+   offsets (rlflow.model.moe.experts.grouped_experts: `torch._grouped_mm`), never a loop over
+   experts, with the trainer's activation: SwiGLU (Qwen3-MoE) or squared ReLU (Nemotron-H),
+   whichever the layer's GroupedExperts runs (`MoEWeights.activation`);
+4. puts each pair's output back in token order and sums a token's k outputs in a fixed order;
+5. adds the shared expert's output where the layer has one (Nemotron-H: a dense MLP with the
+   experts' activation over every token, as megatron-core's SharedExpertMLP; a gated shared
+   expert is refused).
+
+The router is whatever the model's config says, through megatron-core's own function: softmax
+top-k (Qwen3-MoE), or sigmoid scores with the checkpoint's expert bias, grouped top-k, top-k
+normalisation and routed scaling (Nemotron-H).
 
 Expert parallelism (EP > 1): the engine serves the EP ranks in lockstep rather than giving each
 rank a copy of every expert. Each rank keeps only its `experts / EP` experts (the trainer's own
@@ -35,7 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from rlflow.model.moe.experts import swiglu_experts
+from rlflow.model.moe.experts import ACTIVATIONS, EXPERT_ACTIVATION, grouped_experts
 
 
 @dataclass
@@ -46,8 +55,11 @@ class MoEWeights:
     router: torch.Tensor  # [experts, H]
     router_bias: torch.Tensor | None
     expert_bias: torch.Tensor | None  # megatron's aux-loss-free bias (None for Qwen)
-    fc1: torch.Tensor  # [local experts, 2F/tp, H]
+    fc1: torch.Tensor  # [local experts, 2F/tp (SwiGLU) or F/tp, H]
     fc2: torch.Tensor  # [local experts, H, F/tp]
+    activation: str  # "swiglu" or "relu2" (rlflow.model.moe.experts.ACTIVATIONS)
+    shared_fc1: torch.Tensor | None  # the shared expert's [2S/tp or S/tp, H]; None: none
+    shared_fc2: torch.Tensor | None  # [H, S/tp]
     first: int  # global index of this rank's first expert
     topk: int
     pre_softmax: bool
@@ -73,6 +85,18 @@ def moe_weights(layer) -> MoEWeights | None:
             "model.moe.grouped_experts: true"
         )
     fc1, fc2 = experts.stacked_weights()
+    activation = EXPERT_ACTIVATION.get(experts._grouped)
+    if activation is None:
+        raise ValueError(
+            "rlflow's generation engine runs SwiGLU and squared-ReLU experts without biases, "
+            "FP8 or a clamped activation; this MoE layer's experts are none of those"
+        )
+    shared = getattr(mlp, "shared_experts", None)
+    if shared is not None and shared.use_shared_expert_gate:
+        raise ValueError(
+            "rlflow's generation engine does not run gated shared experts: "
+            "moe_shared_expert_gate is set"
+        )
     ep_group = None
     if parallel_state.get_expert_model_parallel_world_size() > 1:
         ep_group = parallel_state.get_expert_model_parallel_group()
@@ -84,6 +108,9 @@ def moe_weights(layer) -> MoEWeights | None:
         expert_bias=router.expert_bias,
         fc1=fc1,
         fc2=fc2,
+        activation=activation,
+        shared_fc1=None if shared is None else shared.linear_fc1.weight,
+        shared_fc2=None if shared is None else shared.linear_fc2.weight,
         first=mlp.local_expert_indices[0],
         topk=config.moe_router_topk,
         pre_softmax=config.moe_router_pre_softmax,
@@ -122,7 +149,11 @@ def moe_mlp(hidden: torch.Tensor, w: MoEWeights, eps: float):
     tensor-parallel reduction, the chosen experts [N, k])."""
     normed = F.rms_norm(hidden, hidden.shape[-1:], w.norm, eps)
     probs, chosen = route(normed, w)
-    return routed_experts(normed, chosen, probs, w), chosen
+    out = routed_experts(normed, chosen, probs, w)
+    if w.shared_fc1 is not None:
+        act = ACTIVATIONS[w.activation](F.linear(normed, w.shared_fc1))
+        out = out + F.linear(act, w.shared_fc2)
+    return out, chosen
 
 
 def routed_experts(x, chosen, probs, w: MoEWeights) -> torch.Tensor:
@@ -138,9 +169,10 @@ def routed_experts(x, chosen, probs, w: MoEWeights) -> torch.Tensor:
     counts = torch.zeros(local_experts + 1, dtype=torch.int32, device=x.device)
     counts.scatter_add_(0, key, torch.ones_like(key, dtype=torch.int32))
     offsets = torch.cumsum(counts[:local_experts], 0, dtype=torch.int32)
-    y = swiglu_experts(
-        x.index_select(0, order // k), w.fc1, w.fc2, offsets, probs.reshape(-1)[order]
-    )
+    y = grouped_experts(
+        x.index_select(0, order // k), w.fc1, w.fc2, offsets, probs.reshape(-1)[order],
+        w.activation,
+    )  # fmt: skip
     if w.ep_group is not None:  # rows past offsets[-1] were not computed
         y = torch.where(held[order][:, None], y, 0)
     pairs = torch.empty_like(y).index_copy_(0, order, y)
@@ -171,8 +203,9 @@ class RoutingRecord:
     keep -1. Everything stays on the device until `attach` copies it to the host once."""
 
     def __init__(self, decoder, rows: int, steps: int, device):
-        self.layers, self.topk = len(decoder.layers), decoder.topk
-        experts = next(w.moe for w in decoder.layers if w.moe is not None).router.shape[0]
+        moe = decoder.moe_layers  # one per layer of the trainer's router numbering
+        self.layers, self.topk = len(moe), decoder.topk
+        experts = next(w for w in moe if w is not None).router.shape[0]
         self.dtype = torch.int8 if experts <= 128 else torch.int16
         self.generated = self.buffer((steps, rows + 1), device)  # +1: the engine's trash row
         self.prompts: torch.Tensor | None = None

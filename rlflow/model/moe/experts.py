@@ -191,27 +191,46 @@ def _grouped_mm_on_device(x, weight, offsets):
     return out
 
 
-def swiglu_experts(x, fc1, fc2, offsets, probs):
-    """Routed SwiGLU experts on tokens sorted by expert: x [P, H], fc1 [E, 2F, H], fc2 [E, H, F],
-    probs [P] -> [P, H]. The router weight scales the activation before fc2, in the same dtypes
-    as megatron-core's MLP applies its `per_token_scale`."""
+def swiglu(h):
+    """SwiGLU of fc1's output [..., 2F] (gate, up halves) -> [..., F]."""
     import torch.nn.functional as F
 
-    gate, up = grouped_mm(x, fc1, offsets).chunk(2, dim=-1)
-    act = F.silu(gate) * up
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def relu2(h):
+    """Squared ReLU (not gated: Nemotron-H's experts and shared expert) [..., F] -> [..., F]."""
+    import torch.nn.functional as F
+
+    return F.relu(h).square()
+
+
+ACTIVATIONS = {"swiglu": swiglu, "relu2": relu2}  # the expert activations the grouped path runs
+
+
+def grouped_experts(x, fc1, fc2, offsets, probs, activation: str):
+    """Routed experts on tokens sorted by expert: x [P, H], fc1 [E, F or 2F, H], fc2 [E, H, F],
+    probs [P] -> [P, H], with `activation` one of ACTIVATIONS. The router weight scales the
+    activation before fc2, in the same dtypes as megatron-core's MLP applies its
+    `per_token_scale`. The trainer's GroupedExperts and the generation engine's routed experts
+    (rlflow/generation/megatron/moe_decode.py) both run this."""
+    act = ACTIVATIONS[activation](grouped_mm(x, fc1, offsets))
     act = (act * probs.unsqueeze(-1)).to(act.dtype)
     return grouped_mm(act, fc2, offsets)
+
+
+def swiglu_experts(x, fc1, fc2, offsets, probs):
+    """Routed SwiGLU experts (Qwen3-MoE's): fc1 [E, 2F, H] (`grouped_experts`)."""
+    return grouped_experts(x, fc1, fc2, offsets, probs, "swiglu")
 
 
 def relu2_experts(x, fc1, fc2, offsets, probs):
-    """Routed squared-ReLU experts (not gated: Nemotron-H's) on tokens sorted by expert:
-    x [P, H], fc1 [E, F, H], fc2 [E, H, F], probs [P] -> [P, H]; the router weight scales the
-    activation before fc2, as in `swiglu_experts`."""
-    import torch.nn.functional as F
+    """Routed squared-ReLU experts (not gated: Nemotron-H's): fc1 [E, F, H] (`grouped_experts`)."""
+    return grouped_experts(x, fc1, fc2, offsets, probs, "relu2")
 
-    act = F.relu(grouped_mm(x, fc1, offsets)).square()
-    act = (act * probs.unsqueeze(-1)).to(act.dtype)
-    return grouped_mm(act, fc2, offsets)
+
+EXPERT_ACTIVATION = {swiglu_experts: "swiglu", relu2_experts: "relu2"}  # GroupedExperts._grouped
 
 
 @functools.cache
