@@ -16,11 +16,18 @@ What it is made of, and where it lives:
   frame runs through RADIO, is pixel-shuffled 2 x 2 and projected: one pad token per 2 x 2
   patches. Video frames are images to the tower (no temporal patch embedder).
 
+Generation: every backend. rlflow's Megatron engine takes Omni as it takes the Qwen-VL families:
+its packed prefill embeds the prompts with `vision_features` (below) placed at the image and
+video pad tokens (rlflow/generation/megatron/prefill.py, through the policy's vision cache: one
+tower run per prompt, shared by its samples), and its hybrid decoder runs the language model
+with each row's Mamba state beside the paged KV cache
+(rlflow/generation/megatron/hybrid_decoder.py); what that decoder refuses (its docstring says)
+it refuses for Omni's language model too.
+
 Limits: audio is refused (no sound encoder is built: a checkpoint's `sound_config` is refused
 at load, and the server refuses `input_audio` parts); a checkpoint with a separate (temporal)
 video patch embedder is refused; text rows are right-padded (the Mamba state); one
-model-parallel rank, and generation with `generation.backend: hf` (the engine's hybrid decoder,
-rlflow/generation/megatron/hybrid_decoder.py, is not wired to the vision tower yet).
+model-parallel rank.
 """
 
 from __future__ import annotations
@@ -43,7 +50,6 @@ class NemotronOmni(ModelFamily):
     builtins = ("tiny-nemotron-omni",)
     multimodal = True
     rope = "1d"  # descriptive: attention has no rotary; positions are unused
-    megatron_engine = False  # the engine's hybrid decoder takes no vision tower yet
 
     def media_tokens(self, hf_config) -> MediaTokens:
         video = getattr(hf_config, "video_context_token_id", None)
