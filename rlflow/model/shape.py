@@ -78,11 +78,23 @@ def hybrid_block_types(section: dict[str, Any]) -> list[str] | None:
     return None
 
 
+def language_sections(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Where a parsed HF config.json keeps the language model's keys, first match first:
+    `text_config` (Qwen-VL), Nemotron Omni's `llm_config`, then the top level."""
+    language = (config.get("text_config"), config.get("llm_config"), config)
+    return [s for s in language if isinstance(s, dict)]
+
+
+def hybrid_blocks(config: dict[str, Any]) -> list[str] | None:
+    """The language model's layer kinds (`hybrid_block_types`) of a parsed config.json, in
+    whichever section holds them; None for a model whose layers are all alike."""
+    return next((b for b in map(hybrid_block_types, language_sections(config)) if b), None)
+
+
 def shape_of_config(config: dict[str, Any]) -> ModelShape:
     """The shape of a parsed HF config.json (language keys first from `text_config`, or
     Nemotron Omni's `llm_config`)."""
-    language = (config.get("text_config"), config.get("llm_config"), config)
-    sections = [s for s in language if isinstance(s, dict)]
+    sections = language_sections(config)
 
     def number(*keys: str) -> int:
         for section in sections:
@@ -97,7 +109,7 @@ def shape_of_config(config: dict[str, Any]) -> ModelShape:
     experts = number(*_EXPERT_KEYS)
     layers = number("num_hidden_layers", "n_layer")
     kv_layers = -1
-    blocks = next((b for b in map(hybrid_block_types, sections) if b is not None), None)
+    blocks = hybrid_blocks(config)
     if blocks is not None:  # a hybrid: experts only where a layer is one; KV in attention only
         layers, kv_layers = len(blocks), blocks.count("attention")
         experts = experts if "moe" in blocks else 0

@@ -185,13 +185,14 @@ _LARGEST_GPU_GIB = 288  # no GPU rlflow runs on holds more (B300: 288 GB)
 
 def engine_serves_model(loaded: LoadedRecipe) -> list[Diagnostic]:
     """`generation.backend: megatron` needs a model the engine runs: a family it serves
-    (ModelFamily.megatron_engine) and, for a hybrid (`hybrid_override_pattern`, with or without
-    mixture-of-experts `E` layers), no `generation.fp8`
+    (ModelFamily.megatron_engine) and, for a hybrid (its layer kinds, `hybrid_blocks`, with or
+    without mixture-of-experts `E` layers), no `generation.fp8`
     (rlflow/generation/megatron/hybrid_decoder.py)."""
     import json
     from pathlib import Path
 
     from rlflow.model import family as families
+    from rlflow.model.shape import hybrid_blocks
 
     recipe = loaded.recipe
     if recipe.generation.backend != "megatron":
@@ -210,11 +211,11 @@ def engine_serves_model(loaded: LoadedRecipe) -> list[Diagnostic]:
         family = families.by_config(config) if isinstance(config, dict) else None
     if family is None:
         return []
-    pattern = config.get("hybrid_override_pattern")
+    blocks = hybrid_blocks(config)  # (Nemotron Omni's are in its `llm_config`)
     why = None
     if not family.megatron_engine:
         why = "a model whose layers keep a state the engine does not hold yet"
-    elif pattern and recipe.generation.fp8:
+    elif blocks and recipe.generation.fp8:
         return [
             loaded.diagnostic(
                 ("generation", "fp8"),

@@ -87,6 +87,27 @@ def test_the_megatron_engine_takes_hybrid_models_with_moe_layers_but_not_fp8():
         load_checked(TINY, [*hybrid, "generation.backend=hf"])  # no diagnostic
 
 
+def test_the_megatron_engine_takes_nemotron_omni_with_moe_layers_but_not_fp8(tmp_path):
+    """Omni's layer pattern lives in its config.json's `llm_config`: the rule reads it there."""
+    import json
+
+    omni = ["model.checkpoint=builtin:tiny-nemotron-omni"]
+    load_checked(TINY, [*omni, "generation.backend=megatron"])  # no diagnostic
+    fp8 = messages([*omni, "generation.fp8=true", "model.dtype=bfloat16"])
+    assert "no FP8 decode for a hybrid model" in fp8
+    config = {
+        "architectures": ["NemotronH_Nano_Omni_Reasoning_V3"],
+        "model_type": "NemotronH_Nano_Omni_Reasoning_V3",
+        "llm_config": {"hybrid_override_pattern": "ME*M-", "num_attention_heads": 4},
+        "vision_config": {},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    checkpoint = f"model.checkpoint={tmp_path}"
+    load_checked(TINY, [checkpoint, "generation.backend=megatron"])  # E layers: no diagnostic
+    text = messages([checkpoint, "generation.fp8=true", "model.dtype=bfloat16"])
+    assert "no FP8 decode for a hybrid model" in text
+
+
 def test_sequence_parallel_is_refused_for_a_hybrid_model():
     from rlflow.rules.allocation import allocation_diagnostics
 

@@ -16,11 +16,18 @@ What it is made of, and where it lives:
   frame runs through RADIO, is pixel-shuffled 2 x 2 and projected: one pad token per 2 x 2
   patches. Video frames are images to the tower (no temporal patch embedder).
 
+Generation: every backend. rlflow's Megatron engine takes Omni as it takes the Qwen-VL families:
+its packed prefill embeds the prompts with `vision_features` (below) placed at the image and
+video pad tokens (rlflow/generation/megatron/prefill.py, through the policy's vision cache: one
+tower run per prompt, shared by its samples), and its hybrid decoder runs the language model
+with each row's Mamba state beside the paged KV cache
+(rlflow/generation/megatron/hybrid_decoder.py); what that decoder refuses (its docstring says)
+it refuses for Omni's language model too.
+
 Limits: audio is refused (no sound encoder is built: a checkpoint's `sound_config` is refused
 at load, and the server refuses `input_audio` parts); a checkpoint with a separate (temporal)
 video patch embedder is refused; text rows are right-padded (the Mamba state); one
-model-parallel rank, and generation with `generation.backend: hf` (the engine's hybrid decoder,
-rlflow/generation/megatron/hybrid_decoder.py, is not wired to the vision tower yet).
+model-parallel rank.
 """
 
 from __future__ import annotations
@@ -43,7 +50,6 @@ class NemotronOmni(ModelFamily):
     builtins = ("tiny-nemotron-omni",)
     multimodal = True
     rope = "1d"  # descriptive: attention has no rotary; positions are unused
-    megatron_engine = False  # the engine's hybrid decoder takes no vision tower yet
 
     def media_tokens(self, hf_config) -> MediaTokens:
         video = getattr(hf_config, "video_context_token_id", None)
@@ -144,13 +150,14 @@ PRESETS = {
     # Nemotron Omni 30B-A3B: Nemotron-3-Nano-30B-A3B's language model (rlflow/model/families/
     # nemotron_h/) under C-RADIO (ViT-H/16: 32 layers, 1280 wide, 3 class + 7 register tokens)
     # and a 20480-wide projector (shapes as megatron-bridge's Omni provider builds them; check
-    # them against the checkpoint you train). Its `E` layers wait for Nemotron-H's MoE layers.
+    # them against the checkpoint you train); the router as Nemotron-H's preset's.
     "nemotron-omni-30b-a3b": OmniSizes(
         vocab_size=131072, hidden=2688, intermediate=1856, heads=32, kv_heads=2, head_dim=128,
         max_positions=262144, layers=52,
         pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
         mamba_heads=64, mamba_head_dim=64, mamba_groups=8, state=128, chunk=128,
         experts=128, topk=6, expert_intermediate=1856, shared_expert_intermediate=3712,
+        routed_scaling=2.5,
         vision_hidden=1280, vision_layers=32, vision_heads=16, vision_cls_tokens=3,
         vision_registers=7, vision_max_img_size=2048, projector_hidden=20480,
     ),
@@ -173,8 +180,9 @@ def write_tiny_nemotron_omni(
     one frame to a temporal patch, pixels in [0, 1]: RADIO normalises them)."""
     from transformers import RadioConfig
 
+    from rlflow.model.families.nemotron_h import hf_config
     from rlflow.model.families.nemotron_omni import hf
-    from rlflow.model.tiny import TinyModel, write_tiny
+    from rlflow.model.tiny import TinyModel, token_ids_config, write_tiny
 
     def config(ids: dict[str, int], tokens: int):
         vision = RadioConfig(
@@ -187,7 +195,7 @@ def write_tiny_nemotron_omni(
             num_registers=sizes.vision_registers,
         )
         return hf.NemotronOmniConfig(
-            llm_config=llm_config(sizes, ids, tokens),
+            llm_config=hf_config(sizes, token_ids_config(ids), tokens),  # Nemotron-H's
             vision_config=vision,
             projector_hidden_size=sizes.projector_hidden,
             img_context_token_id=ids["<|image_pad|>"],
@@ -209,42 +217,6 @@ def write_tiny_nemotron_omni(
         save_processor=_save_processor,
     )
     return write_tiny(out_dir, tiny, sizes, seed=seed, device=device, lm_head_scale=lm_head_scale)
-
-
-def llm_config(sizes: OmniSizes, ids: dict[str, int], tokens: int):
-    """The Nemotron-H part of the config (as rlflow/model/families/nemotron_h/ writes its own)."""
-    from transformers import NemotronHConfig
-
-    from rlflow.model.tiny import token_ids_config
-
-    if len(sizes.pattern) != sizes.layers:
-        raise ValueError(
-            f"pattern {sizes.pattern!r} has {len(sizes.pattern)} layers, not {sizes.layers}"
-        )
-    return NemotronHConfig(
-        vocab_size=max(sizes.vocab_size, tokens),
-        hidden_size=sizes.hidden,
-        intermediate_size=sizes.intermediate,
-        hybrid_override_pattern=sizes.pattern,
-        num_attention_heads=sizes.heads,
-        num_key_value_heads=sizes.kv_heads,
-        head_dim=sizes.head_dim,
-        max_position_embeddings=sizes.max_positions,
-        mamba_num_heads=sizes.mamba_heads,
-        mamba_head_dim=sizes.mamba_head_dim,
-        n_groups=sizes.mamba_groups,
-        ssm_state_size=sizes.state,
-        chunk_size=sizes.chunk,
-        expand=sizes.mamba_heads * sizes.mamba_head_dim // sizes.hidden,
-        n_routed_experts=sizes.experts or 8,
-        num_experts_per_tok=sizes.topk or 2,
-        moe_intermediate_size=sizes.expert_intermediate or sizes.intermediate,
-        moe_shared_expert_intermediate_size=sizes.shared_expert_intermediate or sizes.intermediate,
-        layer_norm_epsilon=1e-5,
-        tie_word_embeddings=False,
-        use_mamba_kernels=False,
-        **token_ids_config(ids),
-    )
 
 
 def _save_processor(out: Path, tokenizer) -> None:
