@@ -21,8 +21,7 @@ batch position holding a row.
   use the scratch slot 0, as they use the KV cache's scratch block.
 
 Refused (RlflowError `generation.megatron-engine`): mixture-of-experts layers, attention layers
-with their own MLP, stacks without both Mamba and attention layers, rotary positions, tensor
-parallelism; FP8 decode (ValueError, as for MoE models). `compile_decode` is not applied
+with their own MLP, stacks without both Mamba and attention layers, rotary positions; FP8 decode (ValueError, as for MoE models). `compile_decode` is not applied
 to hybrid layers (they run eagerly, captured in graphs on GPUs).
 """
 
@@ -40,8 +39,10 @@ from rlflow.generation.megatron.decoder import (
     Decoder,
     Dims,
     LayerWeights,
+    _gather_kv,
     _norm_weight,
     _prefill_attention,
+    _reduce,
     _reference_attention,
 )
 from rlflow.generation.megatron.mamba_state import HybridCache, MambaStates, MambaWeights
@@ -82,8 +83,7 @@ class HybridDecoder(Decoder):
         from rlflow.model.forward import language_model
 
         lm = language_model(core)
-        if parallel_state.get_tensor_model_parallel_world_size() > 1:
-            _refuse("tensor parallelism (the Mamba mixer's heads split across ranks)")
+        tp = parallel_state.get_tensor_model_parallel_world_size()
         if lm.position_embedding_type != "none":
             _refuse(f"position_embedding_type {lm.position_embedding_type!r} (rotary)")
         config = lm.config
@@ -94,7 +94,10 @@ class HybridDecoder(Decoder):
             if lm.share_embeddings_and_output_weights
             else lm.output_layer.weight
         )
-        self.tp_group = None
+        # tensor parallelism: megatron-core's tensors are this rank's shards already (the Mamba
+        # mixer's heads and B/C groups, the attention heads, the MLP's columns); the row-parallel
+        # outputs (out_proj, linear_proj, fc2) are summed over the group (decoder._reduce)
+        self.tp_group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
         counts: dict[str, int] = {}
         self.stack = [_layer(layer, i, counts) for i, layer in enumerate(lm.decoder.layers)]
         self.layers = [h.attention for h in self.stack if h.kind == "attention"]
@@ -115,8 +118,16 @@ class HybridDecoder(Decoder):
             heads = attention.num_attention_heads_per_partition
             kv_heads = attention.num_query_groups_per_partition
             head_dim = attention.hidden_size_per_attention_head
+        kv_split = 1
+        if attention is not None and (config.num_query_groups or heads) < tp:
+            # TP above the KV heads: megatron-core's partition holds one KV head and the q
+            # heads of its whole group; this rank attends with its share of them
+            kv_split = tp // config.num_query_groups
+            heads = config.num_attention_heads // tp
         scale = config.softmax_scale or head_dim**-0.5
-        self.dims = Dims(heads, kv_heads, head_dim, config.layernorm_epsilon, scale, None)
+        self.dims = Dims(
+            heads, kv_heads, head_dim, config.layernorm_epsilon, scale, self.tp_group, kv_split
+        )
         self.topk = 0
         self.fp8 = False
         self._sms = 0
@@ -166,11 +177,13 @@ class HybridDecoder(Decoder):
         for h in self.stack:
             if h.kind == "mamba":
                 normed = F.rms_norm(hidden, hidden.shape[-1:], h.norm, d.eps)
-                hidden = hidden + mamba.prefill(
+                out = mamba.prefill(
                     h.mamba, normed, list(pack.lengths), cache.states, h.index, slots
                 )
+                hidden = hidden + _reduce(out, None, d)
             elif h.kind == "mlp":
-                hidden = hidden + _mlp(F.rms_norm(hidden, hidden.shape[-1:], h.norm, d.eps), h)
+                normed = F.rms_norm(hidden, hidden.shape[-1:], h.norm, d.eps)
+                hidden = hidden + _reduce(_mlp(normed, h), None, d)
             else:  # (norms its own input)
                 keys = cache.keys[h.index].view(-1, d.kv_heads, d.head_dim)
                 values = cache.values[h.index].view(-1, d.kv_heads, d.head_dim)
@@ -200,12 +213,14 @@ class HybridDecoder(Decoder):
                 out = _mlp(normed, h)
             else:
                 out = self._attend(normed, h.attention, cos, sin, cache, h.index, table, lengths)
-            hidden = hidden + out
+                hidden = hidden + _reduce(out, h.attention.proj_bias, d)
+                continue
+            hidden = hidden + _reduce(out, None, d)
         return self.logits(hidden)
 
     def _attend(self, normed, w: LayerWeights, cos, sin, cache, index, table, lengths):
         d = self.dims
-        qkv = F.linear(normed, w.qkv_weight, w.qkv_bias)
+        qkv = _gather_kv(F.linear(normed, w.qkv_weight, w.qkv_bias), d)
         keys, values = cache.keys[index], cache.values[index]
         if flash_decode.available(qkv, d.head_dim):
             out = flash_decode.attention(
@@ -215,7 +230,7 @@ class HybridDecoder(Decoder):
             )  # fmt: skip
         else:
             out = _reference_attention(qkv, w, cos, sin, keys, values, table, lengths, d)
-        return F.linear(out, w.proj_weight, w.proj_bias)
+        return F.linear(out, w.proj_weight)  # (the caller sums it over TP, then adds the bias)
 
 
 def _mlp(normed: torch.Tensor, h: HybridLayer) -> torch.Tensor:
