@@ -261,9 +261,22 @@ def peers() -> list[dict]:
         "tp_size": me.tp_size,
         "dp_rank": me.dp_rank,
         "cp_rank": me.cp_rank,
+        **_expert_coordinates(),
     }
     everyone = job_group()
     return everyone.all_gather_object(mine)
+
+
+def _expert_coordinates() -> dict:
+    """This rank's expert-parallel rank, expert-tensor-parallel rank and expert-data-parallel
+    rank (megatron-core's expert groups; all 0 without expert parallelism)."""
+    from megatron.core import parallel_state
+
+    return {
+        "ep_rank": parallel_state.get_expert_model_parallel_rank(),
+        "etp_rank": parallel_state.get_expert_tensor_parallel_rank(),
+        "edp_rank": parallel_state.get_expert_data_parallel_rank(),
+    }
 
 
 _job_group: CrossGroup | None = None

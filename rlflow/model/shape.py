@@ -36,6 +36,8 @@ class ModelShape:
     topk: int  # experts per token (0: a dense model)
     multimodal: bool  # a vision (or video) tower: model.freeze_vision means something
     kv_layers: int = -1  # layers that keep a KV cache (-1: all; a hybrid's attention layers)
+    mamba_heads: int = 0  # a hybrid's Mamba-2 mixer: heads and B/C groups (TP splits both)
+    mamba_groups: int = 0
 
     def kv_bytes_per_token(self, dtype_bytes: int, tensor_parallel: int = 1) -> int:
         """KV-cache bytes one token takes on one tensor-parallel rank (keys and values)."""
@@ -123,6 +125,8 @@ def shape_of_config(config: dict[str, Any]) -> ModelShape:
         topk=number(*_TOPK_KEYS) if experts else 0,
         multimodal=isinstance(config.get("vision_config"), dict),
         kv_layers=kv_layers,
+        mamba_heads=number("mamba_num_heads") if blocks and "mamba" in blocks else 0,
+        mamba_groups=number("n_groups") if blocks and "mamba" in blocks else 0,
     )
 
 

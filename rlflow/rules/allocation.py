@@ -422,19 +422,11 @@ def _colocated_problems(loaded: LoadedRecipe) -> list[Diagnostic]:
 
 def _separate_unsupported(loaded: LoadedRecipe) -> list[Diagnostic]:
     recipe = loaded.recipe
-    gen, par = recipe.generation, recipe.parallelism
+    gen = recipe.generation
     refused = []
     if gen.backend != "megatron":
         refused.append(
             (("generation", "backend"), f"generation.backend {gen.backend}", "use backend megatron")
-        )
-    if par.expert_parallel_size > 1:
-        refused.append(
-            (
-                ("parallelism", "expert_parallel_size"),
-                f"parallelism.expert_parallel_size {par.expert_parallel_size}",
-                "the weight sync reshards tensor-parallel shards only: use expert_parallel_size 1",
-            )
         )
     return [
         loaded.diagnostic(

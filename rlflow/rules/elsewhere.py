@@ -247,31 +247,58 @@ def _shape(recipe):
 def heads_split_evenly(loaded: LoadedRecipe) -> list[Diagnostic]:
     """Tensor parallelism gives each rank an equal share of the attention heads and of the KV
     heads (megatron-core asserts it while building the model, on every rank): the trainer's
-    `parallelism.tensor_parallel_size` and, under separate placement, the generation engine's."""
+    `parallelism.tensor_parallel_size` and, under separate placement, the generation engine's.
+
+    A hybrid (Nemotron-H, Nemotron Omni) may also use a multiple of its KV heads: megatron-core
+    then gives each rank one KV head, shared with its group's other ranks, and the engine's
+    hybrid decoder does the same (decoder._gather_kv; tests/generation/
+    test_generation_hybrid_tensor_parallel.py). The engine's GPT decoder does not: refused."""
     recipe, shape = loaded.recipe, _shape(loaded.recipe)
     if shape is None or not shape.heads:
         return []
     sizes = [("parallelism", "tensor_parallel_size")]
     if recipe.generation.placement == "separate":
         sizes.append(("generation", "tensor_parallel_size"))
+    hybrid = shape.kv_layers >= 0
     problems = []
     for path in sizes:
         tp = getattr(getattr(recipe, path[0]), path[1])
-        bad = [f"{n} {what}" for n, what in ((shape.heads, "attention heads"),
-               (shape.kv_heads, "KV heads")) if tp > 0 and n % tp]  # fmt: skip
+        shared = hybrid and tp > shape.kv_heads and tp % shape.kv_heads == 0
+        counts = (
+            (shape.heads, "attention heads"),
+            (shape.kv_heads, "KV heads"),
+            (shape.mamba_heads, "Mamba heads"),
+            (shape.mamba_groups, "Mamba B/C groups"),
+        )
+        bad = [f"{n} {what}" for n, what in counts if n and tp > 0 and n % tp]  # fmt: skip
+        if shared:
+            bad = [b for b in bad if not b.endswith("KV heads")]
         if bad:
-            fits = [d for d in range(1, shape.kv_heads + 1) if shape.kv_heads % d == 0]
+            fits = [d for d in range(1, shape.heads + 1) if _splits_heads(shape, d, hybrid)]
             problems.append(
                 loaded.diagnostic(
                     path,
                     "recipe.tensor-parallel-heads",
-                    f"`{'.'.join(path)}` ({tp}) does not divide the {' and '.join(bad)} of "
+                    f"`{'.'.join(path)}` ({tp}) does not divide the {_listed(bad)} of "
                     f"`model.checkpoint` ({recipe.model.checkpoint})",
-                    help="each tensor-parallel rank holds an equal share of the heads: choose "
-                    f"one of {', '.join(map(str, fits))}",
+                    help="each tensor-parallel rank holds an equal share of the heads"
+                    + (" (of a hybrid's KV heads: or one, shared)" if hybrid else "")
+                    + f": choose one of {', '.join(map(str, fits))}",
                 )
             )
     return problems
+
+
+def _listed(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _splits_heads(shape, tp: int, hybrid: bool) -> bool:
+    """tp ranks take equal shares of the heads, the KV heads (a hybrid's: or share them) and a
+    hybrid's Mamba heads and groups (megatron-core's MambaMixer asserts both)."""
+    kv = shape.kv_heads
+    mamba = all(n % tp == 0 for n in (shape.mamba_heads, shape.mamba_groups) if n)
+    return shape.heads % tp == 0 and mamba and (kv % tp == 0 or (hybrid and tp % kv == 0))
 
 
 def moe_settings_fit_model(loaded: LoadedRecipe) -> list[Diagnostic]:

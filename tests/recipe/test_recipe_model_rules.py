@@ -161,3 +161,43 @@ def test_the_runs_resolved_recipe_passes_where_the_dry_run_passed(tmp_path):
     resolved = tmp_path / "recipe.yaml"
     resolved.write_text(dump_recipe(load_checked(TINY, overrides).data))
     assert load_checked(resolved).recipe.checkpointing.save_period == 5
+
+
+# Nemotron-3-Nano-30B-A3B's shapes (the dense cut: the engine rule says nothing about MoE
+# layers here): 32 heads over 2 KV heads, Mamba-2 mixers of 64 heads in 8 B/C groups
+NEMOTRON_H_30B = {
+    "model_type": "nemotron_h",
+    "architectures": ["NemotronHForCausalLM"],
+    "hidden_size": 2688,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "max_position_embeddings": 262144,
+    "hybrid_override_pattern": "M-M-M*-M-M-M*-M-M-M*-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M-",
+    "mamba_num_heads": 64,
+    "n_groups": 8,
+}
+
+
+def test_a_hybrid_may_share_kv_heads_but_not_split_mamba_groups(tmp_path):
+    """A hybrid's TP may exceed its KV heads (a multiple of them: megatron-core and the engine's
+    hybrid decoder give each rank one KV head, shared); it must divide the Mamba mixer's heads
+    and groups (megatron-core's MambaMixer asserts it on every rank). A GPT model may not share
+    (test_sizes_come_from_the_checkpoints_config_json: Qwen2.5-VL-3B at TP 4)."""
+    checkpoint = tmp_path / "Nemotron-H-30B-A3B"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps(NEMOTRON_H_30B))
+    work = tmp_path / "work"
+    work.mkdir()
+    recipe = ROOT / "recipes" / "tiny-nemotron-h-text-1n1g-cpu.yaml"
+    at = [f"model.checkpoint={checkpoint}", "parallelism.sequence_parallel=off"]
+    for tp in (4, 8):
+        ok = dry_run(work, recipe, *at, f"parallelism.tensor_parallel_size={tp}", nodes=2, gpus=8)
+        assert ok.returncode == 0, ok.stderr
+    refused = dry_run(work, recipe, *at, "parallelism.tensor_parallel_size=16", nodes=2, gpus=8)
+    assert refused.returncode == 2
+    assert (
+        "error[recipe.tensor-parallel-heads]: `parallelism.tensor_parallel_size` (16) does not "
+        "divide the 8 Mamba B/C groups" in refused.stderr
+    )
+    assert "choose one of 1, 2, 4, 8" in refused.stderr

@@ -71,6 +71,10 @@ class Dims:
     eps: float
     scale: float
     tp_group: object | None
+    # tensor-parallel ranks that share one KV head (megatron-core with TP above the KV heads:
+    # each rank's QKV projection is a contiguous slice of the fused output, gathered and cut
+    # to its query heads and their group's key/value, `_gather_kv`); 1: none
+    kv_split: int = 1
 
     @property
     def group(self) -> int:
@@ -105,6 +109,14 @@ class Decoder:
         if parallel_state.get_tensor_model_parallel_world_size() > 1:
             tp_group = parallel_state.get_tensor_model_parallel_group()
         self.tp_group = tp_group
+        if tp_group is not None and (config.num_query_groups or heads) < dist.get_world_size(
+            tp_group
+        ):
+            raise ValueError(
+                "the engine's GPT decoder splits whole KV heads over the tensor-parallel ranks: "
+                f"tensor_parallel_size {dist.get_world_size(tp_group)} exceeds the model's "
+                f"{config.num_query_groups} KV heads (rlflow/rules/elsewhere.py refuses it)"
+            )
         self.layers = [_weights(layer) for layer in lm.decoder.layers]
         moe = next((w.moe for w in self.layers if w.moe is not None), None)
         self.topk = moe.topk if moe is not None else 0  # experts per token; 0: a dense model
@@ -343,7 +355,28 @@ def _linear(x, weight, bias, quantized: fp8.QuantizedWeight | None):
 
 def _qkv(x, w: LayerWeights, cos, sin, dims: Dims):
     """x [N, H] -> rotated q [N, heads, D] and k [N, kv, D], v [N, kv, D]."""
-    return _split_qkv(F.linear(x, w.qkv_weight, w.qkv_bias), w, cos, sin, dims)
+    return _split_qkv(_gather_kv(F.linear(x, w.qkv_weight, w.qkv_bias), dims), w, cos, sin, dims)
+
+
+def _gather_kv(qkv: torch.Tensor, dims: Dims) -> torch.Tensor:
+    """This rank's fused [q_1..q_group, k, v] x head_dim when the tensor-parallel size exceeds
+    the KV heads (dims.kv_split ranks share each KV head), as megatron-core's attention does it:
+    every rank's projection is a contiguous slice of the whole fused output, so gather the
+    slices, take this rank's query group (whole: its q heads, k, v), then its share of the
+    group's q heads. [N, P] -> [N, (heads + 2) * D] (one KV head); unchanged when kv_split is 1."""
+    if dims.kv_split == 1:
+        return qkv
+    group = dist.get_world_size(dims.tp_group)
+    shards = [torch.empty_like(qkv) for _ in range(group)]
+    dist.all_gather(shards, qkv.contiguous(), group=dims.tp_group)
+    whole = torch.cat(shards, dim=-1)
+    rank = dist.get_rank(dims.tp_group)
+    groups = group // dims.kv_split  # the model's KV heads
+    per_group = whole.shape[-1] // groups // dims.head_dim - 2  # q heads of one KV head
+    mine = whole.view(qkv.shape[0], groups, per_group + 2, dims.head_dim)[:, rank // dims.kv_split]
+    first = (rank % dims.kv_split) * dims.heads
+    q = mine[:, first : first + dims.heads]
+    return torch.cat((q, mine[:, per_group:]), dim=1).reshape(qkv.shape[0], -1)
 
 
 def _split_qkv(qkv, w: LayerWeights, cos, sin, dims: Dims):

@@ -32,7 +32,7 @@ the outputs; a rank's padding prefill sequence (or a pass with no rows of its ow
 Mamba layers on the scratch state slot.
 
 Refused (RlflowError `generation.megatron-engine`): attention layers with their own MLP or
-experts, stacks without both Mamba and attention layers, rotary positions, tensor parallelism;
+experts, stacks without both Mamba and attention layers, rotary positions;
 FP8 decode (ValueError, as for MoE models); MoE layers the engine's routed-experts path does
 not cover (ValueError from moe_decode.moe_weights: ungrouped experts, a gated shared expert).
 `compile_decode` is not applied to hybrid layers (they run eagerly, captured in graphs on GPUs).
@@ -52,8 +52,10 @@ from rlflow.generation.megatron.decoder import (
     Decoder,
     Dims,
     LayerWeights,
+    _gather_kv,
     _norm_weight,
     _prefill_attention,
+    _reduce,
     _reference_attention,
 )
 from rlflow.generation.megatron.mamba_state import HybridCache, MambaStates, MambaWeights
@@ -96,8 +98,7 @@ class HybridDecoder(Decoder):
         from rlflow.model.forward import language_model
 
         lm = language_model(core)
-        if parallel_state.get_tensor_model_parallel_world_size() > 1:
-            _refuse("tensor parallelism (the Mamba mixer's heads split across ranks)")
+        tp = parallel_state.get_tensor_model_parallel_world_size()
         if lm.position_embedding_type != "none":
             _refuse(f"position_embedding_type {lm.position_embedding_type!r} (rotary)")
         config = lm.config
@@ -108,7 +109,10 @@ class HybridDecoder(Decoder):
             if lm.share_embeddings_and_output_weights
             else lm.output_layer.weight
         )
-        self.tp_group = None
+        # tensor parallelism: megatron-core's tensors are this rank's shards already (the Mamba
+        # mixer's heads and B/C groups, the attention heads, the MLP's columns); the row-parallel
+        # outputs (out_proj, linear_proj, fc2) are summed over the group (decoder._reduce)
+        self.tp_group = parallel_state.get_tensor_model_parallel_group() if tp > 1 else None
         counts: dict[str, int] = {}
         self.stack = [_layer(layer, i, counts) for i, layer in enumerate(lm.decoder.layers)]
         self.layers = [h.attention for h in self.stack if h.kind == "attention"]
@@ -129,8 +133,16 @@ class HybridDecoder(Decoder):
             heads = attention.num_attention_heads_per_partition
             kv_heads = attention.num_query_groups_per_partition
             head_dim = attention.hidden_size_per_attention_head
+        kv_split = 1
+        if attention is not None and (config.num_query_groups or heads) < tp:
+            # TP above the KV heads: megatron-core's partition holds one KV head and the q
+            # heads of its whole group; this rank attends with its share of them
+            kv_split = tp // config.num_query_groups
+            heads = config.num_attention_heads // tp
         scale = config.softmax_scale or head_dim**-0.5
-        self.dims = Dims(heads, kv_heads, head_dim, config.layernorm_epsilon, scale, None)
+        self.dims = Dims(
+            heads, kv_heads, head_dim, config.layernorm_epsilon, scale, self.tp_group, kv_split
+        )
         moe = next((h.moe for h in self.stack if h.moe is not None), None)
         self.topk = moe.topk if moe is not None else 0  # experts per token; 0: no MoE layers
         self.fp8 = False
@@ -192,13 +204,15 @@ class HybridDecoder(Decoder):
         for h in self.stack:
             if h.kind == "mamba":
                 normed = F.rms_norm(hidden, hidden.shape[-1:], h.norm, d.eps)
-                hidden = hidden + mamba.prefill(
+                out = mamba.prefill(
                     h.mamba, normed, list(pack.lengths), cache.states, h.index, slots
                 )
+                hidden = hidden + _reduce(out, None, d)
             elif h.kind == "mlp":
-                hidden = hidden + _mlp(F.rms_norm(hidden, hidden.shape[-1:], h.norm, d.eps), h)
+                normed = F.rms_norm(hidden, hidden.shape[-1:], h.norm, d.eps)
+                hidden = hidden + _reduce(_mlp(normed, h), None, d)
             elif h.kind == "moe":  # (norms its own input)
-                hidden = hidden + _moe(hidden, h, routing, d.eps)
+                hidden = hidden + _reduce(_moe(hidden, h, routing, d.eps), None, d)
             else:  # (norms its own input)
                 keys = cache.keys[h.index].view(-1, d.kv_heads, d.head_dim)
                 values = cache.values[h.index].view(-1, d.kv_heads, d.head_dim)
@@ -223,7 +237,7 @@ class HybridDecoder(Decoder):
         table = cache.table[:rows]
         for h in self.stack:
             if h.kind == "moe":  # (norms its own input)
-                hidden = hidden + _moe(hidden, h, routing, d.eps)
+                hidden = hidden + _reduce(_moe(hidden, h, routing, d.eps), None, d)
                 continue
             normed = F.rms_norm(hidden, hidden.shape[-1:], h.norm, d.eps)
             if h.kind == "mamba":
@@ -232,12 +246,14 @@ class HybridDecoder(Decoder):
                 out = _mlp(normed, h)
             else:
                 out = self._attend(normed, h.attention, cos, sin, cache, h.index, table, lengths)
-            hidden = hidden + out
+                hidden = hidden + _reduce(out, h.attention.proj_bias, d)
+                continue
+            hidden = hidden + _reduce(out, None, d)
         return self.logits(hidden)
 
     def _attend(self, normed, w: LayerWeights, cos, sin, cache, index, table, lengths):
         d = self.dims
-        qkv = F.linear(normed, w.qkv_weight, w.qkv_bias)
+        qkv = _gather_kv(F.linear(normed, w.qkv_weight, w.qkv_bias), d)
         keys, values = cache.keys[index], cache.values[index]
         if flash_decode.available(qkv, d.head_dim):
             out = flash_decode.attention(
@@ -247,7 +263,7 @@ class HybridDecoder(Decoder):
             )  # fmt: skip
         else:
             out = _reference_attention(qkv, w, cos, sin, keys, values, table, lengths, d)
-        return F.linear(out, w.proj_weight, w.proj_bias)
+        return F.linear(out, w.proj_weight)  # (the caller sums it over TP, then adds the bias)
 
 
 def _mlp(normed: torch.Tensor, h: HybridLayer) -> torch.Tensor:
@@ -257,9 +273,8 @@ def _mlp(normed: torch.Tensor, h: HybridLayer) -> torch.Tensor:
 
 def _moe(hidden: torch.Tensor, h: HybridLayer, routing, eps: float) -> torch.Tensor:
     """Nemotron-H's MoE block (its norm, router, routed and shared experts: moe_decode.moe_mlp);
-    the chosen experts go to routing[:, stack position]. (moe_mlp's output is this rank's
-    partial sum under tensor parallelism, which the hybrid engine refuses today: a TP engine
-    reduces it here, as decoder.Decoder._routed does.)"""
+    the chosen experts go to routing[:, stack position]. Under tensor parallelism the output is
+    this rank's partial sum: the caller reduces it, as decoder.Decoder._routed does."""
     out, chosen = moe_mlp(hidden, h.moe, eps)
     if routing is not None:
         routing[:, h.index] = chosen

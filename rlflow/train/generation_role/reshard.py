@@ -31,6 +31,7 @@ class Layout:
     dtype: str
     dim: int | None  # tensor-parallel partition dim; None: every rank holds the whole tensor
     parts: int  # megatron's partition_stride: 2 for a gated MLP's [gate; up]
+    expert: int = -1  # a routed expert's weight: the training EP rank that holds it; -1: none
 
     @property
     def numel(self) -> int:

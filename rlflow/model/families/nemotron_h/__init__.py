@@ -99,7 +99,8 @@ class NemotronH(ModelFamily):
             topk=sizes.topk,
             multimodal=False,
         )
-        return {**keys, "hybrid_override_pattern": sizes.pattern}
+        mixer = {"mamba_num_heads": sizes.mamba_heads, "n_groups": sizes.mamba_groups}
+        return {**keys, **mixer, "hybrid_override_pattern": sizes.pattern}
 
 
 FAMILY = NemotronH()

@@ -121,7 +121,8 @@ class NemotronOmni(ModelFamily):
 
         sizes = PRESETS["tiny-nemotron-omni"]
         keys = builtin_keys(sizes, max_positions=sizes.max_positions)
-        return {**keys, "hybrid_override_pattern": sizes.pattern}
+        mixer = {"mamba_num_heads": sizes.mamba_heads, "n_groups": sizes.mamba_groups}
+        return {**keys, **mixer, "hybrid_override_pattern": sizes.pattern}
 
 
 FAMILY = NemotronOmni()
