@@ -75,6 +75,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--switch-interval", type=float, default=0.0,
         help="the GIL switch interval while the server runs (0: the engine's SWITCH_INTERVAL_S)",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-generate", action="store_true",
+        help="skip generate() (no ratio): the server's parts only, e.g. to study the request "
+        "path on a CPU",
+    )  # fmt: skip
+    parser.add_argument(
+        "--context-tokens", type=int, default=0,
+        help="the server's context (0: 2048 + the cap); a CPU's exact decode attends over every "
+        "row's whole context, so a CPU run of many rows wants it short",
+    )  # fmt: skip
     parser.add_argument("--client", default=None, help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args(argv)
     tiny = args.tiny
@@ -108,7 +118,7 @@ def client_main(spec_path: str) -> None:
                 response = await http.post("/v1/chat/completions", json=body)
                 response.raise_for_status()
                 usage = response.json()["usage"]
-                return time.perf_counter() - sent, usage["completion_tokens"]
+                return time.perf_counter() - sent, usage["completion_tokens"], sent
 
             results = await asyncio.gather(
                 *(one(spec["messages"][m] | spec["fields"][i], at)
@@ -117,8 +127,9 @@ def client_main(spec_path: str) -> None:
             return time.perf_counter() - start, results
 
     wall, results = asyncio.run(run())
+    # sent_at: time.perf_counter() (CLOCK_MONOTONIC: the server's request times compare)
     print(json.dumps({"wall_s": wall, "latency_s": [r[0] for r in results],
-                      "tokens": [r[1] for r in results]}))  # fmt: skip
+                      "tokens": [r[1] for r in results], "sent_at": [r[2] for r in results]}))  # fmt: skip
 
 
 def send(url: str, messages, which, fields, at, out: Path) -> dict:
@@ -155,13 +166,11 @@ def main() -> None:
     if args.client:
         client_main(args.client)
         return
-    import torch
 
     from benchmarks.grpo_shaped import bench_checkpoint, make_samples, stop_token_ids
     from rlflow import parallel
     from rlflow.compat import library_logs
     from rlflow.generation.base import SamplingParams
-    from rlflow.generation.megatron.engine import MegatronGeneration
     from rlflow.model.build import load_policy
     from rlflow.model.processor import PromptEncoder
     from rlflow.rules import load_checked
@@ -185,7 +194,8 @@ def main() -> None:
         f"model.checkpoint={checkpoint}", f"model.dtype={'float32' if args.tiny else 'bfloat16'}",
         f"generation.max_new_tokens={args.max_new_tokens}", "data.max_prompt_tokens=2048",
         f"generation.server.max_rows={rows}", "generation.server.context_tokens="
-        f"{2048 + args.max_new_tokens}", "generation.server.max_connections=4096",
+        f"{args.context_tokens or 2048 + args.max_new_tokens}",
+        "generation.server.max_connections=4096",
         "generation.release_cache=false",
     ]).recipe  # fmt: skip
     policy = load_policy(checkpoint, recipe.model, base.parallelism, trainable=False)
@@ -202,23 +212,8 @@ def main() -> None:
     gen = recipe.generation
 
     # 1. generate(): the trainer's call on the same rows
-    engine = MegatronGeneration(
-        policy, encoder.pad_token_id, max_batch_size=0, cuda_graphs=gen.cuda_graphs,
-        compile_decode=gen.compile_decode, share_prompts=True, fp8=False, release_cache=False,
-        cache_tokens=gen.kv_cache_tokens,
-    )  # fmt: skip
-    engine.generate(prompts, params)  # warm-up: graphs, compiled code
-    _sync(torch, device)
-    t0 = time.perf_counter()
-    done = engine.generate(prompts, params)
-    _sync(torch, device)
-    wall = time.perf_counter() - t0
-    tokens = sum(len(c.token_ids) for c in done)
-    results["generate"] = {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall}
-    log(f"generate(): {tokens} tokens in {wall:.2f} s = {tokens / wall:,.0f} tok/s")
-    del engine
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    if not args.no_generate:
+        _generate(results, policy, encoder, gen, prompts, params, device, log)
 
     # 2. the server: a burst of every row at once
     if args.no_step_graphs:
@@ -246,22 +241,30 @@ def main() -> None:
     steps, rows_run = stats.steps, stats.rows
     served.prompts.clear()  # the burst encodes its prompts again (the warm-up's are not kept)
     before, prefills = _seconds(served), stats.prefills
+    if args.profile:
+        served.trace = []  # each request's stage times (rlflow/serve/requests.py)
     burst = send(server.url, messages, which, fields, [0.0] * len(which), args.out)
     burst_tokens = sum(burst["tokens"])
     rate = burst_tokens / burst["wall_s"]
     results["burst"] = {
         "requests": len(which), "wall_s": burst["wall_s"], "tokens": burst_tokens,
-        "tokens_per_s": rate, "ratio_to_generate": rate / results["generate"]["tokens_per_s"],
+        "tokens_per_s": rate,
+        "ratio_to_generate": rate / results["generate"]["tokens_per_s"] if "generate" in results
+        else None,
         "mean_occupancy": (stats.rows - rows_run) / max(stats.steps - steps, 1),
         "p50_latency_s": _quantile(burst["latency_s"], 0.5),
         "p99_latency_s": _quantile(burst["latency_s"], 0.99),
     }  # fmt: skip
+    ratio = results["burst"]["ratio_to_generate"]
     log(f"burst: {burst_tokens} tokens in {burst['wall_s']:.2f} s = {rate:,.0f} tok/s "
-        f"({results['burst']['ratio_to_generate']:.2f} of generate()), mean occupancy "
+        f"({f'{ratio:.2f}' if ratio is not None else 'no'} of generate()), mean occupancy "
         f"{results['burst']['mean_occupancy']:.1f}")  # fmt: skip
     if args.profile:
         results["burst"]["seconds"] = _delta(before, _seconds(served), stats, steps, prefills)
         log(f"burst, where the time went: {results['burst']['seconds']}")
+        results["burst"]["path"] = _path_report(served.trace, burst["sent_at"])
+        results["burst"]["trace"] = served.trace  # each request's stage times (raw)
+        log("burst, the request path:\n" + _path_table(results["burst"]["path"]))
 
     # 3. random arrivals (Poisson) at a rate that keeps the batch busy
     requests_per_s = args.rate or 0.9 * len(which) / burst["wall_s"]
@@ -276,6 +279,8 @@ def main() -> None:
     steps, rows_run = stats.steps, stats.rows
     served.prompts.clear()
     before, prefills = _seconds(served), stats.prefills
+    if args.profile:
+        served.trace = []
     arrivals = send(server.url, messages, pick, fields, at, args.out)
     occupancy = (stats.rows - rows_run) / max(stats.steps - steps, 1)
     results["arrivals"] = {
@@ -291,9 +296,36 @@ def main() -> None:
     if args.profile:
         results["arrivals"]["seconds"] = _delta(before, _seconds(served), stats, steps, prefills)
         log(f"arrivals, where the time went: {results['arrivals']['seconds']}")
+        results["arrivals"]["path"] = _path_report(served.trace, arrivals["sent_at"])
+        results["arrivals"]["trace"] = served.trace  # each request's stage times (raw)
+        log("arrivals, the request path:\n" + _path_table(results["arrivals"]["path"]))
     server.stop()
     (args.out / RESULTS).write_text(json.dumps(results, indent=2))
     log(f"wrote {args.out / RESULTS}")
+
+
+def _generate(results, policy, encoder, gen, prompts, params, device, log) -> None:
+    import torch
+
+    from rlflow.generation.megatron.engine import MegatronGeneration
+
+    engine = MegatronGeneration(
+        policy, encoder.pad_token_id, max_batch_size=0, cuda_graphs=gen.cuda_graphs,
+        compile_decode=gen.compile_decode, share_prompts=True, fp8=False, release_cache=False,
+        cache_tokens=gen.kv_cache_tokens,
+    )  # fmt: skip
+    engine.generate(prompts, params)  # warm-up: graphs, compiled code
+    _sync(torch, device)
+    t0 = time.perf_counter()
+    done = engine.generate(prompts, params)
+    _sync(torch, device)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(c.token_ids) for c in done)
+    results["generate"] = {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall}
+    log(f"generate(): {tokens} tokens in {wall:.2f} s = {tokens / wall:,.0f} tok/s")
+    del engine
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _seconds(served) -> dict[str, float]:
@@ -324,6 +356,56 @@ def _ingest_cost(served, messages: list[dict]) -> dict:
     t3 = time.perf_counter()
     return {"requests": len(bodies), "json_s": round(t1 - t0, 3), "parse_s": round(t2 - t1, 3),
             "encode_s": round(t3 - t2, 3), "mb": round(sum(map(len, bodies)) / 1e6, 1)}  # fmt: skip
+
+
+# A request's stages in order (rlflow/serve/requests.py, Request.times): the handler starts
+# (headers read), its body is received and read as JSON, checked (parse_chat), picked up by the
+# encoding thread, encoded, back on the event loop and queued for the engine, admitted into a
+# prefill, its first check with a token, done, answered (the response body built).
+STAGES = ("start", "arrived", "parsed", "encoding", "encoded", "submitted", "admitted",
+          "first_token", "done", "answered")  # fmt: skip
+
+
+def _path_report(trace: list[dict], sent_at: list[float]) -> dict:
+    """Per-request stage times -> each gap's p50/p99/max (ms) and each stage's time since the
+    client's first send (p50/p99/last, s): where requests wait before the engine has them."""
+    first = min(sent_at)
+    out: dict = {"requests": len(trace), "gaps_ms": {}, "since_first_send_s": {
+        "sent": _spread([t - first for t in sent_at], 1.0)}}  # fmt: skip
+    for a, b in zip(STAGES, STAGES[1:]):
+        out["gaps_ms"][f"{a}->{b}"] = _spread([t[b] - t[a] for t in trace if a in t and b in t],
+                                              1e3)  # fmt: skip
+    for stage in STAGES:
+        out["since_first_send_s"][stage] = _spread([t[stage] - first for t in trace
+                                                    if stage in t], 1.0)  # fmt: skip
+    arrived = [t["arrived"] for t in trace if "arrived" in t]
+    admitted = [t["admitted"] for t in trace if "admitted" in t]
+    if arrived and admitted:
+        out["first_arrival_to_last_admission_s"] = round(max(admitted) - min(arrived), 4)
+    return out
+
+
+def _spread(values: list[float], scale: float) -> dict:
+    if not values:
+        return {}
+    return {"p50": round(_quantile(values, 0.5) * scale, 4),
+            "p99": round(_quantile(values, 0.99) * scale, 4),
+            "max": round(max(values) * scale, 4)}  # fmt: skip
+
+
+def _path_table(path: dict) -> str:
+    lines = [f"  {'gap':<24} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}"]
+    for name, v in path["gaps_ms"].items():
+        if v:
+            lines.append(f"  {name:<24} {v['p50']:9.2f} {v['p99']:9.2f} {v['max']:9.2f}")
+    lines.append(f"  {'since the first send':<24} {'p50 s':>9} {'p99 s':>9} {'last s':>9}")
+    for name, v in path["since_first_send_s"].items():
+        if v:
+            lines.append(f"  {name:<24} {v['p50']:9.3f} {v['p99']:9.3f} {v['max']:9.3f}")
+    if "first_arrival_to_last_admission_s" in path:
+        lines.append(f"  first arrival -> last admission: "
+                     f"{path['first_arrival_to_last_admission_s']:.3f} s")  # fmt: skip
+    return "\n".join(lines)
 
 
 def _quantile(values: list[float], q: float) -> float:

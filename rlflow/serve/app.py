@@ -48,6 +48,8 @@ class Served:
     # seconds spent reading requests: "parse" (body, JSON, images) and "encode" (template,
     # processor), summed over requests (threads overlap): benchmarks read it
     seconds: dict[str, float] = field(default_factory=dict)
+    # each answered request's stage times (Request.times), when a list: benchmarks set it
+    trace: list[dict[str, float]] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     prompts: PromptCache = field(init=False)  # encoded prompts by request content
     # One thread encodes (template, image processor): many request threads running the
@@ -59,9 +61,9 @@ class Served:
         self.prompts = PromptCache(self.encoder.encode, _CACHED_PROMPTS)
         self.encoding = concurrent.futures.ThreadPoolExecutor(1, "rlflow-serve-encode")
 
-    async def encode(self, function, chat: ChatRequest):
-        """function(chat) in the encoding thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.encoding, function, chat)
+    async def encode(self, function, *args):
+        """function(*args) in the encoding thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.encoding, function, *args)
 
     def close(self) -> None:
         self.engine.close()
@@ -75,11 +77,13 @@ class Served:
     def context_tokens(self) -> int:
         return self.engine.context_tokens
 
-    def request(self, chat: ChatRequest):
-        """(engine Request, prompt ids) of a checked chat request; ApiError when it cannot fit."""
-        start = time.perf_counter()
+    def request(self, chat: ChatRequest, times: dict[str, float]):
+        """(engine Request, prompt ids) of a checked chat request; ApiError when it cannot fit.
+        `times`: the request's stage times so far (Request.times)."""
+        start = times["encoding"] = time.perf_counter()
         prompt = self.prompts.get(chat)
-        self.add("encode", time.perf_counter() - start)
+        times["encoded"] = time.perf_counter()
+        self.add("encode", times["encoded"] - start)
         ids = list(prompt.token_ids)
         room = self.context_tokens - len(ids)
         if room < 1:
@@ -104,7 +108,7 @@ class Served:
         )  # fmt: skip
         seeds = row_seeds(seed, chat.n, "cpu").tolist()
         stop_check = _stop_check(self.encoder, chat.stop) if chat.stop else None
-        return Request(prompt, ids, params, seeds, stop_check=stop_check), ids
+        return Request(prompt, ids, params, seeds, stop_check=stop_check, times=times), ids
 
 
 def make_app(served: Served) -> FastAPI:
@@ -140,19 +144,24 @@ def make_app(served: Served) -> FastAPI:
     async def chat_completions(http_request: HttpRequest):
         # the raw request: its body is parsed here, so a malformed one is a 400 in the OpenAI
         # shape (not FastAPI's 422)
+        times = {"start": time.perf_counter()}  # the request path's stages (Request.times)
         body = await _json(http_request)
-        start = time.perf_counter()
+        times["arrived"] = time.perf_counter()  # its whole body received and read as JSON
         chat = parse_chat(body, served.model_name)
-        served.add("parse", time.perf_counter() - start)
+        times["parsed"] = time.perf_counter()
+        served.add("parse", times["parsed"] - times["arrived"])
         if chat.n > served.engine.max_rows:
             raise ApiError(400, f"`n`={chat.n}: this server runs at most "
                            f"{served.engine.max_rows} rows (generation.server.max_rows)", "n")  # fmt: skip
-        request, ids = await served.encode(served.request, chat)
+        request, ids = await served.encode(served.request, chat, times)
         await _run(served.engine, request, http_request)
         if request.error is not None:
             status = _REFUSED_STATUS.get(request.error.kind, 500)
             raise ApiError(status, str(request.error), None, request.error.kind)
         body = _completion(served, chat, request, ids)
+        if served.trace is not None:
+            times["answered"] = time.perf_counter()
+            served.trace.append(times)
         return JSONResponse(body, headers={VERSION_HEADER: str(request.weight_version)})
 
     return app
@@ -176,6 +185,7 @@ async def _run(engine: ServingEngine, request: Request, http_request) -> None:
     loop = asyncio.get_running_loop()
     finished = loop.create_future()
     request.on_done = lambda _r: loop.call_soon_threadsafe(_settle, finished)
+    request.times["submitted"] = time.perf_counter()
     engine.submit(request)
 
     async def watch():

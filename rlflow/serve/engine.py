@@ -286,6 +286,9 @@ class ServingEngine:
                 self._deferred += 1
                 return []
         self._deferred = 0
+        now = time.perf_counter()
+        for row in new:  # (a preempted row's request keeps its first admission)
+            row.request.times.setdefault("admitted", now)
         return new
 
 
