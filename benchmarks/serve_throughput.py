@@ -10,9 +10,10 @@ Parts:
 - generate:  MegatronGeneration.generate on the 512 rows (a warm-up call, then one timed call).
 - burst:     the same 512 rows as 512 concurrent single-turn requests (n=1; --n 8 sends 64
              requests of n=8 instead) through the OpenAI-compatible server in this process,
-             sent by a load-generating client in a child process (its own interpreter: the
-             clients' JSON work does not share this process's GIL). Useful tokens/s = generated
-             tokens / wall clock from the first request sent to the last answer; the ratio to
+             sent by load-generating clients in --clients child processes (8; their own
+             interpreters: the clients' work does not share this process's GIL, and one httpx
+             loop over 512 connections was itself seconds slow). Useful tokens/s = generated
+             tokens / wall clock from the first request sent to the last answer read; the ratio to
              generate()'s is the issue's target (>= 0.85).
 - arrivals:  --arrivals requests arriving at random (Poisson, --rate requests/s; 0: 0.9x the
              burst's request rate): mean batch occupancy (rows per decode step while requests
@@ -85,6 +86,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="the server's context (0: 2048 + the cap); a CPU's exact decode attends over every "
         "row's whole context, so a CPU run of many rows wants it short",
     )  # fmt: skip
+    parser.add_argument(
+        "--clients", type=int, default=8,
+        help="client processes the requests are spread over (1: one, as before 2026-12-05)",
+    )  # fmt: skip
     parser.add_argument("--client", default=None, help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args(argv)
     tiny = args.tiny
@@ -101,8 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def client_main(spec_path: str) -> None:
-    """The child process: send the spec's requests (a burst, or at its arrival times), print
-    each one's latency and generated tokens as JSON."""
+    """A child process: send the spec's requests (a burst, or at its arrival times) once the
+    parent says go, print each one's latency and generated tokens as JSON."""
     import httpx
 
     spec = json.loads(Path(spec_path).read_text())
@@ -110,6 +115,8 @@ def client_main(spec_path: str) -> None:
     async def run():
         limits = httpx.Limits(max_connections=4096, max_keepalive_connections=4096)
         async with httpx.AsyncClient(base_url=spec["url"], limits=limits, timeout=3600) as http:
+            print("ready", flush=True)
+            sys.stdin.readline()  # every client starts at once
             start = time.perf_counter()
 
             async def one(body, at):
@@ -122,28 +129,52 @@ def client_main(spec_path: str) -> None:
 
             results = await asyncio.gather(
                 *(one(spec["messages"][m] | spec["fields"][i], at)
-                  for i, (m, at) in enumerate(zip(spec["which"], spec["at"])))
+                  for i, (m, at) in zip(spec["index"], zip(spec["which"], spec["at"])))
             )  # fmt: skip
-            return time.perf_counter() - start, results
+            return start, results
 
-    wall, results = asyncio.run(run())
-    # sent_at: time.perf_counter() (CLOCK_MONOTONIC: the server's request times compare)
-    print(json.dumps({"wall_s": wall, "latency_s": [r[0] for r in results],
+    start, results = asyncio.run(run())
+    # times: time.perf_counter() (CLOCK_MONOTONIC: the server's request times compare)
+    print(json.dumps({"start": start, "latency_s": [r[0] for r in results],
                       "tokens": [r[1] for r in results], "sent_at": [r[2] for r in results]}))  # fmt: skip
 
 
-def send(url: str, messages, which, fields, at, out: Path) -> dict:
-    spec = out / "client_spec.json"
-    spec.write_text(json.dumps(
-        {"url": url, "messages": messages, "which": which, "fields": fields, "at": at}
-    ))  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, __file__, "--out", str(out), "--client", str(spec)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if done.returncode:
-        raise RuntimeError(f"the client failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout)
+def send(url: str, messages, which, fields, at, out: Path, clients: int) -> dict:
+    """The requests from `clients` child processes (request i from client i % clients), all
+    started at once: one client process's event loop (httpx's pool over hundreds of
+    connections) paces a burst by itself. -> wall_s (the first client's start to the last
+    answer read), each request's latency_s, tokens and sent_at, in request order."""
+    procs = []
+    for k in range(clients):
+        index = list(range(k, len(which), clients))
+        spec = out / f"client_spec_{k}.json"
+        spec.write_text(json.dumps(
+            {"url": url, "messages": messages, "which": [which[i] for i in index],
+             "fields": fields, "at": [at[i] for i in index], "index": index}
+        ))  # fmt: skip
+        procs.append((index, subprocess.Popen(
+            [sys.executable, __file__, "--out", str(out), "--client", str(spec)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )))  # fmt: skip
+    for _, proc in procs:
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"a client failed:\n{proc.communicate()[1][-4000:]}")
+    for _, proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    merged = {key: [None] * len(which) for key in ("latency_s", "tokens", "sent_at")}
+    starts, ends = [], []
+    for index, proc in procs:
+        stdout, stderr = proc.communicate()
+        if proc.returncode:
+            raise RuntimeError(f"a client failed:\n{stderr[-4000:]}")
+        result = json.loads(stdout)
+        starts.append(result["start"])
+        for key in merged:
+            for i, value in zip(index, result[key]):
+                merged[key][i] = value
+        ends += [s + lat for s, lat in zip(result["sent_at"], result["latency_s"])]
+    return {"wall_s": max(ends) - min(starts), **merged}
 
 
 # ----------------------------------------------------------------------------- the workload
@@ -232,7 +263,7 @@ def main() -> None:
     which = [p for p in range(args.prompts) for _ in range(per_prompt)]
     fields = [{"max_tokens": args.max_new_tokens, "temperature": 1.0, "n": n, "seed": i,
                "stop_token_ids": list(stops)} for i in range(len(which))]  # fmt: skip
-    send(server.url, messages, which, fields, [0.0] * len(which), args.out)  # warm-up
+    send(server.url, messages, which, fields, [0.0] * len(which), args.out, args.clients)  # warm-up
     if args.profile:
         results["ingest_one_thread"] = _ingest_cost(served, messages)
         log(f"reading the {len(messages)} unique requests in one thread: "
@@ -243,7 +274,7 @@ def main() -> None:
     before, prefills = _seconds(served), stats.prefills
     if args.profile:
         served.trace = []  # each request's stage times (rlflow/serve/requests.py)
-    burst = send(server.url, messages, which, fields, [0.0] * len(which), args.out)
+    burst = send(server.url, messages, which, fields, [0.0] * len(which), args.out, args.clients)
     burst_tokens = sum(burst["tokens"])
     rate = burst_tokens / burst["wall_s"]
     results["burst"] = {
@@ -262,7 +293,7 @@ def main() -> None:
     if args.profile:
         results["burst"]["seconds"] = _delta(before, _seconds(served), stats, steps, prefills)
         log(f"burst, where the time went: {results['burst']['seconds']}")
-        results["burst"]["path"] = _path_report(served.trace, burst["sent_at"])
+        results["burst"]["path"] = _path_report(served.trace, burst)
         results["burst"]["trace"] = served.trace  # each request's stage times (raw)
         log("burst, the request path:\n" + _path_table(results["burst"]["path"]))
 
@@ -281,7 +312,7 @@ def main() -> None:
     before, prefills = _seconds(served), stats.prefills
     if args.profile:
         served.trace = []
-    arrivals = send(server.url, messages, pick, fields, at, args.out)
+    arrivals = send(server.url, messages, pick, fields, at, args.out, args.clients)
     occupancy = (stats.rows - rows_run) / max(stats.steps - steps, 1)
     results["arrivals"] = {
         "requests": len(at), "rate_per_s": requests_per_s, "wall_s": arrivals["wall_s"],
@@ -296,7 +327,7 @@ def main() -> None:
     if args.profile:
         results["arrivals"]["seconds"] = _delta(before, _seconds(served), stats, steps, prefills)
         log(f"arrivals, where the time went: {results['arrivals']['seconds']}")
-        results["arrivals"]["path"] = _path_report(served.trace, arrivals["sent_at"])
+        results["arrivals"]["path"] = _path_report(served.trace, arrivals)
         results["arrivals"]["trace"] = served.trace  # each request's stage times (raw)
         log("arrivals, the request path:\n" + _path_table(results["arrivals"]["path"]))
     server.stop()
@@ -329,8 +360,13 @@ def _generate(results, policy, encoder, gen, prompts, params, device, log) -> No
 
 
 def _seconds(served) -> dict[str, float]:
-    """The engine thread's phase seconds and the request-reading seconds, so far."""
-    return {**served.engine.stats.seconds, **served.seconds}
+    """The engine thread's phase seconds (with "idle": waiting for any work, up to now) and
+    the request-reading seconds, so far."""
+    seconds = {**served.engine.stats.seconds, **served.seconds}
+    since = served.engine.idle_since
+    if since is not None:
+        seconds["idle"] = seconds.get("idle", 0.0) + time.perf_counter() - since
+    return seconds
 
 
 def _delta(before: dict, after: dict, stats, steps: int, prefills: int) -> dict:
@@ -366,9 +402,11 @@ STAGES = ("start", "arrived", "parsed", "encoding", "encoded", "submitted", "adm
           "first_token", "done", "answered")  # fmt: skip
 
 
-def _path_report(trace: list[dict], sent_at: list[float]) -> dict:
+def _path_report(trace: list[dict], client: dict) -> dict:
     """Per-request stage times -> each gap's p50/p99/max (ms) and each stage's time since the
-    client's first send (p50/p99/last, s): where requests wait before the engine has them."""
+    client's first send (p50/p99/last, s; "received": the client has read the answer): where
+    requests wait before the engine has them, and after."""
+    sent_at = client["sent_at"]
     first = min(sent_at)
     out: dict = {"requests": len(trace), "gaps_ms": {}, "since_first_send_s": {
         "sent": _spread([t - first for t in sent_at], 1.0)}}  # fmt: skip
@@ -378,6 +416,9 @@ def _path_report(trace: list[dict], sent_at: list[float]) -> dict:
     for stage in STAGES:
         out["since_first_send_s"][stage] = _spread([t[stage] - first for t in trace
                                                     if stage in t], 1.0)  # fmt: skip
+    out["since_first_send_s"]["received"] = _spread(
+        [s + lat - first for s, lat in zip(sent_at, client["latency_s"])], 1.0
+    )
     arrived = [t["arrived"] for t in trace if "arrived" in t]
     admitted = [t["admitted"] for t in trace if "admitted" in t]
     if arrived and admitted:
