@@ -48,6 +48,8 @@ class Served:
     # seconds spent reading requests: "parse" (body, JSON, images) and "encode" (template,
     # processor), summed over requests (threads overlap): benchmarks read it
     seconds: dict[str, float] = field(default_factory=dict)
+    # each answered request's stage times (Request.times), when a list: benchmarks set it
+    trace: list[dict[str, float]] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     prompts: PromptCache = field(init=False)  # encoded prompts by request content
     # One thread encodes (template, image processor): many request threads running the
@@ -59,9 +61,9 @@ class Served:
         self.prompts = PromptCache(self.encoder.encode, _CACHED_PROMPTS)
         self.encoding = concurrent.futures.ThreadPoolExecutor(1, "rlflow-serve-encode")
 
-    async def encode(self, function, chat: ChatRequest):
-        """function(chat) in the encoding thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.encoding, function, chat)
+    async def encode(self, function, *args):
+        """function(*args) in the encoding thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.encoding, function, *args)
 
     def close(self) -> None:
         self.engine.close()
@@ -75,11 +77,17 @@ class Served:
     def context_tokens(self) -> int:
         return self.engine.context_tokens
 
-    def request(self, chat: ChatRequest):
-        """(engine Request, prompt ids) of a checked chat request; ApiError when it cannot fit."""
-        start = time.perf_counter()
-        prompt = self.prompts.get(chat)
-        self.add("encode", time.perf_counter() - start)
+    def submit(self, chat: ChatRequest, times: dict[str, float], on_done, prompt=None):
+        """Encode a checked chat request (unless its `prompt` is given: a twin's, from the
+        cache) and hand it to the engine -> (engine Request, prompt ids); ApiError when it
+        cannot fit. `times`: the request's stage times so far (Request.times); `on_done`:
+        Request.on_done. Runs in the encoding thread, which submits a newly encoded request
+        itself (no hop back through the busy event loop), or on the loop for a cache hit."""
+        start = times["encoding"] = time.perf_counter()
+        if prompt is None:
+            prompt = self.prompts.get(chat)
+        times["encoded"] = time.perf_counter()
+        self.add("encode", times["encoded"] - start)
         ids = list(prompt.token_ids)
         room = self.context_tokens - len(ids)
         if room < 1:
@@ -104,7 +112,12 @@ class Served:
         )  # fmt: skip
         seeds = row_seeds(seed, chat.n, "cpu").tolist()
         stop_check = _stop_check(self.encoder, chat.stop) if chat.stop else None
-        return Request(prompt, ids, params, seeds, stop_check=stop_check), ids
+        request = Request(
+            prompt, ids, params, seeds, stop_check=stop_check, on_done=on_done, times=times
+        )
+        times["submitted"] = time.perf_counter()
+        self.engine.submit(request)
+        return request, ids
 
 
 def make_app(served: Served) -> FastAPI:
@@ -140,19 +153,35 @@ def make_app(served: Served) -> FastAPI:
     async def chat_completions(http_request: HttpRequest):
         # the raw request: its body is parsed here, so a malformed one is a 400 in the OpenAI
         # shape (not FastAPI's 422)
+        times = {"start": time.perf_counter()}  # the request path's stages (Request.times)
         body = await _json(http_request)
-        start = time.perf_counter()
+        times["arrived"] = time.perf_counter()  # its whole body received and read as JSON
         chat = parse_chat(body, served.model_name)
-        served.add("parse", time.perf_counter() - start)
+        times["parsed"] = time.perf_counter()
+        served.add("parse", times["parsed"] - times["arrived"])
         if chat.n > served.engine.max_rows:
             raise ApiError(400, f"`n`={chat.n}: this server runs at most "
                            f"{served.engine.max_rows} rows (generation.server.max_rows)", "n")  # fmt: skip
-        request, ids = await served.encode(served.request, chat)
-        await _run(served.engine, request, http_request)
+        loop = asyncio.get_running_loop()
+        finished = loop.create_future()
+
+        def on_done(_request):  # (the engine's thread)
+            loop.call_soon_threadsafe(_settle, finished)
+
+        # A twin's prompt (a GRPO prompt's other samples) is looked up here: no thread hop.
+        prompt = served.prompts.peek(chat)
+        if prompt is not None:
+            request, ids = served.submit(chat, times, on_done, prompt)
+        else:
+            request, ids = await served.encode(served.submit, chat, times, on_done)
+        await _wait(served.engine, request, finished, http_request)
         if request.error is not None:
             status = _REFUSED_STATUS.get(request.error.kind, 500)
             raise ApiError(status, str(request.error), None, request.error.kind)
         body = _completion(served, chat, request, ids)
+        if served.trace is not None:
+            times["answered"] = time.perf_counter()
+            served.trace.append(times)
         return JSONResponse(body, headers={VERSION_HEADER: str(request.weight_version)})
 
     return app
@@ -171,12 +200,9 @@ async def _json(http_request) -> dict:
     return body
 
 
-async def _run(engine: ServingEngine, request: Request, http_request) -> None:
-    """Submit and wait; a client that disconnects meanwhile has its rows freed at once."""
-    loop = asyncio.get_running_loop()
-    finished = loop.create_future()
-    request.on_done = lambda _r: loop.call_soon_threadsafe(_settle, finished)
-    engine.submit(request)
+async def _wait(engine: ServingEngine, request: Request, finished, http_request) -> None:
+    """Wait for a submitted request (`finished`: settled by its on_done); a client that
+    disconnects meanwhile has its rows freed at once."""
 
     async def watch():
         while (await http_request.receive())["type"] != "http.disconnect":

@@ -8,6 +8,7 @@ move to the front (block-table rows only, no key or value moves).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -181,11 +182,14 @@ class RunningBatch:
         stopped: a stop token, a stop string (the choice is cut after it), max_tokens, the
         context."""
         counts, stopped, tokens, logprobs = self.state.read(steps)
+        now = time.perf_counter()
         finished = []
         for p, row in enumerate(self.rows):
             request, k = row.request, counts[p]
             choice = request.choices[row.index]
             before = len(choice.token_ids)
+            if not before and k and "first_token" not in request.times:
+                request.times["first_token"] = now
             choice.token_ids += tokens[p][:k]
             choice.logprobs += logprobs[p][:k]
             row.generated += k

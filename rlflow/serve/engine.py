@@ -91,6 +91,7 @@ class ServingEngine:
         self._cond = threading.Condition()
         self._waiting: collections.deque[Row] = collections.deque()
         self._update: _Update | None = None
+        self.idle_since: float | None = None  # when the engine's thread began waiting for work
         self._deferred = 0  # checks the waiting requests have been deferred (_admissions)
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="rlflow-serve-engine", daemon=True)
@@ -160,8 +161,13 @@ class ServingEngine:
         with torch.no_grad():
             while True:
                 with self._cond:
-                    while not (self._closed or self._waiting or batch.rows or self._update):
-                        self._cond.wait()
+                    if not (self._closed or self._waiting or batch.rows or self._update):
+                        # nothing to run: the stats' "idle" seconds (idle_since while it lasts)
+                        self.idle_since = time.perf_counter()
+                        while not (self._closed or self._waiting or batch.rows or self._update):
+                            self._cond.wait()
+                        self.stats.add("idle", time.perf_counter() - self.idle_since)
+                        self.idle_since = None
                     if self._closed:
                         break
                 try:
@@ -286,6 +292,9 @@ class ServingEngine:
                 self._deferred += 1
                 return []
         self._deferred = 0
+        now = time.perf_counter()
+        for row in new:  # (a preempted row's request keeps its first admission)
+            row.request.times.setdefault("admitted", now)
         return new
 
 

@@ -143,6 +143,19 @@ class PromptCache:
         self._lock = threading.Lock()
         self.hits = 0
 
+    def peek(self, chat: ChatRequest) -> Prompt | None:
+        """The cached prompt of this content, or None (not encoded yet, or being encoded):
+        cheap, never waits, so the event loop can ask before it hands a request over."""
+        if chat.videos:
+            return None
+        key = _content_key(chat)
+        with self._lock:
+            prompt = self._done.get(key)
+            if prompt is not None:
+                self._done.move_to_end(key)
+                self.hits += 1
+            return prompt
+
     def get(self, chat: ChatRequest) -> Prompt:
         if chat.videos:  # decoded in the request's checks: no content key for them yet
             return self._encode(chat)

@@ -7,6 +7,7 @@ Plain data, no torch: the HTTP layer (rlflow/serve/app.py) builds `Request`s, th
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -50,6 +51,11 @@ class Request:
     weight_version: int = -1  # the weights it was generated with (set when it starts)
     superseded: bool = False  # newer weights were announced before it finished
     cancelled: bool = False
+    # when it passed each stage of the request path (time.perf_counter(): monotonic, and on
+    # Linux comparable across processes): the HTTP side's stages (rlflow/serve/app.py),
+    # "admitted" (the engine took it into a prefill), "first_token" (its first check with a
+    # token), "done". Read by `--profile` of benchmarks/serve_throughput.py.
+    times: dict[str, float] = field(default_factory=dict)
     _remaining: int = 0
     _done: threading.Event = field(default_factory=threading.Event)
 
@@ -74,6 +80,7 @@ class Request:
     def finish(self) -> None:
         if self._done.is_set():
             return
+        self.times["done"] = time.perf_counter()
         self._done.set()
         if self.on_done is not None:
             self.on_done(self)

@@ -135,6 +135,42 @@ def test_identical_requests_are_encoded_once_and_draw_alike(client, server):
     assert first["generation_token_ids"] == second["generation_token_ids"]
 
 
+def test_a_cached_prompt_does_not_queue_behind_the_encoding_thread(client, server):
+    """A twin of an encoded request (a GRPO prompt's next sample) is submitted from the event
+    loop: it is answered while the encoding thread is busy with something else; and each
+    request's path is timed, stage by stage, in order."""
+    import threading
+
+    served = server.served
+    content = [
+        {"type": "image_url", "image_url": {"url": _data_url(random_image(7))}},
+        {"type": "text", "text": "How many cubes?"},
+    ]
+    messages = [{"role": "user", "content": content}]
+    first, _ = _create(client, messages=messages, max_tokens=2, seed=3)
+    release, busy = threading.Event(), threading.Event()
+
+    def hold():
+        busy.set()
+        release.wait()
+
+    held = served.encoding.submit(hold)  # the one encoding thread is taken
+    busy.wait()
+    served.trace = []
+    try:
+        second, _ = _create(client, messages=messages, max_tokens=2, seed=3)
+    finally:
+        release.set()
+        held.result()
+        trace, served.trace = served.trace, None
+    ids = [c.choices[0].message.model_extra["generation_token_ids"] for c in (first, second)]
+    assert ids[0] == ids[1]
+    (times,) = trace
+    stages = ["start", "arrived", "parsed", "encoding", "encoded", "submitted", "admitted",
+              "first_token", "done", "answered"]  # fmt: skip
+    assert list(sorted(times, key=times.get)) == stages
+
+
 def test_tools_and_tool_turns_render_through_the_chat_template(client, tiny_processor):
     """The request's tools reach the prompt (Qwen's hermes system block), and an earlier call
     and its result render as the template renders them for a trainer."""
