@@ -89,11 +89,11 @@ class ForcedToolTurns(Environment):
     A turn that stops on the benchmark's stop set ends as the policy's EOS would: its text
     records the template's end-of-turn, its ids keep the sampled stop token (same length), so
     the template's continuity check (Trajectory.add_environment_turn) holds. A random-weight
-    model samples the image/video placeholder ids now and then (~1 in 76,000 tokens each on
-    the 3B's vocabulary); in a later turn's prompt that would be a placeholder without media,
+    model samples the image/video placeholder ids now and then (together ~1 in 76,000 tokens
+    on the 3B's vocabulary); in a later turn's prompt that would be a placeholder without media,
     which the engine refuses. Those ids in turns that a later turn continues are replaced by an
     ordinary token (`filler_id`), counted in `scrubbed_tokens`: their logprob is then not the
-    token's (a handful of tokens per step)."""
+    token's (about one token a step on the 3B)."""
 
     def __init__(self, encoder, *, turns: int, tool_words: tuple[int, int], timeout_s: float,
                  seed: int, media_ids: set[int], filler_id: int):  # fmt: skip
