@@ -385,8 +385,21 @@ def run(args, log, results, save) -> None:
             multi = kind == "multi_turn"
             gs._sync(device)
             began = time.perf_counter()
-            with environment_override(lambda recipe, enc: env) if multi else nullcontext():
-                metrics = loop.grpo_step(t, step)
+            try:
+                with environment_override(lambda recipe, enc: env) if multi else nullcontext():
+                    metrics = loop.grpo_step(t, step)
+            except Exception as err:  # noqa: BLE001 - keep what ran, say what failed (e.g. OOM)
+                import traceback
+
+                results["failed"] = {
+                    "step": step,
+                    "kind": kind,
+                    "error": f"{type(err).__name__}: {err}"[:2000],
+                    "traceback": traceback.format_exc()[-4000:],
+                }
+                save()
+                log(f"step {step} {kind}: FAILED {results['failed']['error'][:400]}")
+                break
             gs._sync(device)
             wall_s = time.perf_counter() - began
             t.step = step
@@ -430,6 +443,9 @@ def print_summary(results: dict) -> None:
     w = results["workload"]
     print(f"{w['prompts']} prompts x {w['samples']} trajectories, cap {w['max_new_tokens']} per "
           f"turn, stop set vocab/{w['stop_every']}; medians of each kind's steps after its first")  # fmt: skip
+    if "failed" in results:
+        f = results["failed"]
+        print(f"step {f['step']} ({f['kind']}) FAILED: {f['error'][:400]}; the steps before it:")
     for kind, s in results["summary"].items():
         if kind == "multi_over_single":
             print("multi / single: " + ", ".join(f"{k} {v:.2f}x" for k, v in s.items()))
