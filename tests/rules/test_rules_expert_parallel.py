@@ -157,3 +157,67 @@ def test_the_30b_a3b_recipe_passes_the_dry_run_at_4_nodes_x_8_gpus(tmp_path):
     assert refused.returncode == 2
     assert "does not divide the 128 experts" in refused.stderr  # (and 6 x 2 does not divide 32)
     assert not list(work.iterdir())
+
+
+RECIPE_OMNI = (
+    ROOT / "recipes" / "vlm_grpo-nemotron-omni-30ba3b-16n8g-megatron-tp4ep4-async-video.yaml"
+)
+
+
+def _omni_30b_a3b_config(ckpt) -> None:
+    """config.json of the `nemotron-omni-30b-a3b` preset (the language model's pattern under
+    `llm_config`, as the real checkpoint's) and the processor's one-frame temporal patch."""
+    from transformers import RadioConfig
+
+    from rlflow.model.families.nemotron_h import hf_config
+    from rlflow.model.families.nemotron_omni import MODEL_TYPE, PRESETS, hf
+
+    s = PRESETS["nemotron-omni-30b-a3b"]
+    vision = RadioConfig(
+        hidden_size=s.vision_hidden, num_hidden_layers=s.vision_layers,
+        num_attention_heads=s.vision_heads, patch_size=16, max_img_size=s.vision_max_img_size,
+        num_cls_tokens=s.vision_cls_tokens, num_registers=s.vision_registers,
+    )  # fmt: skip
+    config = hf.NemotronOmniConfig(
+        llm_config=hf_config(s), vision_config=vision, projector_hidden_size=s.projector_hidden,
+        img_context_token_id=18, video_context_token_id=19, tie_word_embeddings=False,
+    ).to_dict()  # fmt: skip
+    config["architectures"] = [MODEL_TYPE]
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps(config))
+    processor = {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 1}
+    (ckpt / "preprocessor_config.json").write_text(json.dumps(processor))
+
+
+def test_the_nemotron_omni_30b_a3b_recipe_passes_the_dry_run_at_16_nodes_x_8_gpus(tmp_path):
+    """The founding recipe (TP 4 over 2 KV heads, EP 4, generation on separate nodes, video),
+    pointed at the preset's config.json: the dry run passes through the console script and
+    shows the split; at 8 nodes, where its 8 generation nodes leave none to train, it is refused
+    and nothing is written."""
+    ckpt = tmp_path / "Nemotron-Omni-30B-A3B"
+    _omni_30b_a3b_config(ckpt)
+    work = tmp_path / "work"
+    work.mkdir()
+
+    def dry_run(nodes: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [RLFLOW, "submit", str(RECIPE_OMNI), "--nodes", nodes, "--gpus", "8"]
+            + [f"model.checkpoint={ckpt}", "--dry-run", "--skip-pin-check"],
+            capture_output=True, text=True, cwd=work, timeout=120,
+            env={**os.environ, "SLURM_CONF": "/nonexistent"},
+        )  # fmt: skip
+
+    ok = dry_run("16")
+    assert_printed(
+        ok,
+        "16 nodes x 8 GPUs = 128 ranks",
+        "placement:  ranks 0-63 train, ranks 64-127 generate",
+        "experts:    128 per layer over expert parallel 4 (32 per rank, each split over tensor "
+        "parallel 4); tensor 4 x data 32",
+    )
+    assert "error" not in ok.stderr
+    refused = dry_run("8")
+    assert refused.returncode == 2, refused.stderr
+    assert "error[allocation.placement]" in refused.stderr
+    assert "leaves no training node" in refused.stderr
+    assert not list(work.iterdir())
