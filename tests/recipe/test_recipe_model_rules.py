@@ -191,10 +191,11 @@ def test_a_hybrid_may_share_kv_heads_but_not_split_mamba_groups(tmp_path):
     work.mkdir()
     recipe = ROOT / "recipes" / "tiny-nemotron-h-text-1n1g-cpu.yaml"
     at = [f"model.checkpoint={checkpoint}", "parallelism.sequence_parallel=off"]
+    run = dict(nodes=4, gpus=4)  # the test cluster's nodes have 4 GPUs (when it is up)
     for tp in (4, 8):
-        ok = dry_run(work, recipe, *at, f"parallelism.tensor_parallel_size={tp}", nodes=2, gpus=8)
+        ok = dry_run(work, recipe, *at, f"parallelism.tensor_parallel_size={tp}", **run)
         assert ok.returncode == 0, ok.stderr
-    refused = dry_run(work, recipe, *at, "parallelism.tensor_parallel_size=16", nodes=2, gpus=8)
+    refused = dry_run(work, recipe, *at, "parallelism.tensor_parallel_size=16", **run)
     assert refused.returncode == 2
     assert (
         "error[recipe.tensor-parallel-heads]: `parallelism.tensor_parallel_size` (16) does not "
