@@ -7,8 +7,8 @@ recipes; `rlflow.compat.cpu_compat` installs it, patch 8), with their signatures
 
 * `causal_conv1d_fn`: the depthwise causal conv1d (+ SiLU) over [B, D, L];
 * `mamba_chunk_scan_combined`: the Mamba-2 state-space duality (SSD) scan, chunked: within a
-  chunk a masked (decay-weighted) attention-like product, between chunks a recurrence over
-  chunk states (one Python step per chunk);
+  chunk a masked (decay-weighted) attention-like product, between chunks the recurrence over
+  chunk states, solved at once as a decay-weighted sum (no Python step per chunk);
 * `mamba_split_conv1d_scan_combined`: the training path's fused kernel: split the input
   projection into z, xBC, dt; conv; scan; gate with SiLU(z);
 * `RMSNormGated`: RMSNorm over groups of channels, gated by SiLU(z) before the norm;
@@ -85,6 +85,18 @@ def _finish(y, x, D, z):
     return y
 
 
+def _segment_decay(log_d: torch.Tensor) -> torch.Tensor:
+    """log_d [..., K] -> [..., K, K]: exp(log_d[j+1] + ... + log_d[k]) for j <= k (1 on the
+    diagonal), 0 above it. Summed from the masked entries themselves, never as a difference of
+    two long cumulative sums (which loses precision as the sequence grows)."""
+    k = log_d.shape[-1]
+    below = torch.tril(torch.ones(k, k, dtype=torch.bool, device=log_d.device), diagonal=-1)
+    terms = log_d[..., :, None].expand(*log_d.shape, k).masked_fill(~below, 0.0)
+    sums = torch.cumsum(terms, dim=-2)  # [..., k, j]: sum of log_d[j+1..k]
+    lower = torch.tril(torch.ones(k, k, dtype=torch.bool, device=log_d.device))
+    return torch.exp(sums) * lower.to(sums.dtype)
+
+
 def mamba_chunk_scan_combined(
     x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
     cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
@@ -123,19 +135,28 @@ def mamba_chunk_scan_combined(
     last = sc[:, :, -1:]  # [B, c, 1]
     to_end = torch.exp(acum[:, :, -1:, :] - acum) * (sc == last)[..., None]  # [B, c, q, H]
     states = torch.einsum("bcjh,bcjhn,bcjhp->bchpn", to_end * dtc, Bc, xc)
-    state = torch.zeros(batch, nheads, headdim, Bf.shape[-1], device=x.device)
+    # between chunks: the state entering chunk c is S_{c-1}, where S_c = states_c + d_c S_{c-1}
+    # (d_c: the chunk's decay, 0 where its last token starts a row it does not share with the
+    # carried state), S_{-1} the initial state. Solved at once as a weighted sum over earlier
+    # chunks (weights exp of segment sums of log d): no per-chunk Python step, so the backward
+    # is a few batched products instead of one slice copy per chunk.
+    init = torch.zeros(batch, 1, nheads, headdim, Bf.shape[-1], device=x.device)
     if initial_states is not None:
-        state = initial_states.float().clone()
-    prev_row = seq[:, :1]  # the initial state belongs to the first token's row
-    for c in range(n):
-        enter = (sc[:, c] == prev_row).float()  # [B, q]: tokens that see the carried state
-        y[:, c] += torch.einsum(
-            "bihn,bhpn,bih->bihp", Cc[:, c], state, torch.exp(acum[:, c]) * enter[..., None]
-        )
-        keep = (last[:, c] == prev_row).float()  # [B, 1]
-        carried = state * (torch.exp(acum[:, c, -1]) * keep)[:, :, None, None]
-        state = states[:, c] + carried
-        prev_row = last[:, c]
+        init = initial_states.float()[:, None]
+    carried = torch.cat([init, states], 1)  # [B, c+1, H, P, N]: S_{-1}, states_0, ...
+    prev_row = torch.cat([seq[:, :1], last[:, :-1, 0]], 1)  # [B, c]: the row the state carries
+    keep = last[:, :, 0] == prev_row  # [B, c]: chunk c's last token continues that row
+    log_d = F.pad(acum[:, :, -1, :], (0, 0, 1, 0))  # [B, c+1, H]; entry 0 unused
+    breaks = F.pad(torch.cumsum((~keep).long(), 1), (1, 0))  # [B, c+1]
+    weights = _segment_decay(log_d.transpose(1, 2))  # [B, H, k, j]
+    linked = breaks[:, :, None] == breaks[:, None, :]  # no row start between j and k
+    weights = weights * linked[:, None].to(weights.dtype)
+    entering = torch.einsum("bhkj,bjhpn->bkhpn", weights, carried)  # [B, c+1, ...]: S_{k-1}
+    enter = (sc == prev_row[:, :, None]).float()  # [B, c, q]: tokens that see the carried state
+    y = y + torch.einsum(
+        "bcihn,bchpn,bcih->bcihp", Cc, entering[:, :-1], torch.exp(acum) * enter[..., None]
+    )
+    state = entering[:, -1]
     y = y.reshape(batch, n * q, nheads, headdim)[:, :length]
     y = _finish(y, x, D, z).to(x.dtype)
     if return_final_states or return_varlen_states:
