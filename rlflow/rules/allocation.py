@@ -459,6 +459,18 @@ def _generation_parallel(loaded: LoadedRecipe, placement: Placement, gpus: int) 
                 f"{per_node}",
             )
         ]
+    if recipe.environment.kind == "gym" and len(placement.generation) != 1:
+        return [
+            loaded.diagnostic(
+                ("generation", "placement"),
+                "allocation.placement",
+                f"`environment.kind: gym` with generation.placement separate runs NeMo Gym "
+                f"against one generation rank's server; this job has "
+                f"{len(placement.generation)} generation ranks",
+                help="give generation one rank: generation.gpus_per_node=1 on a one-node job, "
+                "or generation.num_nodes=1 on nodes of one GPU",
+            )
+        ]
     replicas = len(placement.generation) // tp
     prompts = recipe.grpo.num_prompts_per_step
     if prompts % replicas:

@@ -175,32 +175,43 @@ def gym_fits_engine(loaded: LoadedRecipe) -> list[Diagnostic]:
 
 
 def gym_needs_one_engine(loaded: LoadedRecipe) -> list[Diagnostic]:
-    """Gym's turns are served by rank 0's engine: the megatron backend, colocated, on one rank's
-    model (no tensor, pipeline or expert parallelism)."""
+    """Gym's turns are served by one rank's megatron engine on its whole model: colocated, rank
+    0's (no tensor, pipeline or expert parallelism); with `generation.placement: separate`, the
+    one generation rank's (generation.tensor_parallel_size 1; the trainers may be split any way
+    rlflow trains; the count of generation ranks is an allocation rule)."""
     recipe = loaded.recipe
     if recipe.environment.kind != "gym":
         return []
     par, gen = recipe.parallelism, recipe.generation
-    split = {
-        "parallelism.tensor_parallel_size": par.tensor_parallel_size,
-        "parallelism.pipeline_parallel_size": par.pipeline_parallel_size,
-        "parallelism.expert_parallel_size": par.expert_parallel_size,
-    }
+    separate = gen.placement == "separate"
+    if separate:
+        split = {"generation.tensor_parallel_size": gen.tensor_parallel_size}
+    else:
+        split = {
+            "parallelism.tensor_parallel_size": par.tensor_parallel_size,
+            "parallelism.pipeline_parallel_size": par.pipeline_parallel_size,
+            "parallelism.expert_parallel_size": par.expert_parallel_size,
+        }
     bad = [f"{k}={v}" for k, v in split.items() if v != 1]
     if gen.backend != "megatron":
         bad.append(f"generation.backend={gen.backend}")
-    if gen.placement != "colocated":
-        bad.append(f"generation.placement={gen.placement}")
     if not bad:
         return []
+    where = "the generation rank's" if separate else "rank 0's"
+    fix = (
+        "use generation.backend=megatron and generation.tensor_parallel_size=1 (the trainers "
+        "may use any parallel sizes)"
+        if separate
+        else "use generation.backend=megatron and parallel sizes 1 (data parallelism is fine), "
+        "or generation.placement=separate: then only the generation rank serves"
+    )
     return [
         loaded.diagnostic(
             ("environment", "kind"),
             "recipe.gym-engine",
-            f"`environment.kind: gym` serves Gym's turns from rank 0's megatron engine; "
-            f"not implemented with {', '.join(bad)}",
-            help="use generation.backend=megatron, placement colocated and parallel sizes 1 "
-            "(data parallelism is fine)",
+            f"`environment.kind: gym` serves Gym's turns from {where} megatron engine on its "
+            f"whole model; not implemented with {', '.join(bad)}",
+            help=fix,
         )
     ]
 
@@ -212,8 +223,13 @@ def gym_plan_text(recipe_file: LoadedRecipe) -> str | None:
         return None
     recipe = recipe_file.recipe
     port = recipe.generation.server.port or "free"
+    who = (
+        "the generation rank (its node)"
+        if recipe.generation.placement == "separate"
+        else "rank 0 (first node)"
+    )
     lines = [
-        f"rank 0 (first node) starts rlflow's server on {recipe.generation.server.host}:{port}, "
+        f"{who} starts rlflow's server on {recipe.generation.server.host}:{port}, "
         f"Gym's head server on 127.0.0.1:{recipe.environment.gym.head_port}, and:"
     ]
     for s in servers:

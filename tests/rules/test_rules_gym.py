@@ -1,7 +1,8 @@
 """`environment.kind: gym` on the login node: `submit --dry-run` shows the Gym servers rank 0
-will start and their ports (read from Gym's config files, Gym not imported), and refuses what
-cannot work: the extra missing, unknown servers, colliding ports, more tasks in flight than the
-server has rows or KV cache, an engine rank 0 cannot serve alone."""
+(or the generation rank, with `generation.placement: separate`) will start and their ports (read
+from Gym's config files, Gym not imported), and refuses what cannot work: the extra missing,
+unknown servers, colliding ports, more tasks in flight than the server has rows or KV cache, an
+engine one rank cannot serve alone, more than one generation rank."""
 
 from __future__ import annotations
 
@@ -16,17 +17,17 @@ from rlflow.rules import load_checked
 
 ROOT = Path(__file__).resolve().parents[2]
 GYM = ROOT / "recipes" / "tiny-qwen3-gym-tool-1n1g-cpu.yaml"
-DRY_RUN = ["submit", str(GYM), "--nodes", "1", "--gpus", "1", "--dry-run"]
 
 
-def dry_run(*overrides: str, hide_gym: bool = False) -> subprocess.CompletedProcess:
-    """The console script's dry run; hide_gym: as on a machine without the `gym` extra (the
-    import system is told nemo_gym does not exist: uninstalling it would break the other
-    tests of this environment)."""
+def dry_run(*overrides: str, hide_gym: bool = False, gpus: int = 1) -> subprocess.CompletedProcess:
+    """The console script's dry run on one node of `gpus` (the test cluster's nodes have 4);
+    hide_gym: as on a machine without the `gym` extra (the import system is told nemo_gym does
+    not exist: uninstalling it would break the other tests of this environment)."""
     hide = "sys.modules['nemo_gym'] = None; " if hide_gym else ""
     code = f"import sys; {hide}from rlflow.cli import main; sys.argv[0] = 'rlflow'; main()"
+    shape = ["--nodes", "1", "--gpus", str(gpus), "--dry-run"]
     return subprocess.run(
-        [sys.executable, "-c", code, *DRY_RUN, *overrides],
+        [sys.executable, "-c", code, "submit", str(GYM), *shape, *overrides],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
@@ -46,6 +47,22 @@ def test_the_dry_run_shows_the_gym_servers_and_their_ports():
         "120 s; a failed task: continue",
     ):
         assert line in out
+
+
+def test_gym_on_a_generation_rank_of_its_own_is_shown_and_needs_one_rank():
+    """With generation.placement separate the generation rank runs Gym against its server;
+    a job with two generation ranks is refused, naming the count."""
+    separate = ["generation.placement=separate", "async_grpo.max_staleness=1"]
+    one = dry_run(*separate, "generation.gpus_per_node=1", gpus=2)
+    assert one.returncode == 0, one.stderr
+    assert "the generation rank (its node) starts rlflow's server on 127.0.0.1:" in one.stdout
+    two = dry_run(*separate, "generation.gpus_per_node=2", gpus=4)
+    assert two.returncode == 2, two.stdout + two.stderr
+    assert (
+        "`environment.kind: gym` with generation.placement separate runs NeMo Gym against one "
+        "generation rank's server; this job has 2 generation ranks" in two.stderr
+    )
+    assert "Traceback" not in two.stderr
 
 
 def test_the_dry_run_refuses_gym_without_the_extra():
@@ -74,10 +91,15 @@ def problems(*overrides: str) -> str:
          ["['no_such_agent'] are not defined by environment.gym.config_paths"]),
         (["environment.gym.config_paths=[missing.yaml]"],
          ["cannot be read", "missing.yaml"]),
-        (["parallelism.tensor_parallel_size=2", "generation.placement=separate"],
-         ["not implemented with parallelism.tensor_parallel_size=2, generation.placement="]),
+        (["parallelism.tensor_parallel_size=2", "parallelism.expert_parallel_size=2"],
+         ["from rank 0's megatron engine on its whole model; not implemented with "
+          "parallelism.tensor_parallel_size=2, parallelism.expert_parallel_size=2",
+          "or generation.placement=separate"]),
+        (["generation.placement=separate", "generation.tensor_parallel_size=2"],
+         ["from the generation rank's megatron engine on its whole model; not implemented "
+          "with generation.tensor_parallel_size=2", "the trainers may use any parallel sizes"]),
     ],
-    ids=["ports", "rows", "kv-cache", "agent", "config", "engine"],
+    ids=["ports", "rows", "kv-cache", "agent", "config", "engine", "separate-engine"],
 )  # fmt: skip
 def test_what_cannot_work_is_refused_naming_the_key(overrides, words):
     text = problems(*overrides)

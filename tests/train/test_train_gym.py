@@ -1,6 +1,7 @@
 """NeMo Gym as the rollout source (`environment.kind: gym`, rlflow/train/gym/): real Gym servers
 (Gym's own example environments, from the `gym` extra) against rlflow's server on the tiny
-Qwen3, trained through the console script; Gym's answers turned into trajectories with loss
+Qwen3, trained through the console script (also one-step-off, with generation on a rank of its
+own); Gym's answers turned into trajectories with loss
 masks; servers that never come up or die end the run within the readiness timeout, naming them.
 
 The tiny model's weights are random: it never emits a well-formed tool call, so the tool run
@@ -174,6 +175,39 @@ def test_gym_runs_train_on_the_single_tool_and_multi_turn_environments(tmp_path)
             assert records[-1]["train/reward"] == 1.0
         else:  # 2 or 3 model turns in every episode
             assert records[-1]["env/turns_per_trajectory"] >= 2
+
+
+def test_gym_trains_one_step_off_on_a_generation_rank_of_its_own(tmp_path):
+    """Asynchronous GRPO with Gym (`generation.placement: separate`, one-step-off): rank 1
+    only generates, running Gym's multi-turn environment against its own engine's server;
+    rank 0 trains. Batch k is generated with the weights of step k - 2 (0 for the first two),
+    every model turn of every trajectory is checked against that (`async/turn_staleness_max`),
+    the weight sync moves the server to the new version, and the environment's metrics reach
+    the trainer's log."""
+    overrides = [
+        f"environment.gym.config_paths=[{MULTI_TURN}]",
+        "environment.gym.agent=example_multi_turn_gymnasium_agent",
+        f"environment.gym.tasks={multi_turn_tasks(tmp_path / 'tasks.jsonl')}",
+        "generation.placement=separate", "generation.gpus_per_node=1",
+        "async_grpo.max_staleness=1", "grpo.max_num_steps=3",
+    ]  # fmt: skip
+    run_dir = tmp_path / "run"
+    result = rlflow(
+        "train", str(GYM_TOOL), *QUIET, *overrides, "--nproc", "2", "--run-dir", str(run_dir)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["async/weight_version"] for r in records] == [0.0, 0.0, 1.0]
+    assert [r["async/turn_staleness_max"] for r in records] == [0.0, 1.0, 1.0]
+    for record in records:
+        assert record["env/tasks"] == 8 and record["env/failed_tasks"] == 0, record
+        assert record["env/turns_per_trajectory"] >= 2 and record["async/stale_turns"] == 0
+    # step 1 trains the weights that generated it: the server's logprobs are the trainer's
+    # (later steps train on one-step-old turns: the importance corrections' business)
+    assert abs(records[0]["train/token_mult_prob_error"] - 1.0) < 1e-3, records[0]
+    logs = sorted(p.name for p in (run_dir / "gym").iterdir())
+    assert "policy_model.log" in logs and len(logs) == 3
 
 
 CIRCLES = "resources_servers/circle_count/configs/circle_count.yaml"

@@ -11,6 +11,12 @@ in rlflow.train.generation_role.remote; this module is its generation side:
     start: weights of the trainer's step S, the sampler's state
     until "stop": order k -> (generate batch k if not ready) -> send it -> generate ahead
                   -> if the weights of k are due: "ready", receive them, fingerprints
+
+With `environment.kind: gym` the one generation rank (rlflow/rules/allocation.py) runs NeMo
+Gym instead of generating from the dataset: its engine's OpenAI server and Gym's servers start
+after the first weights arrive, each batch is the step's Gym episodes (rlflow/train/gym/), and
+each weight sync moves the server to the new version, so every turn records the weights that
+generated it.
 """
 
 from __future__ import annotations
@@ -39,8 +45,11 @@ class Generator:
     stop: object
     link: Link
     server: object  # rlflow.serve.job.JobServer (generation.server.enabled), or None
+    gym: object = None  # rlflow.train.gym.source.GymRollouts (environment.kind: gym), or None
 
     def close(self) -> None:
+        if self.gym is not None:
+            self.gym.finish(0)
         if self.server is not None:
             self.server.stop()
         self.context.backend.close()
@@ -85,6 +94,10 @@ def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
         link=Link(policy, recipe),
         server=server,
     )
+    if recipe.environment.kind == "gym":  # Gym's episodes against this rank's engine
+        from rlflow.train.gym.source import GymRollouts
+
+        g.gym = GymRollouts(g.context, policy, checkpoint, run_dir, leader=True)
     watchdog.beat("setup")
     return g
 
@@ -98,6 +111,18 @@ def serve(g: Generator) -> int:
     _receive_weights(g, start["step"])
     if g.server is not None:  # generation.server.enabled: serve the weights now synced
         g.server.start(g.policy, g.context.backend.weight_version)
+    try:
+        return _serve(g, link, start)
+    except BaseException:
+        if g.gym is not None:  # the rank leaves with os._exit: stop Gym's servers now
+            g.gym.finish(1)
+            g.gym = None
+        raise
+
+
+def _serve(g: Generator, link: Link, start: dict) -> int:
+    if g.gym is not None:
+        g.gym.start(start["step"])
     schedule = Schedule(
         g.context.recipe.async_grpo.max_staleness,
         start["step"],
@@ -141,9 +166,10 @@ def _paused(g: Generator, version: int | None = None):
 def _receive_weights(g: Generator, version: int) -> None:
     watchdog.beat("weight_sync")
     g.link.weights(version)
-    g.context.backend.refresh_weights(
-        version
-    )  # in place: the engine's views of the weights are current
+    # in place: the engine's views of the weights are current
+    g.context.backend.refresh_weights(version)
+    if g.gym is not None and g.gym.thread is not None:  # Gym's turns: the new version next
+        g.gym.after_update(version, StepTimer())
 
 
 def _batch(g: Generator, step: int, schedule: Schedule) -> RolloutBatch | None:
@@ -163,16 +189,23 @@ def _batch(g: Generator, step: int, schedule: Schedule) -> RolloutBatch | None:
         )
     g.policy.vision_cache.clear()  # frozen-tower features live for one batch
     timer = StepTimer(sync=_sync_fn(info.device))
-    rollouts = collect_rollouts(g.context, step, timer)
+    metrics = {}
+    if g.gym is not None:
+        rollouts = g.gym.collect_all(step, timer)
+        metrics = g.gym.step_metrics(step, rollouts)
+    else:
+        rollouts = collect_rollouts(g.context, step, timer)
     sampler_state = g.context.sampler.state_dict()
     replicas = parallel.all_gather_objects(rollouts if info.tp_rank == 0 else None)
     if info.job_rank != g.link.leader:
         return None
     size = g.context.recipe.grpo.num_generations_per_prompt
     replicas = [r for r in replicas if r is not None]
-    return _merged(
+    batch = _merged(
         step, g.context.backend.weight_version, replicas, size, sampler_state, timer.seconds
     )
+    batch.metrics = metrics
+    return batch
 
 
 def _merged(

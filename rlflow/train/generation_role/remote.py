@@ -70,6 +70,7 @@ class RolloutBatch:
     sums: dict[str, float]  # Rollouts.sums, over all generation replicas
     sampler_state: dict  # the prompt sampler after this batch: what a checkpoint must hold
     seconds: dict[str, float] = field(default_factory=dict)  # the generators' phase times
+    metrics: dict[str, float] = field(default_factory=dict)  # the environment's (env/*)
 
     def share(self, dp_rank: int, dp_size: int) -> Rollouts:
         """A training data-parallel rank's rollouts: groups dp_rank, dp_rank + dp_size, ... (as
@@ -122,6 +123,7 @@ class RemoteRollouts:
         self.schedule: Schedule | None = None
         self.sync_seconds = 0.0
         self.turn_metrics: dict[str, float] = {}  # the last batch's per-turn staleness
+        self.batch_metrics: dict[str, float] = {}  # the last batch's environment metrics
 
     def start(self, step: int) -> None:
         """After the warm start or the resume: the weights of `step` and the sampler's state."""
@@ -140,6 +142,7 @@ class RemoteRollouts:
             )
         self._check(batch, step)
         batch = self._check_turns(batch, step)
+        self.batch_metrics = batch.metrics
         self.context.sampler.load_state_dict(batch.sampler_state)
         for phase, seconds in batch.seconds.items():
             timer.seconds[phase] = timer.seconds.get(phase, 0.0) + seconds
@@ -160,6 +163,7 @@ class RemoteRollouts:
             "async/weight_version": float(version),
             "async/staleness": float(step - 1 - version),
             **self.turn_metrics,
+            **self.batch_metrics,
         }
 
     def finish(self, exit_code: int) -> None:

@@ -1,12 +1,15 @@
 """`environment.kind: gym`: a step's rollouts are NeMo Gym episodes against rlflow's server.
 
-`start()` (rank 0, after the policy's weights are loaded or restored): the engine's OpenAI
-server in-process (rlflow/serve/runner.py, sized by `generation.server`), then Gym's servers
-(servers.py) with Gym's `vllm_model` pointed at it. `collect()`: rank 0 posts the step's task
+`start()` (the leader: rank 0, or with `generation.placement: separate` the one generation
+rank; after the policy's weights are loaded, restored or synced): the engine's OpenAI server
+in-process (rlflow/serve/runner.py, sized by `generation.server`), then Gym's servers
+(servers.py) with Gym's `vllm_model` pointed at it. `collect()`: the leader posts the step's task
 rows to the agent's `/run` (what Gym's rollout collection does, `concurrency` at once, each
-bounded by `environment.task_timeout_s`), turns each answer into a Completion (trajectory.py), computes the
-group advantages and sends every data-parallel rank its share. `after_update()`: the server
-serves the new weights from the next request on. `finish()` stops Gym's servers, then ours.
+bounded by `environment.task_timeout_s`), turns each answer into a Completion (trajectory.py),
+computes the group advantages and sends every data-parallel rank its share (`collect_all()`: a
+generation rank keeps them all for the trainers: rlflow/train/generation_role/generator.py).
+`after_update()`: the server serves the new weights from the next request on. `finish()` stops
+Gym's servers, then ours.
 
 A failed task (timeout, a server that died, HTTP error, malformed JSON, discontinuous token
 ids) is counted in `env/failed_tasks` and `env/failed_tasks/<reason>`; its prompt's group is
@@ -38,8 +41,12 @@ MODEL_NAME = "policy"  # the name Gym's vllm_model sends as `model`
 class GymRollouts:
     """The RolloutSource of `environment.kind: gym` (rlflow/train/collect.py has the protocol)."""
 
-    def __init__(self, context: RolloutContext, policy, checkpoint: Path, run_dir: Path):
+    def __init__(
+        self, context: RolloutContext, policy, checkpoint: Path, run_dir: Path, *, leader=None
+    ):
         self.context, self.policy, self.checkpoint = context, policy, checkpoint
+        # the rank that serves the turns and runs Gym: job rank 0 unless told
+        self.leader = context.info.is_main if leader is None else leader
         self.log_dir = run_dir / "gym"
         self.env = context.recipe.environment
         self.cfg = self.env.gym
@@ -52,7 +59,7 @@ class GymRollouts:
         self.prompts: dict[tuple[int, ...], Prompt] = {}
 
     def start(self, step: int) -> None:
-        if not self.context.info.is_main:
+        if not self.leader:
             return
         from rlflow.serve.runner import ServerThread, served_engine
 
@@ -76,18 +83,24 @@ class GymRollouts:
         self.agent_url = next(s.url for s in servers if s.name == self.cfg.agent)
 
     def collect(self, step: int, timer) -> Rollouts:
+        """A training rank's share of the step's trajectories."""
         info = self.context.info
-        groups = None
-        if info.is_main:
-            try:
-                with timer("environment"):
-                    groups = self._run_step(step)
-            except BaseException:
-                self.finish(1)  # the rank leaves with os._exit: stop Gym's servers now
-                raise
+        groups = self._groups(step, timer) if self.leader else None
         groups, self.metrics = parallel.broadcast_object((groups, self.metrics))
         mine = groups[info.dp_rank :: info.dp_size]
         return self._rollouts(mine)
+
+    def collect_all(self, step: int, timer) -> Rollouts:
+        """Every trajectory of the step, on the leader alone (a generation rank's batch)."""
+        return self._rollouts(self._groups(step, timer))
+
+    def _groups(self, step: int, timer) -> list[list[tuple[Prompt, Trajectory]]]:
+        try:
+            with timer("environment"):
+                return self._run_step(step)
+        except BaseException:
+            self.finish(1)  # the rank leaves with os._exit: stop Gym's servers now
+            raise
 
     def after_update(self, step: int, timer) -> None:
         if self.thread is not None:
@@ -105,7 +118,7 @@ class GymRollouts:
             self.thread.stop()
             self.thread = None
 
-    # --- rank 0 ---------------------------------------------------------------------------------
+    # --- the leader -----------------------------------------------------------------------------
 
     def _run_step(self, step: int) -> list[list[tuple[Prompt, Trajectory]]]:
         recipe = self.context.recipe
