@@ -230,6 +230,30 @@ def test_the_vlm_environment_circle_count_trains_the_tiny_vlm_on_its_images(tmp_
     assert record["train/real_tokens"] > 0
 
 
+def test_the_founding_workload_in_miniature_omni_in_circle_count_one_step_off(tmp_path):
+    """The founding workload's parts together, tiny: Nemotron Omni (RADIO tower over a hybrid
+    Mamba-2/attention language model) in Gym's VLM environment, one-step-off on a generation
+    rank of its own whose Megatron engine serves Gym's turns (images through the family's
+    processor) while rank 0 trains on them."""
+    overrides = [
+        "model.checkpoint=builtin:tiny-nemotron-omni", f"environment.gym.config_paths=[{CIRCLES}]",
+        "environment.gym.agent=circle_count_simple_agent", "grpo.num_prompts_per_step=1",
+        "generation.server.context_tokens=4096", "generation.placement=separate",
+        "generation.gpus_per_node=1", "async_grpo.max_staleness=1", "grpo.max_num_steps=2",
+    ]  # fmt: skip
+    run_dir = tmp_path / "run"
+    result = rlflow(
+        "train", str(GYM_TOOL), *QUIET, *overrides, "--nproc", "2", "--run-dir", str(run_dir)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = read_metrics(run_dir)
+    assert [r["async/weight_version"] for r in records] == [0.0, 0.0]
+    for record in records:
+        assert record["env/tasks"] == 4 and record["env/failed_tasks"] == 0, record
+        assert record["train/real_tokens"] > 0  # each row's image tokens met their pixels
+    assert abs(records[0]["train/token_mult_prob_error"] - 1.0) < 1e-3, records[0]
+
+
 FLAKY = """
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig, BaseVerifyRequest, BaseVerifyResponse, SimpleResourcesServer,
