@@ -349,17 +349,21 @@ class CrossGroup:
 
         return _waiting(transfer, keep_alive)
 
-    def all_gather_object(self, obj) -> list:
+    def all_gather_object(self, obj, keep_alive: Callable[[], None] | None = None) -> list:
         """Every member's object, in member order (gloo groups)."""
-        data = pickle.dumps(obj)
-        sizes = [torch.zeros(1, dtype=torch.int64) for _ in self.ranks]
-        self.pg.allgather([sizes], [torch.tensor([len(data)], dtype=torch.int64)]).wait()
-        width = max(int(s) for s in sizes)
-        mine = torch.zeros(width, dtype=torch.uint8)
-        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        out = [torch.zeros(width, dtype=torch.uint8) for _ in self.ranks]
-        self.pg.allgather([out], [mine]).wait()
-        return [pickle.loads(t[: int(n)].numpy().tobytes()) for t, n in zip(out, sizes)]
+
+        def transfer():
+            data = pickle.dumps(obj)
+            sizes = [torch.zeros(1, dtype=torch.int64) for _ in self.ranks]
+            self.pg.allgather([sizes], [torch.tensor([len(data)], dtype=torch.int64)]).wait()
+            width = max(int(s) for s in sizes)
+            mine = torch.zeros(width, dtype=torch.uint8)
+            mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            out = [torch.zeros(width, dtype=torch.uint8) for _ in self.ranks]
+            self.pg.allgather([out], [mine]).wait()
+            return [pickle.loads(t[: int(n)].numpy().tobytes()) for t, n in zip(out, sizes)]
+
+        return _waiting(transfer, keep_alive)
 
 
 def _waiting(transfer: Callable, keep_alive: Callable[[], None] | None):

@@ -17,6 +17,7 @@ from rlflow.recipe.load import LoadedRecipe
 from rlflow.recipe.placement import Placement, splits_sequence
 from rlflow.recipe.schema import Recipe
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")  # a server there answers its own node only
 PARALLEL_AXES = (
     "tensor_parallel_size",
     "pipeline_parallel_size",
@@ -459,16 +460,18 @@ def _generation_parallel(loaded: LoadedRecipe, placement: Placement, gpus: int) 
                 f"{per_node}",
             )
         ]
-    if recipe.environment.kind == "gym" and len(placement.generation) != 1:
+    nodes = {r // gpus for r in placement.generation}
+    host = gen.server.host
+    if recipe.environment.kind == "gym" and len(nodes) > 1 and host in LOOPBACK:
         return [
             loaded.diagnostic(
-                ("generation", "placement"),
+                ("generation", "server", "host"),
                 "allocation.placement",
-                f"`environment.kind: gym` with generation.placement separate runs NeMo Gym "
-                f"against one generation rank's server; this job has "
-                f"{len(placement.generation)} generation ranks",
-                help="give generation one rank: generation.gpus_per_node=1 on a one-node job, "
-                "or generation.num_nodes=1 on nodes of one GPU",
+                f"`environment.kind: gym`: Gym's vllm_model, on the first generation node, "
+                f"sends turns to the servers of all {len(placement.generation)} generation "
+                f"ranks on {len(nodes)} nodes, but they listen on {host} (this node only)",
+                help="set generation.server.host=0.0.0.0 (the servers listen on every "
+                "interface; each is reached by its node's name)",
             )
         ]
     replicas = len(placement.generation) // tp

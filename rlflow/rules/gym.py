@@ -175,10 +175,10 @@ def gym_fits_engine(loaded: LoadedRecipe) -> list[Diagnostic]:
 
 
 def gym_needs_one_engine(loaded: LoadedRecipe) -> list[Diagnostic]:
-    """Gym's turns are served by one rank's megatron engine on its whole model: colocated, rank
-    0's (no tensor, pipeline or expert parallelism); with `generation.placement: separate`, the
-    one generation rank's (generation.tensor_parallel_size 1; the trainers may be split any way
-    rlflow trains; the count of generation ranks is an allocation rule)."""
+    """Gym's turns are served by megatron engines on whole models: colocated, rank 0's (no
+    tensor, pipeline or expert parallelism); with `generation.placement: separate`, every
+    generation rank's (generation.tensor_parallel_size 1; the trainers may be split any way
+    rlflow trains; that other nodes reach the servers is an allocation rule)."""
     recipe = loaded.recipe
     if recipe.environment.kind != "gym":
         return []
@@ -197,13 +197,13 @@ def gym_needs_one_engine(loaded: LoadedRecipe) -> list[Diagnostic]:
         bad.append(f"generation.backend={gen.backend}")
     if not bad:
         return []
-    where = "the generation rank's" if separate else "rank 0's"
+    where = "each generation rank's" if separate else "rank 0's"
     fix = (
         "use generation.backend=megatron and generation.tensor_parallel_size=1 (the trainers "
         "may use any parallel sizes)"
         if separate
         else "use generation.backend=megatron and parallel sizes 1 (data parallelism is fine), "
-        "or generation.placement=separate: then only the generation rank serves"
+        "or generation.placement=separate: then the generation ranks serve"
     )
     return [
         loaded.diagnostic(
@@ -223,15 +223,18 @@ def gym_plan_text(recipe_file: LoadedRecipe) -> str | None:
         return None
     recipe = recipe_file.recipe
     port = recipe.generation.server.port or "free"
-    who = (
-        "the generation rank (its node)"
-        if recipe.generation.placement == "separate"
-        else "rank 0 (first node)"
-    )
-    lines = [
-        f"{who} starts rlflow's server on {recipe.generation.server.host}:{port}, "
-        f"Gym's head server on 127.0.0.1:{recipe.environment.gym.head_port}, and:"
-    ]
+    head = f"Gym's head server on 127.0.0.1:{recipe.environment.gym.head_port}"
+    if recipe.generation.placement == "separate":
+        lines = [
+            f"every generation rank starts rlflow's server on {recipe.generation.server.host}:"
+            f"{port}{' + its local rank' if recipe.generation.server.port else ''}; the first "
+            f"generation rank (its node) starts {head}, and:"
+        ]
+    else:
+        lines = [
+            f"rank 0 (first node) starts rlflow's server on {recipe.generation.server.host}:"
+            f"{port}, {head}, and:"
+        ]
     for s in servers:
         lines.append(f"  {s.name} ({s.kind}/{s.server}) on 127.0.0.1:{s.port or 'free'}")
     env = recipe.environment

@@ -51,6 +51,7 @@ class Stats:
     steps: int = 0
     rows: int = 0
     tokens: int = 0
+    requests: int = 0  # submitted to the engine
     prefills: int = 0
     preempted: int = 0
     cancelled: int = 0  # requests whose client went away (their rows freed at once)

@@ -111,6 +111,7 @@ class ServingEngine:
             if self._closed:
                 raise RuntimeError("the serving engine is closed")
             self._waiting.extend(rows)
+            self.stats.requests += 1
             self._cond.notify()
         return request
 

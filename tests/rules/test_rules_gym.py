@@ -1,8 +1,8 @@
 """`environment.kind: gym` on the login node: `submit --dry-run` shows the Gym servers rank 0
-(or the generation rank, with `generation.placement: separate`) will start and their ports (read
-from Gym's config files, Gym not imported), and refuses what cannot work: the extra missing,
-unknown servers, colliding ports, more tasks in flight than the server has rows or KV cache, an
-engine one rank cannot serve alone, more than one generation rank."""
+(or the generation ranks, with `generation.placement: separate`) will start and their ports
+(read from Gym's config files, Gym not imported), and refuses what cannot work: the extra
+missing, unknown servers, colliding ports, more tasks in flight than the server has rows or KV
+cache, an engine one rank cannot serve alone, generation servers other nodes cannot reach."""
 
 from __future__ import annotations
 
@@ -19,13 +19,15 @@ ROOT = Path(__file__).resolve().parents[2]
 GYM = ROOT / "recipes" / "tiny-qwen3-gym-tool-1n1g-cpu.yaml"
 
 
-def dry_run(*overrides: str, hide_gym: bool = False, gpus: int = 1) -> subprocess.CompletedProcess:
-    """The console script's dry run on one node of `gpus` (the test cluster's nodes have 4);
+def dry_run(
+    *overrides: str, hide_gym: bool = False, nodes: int = 1, gpus: int = 1
+) -> subprocess.CompletedProcess:
+    """The console script's dry run on `nodes` of `gpus` (the test cluster's nodes have 4);
     hide_gym: as on a machine without the `gym` extra (the import system is told nemo_gym does
     not exist: uninstalling it would break the other tests of this environment)."""
     hide = "sys.modules['nemo_gym'] = None; " if hide_gym else ""
     code = f"import sys; {hide}from rlflow.cli import main; sys.argv[0] = 'rlflow'; main()"
-    shape = ["--nodes", "1", "--gpus", str(gpus), "--dry-run"]
+    shape = ["--nodes", str(nodes), "--gpus", str(gpus), "--dry-run"]
     return subprocess.run(
         [sys.executable, "-c", code, "submit", str(GYM), *shape, *overrides],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -49,20 +51,27 @@ def test_the_dry_run_shows_the_gym_servers_and_their_ports():
         assert line in out
 
 
-def test_gym_on_a_generation_rank_of_its_own_is_shown_and_needs_one_rank():
-    """With generation.placement separate the generation rank runs Gym against its server;
-    a job with two generation ranks is refused, naming the count."""
+def test_gym_on_generation_ranks_of_their_own_is_shown_and_must_be_reachable():
+    """With generation.placement separate every generation rank serves Gym's turns and the
+    first runs Gym; generation ranks on several nodes must listen beyond their own node."""
     separate = ["generation.placement=separate", "async_grpo.max_staleness=1"]
-    one = dry_run(*separate, "generation.gpus_per_node=1", gpus=2)
-    assert one.returncode == 0, one.stderr
-    assert "the generation rank (its node) starts rlflow's server on 127.0.0.1:" in one.stdout
-    two = dry_run(*separate, "generation.gpus_per_node=2", gpus=4)
-    assert two.returncode == 2, two.stdout + two.stderr
+    one_node = dry_run(*separate, "generation.gpus_per_node=2", gpus=4)
+    assert one_node.returncode == 0, one_node.stderr
     assert (
-        "`environment.kind: gym` with generation.placement separate runs NeMo Gym against one "
-        "generation rank's server; this job has 2 generation ranks" in two.stderr
+        "every generation rank starts rlflow's server on 127.0.0.1:free; the first generation "
+        "rank (its node) starts Gym's head server on 127.0.0.1:11000, and:" in one_node.stdout
     )
-    assert "Traceback" not in two.stderr
+    two_nodes = [*separate, "generation.num_nodes=2"]
+    refused = dry_run(*two_nodes, nodes=3)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert (
+        "sends turns to the servers of all 2 generation ranks on 2 nodes, but they listen on "
+        "127.0.0.1 (this node only)" in refused.stderr
+    )
+    assert "set generation.server.host=0.0.0.0" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    ok = dry_run(*two_nodes, "generation.server.host=0.0.0.0", nodes=3)
+    assert ok.returncode == 0, ok.stderr
 
 
 def test_the_dry_run_refuses_gym_without_the_extra():
@@ -96,7 +105,7 @@ def problems(*overrides: str) -> str:
           "parallelism.tensor_parallel_size=2, parallelism.expert_parallel_size=2",
           "or generation.placement=separate"]),
         (["generation.placement=separate", "generation.tensor_parallel_size=2"],
-         ["from the generation rank's megatron engine on its whole model; not implemented "
+         ["from each generation rank's megatron engine on its whole model; not implemented "
           "with generation.tensor_parallel_size=2", "the trainers may use any parallel sizes"]),
     ],
     ids=["ports", "rows", "kv-cache", "agent", "config", "engine", "separate-engine"],

@@ -232,24 +232,26 @@ def test_the_vlm_environment_circle_count_trains_the_tiny_vlm_on_its_images(tmp_
 
 def test_the_founding_workload_in_miniature_omni_in_circle_count_one_step_off(tmp_path):
     """The founding workload's parts together, tiny: Nemotron Omni (RADIO tower over a hybrid
-    Mamba-2/attention language model) in Gym's VLM environment, one-step-off on a generation
-    rank of its own whose Megatron engine serves Gym's turns (images through the family's
-    processor) while rank 0 trains on them."""
+    Mamba-2/attention language model) in Gym's VLM environment, one-step-off on two generation
+    ranks of their own: both ranks' Megatron engines serve Gym's turns (vllm_model spreads the
+    sessions over their servers; images through the family's processor) while rank 0 trains on
+    them, with the pixels of the prompts either server made."""
     overrides = [
         "model.checkpoint=builtin:tiny-nemotron-omni", f"environment.gym.config_paths=[{CIRCLES}]",
-        "environment.gym.agent=circle_count_simple_agent", "grpo.num_prompts_per_step=1",
+        "environment.gym.agent=circle_count_simple_agent", "grpo.num_prompts_per_step=2",
         "generation.server.context_tokens=4096", "generation.placement=separate",
-        "generation.gpus_per_node=1", "async_grpo.max_staleness=1", "grpo.max_num_steps=2",
+        "generation.gpus_per_node=2", "async_grpo.max_staleness=1", "grpo.max_num_steps=2",
     ]  # fmt: skip
     run_dir = tmp_path / "run"
     result = rlflow(
-        "train", str(GYM_TOOL), *QUIET, *overrides, "--nproc", "2", "--run-dir", str(run_dir)
+        "train", str(GYM_TOOL), *QUIET, *overrides, "--nproc", "3", "--run-dir", str(run_dir)
     )
     assert result.returncode == 0, result.stderr[-3000:]
     records = read_metrics(run_dir)
     assert [r["async/weight_version"] for r in records] == [0.0, 0.0]
     for record in records:
-        assert record["env/tasks"] == 4 and record["env/failed_tasks"] == 0, record
+        assert record["env/tasks"] == 8 and record["env/failed_tasks"] == 0, record
+        assert record["env/policy_servers"] == 2 and record["env/policy_server_turns_min"] > 0
         assert record["train/real_tokens"] > 0  # each row's image tokens met their pixels
     assert abs(records[0]["train/token_mult_prob_error"] - 1.0) < 1e-3, records[0]
 
@@ -337,7 +339,7 @@ def test_a_gym_server_that_never_comes_up_ends_the_start_naming_it(
         resource_servers=["never_up"], tasks="x.jsonl", concurrency=1,
         ready_timeout_s=ready_s, head_port=_free_port(),
     )  # fmt: skip
-    config = gym_config(cfg, "http://127.0.0.1:9", "policy")
+    config = gym_config(cfg, ["http://127.0.0.1:9"], "policy")
     servers = GymServers(config, servers_to_start(config, cfg), tmp_path / "logs", ready_s)
     with pytest.raises(RlflowError) as caught:
         servers.start()

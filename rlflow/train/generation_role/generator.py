@@ -12,11 +12,12 @@ in rlflow.train.generation_role.remote; this module is its generation side:
     until "stop": order k -> (generate batch k if not ready) -> send it -> generate ahead
                   -> if the weights of k are due: "ready", receive them, fingerprints
 
-With `environment.kind: gym` the one generation rank (rlflow/rules/allocation.py) runs NeMo
-Gym instead of generating from the dataset: its engine's OpenAI server and Gym's servers start
-after the first weights arrive, each batch is the step's Gym episodes (rlflow/train/gym/), and
-each weight sync moves the server to the new version, so every turn records the weights that
-generated it.
+With `environment.kind: gym` the generation ranks serve NeMo Gym instead of generating from
+the dataset: after the first weights arrive each starts its engine's OpenAI server, and the
+first one starts Gym's servers (Gym's vllm_model spreading sessions over every server). Each
+batch is the step's Gym episodes, run by the first generation rank while the others serve
+(rlflow/train/gym/); each weight sync moves every server to the new version, so every turn
+records the weights that generated it.
 """
 
 from __future__ import annotations
@@ -97,7 +98,11 @@ def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
     if recipe.environment.kind == "gym":  # Gym's episodes against this rank's engine
         from rlflow.train.gym.source import GymRollouts
 
-        g.gym = GymRollouts(g.context, policy, checkpoint, run_dir, leader=True)
+        leader = info.job_rank == g.link.leader
+        replicas = g.link.generators
+        g.gym = GymRollouts(
+            g.context, policy, checkpoint, run_dir, leader=leader, replicas=replicas
+        )
     watchdog.beat("setup")
     return g
 
@@ -189,10 +194,12 @@ def _batch(g: Generator, step: int, schedule: Schedule) -> RolloutBatch | None:
         )
     g.policy.vision_cache.clear()  # frozen-tower features live for one batch
     timer = StepTimer(sync=_sync_fn(info.device))
-    metrics = {}
-    if g.gym is not None:
+    metrics, rollouts = {}, None
+    if g.gym is not None and g.gym.leader:  # the step's Gym episodes, all of them
         rollouts = g.gym.collect_all(step, timer)
         metrics = g.gym.step_metrics(step, rollouts)
+    elif g.gym is not None:  # serve the leader's episodes' turns
+        g.gym.serve_step(timer)
     else:
         rollouts = collect_rollouts(g.context, step, timer)
     sampler_state = g.context.sampler.state_dict()

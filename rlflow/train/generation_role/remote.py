@@ -103,6 +103,10 @@ class Link:
             raise _layout_error(reports)
         self.rollouts = parallel.cross_group((self.leader, *placement.training), device=False)
         self.sync = WeightSync(policy, layouts, recipe.generation.sync_bucket_mb)
+        # NeMo Gym: the generation ranks' servers all answer Gym's turns (rlflow/train/gym/)
+        self.generators = None
+        if recipe.environment.kind == "gym":
+            self.generators = parallel.cross_group(placement.generation, device=False)
 
     def message(self, obj=None, *, src: int):
         """A small message from job rank `src` to every rank, waiting as long as it takes."""

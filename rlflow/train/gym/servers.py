@@ -37,9 +37,11 @@ class GymServer:
         return f"http://{self.host}:{self.port}"
 
 
-def gym_config(cfg, policy_url: str, model_name: str):
+def gym_config(cfg, policy_urls: list[str], model_name: str):
     """Gym's global config (an OmegaConf DictConfig), parsed by Gym, ports assigned; also set as
-    this process's (Gym's head server, started by GymServers, serves it to Gym's clients)."""
+    this process's (Gym's head server, started by GymServers, serves it to Gym's clients).
+    Gym's vllm_model spreads its sessions over `policy_urls` (each rlflow's server)."""
+    bases = [f"{url}/v1" for url in policy_urls]
     from nemo_gym.global_config import (
         GlobalConfigDictParserConfig,
         get_global_config_dict,
@@ -49,7 +51,7 @@ def gym_config(cfg, policy_url: str, model_name: str):
 
     initial = {
         "config_paths": [*cfg.config_paths, VLLM_MODEL_CONFIG],
-        "policy_base_url": f"{policy_url}/v1",
+        "policy_base_url": bases[0] if len(bases) == 1 else bases,
         "policy_api_key": "unused",
         "policy_model_name": model_name,
         "head_server": {"host": "127.0.0.1", "port": cfg.head_port},

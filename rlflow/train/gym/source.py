@@ -1,15 +1,17 @@
 """`environment.kind: gym`: a step's rollouts are NeMo Gym episodes against rlflow's server.
 
-`start()` (the leader: rank 0, or with `generation.placement: separate` the one generation
-rank; after the policy's weights are loaded, restored or synced): the engine's OpenAI server
-in-process (rlflow/serve/runner.py, sized by `generation.server`), then Gym's servers
-(servers.py) with Gym's `vllm_model` pointed at it. `collect()`: the leader posts the step's task
-rows to the agent's `/run` (what Gym's rollout collection does, `concurrency` at once, each
-bounded by `environment.task_timeout_s`), turns each answer into a Completion (trajectory.py),
-computes the group advantages and sends every data-parallel rank its share (`collect_all()`: a
-generation rank keeps them all for the trainers: rlflow/train/generation_role/generator.py).
-`after_update()`: the server serves the new weights from the next request on. `finish()` stops
-Gym's servers, then ours.
+`start()` (after the policy's weights are loaded, restored or synced): the engine's OpenAI
+server in-process (rlflow/serve/runner.py, sized by `generation.server`) on the leader (rank 0),
+or with `generation.placement: separate` on every generation rank (the first is the leader);
+then, on the leader, Gym's servers (servers.py) with Gym's `vllm_model` pointed at every server
+(it spreads Gym's sessions over them). `collect()`: the leader posts the step's task rows to the
+agent's `/run` (what Gym's rollout collection does, `concurrency` at once, each bounded by
+`environment.task_timeout_s`), turns each answer into a Completion (trajectory.py), computes the
+group advantages and sends every data-parallel rank its share (`collect_all()`: the leading
+generation rank keeps them all for the trainers, while the other generation ranks serve the
+turns in `serve_step()`: rlflow/train/generation_role/generator.py). `after_update()`: the
+server serves the new weights from the next request on. `finish()` stops Gym's servers, then
+ours.
 
 A failed task (timeout, a server that died, HTTP error, malformed JSON, discontinuous token
 ids) is counted in `env/failed_tasks` and `env/failed_tasks/<reason>`; its prompt's group is
@@ -19,7 +21,10 @@ left out of the step (`environment.on_task_failure: continue`) or the run ends n
 from __future__ import annotations
 
 import asyncio
+import http.cookiejar
 import json
+import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -29,7 +34,7 @@ import torch
 from rlflow import parallel
 from rlflow.errors import Diagnostic, RlflowError
 from rlflow.model.media import Media, Prompt
-from rlflow.train import grpo
+from rlflow.train import grpo, watchdog
 from rlflow.train.collect import RolloutContext, Rollouts
 from rlflow.train.gym.servers import GymServers, gym_config, servers_to_start
 from rlflow.train.gym.tasks import load_tasks, request_row, step_tasks, tasks_path
@@ -42,24 +47,29 @@ class GymRollouts:
     """The RolloutSource of `environment.kind: gym` (rlflow/train/collect.py has the protocol)."""
 
     def __init__(
-        self, context: RolloutContext, policy, checkpoint: Path, run_dir: Path, *, leader=None
-    ):
+        self, context: RolloutContext, policy, checkpoint: Path, run_dir: Path, *,
+        leader: bool | None = None, replicas=None,
+    ):  # fmt: skip
         self.context, self.policy, self.checkpoint = context, policy, checkpoint
-        # the rank that serves the turns and runs Gym: job rank 0 unless told
+        # the rank that runs Gym (and serves): job rank 0 unless told
         self.leader = context.info.is_main if leader is None else leader
+        # the generation ranks' group (rlflow.parallel.CrossGroup): each one serves; or None
+        self.replicas = replicas
         self.log_dir = run_dir / "gym"
         self.env = context.recipe.environment
         self.cfg = self.env.gym
         self.thread = self.servers = None
         self.tasks: list[dict] = []
         self.agent_url = ""
+        self.policy_urls: list[str] = []  # the servers Gym's vllm_model spreads sessions over
+        self._requests = 0  # this rank's server's requests, as last counted
         self.metrics: dict[str, float] = {}
         # prompt ids -> the Prompt the server made of them (with its images: the trainer's
         # forward needs the pixels), filled by the server's encoder, emptied each step
         self.prompts: dict[tuple[int, ...], Prompt] = {}
 
     def start(self, step: int) -> None:
-        if not self.leader:
+        if not (self.leader or self.replicas):
             return
         from rlflow.serve.runner import ServerThread, served_engine
 
@@ -68,10 +78,22 @@ class GymRollouts:
         served = served_engine(self.policy, self.checkpoint, recipe, MODEL_NAME)
         served.engine.weight_version = step
         _remember_prompts(served.prompts, self.prompts)
+        # several ranks of a node: each listens on its own port (0: each picks a free one)
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        port = server.port + local if server.port else 0
         self.thread = ServerThread(
-            served, server.host, server.port, server.max_connections, server.idle_timeout_s
+            served, server.host, port, server.max_connections, server.idle_timeout_s
         ).start()
-        config = gym_config(self.cfg, self.thread.url, MODEL_NAME)
+        url = self.thread.url
+        if self.thread.host in ("0.0.0.0", "::", ""):  # every interface: reached by name
+            url = f"http://{socket.getfqdn()}:{self.thread.port}"
+        urls = [url]
+        if self.replicas is not None:
+            urls = self.replicas.all_gather_object(url, keep_alive=watchdog.beat)
+        if not self.leader:
+            return
+        self.policy_urls = urls
+        config = gym_config(self.cfg, urls, MODEL_NAME)
         self.tasks = load_tasks(tasks_path(config, self.cfg))
         servers = servers_to_start(config, self.cfg)
         self.servers = GymServers(config, servers, self.log_dir, self.cfg.ready_timeout_s)
@@ -93,6 +115,20 @@ class GymRollouts:
     def collect_all(self, step: int, timer) -> Rollouts:
         """Every trajectory of the step, on the leader alone (a generation rank's batch)."""
         return self._rollouts(self._groups(step, timer))
+
+    def serve_step(self, timer) -> None:
+        """A generation rank other than the leader: serve Gym's turns until the leader's tasks
+        ended, then hand it the prompts with images this rank's server made."""
+        with timer("environment"):  # the leader says when its tasks ended
+            self.replicas.broadcast_object(None, self.replicas.ranks[0], keep_alive=watchdog.beat)
+        self.replicas.all_gather_object((dict(self.prompts), self._new_requests()))
+        self.prompts.clear()
+
+    def _new_requests(self) -> int:
+        """Requests (model turns) this rank's server took since the last call."""
+        total = self.thread.served.engine.stats.requests
+        new, self._requests = total - self._requests, total
+        return new
 
     def _groups(self, step: int, timer) -> list[list[tuple[Prompt, Trajectory]]]:
         try:
@@ -130,6 +166,13 @@ class GymRollouts:
         version = self.thread.served.engine.weight_version
         start = time.perf_counter()
         results = asyncio.run(self._post_all(rows, version))
+        served = [self._new_requests()]  # the turns each server took in this step
+        if self.replicas is not None:  # the tasks ended: the prompts the other servers made
+            self.replicas.broadcast_object(None, self.replicas.ranks[0])
+            gathered = self.replicas.all_gather_object(({}, served[0]))
+            for made, _ in gathered:
+                self.prompts.update(made)
+            served = [turns for _, turns in gathered]
         failed: dict[str, int] = {}
         example: dict[str, str] = {}  # reason -> the first failure's detail
         malformed: dict[str, int] = {}
@@ -154,6 +197,8 @@ class GymRollouts:
         self.metrics = _env_metrics(
             failed, malformed, turns, len(rows), time.perf_counter() - start
         )
+        self.metrics["env/policy_servers"] = float(len(self.policy_urls))
+        self.metrics["env/policy_server_turns_min"] = float(min(served))
         if not groups:
             raise RlflowError(
                 Diagnostic(
@@ -178,7 +223,11 @@ class GymRollouts:
 
         gate = asyncio.Semaphore(self.cfg.concurrency)
         limits = httpx.Limits(max_connections=self.cfg.concurrency)
-        async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+        # Each task is a Gym session of its own (Gym's rollout collection keeps no cookies
+        # either): a kept session cookie would make every task one session, sharing a stateful
+        # resources server's state and pinning every turn to one of vllm_model's servers.
+        jar = http.cookiejar.CookieJar(policy=_NoCookies())
+        async with httpx.AsyncClient(timeout=None, limits=limits, cookies=jar) as client:
 
             async def one(row: dict):
                 async with gate:
@@ -245,6 +294,16 @@ class GymRollouts:
         }
         versions = [c.token_versions[0] if c.token_versions else 0 for c in completions]
         return Rollouts(prompts, completions, advantages.tolist(), sums, versions)
+
+
+class _NoCookies(http.cookiejar.DefaultCookiePolicy):
+    """Keeps no cookie and sends none."""
+
+    def set_ok(self, cookie, request) -> bool:
+        return False
+
+    def return_ok(self, cookie, request) -> bool:
+        return False
 
 
 def _remember_prompts(cache, into: dict) -> None:
