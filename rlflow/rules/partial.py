@@ -14,18 +14,15 @@ _OFF = "generation.partial_rollouts.enabled=false"
 
 
 def partial_rollouts(loaded: LoadedRecipe) -> list[Diagnostic]:
-    """Partial rollouts are refused where rlflow does not implement them (separate placement,
-    the vllm backend, multi-turn environments, dynamic sampling, router replay, no importance correction), and need a
-    budget that cuts something and lets a row finish before it is stale."""
+    """Partial rollouts are refused where rlflow does not implement them (the vllm backend,
+    multi-turn environments, dynamic sampling, router replay, no importance correction), and
+    need a budget that cuts something and lets a row finish before it is stale."""
     recipe = loaded.recipe
     cfg = recipe.generation.partial_rollouts
     if not cfg.enabled:
         return []
     gen = recipe.generation
     refused = [
-        (gen.placement == "separate", ("generation", "placement"),
-         "colocated generation (`generation.placement: separate` is not implemented with them)",
-         "generation.placement=colocated"),
         (gen.backend == "vllm", ("generation", "backend"),
          "a backend that continues a row from its token ids (megatron or hf, not vllm)",
          "generation.backend=megatron"),

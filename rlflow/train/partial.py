@@ -1,7 +1,9 @@
 """Partial rollouts (`generation.partial_rollouts`, docs/partial-rollouts.md): a per-step
 generation budget; rows unfinished at it keep their tokens and continue in the next step.
 
-A step (`PartialRollouts.collect`, colocated placement):
+A step (`PartialRollouts.collect`: on the trainers when colocated; with `generation.placement:
+separate` on each generation replica, its batches carrying the rows in flight to the trainers'
+checkpoints: rlflow/train/generation_role/):
 1. stale: a carried row whose first token is more than `max_staleness_steps` weight updates
    older than the weights generating now starts over (its tokens are dropped and counted);
 2. draw: one sampler batch of new prompt groups, unless every rank already holds its share of
@@ -156,7 +158,8 @@ _COUNTS = ("rows_carried", "rows_continued", "rows_dropped_stale", "tokens_dropp
 
 
 class PartialRollouts:
-    """A RolloutSource (rlflow/train/collect.py) for colocated placement with partial rollouts."""
+    """A RolloutSource (rlflow/train/collect.py) with partial rollouts: a colocated trainer's,
+    or a generation rank's (rlflow/train/generation_role/generator.py)."""
 
     def __init__(self, context: RolloutContext):
         self.context = context

@@ -196,7 +196,7 @@ def setup(loaded: LoadedRecipe, run_dir: Path) -> Trainer:
 
         rollouts = GymRollouts(context, policy, checkpoint, run_dir)
     elif recipe.generation.partial_rollouts.enabled:
-        rollouts = PartialRollouts(context)  # (colocated only: rlflow/rules/partial.py)
+        rollouts = PartialRollouts(context)  # (separate: on the generation ranks)
     else:
         rollouts = LocalRollouts(context)
     watchdog.beat("setup")

@@ -23,12 +23,14 @@ def refused(overrides: list[str]) -> str:
 
 def test_a_budget_under_which_rows_finish_is_accepted():
     load_checked(TINY, ON)
+    # on generation ranks of their own too, one-step-off (rlflow/train/generation_role/)
+    separate = ["generation.placement=separate", "generation.gpus_per_node=1"]
+    load_checked(TINY, [*ON, *separate, "async_grpo.max_staleness=1"])
 
 
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [
-        (["generation.placement=separate", "generation.gpus_per_node=1"], "colocated generation"),
         (["generation.backend=vllm"], "megatron or hf, not vllm"),
         (["generation.backend=hf", "generation.partial_rollouts.finished_fraction=0.5"],
          "the megatron backend for `finished_fraction`"),

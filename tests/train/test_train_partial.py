@@ -124,3 +124,32 @@ def test_train_with_partial_rollouts_stops_and_resumes_with_its_rows(tmp_path):
     assert records[2]["partial/rows_dropped_stale"] == 0
     assert all(r["train/generated_tokens"] > 0 for r in records)
     assert records[2]["partial/mean_staleness"] > 0  # it trained tokens of older weights
+
+
+SEPARATE = ["generation.placement=separate", "generation.gpus_per_node=1",
+            "async_grpo.max_staleness=1"]  # fmt: skip
+
+
+def test_partial_rollouts_on_a_generation_rank_one_step_off_resume_with_their_rows(tmp_path):
+    """The generation rank cuts and continues rows as a colocated trainer does; each batch
+    carries its rows in flight, so the trainer's checkpoint holds them and a resumed run hands
+    them back to the generation rank: none lost. Tokens of older weights are trained within
+    async_grpo.max_staleness + max_staleness_steps (the per-turn check)."""
+    first = train(tmp_path, *PARTIAL, *SEPARATE, "grpo.max_num_steps=2", nproc=2)
+    assert first.returncode == 0, first.stderr[-3000:]
+    state = json.loads((tmp_path / "checkpoints/step_000002/rollouts_rank0.json").read_text())
+    [replica] = state["generators"]  # one generation replica
+    unfinished = [r for g in replica["groups"] for r in g["rows"] if r["finish_reason"] is None]
+    assert unfinished and all(1 <= len(r["token_ids"]) < 8 for r in unfinished)
+    second = train(tmp_path, *PARTIAL, *SEPARATE, "grpo.max_num_steps=3", nproc=2)
+    assert second.returncode == 0, second.stderr[-3000:]
+    trainer_log = (tmp_path / "logs" / "rank-0.log").read_text()
+    assert f"{len(unfinished)} unfinished rows continue" in trainer_log
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    # one-step-off; the resumed run's schedule starts at its checkpoint's weights (2)
+    assert [r["async/weight_version"] for r in records] == [0.0, 0.0, 2.0]
+    assert records[2]["partial/rows_continued"] == len(unfinished)  # none lost, none stale
+    assert records[2]["partial/rows_dropped_stale"] == 0
+    assert all(r["train/generated_tokens"] > 0 for r in records)
+    assert any(r["partial/mean_staleness"] > 0 for r in records)  # continued rows trained

@@ -47,6 +47,7 @@ class Generator:
     link: Link
     server: object  # rlflow.serve.job.JobServer (generation.server.enabled), or None
     gym: object = None  # rlflow.train.gym.source.GymRollouts (environment.kind: gym), or None
+    partial: object = None  # rlflow.train.partial.PartialRollouts (partial rollouts), or None
 
     def close(self) -> None:
         if self.gym is not None:
@@ -95,6 +96,10 @@ def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
         link=Link(policy, recipe),
         server=server,
     )
+    if recipe.generation.partial_rollouts.enabled:  # rows continue across batches
+        from rlflow.train.partial import PartialRollouts
+
+        g.partial = PartialRollouts(g.context)
     if recipe.environment.kind == "gym":  # Gym's episodes against this rank's engine
         from rlflow.train.gym.source import GymRollouts
 
@@ -113,6 +118,8 @@ def serve(g: Generator) -> int:
     watchdog.beat("wait_trainer")
     start = link.message(src=0)
     g.context.sampler.load_state_dict(start["sampler"])
+    if g.partial is not None and start.get("partial"):  # resumed: this replica's rows in flight
+        g.partial.load_state_dict(start["partial"][g.context.info.dp_rank])
     _receive_weights(g, start["step"])
     if g.server is not None:  # generation.server.enabled: serve the weights now synced
         g.server.start(g.policy, g.context.backend.weight_version)
@@ -200,18 +207,26 @@ def _batch(g: Generator, step: int, schedule: Schedule) -> RolloutBatch | None:
         metrics = g.gym.step_metrics(step, rollouts)
     elif g.gym is not None:  # serve the leader's episodes' turns
         g.gym.serve_step(timer)
+    elif g.partial is not None:  # complete groups; the cut rows continue in the next batch
+        rollouts = g.partial.collect(step, timer)
+        metrics = g.partial.step_metrics(step, rollouts)
     else:
         rollouts = collect_rollouts(g.context, step, timer)
     sampler_state = g.context.sampler.state_dict()
-    replicas = parallel.all_gather_objects(rollouts if info.tp_rank == 0 else None)
+    partial = g.partial.state_dict() if g.partial is not None else None
+    mine = (rollouts, partial, info.dp_rank) if info.tp_rank == 0 else None
+    gathered = [r for r in parallel.all_gather_objects(mine) if r is not None]
     if info.job_rank != g.link.leader:
         return None
+    gathered.sort(key=lambda r: r[2])  # replica order: what a resumed replica takes back
+    replicas = [r[0] for r in gathered if r[0] is not None]
     size = g.context.recipe.grpo.num_generations_per_prompt
-    replicas = [r for r in replicas if r is not None]
     batch = _merged(
         step, g.context.backend.weight_version, replicas, size, sampler_state, timer.seconds
     )
     batch.metrics = metrics
+    if g.partial is not None:
+        batch.partial = [r[1] for r in gathered]
     return batch
 
 

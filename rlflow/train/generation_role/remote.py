@@ -71,6 +71,9 @@ class RolloutBatch:
     sampler_state: dict  # the prompt sampler after this batch: what a checkpoint must hold
     seconds: dict[str, float] = field(default_factory=dict)  # the generators' phase times
     metrics: dict[str, float] = field(default_factory=dict)  # the environment's (env/*)
+    # partial rollouts: each generation replica's rows in flight after this batch (replica
+    # order), what a checkpoint of this step must hold; None without partial rollouts
+    partial: list[dict] | None = None
 
     def share(self, dp_rank: int, dp_size: int) -> Rollouts:
         """A training data-parallel rank's rollouts: groups dp_rank, dp_rank + dp_size, ... (as
@@ -128,10 +131,12 @@ class RemoteRollouts:
         self.sync_seconds = 0.0
         self.turn_metrics: dict[str, float] = {}  # the last batch's per-turn staleness
         self.batch_metrics: dict[str, float] = {}  # the last batch's environment metrics
+        self.partial: list[dict] | None = None  # the generators' rows in flight (checkpointed)
 
     def start(self, step: int) -> None:
         """After the warm start or the resume: the weights of `step` and the sampler's state."""
-        self.link.message({"step": step, "sampler": self.context.sampler.state_dict()}, src=0)
+        state = {"step": step, "sampler": self.context.sampler.state_dict()}
+        self.link.message({**state, "partial": self.partial}, src=0)
         watchdog.beat("weight_sync", step)
         self.sync_seconds = self.link.weights(step)
         self.schedule = Schedule(
@@ -147,6 +152,7 @@ class RemoteRollouts:
         self._check(batch, step)
         batch = self._check_turns(batch, step)
         self.batch_metrics = batch.metrics
+        self.partial = batch.partial
         self.context.sampler.load_state_dict(batch.sampler_state)
         for phase, seconds in batch.seconds.items():
             timer.seconds[phase] = timer.seconds.get(phase, 0.0) + seconds
@@ -175,10 +181,20 @@ class RemoteRollouts:
         self.link.message({"stop": exit_code}, src=0)
 
     def state_dict(self) -> dict | None:
-        return None  # (partial rollouts are colocated only: rlflow/rules/partial.py)
+        """Partial rollouts: the generation replicas' rows in flight after the last batch
+        trained, checkpointed beside the trainer's weights (None without partial rollouts)."""
+        return None if self.partial is None else {"generators": self.partial}
 
     def load_state_dict(self, state: dict | None) -> int:
-        return 0
+        """Take back the generators' rows in flight (sent with the start message); return how
+        many are unfinished."""
+        self.partial = (state or {}).get("generators")
+        return sum(
+            r["finish_reason"] is None
+            for replica in self.partial or ()
+            for g in replica.get("groups", ())
+            for r in g["rows"]
+        )
 
     def _check(self, batch: RolloutBatch, step: int) -> None:
         """The tripwire: rollouts of the wrong step, from weights staler than max_staleness, or
@@ -206,6 +222,9 @@ class RemoteRollouts:
         of the loss. The whole batch on every training rank, so the counts agree."""
         cfg = self.recipe.async_grpo
         newest, oldest = step - 1, step - 1 - cfg.max_staleness
+        partial = self.recipe.generation.partial_rollouts
+        if partial.enabled:  # a continued row's tokens are older by up to its own bound
+            oldest -= partial.max_staleness_steps
         counts = {"async/stale_turns": 0.0, "async/stale_tokens": 0.0}
         worst, groups = 0, []
         for prompt, completions, advantages in batch.groups:
