@@ -349,6 +349,40 @@ def test_a_gym_server_that_never_comes_up_ends_the_start_naming_it(
     assert servers.processes == {} and servers.head is None  # everything it started is gone
 
 
+def test_a_gym_server_that_never_comes_up_on_the_generation_rank_ends_the_job(tmp_path):
+    """Asynchronous GRPO with Gym: the generation rank starts Gym's servers; one that never
+    answers ends the whole job (the trainer waiting for its first batch too) soon after
+    environment.gym.ready_timeout_s, naming the server, and leaves no server process behind."""
+    config = _local_server(tmp_path, "never_up", "import time\ntime.sleep(600)\n")
+    tasks = tmp_path / "tasks.jsonl"
+    row = {"responses_create_params": {"input": [{"role": "user", "content": "hi"}]}}
+    tasks.write_text(json.dumps(row) + "\n")
+    overrides = [
+        f"environment.gym.config_paths=[{config}]", "environment.gym.agent=agent",
+        "environment.gym.resource_servers=[never_up]", f"environment.gym.tasks={tasks}",
+        "environment.gym.ready_timeout_s=3", "generation.placement=separate",
+        "generation.gpus_per_node=1", "async_grpo.max_staleness=1",
+    ]  # fmt: skip
+    run_dir = tmp_path / "run"
+    result = rlflow(
+        "train", str(GYM_TOOL), *QUIET, *overrides, "--nproc", "2", "--run-dir", str(run_dir),
+        cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0
+    generation_log = (run_dir / "logs" / "rank-1.log").read_text()
+    assert "error[gym.not-ready]" in generation_log and "never_up" in generation_log
+    assert "Traceback" not in generation_log
+    server_dir = str(tmp_path / "resources_servers" / "never_up")
+    assert not [p for p in Path("/proc").glob("[0-9]*") if _cwd(p) == server_dir]
+
+
+def _cwd(process: Path) -> str | None:
+    try:
+        return os.readlink(process / "cwd")
+    except OSError:
+        return None
+
+
 def _free_port() -> int:
     import socket
 
