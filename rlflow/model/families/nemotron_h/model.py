@@ -239,6 +239,15 @@ def local_hybrid_stack_spec(config=None):
         submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
     )
     grouped = getattr(config, "rlflow_grouped_experts", True)
+
+    def mlp_layer(module, mlp):  # the MLP and the MoE layers: a pre-norm MLP with a residual
+        return ModuleSpec(
+            module=module,
+            submodules=TransformerLayerSubmodules(
+                pre_mlp_layernorm=LNImpl, mlp=mlp, mlp_bda=get_bias_dropout_add
+            ),
+        )
+
     return ModuleSpec(
         module=HybridStack,
         submodules=HybridStackSubmodules(
@@ -256,20 +265,8 @@ def local_hybrid_stack_spec(config=None):
                     self_attn_bda=get_bias_dropout_add,
                 ),
             ),
-            mlp_layer=ModuleSpec(
-                module=MLPLayer,
-                submodules=TransformerLayerSubmodules(
-                    pre_mlp_layernorm=LNImpl, mlp=mlp, mlp_bda=get_bias_dropout_add
-                ),
-            ),
-            moe_layer=ModuleSpec(
-                module=MoETransformerLayer,
-                submodules=TransformerLayerSubmodules(
-                    pre_mlp_layernorm=LNImpl,
-                    mlp=moe_layer_spec(grouped),
-                    mlp_bda=get_bias_dropout_add,
-                ),
-            ),
+            mlp_layer=mlp_layer(MLPLayer, mlp),
+            moe_layer=mlp_layer(MoETransformerLayer, moe_layer_spec(grouped)),
         ),
     )
 
