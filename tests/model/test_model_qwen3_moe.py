@@ -9,44 +9,17 @@ import torch
 
 from rlflow.model.forward import policy_logits
 from rlflow.model.media import Media
-from tests.tiny import FP32, SINGLE
-
-QUESTIONS = [
-    "How many red squares are there?",
-    "Count.",
-    "A picture shows a large blue triangle and a small red circle. How many circles?",
-]
+from tests.tiny import packed_logprobs, policy_and_hf, right_padded
 
 
 @pytest.fixture(scope="module")
 def moe_model(single_rank, tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    from rlflow.model.build import load_policy
     from rlflow.model.families.qwen3_moe import write_tiny_qwen3_moe
 
     path = write_tiny_qwen3_moe(tmp_path_factory.mktemp("qwen3moe"), seed=0, lm_head_scale=8.0)
-    policy = load_policy(path, FP32, SINGLE, trainable=False)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    rows = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
-        )
-        for q in QUESTIONS
-    ]
-    rows = [list(r["input_ids"] if hasattr(r, "keys") else r) for r in rows]
-    return policy, tokenizer, hf, rows
-
-
-def _padded(rows, pad):
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad)
-    mask = torch.zeros(ids.shape, dtype=torch.bool)
-    for i, row in enumerate(rows):  # right padding, as the trainer's batches are
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = True
-    return ids, mask
+    return policy_and_hf(path, AutoModelForCausalLM)
 
 
 def test_the_experts_are_grouped_and_share_one_weight_block(moe_model):
@@ -60,16 +33,13 @@ def test_the_experts_are_grouped_and_share_one_weight_block(moe_model):
 
 
 def test_padded_and_packed_logprobs_match_hf(moe_model):
-    from rlflow.model.packed_forward import pack_rows, target_logprobs
-
     policy, tokenizer, hf, rows = moe_model
-    ids, mask = _padded(rows, tokenizer.pad_token_id)
+    ids, mask = right_padded(rows, tokenizer.pad_token_id)
     with torch.no_grad():
         ours = policy_logits(policy.core, ids, mask, Media())
         ref = hf(input_ids=ids, attention_mask=mask.long()).logits
         targets = mask[:, 1:] & mask[:, :-1]
-        packed = pack_rows(policy.core, ids, mask, mask, targets, [Media()] * len(rows))
-        packed_lp, _ = target_logprobs(policy.core, packed, (None, None), with_entropy=False)
+        packed_lp = packed_logprobs(policy, ids, mask, targets)
     assert (ours[mask] - ref[mask]).abs().max() < 1e-4
     ref_lp = torch.log_softmax(ref[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0][targets]
     assert (packed_lp - ref_lp).abs().max() < 1e-4
