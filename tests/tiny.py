@@ -122,6 +122,30 @@ def policy_and_hf(path, hf_class):
     return policy, tokenizer, hf, rows
 
 
+def text_prompts(tokenizer) -> list:
+    """QUESTIONS as text-only Prompts (sample ids text-0, text-1, text-2)."""
+    return [text_prompt(tokenizer, q, f"text-{i}") for i, q in enumerate(QUESTIONS)]
+
+
+def full_forward_greedy_equals_hf(policy, hf, row, n: int, pad: int) -> None:
+    """Asserts the policy's `n` greedy tokens after `row`, each from a full forward over the
+    sequence so far, are HF generate's."""
+    import torch
+
+    from rlflow.model.forward import policy_logits
+    from rlflow.model.media import Media
+
+    with torch.no_grad():
+        ids = torch.tensor([row])
+        ref = hf.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=pad)
+        ours = list(row)
+        for _ in range(n):
+            mask = torch.ones(1, len(ours), dtype=torch.bool)
+            logits = policy_logits(policy.core, torch.tensor([ours]), mask, Media())
+            ours.append(int(logits[0, -1].argmax()))
+    assert ours[len(row) :] == ref[0, len(row) :].tolist()
+
+
 def right_padded(rows, pad: int):
     """Token id rows -> ids [B, T] and mask [B, T] (bool), right-padded as the trainer's
     batches are."""

@@ -12,21 +12,20 @@ import pytest
 import torch
 
 from tests.tiny import (
-    QUESTIONS,
     completion_rows,
     greedy,
     greedy_batch_equals_hf,
     megatron_generation,
     packed_logprobs,
     prefill_sharing_changes_nothing,
-    text_prompt,
+    text_prompts,
 )
 
 
 @pytest.fixture(scope="module")
 def hybrid(hybrid_policy):
     policy, tokenizer, _ = hybrid_policy
-    prompts = [text_prompt(tokenizer, q, f"text-{i}") for i, q in enumerate(QUESTIONS)]
+    prompts = text_prompts(tokenizer)
     return policy, tokenizer, prompts
 
 

@@ -18,7 +18,6 @@ import torch
 
 from rlflow.model.media import Media
 from tests.tiny import (
-    QUESTIONS,
     completion_rows,
     frozen_policy,
     greedy,
@@ -26,7 +25,7 @@ from tests.tiny import (
     megatron_generation,
     packed_logprobs,
     prefill_sharing_changes_nothing,
-    text_prompt,
+    text_prompts,
     token_ids,
 )
 
@@ -36,7 +35,7 @@ MOE_LAYERS = (1, 3)  # the `E`s of `ME*E-`
 @pytest.fixture(scope="module")
 def hybrid_moe(single_rank, family_ckpt):
     policy, tokenizer = frozen_policy(family_ckpt("tiny-nemotron-h-moe"))
-    prompts = [text_prompt(tokenizer, q, f"text-{i}") for i, q in enumerate(QUESTIONS)]
+    prompts = text_prompts(tokenizer)
     return policy, tokenizer, prompts
 
 
@@ -140,7 +139,7 @@ def _ep_rank(rank: int, checkpoint: str, out: str, port: int) -> None:
     parallel.init_parallel(layout, seed=1, timeout_s=timeout_s, placement=None)
     policy = load_policy(Path(checkpoint), FP32, layout, trainable=False)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    prompts = [text_prompt(tokenizer, q, f"text-{i}") for i, q in enumerate(QUESTIONS)]
+    prompts = text_prompts(tokenizer)
     engine = megatron_generation(policy, tokenizer.pad_token_id)
     rows = [prompts[i] for i in EP_SHARES[rank]]
     completions = engine.generate(rows, greedy(16, tokenizer.eos_token_id))

@@ -9,7 +9,7 @@ import torch
 
 from rlflow.model.forward import policy_logits
 from rlflow.model.media import Media
-from tests.tiny import packed_logprobs, policy_and_hf, right_padded
+from tests.tiny import full_forward_greedy_equals_hf, packed_logprobs, policy_and_hf, right_padded
 
 
 @pytest.fixture(scope="module")
@@ -48,17 +48,7 @@ def test_padded_and_packed_logprobs_match_hf(moe_model):
 def test_greedy_tokens_match_hf(moe_model):
     policy, tokenizer, hf, rows = moe_model
     for row in rows:
-        ids = torch.tensor([row])
-        with torch.no_grad():
-            ref = hf.generate(
-                ids, max_new_tokens=10, do_sample=False, pad_token_id=tokenizer.pad_token_id
-            )[0, len(row) :].tolist()
-            ours = list(row)
-            for _ in range(10):  # the full forward, one token at a time
-                mask = torch.ones(1, len(ours), dtype=torch.bool)
-                logits = policy_logits(policy.core, torch.tensor([ours]), mask, Media())
-                ours.append(int(logits[0, -1].argmax()))
-        assert ours[len(row) :] == ref
+        full_forward_greedy_equals_hf(policy, hf, row, 10, tokenizer.pad_token_id)
 
 
 def test_hf_round_trip_is_exact(moe_model):
