@@ -40,10 +40,33 @@ def base_recipe():
 
 def init_single_rank(seed: int = 1):
     """torch.distributed (gloo, world 1) + megatron parallel state, with base.yaml's timeout."""
+    return init_layout(SINGLE, seed)
+
+
+def init_layout(layout: ParallelismConfig, seed: int = 1):
+    """torch.distributed + megatron parallel state of `layout`, with base.yaml's timeout."""
     from rlflow import parallel
 
     timeout_s = base_recipe().watchdog.collective_timeout_s
-    return parallel.init_parallel(SINGLE, seed=seed, timeout_s=timeout_s, placement=None)
+    return parallel.init_parallel(layout, seed=seed, timeout_s=timeout_s, placement=None)
+
+
+def spawned_rank(rank: int, world: int, port: int) -> None:
+    """First thing in a rank that torch.multiprocessing started: its torch.distributed
+    environment (`world` ranks on this machine, meeting at `port`), one CPU thread, quiet
+    library logs. `init_layout` then joins the ranks."""
+    import os
+
+    import torch
+
+    from rlflow.compat import library_logs
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    library_logs.quiet()
 
 
 def megatron_generation(policy, pad_token_id: int, **changes):

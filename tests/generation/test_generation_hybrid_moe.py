@@ -9,7 +9,6 @@ holding every expert generates."""
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from pathlib import Path
 
@@ -22,9 +21,11 @@ from tests.tiny import (
     frozen_policy,
     greedy,
     greedy_batch_equals_hf,
+    init_layout,
     megatron_generation,
     packed_logprobs,
     prefill_sharing_changes_nothing,
+    spawned_rank,
     text_prompts,
     token_ids,
 )
@@ -120,23 +121,16 @@ EP_SHARES = ([0, 0], [1, 2, 2])  # each EP rank's rows (question indices): unequ
 
 
 def _ep_rank(rank: int, checkpoint: str, out: str, port: int) -> None:
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-    )  # fmt: skip
-    torch.set_num_threads(1)
+    spawned_rank(rank, 2, port)
     from transformers import AutoTokenizer
 
     from rlflow import parallel
-    from rlflow.compat import library_logs
     from rlflow.model.build import load_policy
     from rlflow.recipe.schema import ParallelismConfig
-    from tests.tiny import FP32, base_recipe
+    from tests.tiny import FP32
 
-    library_logs.quiet()
     layout = ParallelismConfig(1, 1, 1, 2, "off")
-    timeout_s = base_recipe().watchdog.collective_timeout_s
-    parallel.init_parallel(layout, seed=1, timeout_s=timeout_s, placement=None)
+    init_layout(layout)
     policy = load_policy(Path(checkpoint), FP32, layout, trainable=False)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     prompts = text_prompts(tokenizer)
