@@ -205,6 +205,28 @@ def packed_logprobs(policy, ids, mask, targets):
     return target_logprobs(policy.core, packed, (None, None), with_entropy=False)[0]
 
 
+def logprobs_against_hf(policy, hf, ids, mask):
+    """Right-padded text rows through the policy's padded forward, its packed forward and HF:
+    asserts the padded logits are HF's (within 1e-4) at real tokens; returns the logprobs of
+    every next real token, (packed trainer's, HF's, padded policy's)."""
+    import torch
+
+    from rlflow.model.forward import policy_logits
+    from rlflow.model.media import Media
+
+    targets = mask[:, 1:] & mask[:, :-1]
+    with torch.no_grad():
+        ours = policy_logits(policy.core, ids, mask, Media())
+        ref = hf(input_ids=ids, attention_mask=mask.long()).logits
+        packed_lp = packed_logprobs(policy, ids, mask, targets)
+    assert (ours[mask] - ref[mask]).abs().max() < 1e-4
+
+    def next_tokens(logits):
+        return torch.log_softmax(logits[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0][targets]
+
+    return packed_lp, next_tokens(ref), next_tokens(ours)
+
+
 def token_ids(completions) -> list[list[int]]:
     return [c.token_ids for c in completions]
 

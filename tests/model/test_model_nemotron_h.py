@@ -8,9 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlflow.model.forward import policy_logits
-from rlflow.model.media import Media
-from tests.tiny import full_forward_greedy_equals_hf, packed_logprobs, policy_and_hf, right_padded
+from tests.tiny import (
+    full_forward_greedy_equals_hf,
+    logprobs_against_hf,
+    policy_and_hf,
+    right_padded,
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,14 +37,7 @@ def test_the_model_is_megatron_cores_hybrid_on_the_reference_kernels(hybrid):
 def test_padded_and_packed_logprobs_match_hf(hybrid):
     policy, tokenizer, hf, rows = hybrid
     ids, mask = right_padded(rows, tokenizer.pad_token_id)
-    with torch.no_grad():
-        ours = policy_logits(policy.core, ids, mask, Media())
-        ref = hf(input_ids=ids, attention_mask=mask.long()).logits
-        targets = mask[:, 1:] & mask[:, :-1]
-        packed_lp = packed_logprobs(policy, ids, mask, targets)
-    assert (ours[mask] - ref[mask]).abs().max() < 1e-4
-    ref_lp = torch.log_softmax(ref[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0][targets]
-    padded_lp = torch.log_softmax(ours[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0][targets]
+    packed_lp, ref_lp, padded_lp = logprobs_against_hf(policy, hf, ids, mask)
     # the trainer's token_mult_prob_error: exp of the mean |logprob difference|
     assert float(torch.exp((packed_lp - ref_lp).abs().mean())) < 1.0 + 1e-5
     assert (packed_lp - ref_lp).abs().max() < 1e-4

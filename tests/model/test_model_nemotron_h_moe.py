@@ -12,9 +12,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlflow.model.forward import policy_logits
-from rlflow.model.media import Media
-from tests.tiny import FP32, SINGLE, packed_logprobs, policy_and_hf, right_padded
+from tests.tiny import (
+    FP32,
+    SINGLE,
+    logprobs_against_hf,
+    packed_logprobs,
+    policy_and_hf,
+    right_padded,
+)
 
 MOE_LAYERS = (1, 3)  # the `E`s of `ME*E-`
 
@@ -57,13 +62,7 @@ def test_moe_layers_are_megatron_cores_with_grouped_squared_relu_experts(moe_hyb
 
 def test_padded_and_packed_logprobs_match_hf(moe_hybrid):
     policy, hf, ids, mask = moe_hybrid
-    with torch.no_grad():
-        ours = policy_logits(policy.core, ids, mask, Media())
-        ref, ref_lp = _hf_logprobs(hf, ids, mask)
-        packed_lp = _packed_logprobs(policy, ids, mask)
-    assert (ours[mask] - ref[mask]).abs().max() < 1e-4
-    padded_lp = torch.log_softmax(ours[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0]
-    padded_lp = padded_lp[mask[:, 1:] & mask[:, :-1]]
+    packed_lp, ref_lp, padded_lp = logprobs_against_hf(policy, hf, ids, mask)
     assert float(torch.exp((packed_lp - ref_lp).abs().mean())) < 1.0 + 1e-5
     assert (packed_lp - ref_lp).abs().max() < 1e-4
     assert (packed_lp - padded_lp).abs().max() < 1e-5

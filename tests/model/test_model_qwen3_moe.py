@@ -7,9 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlflow.model.forward import policy_logits
-from rlflow.model.media import Media
-from tests.tiny import full_forward_greedy_equals_hf, packed_logprobs, policy_and_hf, right_padded
+from tests.tiny import (
+    full_forward_greedy_equals_hf,
+    logprobs_against_hf,
+    policy_and_hf,
+    right_padded,
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +38,7 @@ def test_the_experts_are_grouped_and_share_one_weight_block(moe_model):
 def test_padded_and_packed_logprobs_match_hf(moe_model):
     policy, tokenizer, hf, rows = moe_model
     ids, mask = right_padded(rows, tokenizer.pad_token_id)
-    with torch.no_grad():
-        ours = policy_logits(policy.core, ids, mask, Media())
-        ref = hf(input_ids=ids, attention_mask=mask.long()).logits
-        targets = mask[:, 1:] & mask[:, :-1]
-        packed_lp = packed_logprobs(policy, ids, mask, targets)
-    assert (ours[mask] - ref[mask]).abs().max() < 1e-4
-    ref_lp = torch.log_softmax(ref[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0][targets]
+    packed_lp, ref_lp, _ = logprobs_against_hf(policy, hf, ids, mask)
     assert (packed_lp - ref_lp).abs().max() < 1e-4
 
 
