@@ -61,14 +61,10 @@ def tiny_policy(single_rank, tiny_ckpt):
 def hybrid_policy(single_rank, family_ckpt):
     """(policy, tokenizer, checkpoint) of the tiny Nemotron-H (Mamba-2 + attention + MLP), fp32,
     frozen: the generation engine's and the server's hybrid tests share it."""
-    from transformers import AutoTokenizer
-
-    from rlflow.model.build import load_policy
-    from tests.tiny import FP32, SINGLE
+    from tests.tiny import frozen_policy
 
     path = family_ckpt("tiny-nemotron-h")
-    policy = load_policy(path, FP32, SINGLE, trainable=False)
-    return policy, AutoTokenizer.from_pretrained(str(path)), path
+    return (*frozen_policy(path), path)
 
 
 @pytest.fixture(scope="session")

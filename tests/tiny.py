@@ -40,10 +40,33 @@ def base_recipe():
 
 def init_single_rank(seed: int = 1):
     """torch.distributed (gloo, world 1) + megatron parallel state, with base.yaml's timeout."""
+    return init_layout(SINGLE, seed)
+
+
+def init_layout(layout: ParallelismConfig, seed: int = 1):
+    """torch.distributed + megatron parallel state of `layout`, with base.yaml's timeout."""
     from rlflow import parallel
 
     timeout_s = base_recipe().watchdog.collective_timeout_s
-    return parallel.init_parallel(SINGLE, seed=seed, timeout_s=timeout_s, placement=None)
+    return parallel.init_parallel(layout, seed=seed, timeout_s=timeout_s, placement=None)
+
+
+def spawned_rank(rank: int, world: int, port: int) -> None:
+    """First thing in a rank that torch.multiprocessing started: its torch.distributed
+    environment (`world` ranks on this machine, meeting at `port`), one CPU thread, quiet
+    library logs. `init_layout` then joins the ranks."""
+    import os
+
+    import torch
+
+    from rlflow.compat import library_logs
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    library_logs.quiet()
 
 
 def megatron_generation(policy, pad_token_id: int, **changes):
@@ -90,6 +113,167 @@ def text_prompt(tokenizer, question: str, sample_id: str = "text"):
     )
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     return Prompt(sample_id, question, tuple(ids), Media())
+
+
+# Text questions of different lengths: the hybrid and MoE model and engine tests' batch
+QUESTIONS = [
+    "How many red squares are there?",
+    "Count.",
+    "A picture shows a large blue triangle and a small red circle. How many circles?",
+]
+
+
+def frozen_policy(path):
+    """(policy, tokenizer) of a checkpoint: its frozen Megatron policy (fp32, one rank; call it
+    under the `single_rank` fixture) and its tokenizer."""
+    from transformers import AutoTokenizer
+
+    from rlflow.model.build import load_policy
+
+    policy = load_policy(path, FP32, SINGLE, trainable=False)
+    return policy, AutoTokenizer.from_pretrained(str(path))
+
+
+def policy_and_hf(path, hf_class):
+    """(policy, tokenizer, hf, rows) of a text checkpoint: `frozen_policy`'s two, HF's model
+    (`hf_class`, fp32, eval) and QUESTIONS' chat-template token ids."""
+    import torch
+
+    policy, tokenizer = frozen_policy(path)
+    hf = hf_class.from_pretrained(str(path), dtype=torch.float32).eval()
+    rows = [list(text_prompt(tokenizer, q).token_ids) for q in QUESTIONS]
+    return policy, tokenizer, hf, rows
+
+
+def text_prompts(tokenizer) -> list:
+    """QUESTIONS as text-only Prompts (sample ids text-0, text-1, text-2)."""
+    return [text_prompt(tokenizer, q, f"text-{i}") for i, q in enumerate(QUESTIONS)]
+
+
+def full_forward_greedy_equals_hf(policy, hf, row, n: int, pad: int) -> None:
+    """Asserts the policy's `n` greedy tokens after `row`, each from a full forward over the
+    sequence so far, are HF generate's."""
+    import torch
+
+    from rlflow.model.forward import policy_logits
+    from rlflow.model.media import Media
+
+    with torch.no_grad():
+        ids = torch.tensor([row])
+        ref = hf.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=pad)
+        ours = list(row)
+        for _ in range(n):
+            mask = torch.ones(1, len(ours), dtype=torch.bool)
+            logits = policy_logits(policy.core, torch.tensor([ours]), mask, Media())
+            ours.append(int(logits[0, -1].argmax()))
+    assert ours[len(row) :] == ref[0, len(row) :].tolist()
+
+
+def right_padded(rows, pad: int):
+    """Token id rows -> ids [B, T] and mask [B, T] (bool), right-padded as the trainer's
+    batches are."""
+    import torch
+
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad)
+    mask = torch.zeros(ids.shape, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = True
+    return ids, mask
+
+
+def completion_rows(prompts, completions, pad: int):
+    """Right-padded prompt + completion rows: ids, mask, targets [B, T - 1] (the completion's
+    tokens)."""
+    import torch
+
+    sequences = [list(p.token_ids) + c.token_ids for p, c in zip(prompts, completions)]
+    ids, mask = right_padded(sequences, pad)
+    targets = torch.zeros(len(sequences), ids.shape[1] - 1, dtype=torch.bool)
+    for i, (row, prompt) in enumerate(zip(sequences, prompts)):
+        targets[i, len(prompt.token_ids) - 1 : len(row) - 1] = True
+    return ids, mask, targets
+
+
+def packed_logprobs(policy, ids, mask, targets):
+    """The trainer's packed forward over text rows: the logprobs of the `targets` tokens."""
+    from rlflow.model.media import Media
+    from rlflow.model.packed_forward import pack_rows, target_logprobs
+
+    packed = pack_rows(policy.core, ids, mask, mask, targets, [Media()] * ids.shape[0])
+    return target_logprobs(policy.core, packed, (None, None), with_entropy=False)[0]
+
+
+def logprobs_against_hf(policy, hf, ids, mask):
+    """Right-padded text rows through the policy's padded forward, its packed forward and HF:
+    asserts the padded logits are HF's (within 1e-4) at real tokens; returns the logprobs of
+    every next real token, (packed trainer's, HF's, padded policy's)."""
+    import torch
+
+    from rlflow.model.forward import policy_logits
+    from rlflow.model.media import Media
+
+    targets = mask[:, 1:] & mask[:, :-1]
+    with torch.no_grad():
+        ours = policy_logits(policy.core, ids, mask, Media())
+        ref = hf(input_ids=ids, attention_mask=mask.long()).logits
+        packed_lp = packed_logprobs(policy, ids, mask, targets)
+    assert (ours[mask] - ref[mask]).abs().max() < 1e-4
+
+    def next_tokens(logits):
+        return torch.log_softmax(logits[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0][targets]
+
+    return packed_lp, next_tokens(ref), next_tokens(ours)
+
+
+def token_ids(completions) -> list[list[int]]:
+    return [c.token_ids for c in completions]
+
+
+def greedy_batch_equals_hf(engine, policy, tokenizer, prompts):
+    """Prompts of different lengths, 2 samples of two of them (rows 0, 0, 1, 2, 2), in one
+    batch: asserts each row's 64 greedy tokens are HF's for its prompt and its logprobs HF's.
+    Returns (rows, the engine's completions)."""
+    from rlflow.generation.hf import HFGeneration
+
+    params = greedy(64, tokenizer.eos_token_id)
+    rows = [prompts[0], prompts[0], prompts[1], prompts[2], prompts[2]]
+    ours = engine.generate(rows, params)
+    hf = HFGeneration(policy, tokenizer.pad_token_id, 8).generate(prompts, params)
+    ref = [hf[0], hf[0], hf[1], hf[2], hf[2]]
+    assert token_ids(ours) == token_ids(ref)
+    assert all(len(c.token_ids) == 64 for c in ours)
+    for a, b in zip(ours, ref):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    return rows, ours
+
+
+def prefill_sharing_changes_nothing(make_engine, prompts, *, routing: bool = False) -> None:
+    """T=1 sampling (a row's draws depend on its seed only), 3 samples of prompts[2] and 2 of
+    prompts[1]: asserts that sharing each prompt's prefill equals prefilling every row alone,
+    and that a cache so small (3 blocks of 64 tokens) that the rows run in several passes, some
+    preempted mid-generation, changes no row's tokens or logprobs (nor, with `routing`, its
+    recorded experts). `make_engine(**changes)`: the engine under test."""
+    import torch
+
+    from rlflow.generation.base import SamplingParams
+
+    rows = [prompts[2]] * 3 + [prompts[1]] * 2
+    params = SamplingParams(24, 1.0, 1.0, 0, seed=5, stop_token_ids=(-1,), ignore_eos=True)
+    first = make_engine().generate(rows, params)
+    shared = token_ids(first)
+    assert len({tuple(t) for t in shared[:3]}) > 1  # samples, not copies
+    unshared = make_engine(share_prompts=False).generate(rows, params)
+    small = make_engine(cache_tokens=192)
+    passes = small.generate(rows, params)
+    for other in (unshared, passes):
+        assert token_ids(other) == shared
+        for a, b in zip(first, other):
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+            if routing:
+                assert torch.equal(a.routing, b.routing)
+    assert small.last_timings["passes"] > 1 and small.last_timings["preempted"] > 0
 
 
 def make_prompt(

@@ -180,8 +180,8 @@ def vision_config(sizes, *, patch_size: int, **family_keys) -> dict:
 
 
 def language_config(sizes: LanguageSizes, tokens: int) -> dict:
-    """A Qwen language model's sizes in an HF config (`tokens`: the tokenizer's length, a floor
-    for the vocabulary)."""
+    """A language model's sizes in an HF config's keys (`tokens`: the tokenizer's length, a
+    floor for the vocabulary)."""
     return dict(
         vocab_size=max(sizes.vocab_size, tokens),
         hidden_size=sizes.hidden,

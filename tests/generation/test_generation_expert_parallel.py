@@ -19,13 +19,12 @@ ranks would (EP without TP; EP 2 with data parallelism), so that case is not run
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.tiny import FP32
+from tests.tiny import FP32, init_layout, spawned_rank
 
 QUESTIONS = [
     "How many red squares are there?",
@@ -107,21 +106,12 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
 
 
 def _rank(rank: int, world: int, tp: int, ep: int, checkpoint: str, out: str, port: int):
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-    )  # fmt: skip
-    torch.set_num_threads(1)
+    spawned_rank(rank, world, port)
     from rlflow import parallel
-    from rlflow.compat import library_logs
     from rlflow.recipe.schema import ParallelismConfig
-    from tests.tiny import base_recipe
 
-    library_logs.quiet()
     parallel_cfg = ParallelismConfig(tp, 1, 1, ep, "off")
-    parallel.init_parallel(
-        parallel_cfg, seed=1, timeout_s=base_recipe().watchdog.collective_timeout_s, placement=None
-    )
+    init_layout(parallel_cfg)
     result = cycle(Path(checkpoint), parallel_cfg)
     if rank == 0:
         torch.save(result, out)

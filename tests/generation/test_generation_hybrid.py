@@ -6,24 +6,26 @@ a time; a slot given back and given again starts from zeros."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
-from rlflow.generation.base import SamplingParams
-from rlflow.model.media import Media
-from tests.tiny import greedy, megatron_generation, text_prompt
-
-QUESTIONS = [
-    "How many red squares are there?",
-    "Count.",
-    "A picture shows a large blue triangle and a small red circle. How many circles?",
-]
+from tests.tiny import (
+    completion_rows,
+    greedy,
+    greedy_batch_equals_hf,
+    megatron_generation,
+    packed_logprobs,
+    prefill_sharing_changes_nothing,
+    text_prompts,
+)
 
 
 @pytest.fixture(scope="module")
 def hybrid(hybrid_policy):
     policy, tokenizer, _ = hybrid_policy
-    prompts = [text_prompt(tokenizer, q, f"text-{i}") for i, q in enumerate(QUESTIONS)]
+    prompts = text_prompts(tokenizer)
     return policy, tokenizer, prompts
 
 
@@ -32,44 +34,20 @@ def _engine(hybrid, **changes):
     return megatron_generation(policy, tokenizer.pad_token_id, **changes)
 
 
-def _tokens(completions) -> list[list[int]]:
-    return [c.token_ids for c in completions]
-
-
 def test_greedy_rows_equal_hf_for_64_tokens_and_the_trainers_logprobs(hybrid):
     """Prompts of different lengths, 2 samples of two of them, in one batch: each row's 64 greedy
     tokens are HF's for its prompt, its logprobs HF's and the packed trainer's; a row run alone
     draws what it draws in the batch."""
-    from rlflow.generation.hf import HFGeneration
-    from rlflow.model.packed_forward import pack_rows, target_logprobs
-
     policy, tokenizer, prompts = hybrid
-    params = greedy(64, tokenizer.eos_token_id)
-    rows = [prompts[0], prompts[0], prompts[1], prompts[2], prompts[2]]
     engine = _engine(hybrid)
-    ours = engine.generate(rows, params)
-    hf = HFGeneration(policy, tokenizer.pad_token_id, 8).generate(prompts, params)
-    ref = [hf[0], hf[0], hf[1], hf[2], hf[2]]
-    assert _tokens(ours) == _tokens(ref)
-    assert all(len(c.token_ids) == 64 for c in ours)
-    for a, b in zip(ours, ref):
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    _, ours = greedy_batch_equals_hf(engine, policy, tokenizer, prompts)
     [alone] = engine.generate([prompts[1]], greedy(16, tokenizer.eos_token_id))
     assert alone.token_ids == ours[2].token_ids[:16]
     # the trainer's packed forward over prompt + completion scores the same logprobs
     unique = [ours[0], ours[2], ours[3]]
-    sequences = [list(p.token_ids) + c.token_ids for p, c in zip(prompts, unique)]
-    width = max(len(r) for r in sequences)
-    ids = torch.full((len(sequences), width), tokenizer.pad_token_id)
-    mask = torch.zeros(ids.shape, dtype=torch.bool)
-    targets = torch.zeros(len(sequences), width - 1, dtype=torch.bool)
-    for i, (row, prompt) in enumerate(zip(sequences, prompts)):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = True
-        targets[i, len(prompt.token_ids) - 1 : len(row) - 1] = True
+    ids, mask, targets = completion_rows(prompts, unique, tokenizer.pad_token_id)
     with torch.no_grad():
-        packed = pack_rows(policy.core, ids, mask, mask, targets, [Media()] * len(sequences))
-        trainer, _ = target_logprobs(policy.core, packed, (None, None), with_entropy=False)
+        trainer = packed_logprobs(policy, ids, mask, targets)
     engine_lp = torch.tensor([x for c in unique for x in c.logprobs])
     assert (trainer - engine_lp).abs().max() < 1e-4
     assert float(torch.exp((trainer - engine_lp).abs().mean())) < 1.0 + 1e-5
@@ -80,20 +58,8 @@ def test_shared_prefill_and_reused_slots_never_change_a_rows_tokens(hybrid):
     prompt's prefill (its Mamba states copied to its samples) equals prefilling every row
     alone; a KV cache so small that the rows run in several passes (each taking the state
     slots the last one gave back) and some are preempted mid-generation changes nothing."""
-    _, _, prompts = hybrid
-    rows = [prompts[2]] * 3 + [prompts[1]] * 2  # 43 and 26 prompt tokens: 24 more cross a block
-    params = SamplingParams(24, 1.0, 1.0, 0, seed=5, stop_token_ids=(-1,), ignore_eos=True)
-    first = _engine(hybrid).generate(rows, params)
-    shared = _tokens(first)
-    assert len({tuple(t) for t in shared[:3]}) > 1  # samples, not copies
-    unshared = _engine(hybrid, share_prompts=False).generate(rows, params)
-    small = _engine(hybrid, cache_tokens=192)  # 3 blocks of 64 tokens
-    passes = small.generate(rows, params)
-    for other in (unshared, passes):
-        assert _tokens(other) == shared
-        for a, b in zip(first, other):
-            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
-    assert small.last_timings["passes"] > 1 and small.last_timings["preempted"] > 0
+    _, _, prompts = hybrid  # prompts 2 and 1: 43 and 26 tokens, so 24 more cross a block
+    prefill_sharing_changes_nothing(partial(_engine, hybrid), prompts)
 
 
 def test_a_released_slot_is_given_again_zeroed():

@@ -9,35 +9,34 @@ holding every expert generates."""
 
 from __future__ import annotations
 
-import os
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlflow.generation.base import SamplingParams
 from rlflow.model.media import Media
-from tests.tiny import greedy, megatron_generation, text_prompt
+from tests.tiny import (
+    completion_rows,
+    frozen_policy,
+    greedy,
+    greedy_batch_equals_hf,
+    init_layout,
+    megatron_generation,
+    packed_logprobs,
+    prefill_sharing_changes_nothing,
+    spawned_rank,
+    text_prompts,
+    token_ids,
+)
 
-QUESTIONS = [
-    "How many red squares are there?",
-    "Count.",
-    "A picture shows a large blue triangle and a small red circle. How many circles?",
-]
 MOE_LAYERS = (1, 3)  # the `E`s of `ME*E-`
 
 
 @pytest.fixture(scope="module")
 def hybrid_moe(single_rank, family_ckpt):
-    from transformers import AutoTokenizer
-
-    from rlflow.model.build import load_policy
-    from tests.tiny import FP32, SINGLE
-
-    path = family_ckpt("tiny-nemotron-h-moe")
-    policy = load_policy(path, FP32, SINGLE, trainable=False)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    prompts = [text_prompt(tokenizer, q, f"text-{i}") for i, q in enumerate(QUESTIONS)]
+    policy, tokenizer = frozen_policy(family_ckpt("tiny-nemotron-h-moe"))
+    prompts = text_prompts(tokenizer)
     return policy, tokenizer, prompts
 
 
@@ -46,55 +45,26 @@ def _engine(hybrid_moe, **changes):
     return megatron_generation(policy, tokenizer.pad_token_id, **changes)
 
 
-def _tokens(completions) -> list[list[int]]:
-    return [c.token_ids for c in completions]
-
-
-def _rows_of(prompts, completions, pad: int):
-    """Right-padded prompt + completion rows: ids, mask, targets (the completion's tokens)."""
-    sequences = [list(p.token_ids) + c.token_ids for p, c in zip(prompts, completions)]
-    width = max(len(r) for r in sequences)
-    ids = torch.full((len(sequences), width), pad)
-    mask = torch.zeros(ids.shape, dtype=torch.bool)
-    targets = torch.zeros(len(sequences), width - 1, dtype=torch.bool)
-    for i, (row, prompt) in enumerate(zip(sequences, prompts)):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = True
-        targets[i, len(prompt.token_ids) - 1 : len(row) - 1] = True
-    return ids, mask, targets
-
-
 def test_greedy_equals_hf_for_64_tokens_and_the_trainers_logprobs_and_routing(hybrid_moe):
     """Prompts of different lengths, 2 samples of two of them, in one batch: each row's 64 greedy
     tokens are HF's, its logprobs HF's, the packed and the padded trainer's; the recorded experts
     are -1 outside the MoE layers and the trainer's own choice in them (agreement 1); with a stop
     token some rows draw, those rows end there and the others draw what they drew."""
-    from rlflow.generation.hf import HFGeneration
     from rlflow.model.forward import policy_logits
     from rlflow.model.moe import routing
-    from rlflow.model.packed_forward import pack_rows, target_logprobs
     from rlflow.train.rollouts import build_train_batch
     from rlflow.train.update import Batching, rollout_logprobs
 
     policy, tokenizer, prompts = hybrid_moe
-    params = greedy(64, tokenizer.eos_token_id)
-    rows = [prompts[0], prompts[0], prompts[1], prompts[2], prompts[2]]
-    ours = _engine(hybrid_moe).generate(rows, params)
-    hf = HFGeneration(policy, tokenizer.pad_token_id, 8).generate(prompts, params)
-    ref = [hf[0], hf[0], hf[1], hf[2], hf[2]]
-    assert _tokens(ours) == _tokens(ref)
-    assert all(len(c.token_ids) == 64 for c in ours)
-    assert len({tuple(t) for t in _tokens(ours)}) == 3  # the prompts' continuations differ
-    for a, b in zip(ours, ref):
-        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    rows, ours = greedy_batch_equals_hf(_engine(hybrid_moe), policy, tokenizer, prompts)
+    assert len({tuple(t) for t in token_ids(ours)}) == 3  # the prompts' continuations differ
 
     # the trainer's forwards over prompt + completion score the same logprobs
     unique = [ours[0], ours[2], ours[3]]
-    ids, mask, targets = _rows_of(prompts, unique, tokenizer.pad_token_id)
+    ids, mask, targets = completion_rows(prompts, unique, tokenizer.pad_token_id)
     engine_lp = torch.tensor([x for c in unique for x in c.logprobs])
     with torch.no_grad():
-        packed = pack_rows(policy.core, ids, mask, mask, targets, [Media()] * len(unique))
-        trainer, _ = target_logprobs(policy.core, packed, (None, None), with_entropy=False)
+        trainer = packed_logprobs(policy, ids, mask, targets)
         logits = policy_logits(policy.core, ids, mask, Media())
     padded = torch.log_softmax(logits[:, :-1].float(), -1).gather(2, ids[:, 1:, None])[..., 0]
     assert (trainer - engine_lp).abs().max() < 1e-4
@@ -122,7 +92,7 @@ def test_greedy_equals_hf_for_64_tokens_and_the_trainers_logprobs_and_routing(hy
         assert routing.step_metrics(policy)["moe/routing_agreement"] == 1.0
 
     # a stop token some rows draw (not all): they retire mid-generation, the rest run on
-    tokens = _tokens(ours)
+    tokens = token_ids(ours)
     counts = {t: sum(t in r[:40] for r in tokens) for r in tokens for t in r[8:40]}
     stop = next(t for t, c in sorted(counts.items()) if 0 < c < len(rows) - 1)
     stopped = _engine(hybrid_moe).generate(
@@ -144,46 +114,26 @@ def test_shared_prefill_and_passes_never_change_a_rows_tokens_or_experts(hybrid_
     another: sharing each prompt's prefill equals prefilling every row alone, and a cache so
     small that the rows run in several passes, some preempted mid-generation, changes nothing."""
     _, _, prompts = hybrid_moe
-    rows = [prompts[2]] * 3 + [prompts[1]] * 2
-    params = SamplingParams(24, 1.0, 1.0, 0, seed=5, stop_token_ids=(-1,), ignore_eos=True)
-    first = _engine(hybrid_moe).generate(rows, params)
-    shared = _tokens(first)
-    assert len({tuple(t) for t in shared[:3]}) > 1  # samples, not copies
-    unshared = _engine(hybrid_moe, share_prompts=False).generate(rows, params)
-    small = _engine(hybrid_moe, cache_tokens=192)  # 3 blocks of 64 tokens
-    passes = small.generate(rows, params)
-    for other in (unshared, passes):
-        assert _tokens(other) == shared
-        for a, b in zip(first, other):
-            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
-            assert torch.equal(a.routing, b.routing)
-    assert small.last_timings["passes"] > 1 and small.last_timings["preempted"] > 0
+    prefill_sharing_changes_nothing(partial(_engine, hybrid_moe), prompts, routing=True)
 
 
 EP_SHARES = ([0, 0], [1, 2, 2])  # each EP rank's rows (question indices): unequal on purpose
 
 
 def _ep_rank(rank: int, checkpoint: str, out: str, port: int) -> None:
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-    )  # fmt: skip
-    torch.set_num_threads(1)
+    spawned_rank(rank, 2, port)
     from transformers import AutoTokenizer
 
     from rlflow import parallel
-    from rlflow.compat import library_logs
     from rlflow.model.build import load_policy
     from rlflow.recipe.schema import ParallelismConfig
-    from tests.tiny import FP32, base_recipe
+    from tests.tiny import FP32
 
-    library_logs.quiet()
     layout = ParallelismConfig(1, 1, 1, 2, "off")
-    timeout_s = base_recipe().watchdog.collective_timeout_s
-    parallel.init_parallel(layout, seed=1, timeout_s=timeout_s, placement=None)
+    init_layout(layout)
     policy = load_policy(Path(checkpoint), FP32, layout, trainable=False)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    prompts = [text_prompt(tokenizer, q, f"text-{i}") for i, q in enumerate(QUESTIONS)]
+    prompts = text_prompts(tokenizer)
     engine = megatron_generation(policy, tokenizer.pad_token_id)
     rows = [prompts[i] for i in EP_SHARES[rank]]
     completions = engine.generate(rows, greedy(16, tokenizer.eos_token_id))

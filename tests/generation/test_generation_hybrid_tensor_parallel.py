@@ -11,19 +11,13 @@ in the engine, prefill and decode)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.tiny import FP32
+from tests.tiny import FP32, QUESTIONS, init_layout, spawned_rank
 
-QUESTIONS = [
-    "How many red squares are there?",
-    "Count.",
-    "A picture shows a large blue triangle and a small red circle. How many circles?",
-]
 TOKENS = 24
 
 
@@ -32,9 +26,7 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
     from transformers import AutoTokenizer
 
     from rlflow.model.build import load_policy
-    from rlflow.model.media import Media
-    from rlflow.model.packed_forward import pack_rows, target_logprobs
-    from tests.tiny import greedy, megatron_generation, text_prompt
+    from tests.tiny import greedy, megatron_generation, packed_logprobs, right_padded, text_prompt
 
     policy = load_policy(checkpoint, FP32, parallel_cfg, trainable=False)
     tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
@@ -43,16 +35,9 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
     engine = megatron_generation(policy, tokenizer.pad_token_id)
     completions = engine.generate(rows, greedy(TOKENS, tokenizer.eos_token_id))
     full = [list(r.token_ids) + list(c.token_ids) for r, c in zip(rows, completions)]
-    width = max(len(r) for r in full)
-    ids = torch.zeros(len(full), width, dtype=torch.long)
-    mask = torch.zeros(ids.shape, dtype=torch.bool)
-    for i, row in enumerate(full):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = True
-    targets = mask[:, 1:] & mask[:, :-1]
-    packed = pack_rows(policy.core, ids, mask, mask, targets, [Media()] * len(full))
+    ids, mask = right_padded(full, 0)
     with torch.no_grad():
-        lp, _ = target_logprobs(policy.core, packed, (None, None), with_entropy=False)
+        lp = packed_logprobs(policy, ids, mask, mask[:, 1:] & mask[:, :-1])
     return {
         "tokens": [c.token_ids for c in completions],
         "logprobs": [c.logprobs for c in completions],
@@ -61,21 +46,12 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
 
 
 def _rank(rank: int, checkpoint: str, out: str, port: int) -> None:
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-    )  # fmt: skip
-    torch.set_num_threads(1)
+    spawned_rank(rank, 2, port)
     from rlflow import parallel
-    from rlflow.compat import library_logs
     from rlflow.recipe.schema import ParallelismConfig
-    from tests.tiny import base_recipe
 
-    library_logs.quiet()
     layout = ParallelismConfig(2, 1, 1, 1, "off")
-    parallel.init_parallel(
-        layout, seed=1, timeout_s=base_recipe().watchdog.collective_timeout_s, placement=None
-    )
+    init_layout(layout)
     result = cycle(Path(checkpoint), layout)
     if rank == 0:
         torch.save(result, out)

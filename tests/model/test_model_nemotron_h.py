@@ -8,45 +8,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlflow.model.forward import policy_logits
-from rlflow.model.media import Media
-from tests.tiny import FP32, SINGLE
-
-QUESTIONS = [
-    "How many red squares are there?",
-    "Count.",
-    "A picture shows a large blue triangle and a small red circle. How many circles?",
-]
+from tests.tiny import (
+    full_forward_greedy_equals_hf,
+    logprobs_against_hf,
+    policy_and_hf,
+    right_padded,
+)
 
 
 @pytest.fixture(scope="module")
 def hybrid(single_rank, family_ckpt):
-    from transformers import AutoTokenizer, NemotronHForCausalLM
+    from transformers import NemotronHForCausalLM
 
-    from rlflow.model.build import load_policy
-
-    path = family_ckpt("tiny-nemotron-h")
-    policy = load_policy(path, FP32, SINGLE, trainable=False)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    hf = NemotronHForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    rows = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
-        )
-        for q in QUESTIONS
-    ]
-    rows = [list(r["input_ids"] if hasattr(r, "keys") else r) for r in rows]
-    return policy, tokenizer, hf, rows
-
-
-def _padded(rows, pad):
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad)
-    mask = torch.zeros(ids.shape, dtype=torch.bool)
-    for i, row in enumerate(rows):  # right padding, as the trainer's batches are
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = True
-    return ids, mask
+    return policy_and_hf(family_ckpt("tiny-nemotron-h"), NemotronHForCausalLM)
 
 
 def test_the_model_is_megatron_cores_hybrid_on_the_reference_kernels(hybrid):
@@ -61,19 +35,9 @@ def test_the_model_is_megatron_cores_hybrid_on_the_reference_kernels(hybrid):
 
 
 def test_padded_and_packed_logprobs_match_hf(hybrid):
-    from rlflow.model.packed_forward import pack_rows, target_logprobs
-
     policy, tokenizer, hf, rows = hybrid
-    ids, mask = _padded(rows, tokenizer.pad_token_id)
-    with torch.no_grad():
-        ours = policy_logits(policy.core, ids, mask, Media())
-        ref = hf(input_ids=ids, attention_mask=mask.long()).logits
-        targets = mask[:, 1:] & mask[:, :-1]
-        packed = pack_rows(policy.core, ids, mask, mask, targets, [Media()] * len(rows))
-        packed_lp, _ = target_logprobs(policy.core, packed, (None, None), with_entropy=False)
-    assert (ours[mask] - ref[mask]).abs().max() < 1e-4
-    ref_lp = torch.log_softmax(ref[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0][targets]
-    padded_lp = torch.log_softmax(ours[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0][targets]
+    ids, mask = right_padded(rows, tokenizer.pad_token_id)
+    packed_lp, ref_lp, padded_lp = logprobs_against_hf(policy, hf, ids, mask)
     # the trainer's token_mult_prob_error: exp of the mean |logprob difference|
     assert float(torch.exp((packed_lp - ref_lp).abs().mean())) < 1.0 + 1e-5
     assert (packed_lp - ref_lp).abs().max() < 1e-4
@@ -82,18 +46,7 @@ def test_padded_and_packed_logprobs_match_hf(hybrid):
 
 def test_greedy_tokens_match_hf(hybrid):
     policy, tokenizer, hf, rows = hybrid
-    row = rows[0]
-    ids = torch.tensor([row])
-    with torch.no_grad():
-        ref = hf.generate(
-            ids, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id
-        )[0, len(row) :].tolist()
-        ours = list(row)
-        for _ in range(6):  # the full forward, one token at a time
-            mask = torch.ones(1, len(ours), dtype=torch.bool)
-            logits = policy_logits(policy.core, torch.tensor([ours]), mask, Media())
-            ours.append(int(logits[0, -1].argmax()))
-    assert ours[len(row) :] == ref
+    full_forward_greedy_equals_hf(policy, hf, rows[0], 6, tokenizer.pad_token_id)
 
 
 def test_hf_round_trip_is_exact(hybrid):

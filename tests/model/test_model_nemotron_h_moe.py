@@ -12,50 +12,31 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlflow.model.forward import policy_logits
-from rlflow.model.media import Media
-from tests.tiny import FP32, SINGLE
+from tests.tiny import (
+    FP32,
+    SINGLE,
+    logprobs_against_hf,
+    packed_logprobs,
+    policy_and_hf,
+    right_padded,
+)
 
-QUESTIONS = [
-    "How many red squares are there?",
-    "Count.",
-    "A picture shows a large blue triangle and a small red circle. How many circles?",
-]
 MOE_LAYERS = (1, 3)  # the `E`s of `ME*E-`
 
 
 @pytest.fixture(scope="module")
 def moe_hybrid(single_rank, family_ckpt):
-    from transformers import AutoTokenizer, NemotronHForCausalLM
+    from transformers import NemotronHForCausalLM
 
-    from rlflow.model.build import load_policy
-
-    path = family_ckpt("tiny-nemotron-h-moe")
-    policy = load_policy(path, FP32, SINGLE, trainable=False)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    hf = NemotronHForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    rows = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
-        )
-        for q in QUESTIONS
-    ]
-    rows = [list(r["input_ids"] if hasattr(r, "keys") else r) for r in rows]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
-    mask = torch.zeros(ids.shape, dtype=torch.bool)
-    for i, row in enumerate(rows):  # right padding, as the trainer's batches are
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = True
+    policy, tokenizer, hf, rows = policy_and_hf(
+        family_ckpt("tiny-nemotron-h-moe"), NemotronHForCausalLM
+    )
+    ids, mask = right_padded(rows, tokenizer.pad_token_id)
     return policy, hf, ids, mask
 
 
 def _packed_logprobs(policy, ids, mask):
-    from rlflow.model.packed_forward import pack_rows, target_logprobs
-
-    targets = mask[:, 1:] & mask[:, :-1]
-    packed = pack_rows(policy.core, ids, mask, mask, targets, [Media()] * ids.shape[0])
-    return target_logprobs(policy.core, packed, (None, None), with_entropy=False)[0]
+    return packed_logprobs(policy, ids, mask, mask[:, 1:] & mask[:, :-1])
 
 
 def _hf_logprobs(hf, ids, mask):
@@ -81,13 +62,7 @@ def test_moe_layers_are_megatron_cores_with_grouped_squared_relu_experts(moe_hyb
 
 def test_padded_and_packed_logprobs_match_hf(moe_hybrid):
     policy, hf, ids, mask = moe_hybrid
-    with torch.no_grad():
-        ours = policy_logits(policy.core, ids, mask, Media())
-        ref, ref_lp = _hf_logprobs(hf, ids, mask)
-        packed_lp = _packed_logprobs(policy, ids, mask)
-    assert (ours[mask] - ref[mask]).abs().max() < 1e-4
-    padded_lp = torch.log_softmax(ours[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0]
-    padded_lp = padded_lp[mask[:, 1:] & mask[:, :-1]]
+    packed_lp, ref_lp, padded_lp = logprobs_against_hf(policy, hf, ids, mask)
     assert float(torch.exp((packed_lp - ref_lp).abs().mean())) < 1.0 + 1e-5
     assert (packed_lp - ref_lp).abs().max() < 1e-4
     assert (packed_lp - padded_lp).abs().max() < 1e-5
@@ -183,7 +158,6 @@ def test_the_30b_a3b_preset_converts_to_the_published_moe_provider(single_rank, 
 
     from rlflow.model.build import _configure_provider
     from rlflow.model.families.nemotron_h import FAMILY, PRESETS, hf_config
-    from tests.tiny import SINGLE
 
     config = hf_config(PRESETS["nemotron-h-30b-a3b"])
     config.architectures = ["NemotronHForCausalLM"]

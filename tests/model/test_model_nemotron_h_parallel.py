@@ -10,14 +10,13 @@ and PP are refused at load."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from rlflow.errors import RlflowError
-from tests.tiny import FP32
+from tests.tiny import FP32, init_layout, spawned_rank
 
 LAYOUTS = {"tp2": (2, 1), "ep2": (1, 2)}  # name: (TP, EP)
 ROWS = [[5, 17, 23, 9, 41, 7, 12, 30, 11], [8, 3, 19, 27], [14, 6, 33, 2, 25, 18, 4]]
@@ -62,24 +61,16 @@ def cycle(checkpoint: Path, parallel_cfg) -> dict:
 
 
 def _rank(rank: int, checkpoint: str, out: str, port: int) -> None:
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-    )  # fmt: skip
-    torch.set_num_threads(1)
+    spawned_rank(rank, 2, port)
     from megatron.core import parallel_state
 
     from rlflow import parallel
-    from rlflow.compat import library_logs
     from rlflow.recipe.schema import ParallelismConfig
-    from tests.tiny import base_recipe
 
-    library_logs.quiet()
     results = {}
     for name, (tp, ep) in LAYOUTS.items():
         layout = ParallelismConfig(tp, 1, 1, ep, "off")
-        timeout_s = base_recipe().watchdog.collective_timeout_s
-        parallel.init_parallel(layout, seed=1, timeout_s=timeout_s, placement=None)
+        init_layout(layout)
         results[name] = cycle(Path(checkpoint), layout)
         parallel_state.destroy_model_parallel()
     if rank == 0:

@@ -11,7 +11,7 @@ import torch
 
 from rlflow.model.forward import policy_logits
 from rlflow.model.media import Media
-from tests.tiny import FP32, SINGLE, mixed_prompts
+from tests.tiny import FP32, SINGLE, mixed_prompts, right_padded
 
 
 @pytest.fixture(scope="module")
@@ -27,22 +27,11 @@ def omni(single_rank, family_ckpt):
     return policy, processor, hf, mixed_prompts(processor.processor)
 
 
-def _right_padded(prompts, pad):
-    rows = [list(p.token_ids) for p in prompts]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad)
-    mask = torch.zeros(ids.shape, dtype=torch.bool)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = True
-    return ids, mask
-
-
 def test_logits_and_packed_logprobs_match_hf(omni):
     from rlflow.model.packed_forward import pack_rows, target_logprobs
 
     policy, processor, hf, prompts = omni
-    ids, mask = _right_padded(prompts, processor.pad_token_id)
+    ids, mask = right_padded([p.token_ids for p in prompts], processor.pad_token_id)
     media = Media.concat([p.media for p in prompts])
     kinds = [type(layer).__name__ for layer in policy.core.language_model.decoder.layers]
     assert kinds == ["MambaLayer", "MLPLayer", "TransformerLayer", "MambaLayer", "MLPLayer"]

@@ -7,46 +7,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlflow.model.forward import policy_logits
-from rlflow.model.media import Media
-from tests.tiny import FP32, SINGLE
-
-QUESTIONS = [
-    "How many red squares are there?",
-    "Count.",
-    "A picture shows a large blue triangle and a small red circle. How many circles?",
-]
+from tests.tiny import (
+    full_forward_greedy_equals_hf,
+    logprobs_against_hf,
+    policy_and_hf,
+    right_padded,
+)
 
 
 @pytest.fixture(scope="module")
 def moe_model(single_rank, tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    from rlflow.model.build import load_policy
     from rlflow.model.families.qwen3_moe import write_tiny_qwen3_moe
 
     path = write_tiny_qwen3_moe(tmp_path_factory.mktemp("qwen3moe"), seed=0, lm_head_scale=8.0)
-    policy = load_policy(path, FP32, SINGLE, trainable=False)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-    rows = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
-        )
-        for q in QUESTIONS
-    ]
-    rows = [list(r["input_ids"] if hasattr(r, "keys") else r) for r in rows]
-    return policy, tokenizer, hf, rows
-
-
-def _padded(rows, pad):
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad)
-    mask = torch.zeros(ids.shape, dtype=torch.bool)
-    for i, row in enumerate(rows):  # right padding, as the trainer's batches are
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = True
-    return ids, mask
+    return policy_and_hf(path, AutoModelForCausalLM)
 
 
 def test_the_experts_are_grouped_and_share_one_weight_block(moe_model):
@@ -60,35 +36,16 @@ def test_the_experts_are_grouped_and_share_one_weight_block(moe_model):
 
 
 def test_padded_and_packed_logprobs_match_hf(moe_model):
-    from rlflow.model.packed_forward import pack_rows, target_logprobs
-
     policy, tokenizer, hf, rows = moe_model
-    ids, mask = _padded(rows, tokenizer.pad_token_id)
-    with torch.no_grad():
-        ours = policy_logits(policy.core, ids, mask, Media())
-        ref = hf(input_ids=ids, attention_mask=mask.long()).logits
-        targets = mask[:, 1:] & mask[:, :-1]
-        packed = pack_rows(policy.core, ids, mask, mask, targets, [Media()] * len(rows))
-        packed_lp, _ = target_logprobs(policy.core, packed, (None, None), with_entropy=False)
-    assert (ours[mask] - ref[mask]).abs().max() < 1e-4
-    ref_lp = torch.log_softmax(ref[:, :-1], -1).gather(2, ids[:, 1:, None])[..., 0][targets]
+    ids, mask = right_padded(rows, tokenizer.pad_token_id)
+    packed_lp, ref_lp, _ = logprobs_against_hf(policy, hf, ids, mask)
     assert (packed_lp - ref_lp).abs().max() < 1e-4
 
 
 def test_greedy_tokens_match_hf(moe_model):
     policy, tokenizer, hf, rows = moe_model
     for row in rows:
-        ids = torch.tensor([row])
-        with torch.no_grad():
-            ref = hf.generate(
-                ids, max_new_tokens=10, do_sample=False, pad_token_id=tokenizer.pad_token_id
-            )[0, len(row) :].tolist()
-            ours = list(row)
-            for _ in range(10):  # the full forward, one token at a time
-                mask = torch.ones(1, len(ours), dtype=torch.bool)
-                logits = policy_logits(policy.core, torch.tensor([ours]), mask, Media())
-                ours.append(int(logits[0, -1].argmax()))
-        assert ours[len(row) :] == ref
+        full_forward_greedy_equals_hf(policy, hf, row, 10, tokenizer.pad_token_id)
 
 
 def test_hf_round_trip_is_exact(moe_model):

@@ -71,7 +71,24 @@ def configure_provider(provider, hf_config, model_cfg) -> None:
             )
         )
     experts = int(getattr(text, "num_experts", 0) or provider.num_moe_experts)
-    topk = cfg.router_topk if cfg.router_topk is not None else int(text.num_experts_per_tok)
+    configure_router(provider, cfg, text, experts)
+    provider.transformer_layer_spec = functools.partial(layer_spec, grouped=cfg.grouped_experts)
+    provider.moe_grouped_gemm = False  # megatron's own GroupedMLP needs the grouped_gemm package
+    provider.moe_permute_fusion = False  # Transformer Engine kernels
+    provider.moe_router_fusion = False
+    provider.moe_router_pre_softmax = not bool(getattr(text, "norm_topk_prob", True))
+    provider.moe_router_dtype = {None: None, "float32": "fp32", "float64": "fp64"}[cfg.router_dtype]
+
+
+def configure_router(provider, moe_cfg, text_config, experts: int) -> None:
+    """The router settings every MoE family takes alike from `model.moe` (null: the checkpoint's
+    `text_config`): top-k (refused outside 1..`experts`), the load-balancing loss
+    (`aux_loss_coeff`, null: the checkpoint's `router_aux_loss_coef`, off where it has none), the
+    z-loss, and megatron-core's all-to-all token dispatcher. The family sets the rest (its
+    score function, its router dtype)."""
+    topk = moe_cfg.router_topk
+    if topk is None:
+        topk = int(text_config.num_experts_per_tok)
     if not 1 <= topk <= experts:
         raise RlflowError(
             Diagnostic(
@@ -80,20 +97,14 @@ def configure_provider(provider, hf_config, model_cfg) -> None:
                 help=f"choose 1..{experts}, or null for the checkpoint's num_experts_per_tok",
             )
         )
-    coeff = cfg.aux_loss_coeff
+    coeff = moe_cfg.aux_loss_coeff
     if coeff is None:
-        coeff = float(getattr(text, "router_aux_loss_coef", 0.0) or 0.0)
-    provider.transformer_layer_spec = functools.partial(layer_spec, grouped=cfg.grouped_experts)
-    provider.moe_grouped_gemm = False  # megatron's own GroupedMLP needs the grouped_gemm package
-    provider.moe_token_dispatcher_type = "alltoall"
-    provider.moe_permute_fusion = False  # Transformer Engine kernels
-    provider.moe_router_fusion = False
+        coeff = float(getattr(text_config, "router_aux_loss_coef", 0.0) or 0.0)
     provider.moe_router_topk = topk
-    provider.moe_router_pre_softmax = not bool(getattr(text, "norm_topk_prob", True))
+    provider.moe_token_dispatcher_type = "alltoall"
     provider.moe_router_load_balancing_type = "aux_loss" if coeff > 0 else "none"
     provider.moe_aux_loss_coeff = coeff
-    provider.moe_z_loss_coeff = cfg.z_loss_coeff or None
-    provider.moe_router_dtype = {None: None, "float32": "fp32", "float64": "fp64"}[cfg.router_dtype]
+    provider.moe_z_loss_coeff = moe_cfg.z_loss_coeff or None
 
 
 def _refuse_unsupported(text_config) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from rlflow.model.family import ModelFamily
 from rlflow.model.presets import NEMOTRON_H_PRESET_NAMES
-from rlflow.model.tiny import LanguageSizes
+from rlflow.model.tiny import LanguageSizes, language_config
 
 # a routed expert's weight on disk (the bridge's export): one tensor per expert
 _EXPERT = re.compile(r"^(backbone\.layers\.\d+\.mixer\.experts)\.(\d+)\.(up|down)_proj\.weight$")
@@ -189,19 +189,24 @@ def write_tiny_nemotron_h(
         return hf_config(sizes, token_ids_config(ids), tokens)
 
     def mixers(model) -> None:
-        # HF clamps dt (after softplus) at time_step_min, megatron-core's mixer does not: a
-        # dt_bias near zero keeps every dt far above the clamp, so both compute the same.
-        # HF's router starts at zero (every score 0.5: choices decided by rounding); a wide
-        # random router and correction bias make every token's top-k clear and the bias count.
-        for layer in model.model.layers:
-            if hasattr(layer.mixer, "dt_bias"):
-                layer.mixer.dt_bias.zero_()
-            if hasattr(layer.mixer, "gate"):  # logits of about the same spread at any width
-                layer.mixer.gate.weight.normal_(0.0, 0.5 * (128 / sizes.hidden) ** 0.5)
-                layer.mixer.gate.e_score_correction_bias.normal_(0.0, 0.1)
+        init_tiny_layers(model.model.layers, sizes)
 
     tiny = TinyModel(NemotronHForCausalLM, config, bos=False, init=mixers)
     return write_tiny(out_dir, tiny, sizes, seed=seed, device=device, lm_head_scale=lm_head_scale)
+
+
+def init_tiny_layers(layers, sizes: HybridSizes) -> None:
+    """A random tiny model's Mamba mixers and routers (HF's Nemotron-H `layers`; Nemotron Omni's
+    language model calls it too). HF clamps dt (after softplus) at time_step_min, megatron-core's
+    mixer does not: a dt_bias near zero keeps every dt far above the clamp, so both compute the
+    same. HF's router starts at zero (every score 0.5: choices decided by rounding); a wide
+    random router and correction bias make every token's top-k clear and the bias count."""
+    for layer in layers:
+        if hasattr(layer.mixer, "dt_bias"):
+            layer.mixer.dt_bias.zero_()
+        if hasattr(layer.mixer, "gate"):  # logits of about the same spread at any width
+            layer.mixer.gate.weight.normal_(0.0, 0.5 * (128 / sizes.hidden) ** 0.5)
+            layer.mixer.gate.e_score_correction_bias.normal_(0.0, 0.1)
 
 
 def hf_config(sizes: HybridSizes, token_ids: dict | None = None, tokens: int = 0):
@@ -213,13 +218,11 @@ def hf_config(sizes: HybridSizes, token_ids: dict | None = None, tokens: int = 0
         raise ValueError(
             f"pattern {sizes.pattern!r} has {len(sizes.pattern)} layers, not {sizes.layers}"
         )
+    widths = language_config(sizes, tokens)
+    del widths["num_hidden_layers"]  # the pattern's length (deprecated in NemotronHConfig)
     return NemotronHConfig(
-        vocab_size=max(sizes.vocab_size, tokens),
-        hidden_size=sizes.hidden,
-        intermediate_size=sizes.intermediate,
+        **widths,
         hybrid_override_pattern=sizes.pattern,
-        num_attention_heads=sizes.heads,
-        num_key_value_heads=sizes.kv_heads,
         head_dim=sizes.head_dim,
         max_position_embeddings=sizes.max_positions,
         mamba_num_heads=sizes.mamba_heads,

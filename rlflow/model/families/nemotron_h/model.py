@@ -178,37 +178,23 @@ def check_parallelism(provider) -> None:
 
 def configure_moe(provider, hf_config, model_cfg) -> None:
     """The MoE settings of the provider from `model.moe` (null: the checkpoint's), as the
-    Qwen3-MoE family's (rlflow/model/moe/experts.py) but with Nemotron-H's router: sigmoid
+    Qwen3-MoE family's (the top-k and the losses: rlflow/model/moe/experts.py's
+    `configure_router`) but with Nemotron-H's router: sigmoid
     scores plus the checkpoint's correction bias (kept as loaded: megatron-core's aux-loss-free
     bias update is off, `install`), top-k renormalised and scaled, in float32 as HF computes it
     (router_dtype null); megatron-bridge's 1e-4 sequence load-balancing loss is not HF's (the
     checkpoint's config has no coefficient: off unless `model.moe.aux_loss_coeff` sets one)."""
+    from rlflow.model.moe import experts
+
     cfg = model_cfg.moe
     provider.rlflow_grouped_experts = cfg.grouped_experts
     if "E" not in hf_config.hybrid_override_pattern:
         return
-    experts = int(hf_config.n_routed_experts)
-    topk = cfg.router_topk if cfg.router_topk is not None else int(hf_config.num_experts_per_tok)
-    if not 1 <= topk <= experts:
-        raise RlflowError(
-            Diagnostic(
-                "moe.router-topk",
-                f"`model.moe.router_topk` is {topk}, but the model has {experts} experts",
-                help=f"choose 1..{experts}, or null for the checkpoint's num_experts_per_tok",
-            )
-        )
-    coeff = cfg.aux_loss_coeff
-    if coeff is None:
-        coeff = float(getattr(hf_config, "router_aux_loss_coef", 0.0) or 0.0)
-    provider.moe_router_topk = topk
+    experts.configure_router(provider, cfg, hf_config, int(hf_config.n_routed_experts))
     provider.moe_router_score_function = "sigmoid"
     provider.moe_router_enable_expert_bias = True
     provider.moe_router_bias_update_rate = 0.0
     provider.moe_router_topk_scaling_factor = float(hf_config.routed_scaling_factor)
-    provider.moe_token_dispatcher_type = "alltoall"
-    provider.moe_router_load_balancing_type = "aux_loss" if coeff > 0 else "none"
-    provider.moe_aux_loss_coeff = coeff
-    provider.moe_z_loss_coeff = cfg.z_loss_coeff or None
     provider.moe_router_dtype = {None: "fp32", "float32": "fp32", "float64": "fp64"}[
         cfg.router_dtype
     ]
@@ -253,6 +239,15 @@ def local_hybrid_stack_spec(config=None):
         submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
     )
     grouped = getattr(config, "rlflow_grouped_experts", True)
+
+    def mlp_layer(module, mlp):  # the MLP and the MoE layers: a pre-norm MLP with a residual
+        return ModuleSpec(
+            module=module,
+            submodules=TransformerLayerSubmodules(
+                pre_mlp_layernorm=LNImpl, mlp=mlp, mlp_bda=get_bias_dropout_add
+            ),
+        )
+
     return ModuleSpec(
         module=HybridStack,
         submodules=HybridStackSubmodules(
@@ -270,20 +265,8 @@ def local_hybrid_stack_spec(config=None):
                     self_attn_bda=get_bias_dropout_add,
                 ),
             ),
-            mlp_layer=ModuleSpec(
-                module=MLPLayer,
-                submodules=TransformerLayerSubmodules(
-                    pre_mlp_layernorm=LNImpl, mlp=mlp, mlp_bda=get_bias_dropout_add
-                ),
-            ),
-            moe_layer=ModuleSpec(
-                module=MoETransformerLayer,
-                submodules=TransformerLayerSubmodules(
-                    pre_mlp_layernorm=LNImpl,
-                    mlp=moe_layer_spec(grouped),
-                    mlp_bda=get_bias_dropout_add,
-                ),
-            ),
+            mlp_layer=mlp_layer(MLPLayer, mlp),
+            moe_layer=mlp_layer(MoETransformerLayer, moe_layer_spec(grouped)),
         ),
     )
 

@@ -32,10 +32,11 @@ model-parallel rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rlflow.errors import Diagnostic, RlflowError
+from rlflow.model.families.nemotron_h import PRESETS as HYBRID_PRESETS
 from rlflow.model.families.nemotron_h import HybridSizes
 from rlflow.model.families.qwen25vl import QwenVLFamily
 from rlflow.model.family import MediaTokens, ModelFamily
@@ -148,17 +149,12 @@ class OmniSizes(HybridSizes):
 # fmt: off
 PRESETS = {
     "tiny-nemotron-omni": OmniSizes(layers=5),
-    # Nemotron Omni 30B-A3B: Nemotron-3-Nano-30B-A3B's language model (rlflow/model/families/
-    # nemotron_h/) under C-RADIO (ViT-H/16: 32 layers, 1280 wide, 3 class + 7 register tokens)
-    # and a 20480-wide projector (shapes as megatron-bridge's Omni provider builds them; check
-    # them against the checkpoint you train); the router as Nemotron-H's preset's.
+    # Nemotron Omni 30B-A3B: Nemotron-3-Nano-30B-A3B's language model (Nemotron-H's preset
+    # nemotron-h-30b-a3b, its router included) under C-RADIO (ViT-H/16: 32 layers, 1280 wide,
+    # 3 class + 7 register tokens) and a 20480-wide projector (shapes as megatron-bridge's Omni
+    # provider builds them; check them against the checkpoint you train).
     "nemotron-omni-30b-a3b": OmniSizes(
-        vocab_size=131072, hidden=2688, intermediate=1856, heads=32, kv_heads=2, head_dim=128,
-        max_positions=262144, layers=52,
-        pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
-        mamba_heads=64, mamba_head_dim=64, mamba_groups=8, state=128, chunk=128,
-        experts=128, topk=6, expert_intermediate=1856, shared_expert_intermediate=3712,
-        routed_scaling=2.5,
+        **asdict(HYBRID_PRESETS["nemotron-h-30b-a3b"]),
         vision_hidden=1280, vision_layers=32, vision_heads=16, vision_cls_tokens=3,
         vision_registers=7, vision_max_img_size=2048, projector_hidden=20480,
     ),
@@ -181,7 +177,7 @@ def write_tiny_nemotron_omni(
     one frame to a temporal patch, pixels in [0, 1]: RADIO normalises them)."""
     from transformers import RadioConfig
 
-    from rlflow.model.families.nemotron_h import hf_config
+    from rlflow.model.families.nemotron_h import hf_config, init_tiny_layers
     from rlflow.model.families.nemotron_omni import hf
     from rlflow.model.tiny import TinyModel, token_ids_config, write_tiny
 
@@ -205,10 +201,7 @@ def write_tiny_nemotron_omni(
         )
 
     def mixers(model) -> None:
-        # as Nemotron-H's tiny model: dt_bias zero keeps every dt far above HF's clamp
-        for layer in model.language_model.model.layers:
-            if hasattr(layer.mixer, "dt_bias"):
-                layer.mixer.dt_bias.zero_()
+        init_tiny_layers(model.language_model.model.layers, sizes)  # as Nemotron-H's tiny model
 
     tiny = TinyModel(
         hf.NemotronH_Nano_Omni_Reasoning_V3,
