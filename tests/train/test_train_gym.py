@@ -177,6 +177,20 @@ def test_gym_runs_train_on_the_single_tool_and_multi_turn_environments(tmp_path)
             assert records[-1]["env/turns_per_trajectory"] >= 2
 
 
+ONE_STEP_OFF = ["generation.placement=separate", "async_grpo.max_staleness=1"]
+
+
+def train_one_step_off(run_dir: Path, generation_ranks: int, overrides: list[str]) -> list:
+    """The Gym recipe one-step-off: one training rank and `generation_ranks` of their own, on
+    this machine through the console script; its metrics."""
+    shape = [f"generation.gpus_per_node={generation_ranks}", "--nproc", str(generation_ranks + 1)]
+    result = rlflow(
+        "train", str(GYM_TOOL), *QUIET, *ONE_STEP_OFF, *overrides, *shape, "--run-dir", str(run_dir)
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return read_metrics(run_dir)
+
+
 def test_gym_trains_one_step_off_on_a_generation_rank_of_its_own(tmp_path):
     """Asynchronous GRPO with Gym (`generation.placement: separate`, one-step-off): rank 1
     only generates, running Gym's multi-turn environment against its own engine's server;
@@ -184,19 +198,13 @@ def test_gym_trains_one_step_off_on_a_generation_rank_of_its_own(tmp_path):
     every model turn of every trajectory is checked against that (`async/turn_staleness_max`),
     the weight sync moves the server to the new version, and the environment's metrics reach
     the trainer's log."""
-    overrides = [
+    run_dir = tmp_path / "run"
+    records = train_one_step_off(run_dir, 1, [
         f"environment.gym.config_paths=[{MULTI_TURN}]",
         "environment.gym.agent=example_multi_turn_gymnasium_agent",
         f"environment.gym.tasks={multi_turn_tasks(tmp_path / 'tasks.jsonl')}",
-        "generation.placement=separate", "generation.gpus_per_node=1",
-        "async_grpo.max_staleness=1", "grpo.max_num_steps=3",
-    ]  # fmt: skip
-    run_dir = tmp_path / "run"
-    result = rlflow(
-        "train", str(GYM_TOOL), *QUIET, *overrides, "--nproc", "2", "--run-dir", str(run_dir)
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = read_metrics(run_dir)
+        "grpo.max_num_steps=3",
+    ])  # fmt: skip
     assert [r["step"] for r in records] == [1, 2, 3]
     assert [r["async/weight_version"] for r in records] == [0.0, 0.0, 1.0]
     assert [r["async/turn_staleness_max"] for r in records] == [0.0, 1.0, 1.0]
@@ -236,18 +244,11 @@ def test_the_founding_workload_in_miniature_omni_in_circle_count_one_step_off(tm
     ranks of their own: both ranks' Megatron engines serve Gym's turns (vllm_model spreads the
     sessions over their servers; images through the family's processor) while rank 0 trains on
     them, with the pixels of the prompts either server made."""
-    overrides = [
+    records = train_one_step_off(tmp_path / "run", 2, [
         "model.checkpoint=builtin:tiny-nemotron-omni", f"environment.gym.config_paths=[{CIRCLES}]",
         "environment.gym.agent=circle_count_simple_agent", "grpo.num_prompts_per_step=2",
-        "generation.server.context_tokens=4096", "generation.placement=separate",
-        "generation.gpus_per_node=2", "async_grpo.max_staleness=1", "grpo.max_num_steps=2",
-    ]  # fmt: skip
-    run_dir = tmp_path / "run"
-    result = rlflow(
-        "train", str(GYM_TOOL), *QUIET, *overrides, "--nproc", "3", "--run-dir", str(run_dir)
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = read_metrics(run_dir)
+        "generation.server.context_tokens=4096", "grpo.max_num_steps=2",
+    ])  # fmt: skip
     assert [r["async/weight_version"] for r in records] == [0.0, 0.0]
     for record in records:
         assert record["env/tasks"] == 8 and record["env/failed_tasks"] == 0, record
@@ -360,8 +361,7 @@ def test_a_gym_server_that_never_comes_up_on_the_generation_rank_ends_the_job(tm
     overrides = [
         f"environment.gym.config_paths=[{config}]", "environment.gym.agent=agent",
         "environment.gym.resource_servers=[never_up]", f"environment.gym.tasks={tasks}",
-        "environment.gym.ready_timeout_s=3", "generation.placement=separate",
-        "generation.gpus_per_node=1", "async_grpo.max_staleness=1",
+        "environment.gym.ready_timeout_s=3", *ONE_STEP_OFF, "generation.gpus_per_node=1",
     ]  # fmt: skip
     run_dir = tmp_path / "run"
     result = rlflow(
