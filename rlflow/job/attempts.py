@@ -50,10 +50,14 @@ class Attempt:
 
 
 def lost_nodes(status: Path) -> list[str]:
-    """Nodes whose launcher started and never recorded its end."""
+    """Nodes whose launcher started and never recorded its end, or that the batch script found
+    lost (node-K.lost: no sign of life for 15 s, even after a "stopping on SIGTERM" record)."""
     lost = []
     for started in sorted(status.glob(f"{files.NODE_PREFIX}*{files.STARTED}")):
-        if not started.with_suffix(files.ENDED).exists():
+        if (
+            not started.with_suffix(files.ENDED).exists()
+            or started.with_suffix(files.LOST).exists()
+        ):
             try:  # the node's host name; bounded: a FIFO or a device there is never waited on
                 text = bounded.read_text(started, files.RECORD_MAX_BYTES, errors="replace")
             except OSError:

@@ -61,10 +61,11 @@ FIRST_FAILURE = "first-failure"
 PEER_FAILURE = "peer-failure"
 FAILURE_NODE_PREFIX = "failure-node-"
 STOPPED_NODE_PREFIX = "stopped-node-"
-NODE_PREFIX = "node-"  # node-<K>.started, node-<K>.ended, node-<K>.alive
+NODE_PREFIX = "node-"  # node-<K>.started, .ended, .alive; .lost (the batch script's verdict)
 STARTED = ".started"
 ENDED = ".ended"
 ALIVE = ".alive"
+LOST = ".lost"
 RECORD_MAX_BYTES = 64 * 1024  # the most rlflow reads of a heartbeat, failure record, launcher.json
 FILE_MAX_BYTES = 8 * 1024 * 1024  # ... of attempts.jsonl or recipe.yaml
 

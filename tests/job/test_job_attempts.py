@@ -103,3 +103,13 @@ def test_status_files_that_are_pipes_are_never_waited_on(tmp_path):
     assert attempts.lost_nodes(status) == ["node1", "node-1"]
     assert files.first_failure(status) is None
     assert files.read_attempts(tmp_path) == []
+
+
+def test_a_node_told_to_stop_is_lost_only_when_the_batch_script_found_it_so(tmp_path):
+    """ "stopping on SIGTERM" and then Slurm's SIGKILL: told to stop, not lost. The same record
+    and node-K.lost (the batch script saw its launcher die or freeze before its exit): lost."""
+    stopping = {**_started("node1", "node2"), "node-0.ended": "node1 exit 0\n"}
+    stopping["node-1.ended"] = "node2 stopping on SIGTERM\n"
+    assert attempts.lost_nodes(_status(tmp_path, 0, stopping)) == []
+    lost = {**stopping, "node-1.lost": "node2 no sign of life for 15 s\n"}
+    assert attempts.lost_nodes(_status(tmp_path, 1, lost)) == ["node2"]

@@ -4,6 +4,7 @@ The same script runs under real Slurm in test_launch_slurm.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -32,12 +33,13 @@ case "$1 $2" in
   "show hostnames") echo node1 ;;
   "show node") echo "NodeName=node1 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=localhost" ;;
   "requeue "*) echo "$2" >>"$STUB_LOG/requeued" ;;
+  "update JobId="*) echo "$*" >>"$STUB_LOG/updated" ;;
   *) echo "unexpected scontrol $*" >&2; exit 1 ;;
 esac
 """
 
 
-def run_script(tmp_path: Path, recipe: Path, command: str, **env: str):
+def run_script(tmp_path: Path, recipe: Path, command: str, srun: str = STUB_SRUN, **env: str):
     """Render `recipe` for 1 node x 1 rank (every check runs, bash -n included) and run the
     script with bash; the finished process, the srun calls' argv lists and the plan."""
     prepared = prepare(
@@ -53,7 +55,7 @@ def run_script(tmp_path: Path, recipe: Path, command: str, **env: str):
     script.write_text(prepared.script)
     stubs = tmp_path / "stub-bin"
     stubs.mkdir()
-    for name, text in (("srun", STUB_SRUN), ("scontrol", STUB_SCONTROL)):
+    for name, text in (("srun", srun), ("scontrol", STUB_SCONTROL)):
         (stubs / name).write_text(text)
         (stubs / name).chmod(0o755)
     stub_log = tmp_path / "stub-log"
@@ -147,3 +149,34 @@ def test_the_script_exits_with_the_first_failing_ranks_code(tmp_path):
         .read_text()
         .startswith("9\n")
     )
+
+
+# srun of a two-node step whose second node was told to stop (its launcher recorded "stopping
+# on SIGTERM") and then died before recording its exit: its counter stops, and srun waits for
+# the node forever, as real srun does until Slurm declares the node down.
+SRUN_LOSING_A_STOPPING_NODE = """#!/bin/bash
+for arg in "$@"; do [[ $arg == --status-dir=* ]] && status=${arg#--status-dir=}; done
+echo "node1 pid 1" >"$status/node-0.started"
+echo "node2 pid 2" >"$status/node-1.started"
+echo 3 >"$status/node-1.alive"
+echo "node2 stopping on SIGTERM" >"$status/node-1.ended"
+echo "node1 exit 0" >"$status/node-0.ended"
+exec sleep 600
+"""
+
+
+def test_a_node_lost_while_stopping_is_found_lost_and_the_job_requeues_without_it(tmp_path):
+    """CI once hung here under real Slurm: node2's launcher heard a SIGTERM, recorded that it
+    was stopping, and died; the watcher took the record for an end and srun waited for node2.
+    A launcher that has not recorded its exit is watched until it does."""
+    ran, _, plan = run_script(
+        tmp_path, RECIPES / "tiny-cpu.yaml", "true", srun=SRUN_LOSING_A_STOPPING_NODE
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "the launcher of node-1 has shown no sign of life for 15 s" in ran.stdout
+    assert "requeueing without nodes node2" in ran.stdout
+    status = Path(plan.run_dir) / "status" / "attempt-0"
+    assert (status / "node-1.lost").read_text() == "node2 no sign of life for 15 s\n"
+    [record] = [json.loads(line) for line in (Path(plan.run_dir) / "attempts.jsonl").open()]
+    assert (record["outcome"], record["bad_nodes"]) == ("node-failure", ["node2"])
+    assert "JobId=4242 ExcNodeList=node2" in (tmp_path / "stub-log" / "updated").read_text()
