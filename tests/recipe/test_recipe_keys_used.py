@@ -42,14 +42,12 @@ READ_BY = {
     "model.tiny_seed": ("rlflow/model/build.py", "model_cfg.tiny_seed"),
     **{
         f"model.moe.{key}": ("rlflow/model/moe/experts.py", f"cfg.{key}")
-        for key in (
-            "grouped_experts",
-            "router_topk",
-            "router_dtype",
-            "aux_loss_coeff",
-            "z_loss_coeff",
-        )
-    },  # fmt: skip
+        for key in ("grouped_experts", "router_dtype")
+    },
+    **{  # configure_router: the router settings every MoE family shares
+        f"model.moe.{key}": ("rlflow/model/moe/experts.py", f"moe_cfg.{key}")
+        for key in ("router_topk", "aux_loss_coeff", "z_loss_coeff")
+    },
     "loss.router_replay": ("rlflow/train/update.py", "loss_cfg.router_replay"),
     "data.train.kind": ("rlflow/data/dataset.py", "split_cfg.kind"),
     "data.train.num_samples": ("rlflow/data/dataset.py", "split_cfg.num_samples"),
@@ -166,7 +164,7 @@ READ_BY = {
     "environment.gym.resource_servers": ("rlflow/train/gym/servers.py", "cfg.resource_servers"),
     "environment.gym.head_port": ("rlflow/train/gym/servers.py", "cfg.head_port"),
     "environment.gym.tasks": ("rlflow/train/gym/tasks.py", "cfg.tasks"),
-    "environment.gym.concurrency": ("rlflow/train/gym/source.py", "self.cfg.concurrency"),
+    "environment.gym.concurrency": ("rlflow/train/gym/episodes.py", "self.env.gym.concurrency"),
     "environment.gym.ready_timeout_s": ("rlflow/train/gym/source.py", "self.cfg.ready_timeout_s"),
     "generation.vllm.device": ("rlflow/envs/spec.py", "vllm_cfg.device"),
     # the cpu and cuda pin sets: vllm_spec picks one by device and reads all five of its keys

@@ -10,7 +10,6 @@ token ids.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import textwrap
@@ -19,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from rlflow.recipe.load import load_recipe
-from rlflow.train.collect import RolloutContext
+from rlflow.train.gym.episodes import Episodes
 from rlflow.train.gym.servers import GymServers
-from rlflow.train.gym.source import GymRollouts
 from rlflow.train.gym.trajectory import TaskFailed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,25 +59,21 @@ AGENT = textwrap.dedent(
 
 @pytest.fixture
 def gym(tmp_path):
-    """GymRollouts posting to the agent process above, with a task timeout of 1 s."""
+    """The leader's Episodes posting to the agent process above, with a task timeout of 1 s."""
     agent = subprocess.Popen(
         [sys.executable, "-c", AGENT], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
     port = int(agent.stdout.readline())
     recipe = load_recipe(GYM_TOOL, ["environment.task_timeout_s=1"]).recipe
-    context = RolloutContext(recipe, None, None, None, None, None, None)
-    source = GymRollouts(context, policy=None, checkpoint=None, run_dir=tmp_path)
-    source.agent_url = f"http://127.0.0.1:{port}"
-    source.servers = GymServers(None, [], tmp_path, 1)
-    source.servers.processes = {"agent": agent}
-    yield source
+    servers = GymServers(None, [], tmp_path, 1)
+    servers.processes = {"agent": agent}
+    yield Episodes(recipe.environment, f"http://127.0.0.1:{port}", servers, tmp_path)
     agent.kill()
     agent.wait()
 
 
-def post(source: GymRollouts, *inputs: str) -> list:
-    rows = [{"responses_create_params": {"input": text}} for text in inputs]
-    return asyncio.run(source._post_all(rows, 0))
+def post(episodes: Episodes, *inputs: str) -> list:
+    return episodes.run([{"responses_create_params": {"input": text}} for text in inputs], 0)
 
 
 def test_a_hung_or_garbled_task_fails_alone(gym):

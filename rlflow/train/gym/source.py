@@ -5,7 +5,7 @@ server in-process (rlflow/serve/runner.py, sized by `generation.server`) on the 
 or with `generation.placement: separate` on every generation rank (the first is the leader);
 then, on the leader, Gym's servers (servers.py) with Gym's `vllm_model` pointed at every server
 (it spreads Gym's sessions over them). `collect()`: the leader posts the step's task rows to the
-agent's `/run` (what Gym's rollout collection does, `concurrency` at once, each bounded by
+agent's `/run` (episodes.py: what Gym's rollout collection does, each task bounded by
 `environment.task_timeout_s`), turns each answer into a Completion (trajectory.py), computes the
 group advantages and sends every data-parallel rank its share (`collect_all()`: the leading
 generation rank keeps them all for the trainers, while the other generation ranks serve the
@@ -20,9 +20,6 @@ left out of the step (`environment.on_task_failure: continue`) or the run ends n
 
 from __future__ import annotations
 
-import asyncio
-import http.cookiejar
-import json
 import os
 import socket
 import sys
@@ -36,9 +33,10 @@ from rlflow.errors import Diagnostic, RlflowError
 from rlflow.model.media import Media, Prompt
 from rlflow.train import grpo, watchdog
 from rlflow.train.collect import RolloutContext, Rollouts
+from rlflow.train.gym.episodes import Episodes, env_metrics, failures_seen
 from rlflow.train.gym.servers import GymServers, gym_config, servers_to_start
 from rlflow.train.gym.tasks import load_tasks, request_row, step_tasks, tasks_path
-from rlflow.train.gym.trajectory import TaskFailed, Trajectory, convert
+from rlflow.train.gym.trajectory import TaskFailed, Trajectory
 
 MODEL_NAME = "policy"  # the name Gym's vllm_model sends as `model`
 
@@ -60,7 +58,7 @@ class GymRollouts:
         self.cfg = self.env.gym
         self.thread = self.servers = None
         self.tasks: list[dict] = []
-        self.agent_url = ""
+        self.episodes: Episodes | None = None  # the leader's: posts the task rows to Gym
         self.policy_urls: list[str] = []  # the servers Gym's vllm_model spreads sessions over
         self._requests = 0  # this rank's server's requests, as last counted
         self.metrics: dict[str, float] = {}
@@ -102,7 +100,8 @@ class GymRollouts:
         except BaseException:
             self.finish(1)
             raise
-        self.agent_url = next(s.url for s in servers if s.name == self.cfg.agent)
+        agent_url = next(s.url for s in servers if s.name == self.cfg.agent)
+        self.episodes = Episodes(self.env, agent_url, self.servers, self.log_dir)
 
     def collect(self, step: int, timer) -> Rollouts:
         """A training rank's share of the step's trajectories."""
@@ -165,7 +164,7 @@ class GymRollouts:
         rows = [request_row(self.tasks[i], recipe.generation) for i in picked for _ in range(G)]
         version = self.thread.served.engine.weight_version
         start = time.perf_counter()
-        results = asyncio.run(self._post_all(rows, version))
+        results = self.episodes.run(rows, version)
         served = [self._new_requests()]  # the turns each server took in this step
         if self.replicas is not None:  # the tasks ended: the prompts the other servers made
             self.replicas.broadcast_object(None, self.replicas.ranks[0])
@@ -183,20 +182,19 @@ class GymRollouts:
                 if isinstance(item, TaskFailed):
                     failed[item.reason] = failed.get(item.reason, 0) + 1
                     example.setdefault(item.reason, item.detail)
-                    self._on_failure(item, task)
+                    self.episodes.on_failure(item, task)
                 else:
                     turns.append(item.turns)
                     for reason, n in item.malformed.items():
                         malformed[reason] = malformed.get(reason, 0) + n
             if not any(isinstance(item, TaskFailed) for item in group):
-                groups.append([(self._prompt(t, f"gym-{step}-{task}"), t) for t in group])
+                name = f"gym-{step}-{task}"
+                groups.append([(_prompt(t, name, self.prompts), t) for t in group])
         self.prompts.clear()
         if failed and groups:  # on_task_failure: continue: say why, once per reason and step
-            print(_failures_seen(step, failed, example, self.log_dir).render() + "\n",
+            print(failures_seen(step, failed, example, self.log_dir).render() + "\n",
                   file=sys.stderr, flush=True)  # fmt: skip
-        self.metrics = _env_metrics(
-            failed, malformed, turns, len(rows), time.perf_counter() - start
-        )
+        self.metrics = env_metrics(failed, malformed, turns, len(rows), time.perf_counter() - start)
         self.metrics["env/policy_servers"] = float(len(self.policy_urls))
         self.metrics["env/policy_server_turns_min"] = float(min(served))
         if not groups:
@@ -209,65 +207,6 @@ class GymRollouts:
                 )
             )
         return groups
-
-    def _prompt(self, trajectory: Trajectory, name: str) -> Prompt:
-        """The first turn's prompt as the server made it (a text one if it had no images)."""
-        ids = tuple(trajectory.prompt_ids)
-        made = self.prompts.get(ids)
-        if made is not None:
-            return Prompt(name, made.text, ids, made.media)
-        return Prompt(name, "", ids, Media())
-
-    async def _post_all(self, rows: list[dict], version: int) -> list:
-        import httpx
-
-        gate = asyncio.Semaphore(self.cfg.concurrency)
-        limits = httpx.Limits(max_connections=self.cfg.concurrency)
-        # Each task is a Gym session of its own (Gym's rollout collection keeps no cookies
-        # either): a kept session cookie would make every task one session, sharing a stateful
-        # resources server's state and pinning every turn to one of vllm_model's servers.
-        jar = http.cookiejar.CookieJar(policy=_NoCookies())
-        async with httpx.AsyncClient(timeout=None, limits=limits, cookies=jar) as client:
-
-            async def one(row: dict):
-                async with gate:
-                    try:
-                        return await asyncio.wait_for(
-                            self._post(client, row, version), self.env.task_timeout_s
-                        )
-                    except TaskFailed as failure:
-                        return failure
-                    except TimeoutError:
-                        return TaskFailed(
-                            "timeout", f"no answer within {self.env.task_timeout_s} s"
-                        )
-                    except httpx.HTTPError as exc:
-                        dead = self.servers.dead()
-                        detail = f"dead: {dead}" if dead else f"{type(exc).__name__}: {exc}"
-                        return TaskFailed("server_died" if dead else "connection", detail)
-
-            return await asyncio.gather(*(one(row) for row in rows))
-
-    async def _post(self, client, row: dict, version: int) -> Trajectory:
-        response = await client.post(f"{self.agent_url}/run", json=row)
-        if response.status_code != 200:
-            raise TaskFailed(f"http_{response.status_code}", response.text[-500:])
-        try:
-            body = response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise TaskFailed("malformed_json", f"the agent's answer is not JSON: {exc}") from None
-        return convert(body, version)
-
-    def _on_failure(self, failure: TaskFailed, task: int) -> None:
-        if self.env.on_task_failure == "stop":
-            raise RlflowError(
-                Diagnostic(
-                    "gym.task-failed",
-                    f"NeMo Gym task {task} failed ({failure.reason}): {failure.detail}",
-                    help="environment.on_task_failure: continue leaves failed tasks out "
-                    f"(counted in env/failed_tasks); the Gym servers' logs are in {self.log_dir}",
-                )
-            )
 
     # --- every rank -----------------------------------------------------------------------------
 
@@ -296,16 +235,6 @@ class GymRollouts:
         return Rollouts(prompts, completions, advantages.tolist(), sums, versions)
 
 
-class _NoCookies(http.cookiejar.DefaultCookiePolicy):
-    """Keeps no cookie and sends none."""
-
-    def set_ok(self, cookie, request) -> bool:
-        return False
-
-    def return_ok(self, cookie, request) -> bool:
-        return False
-
-
 def _remember_prompts(cache, into: dict) -> None:
     """The server's prompt cache (rlflow/serve/prompts.py), also keeping each prompt with images
     it hands out, encoded or cached (by its ids)."""
@@ -320,28 +249,10 @@ def _remember_prompts(cache, into: dict) -> None:
     cache.get = remembering
 
 
-def _failures_seen(step: int, failed: dict, example: dict, log_dir: Path) -> Diagnostic:
-    """A warning naming each reason's count and its first task's detail (for continuity: the
-    turn and the first differing token)."""
-    notes = tuple(f"{reason} ({n}): {example[reason]}" for reason, n in sorted(failed.items()))
-    return Diagnostic(
-        "gym.tasks-failed",
-        f"step {step}: {sum(failed.values())} NeMo Gym tasks failed and their groups were left "
-        "out (environment.on_task_failure: continue)",
-        severity="warning",
-        notes=notes,
-        help=f"the Gym servers' logs are in {log_dir}",
-    )
-
-
-def _env_metrics(failed, malformed, turns, tasks: int, seconds: float) -> dict[str, float]:
-    out = {
-        "env/tasks": float(tasks),
-        "env/failed_tasks": float(sum(failed.values())),
-        "env/malformed_tool_calls": float(sum(malformed.values())),
-        "env/turns_per_trajectory": sum(turns) / max(len(turns), 1),
-        "env/seconds": seconds,
-    }
-    out.update({f"env/failed_tasks/{k}": float(v) for k, v in failed.items()})
-    out.update({f"env/malformed_tool_calls/{k}": float(v) for k, v in malformed.items()})
-    return out
+def _prompt(trajectory: Trajectory, name: str, made: dict) -> Prompt:
+    """The first turn's prompt as the server made it (a text one if it had no images)."""
+    ids = tuple(trajectory.prompt_ids)
+    prompt = made.get(ids)
+    if prompt is not None:
+        return Prompt(name, prompt.text, ids, prompt.media)
+    return Prompt(name, "", ids, Media())
