@@ -34,7 +34,9 @@ VERSION_HEADER = "X-Rlflow-Weight-Version"
 # Encoded prompts kept by content (a GRPO prompt's samples arrive as separate requests close
 # together; 128 image prompts of Qwen2.5-VL at 448 px hold ~600 MB of pixel patches)
 _CACHED_PROMPTS = 128
-_REFUSED_STATUS = {"weight_update": 503, "engine_error": 500, "cancelled": 499}
+_REFUSED_STATUS = {
+    "weight_update": 503, "step_ended": 503, "engine_error": 500, "cancelled": 499,
+}  # fmt: skip
 
 
 @dataclass

@@ -8,6 +8,7 @@ move to the front (block-table rows only, no key or value moves).
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ from rlflow.serve.device_rows import DeviceRows, StepGraph
 from rlflow.serve.requests import Choice, Request, RequestRefused
 
 _CACHE_MEMORY_SHARE = 0.5  # of free GPU memory, as generate()'s cache
+_ROW_IDS = itertools.count()
 
 
 @dataclass(eq=False)
@@ -33,6 +35,8 @@ class Row:
     index: int  # which choice
     prompt_len: int
     generated: int = 0  # tokens in its choice so far
+    # the row's name in a tensor-parallel engine's plans (rlflow/serve/tensor_parallel.py)
+    uid: int = field(default_factory=lambda: next(_ROW_IDS))
 
     @property
     def seed(self) -> int:
@@ -99,6 +103,9 @@ class RunningBatch:
         self.state = DeviceRows(max_rows, self.device)  # their sampling state on the device
         self._logits: torch.Tensor | None = None  # [rows, V]: each row's next-token logits
         self.stats = Stats()
+        # a tensor-parallel engine's leader: the rows of each retire() since the last plan
+        # (not a preemption's: grow() preempts the same rows on every rank)
+        self.journal: list[list[int]] | None = None
 
     def prefill(self, new: list[Row], weight_version: int) -> None:
         """New rows join behind the running ones: their unique prompts (a request's choices,
@@ -215,6 +222,8 @@ class RunningBatch:
         finished: their choices are complete (False: preempted, they run again)."""
         if not gone:
             return
+        if self.journal is not None and finished:
+            self.journal.append([r.uid for r in gone])
         gone_ids = {id(r) for r in gone}
         keep = [p for p, r in enumerate(self.rows) if id(r) not in gone_ids]
         self.cache.release([p for p, r in enumerate(self.rows) if id(r) in gone_ids])

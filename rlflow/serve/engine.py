@@ -73,7 +73,7 @@ class ServingEngine:
     def __init__(
         self, policy, pad_token_id: int, *, max_rows: int, context_tokens: int,
         cache_tokens: int, cuda_graphs: bool, compile_decode: bool, on_weight_update: str,
-        max_prefill_tokens: int, weight_version: int = 0,
+        max_prefill_tokens: int, weight_version: int = 0, plans=None,
     ):  # fmt: skip
         if on_weight_update not in ("finish_old", "refuse"):
             raise ValueError(f"on_weight_update must be finish_old or refuse: {on_weight_update}")
@@ -88,6 +88,12 @@ class ServingEngine:
             cache_tokens=cache_tokens, cuda_graphs=cuda_graphs, compile_decode=compile_decode,
         )  # fmt: skip
         self.stats = self.batch.stats
+        # a tensor-parallel engine: its plans to the other ranks (rlflow/serve/tensor_parallel.py)
+        self.plans = plans
+        if plans is not None:
+            self.batch.journal = []
+        self._release: threading.Event | None = None  # release_followers() asked, not yet sent
+        self._parked = False  # released, not yet resumed: the followers are away
         self._cond = threading.Condition()
         self._waiting: collections.deque[Row] = collections.deque()
         self._update: _Update | None = None
@@ -141,6 +147,27 @@ class ServingEngine:
                 )
             )
 
+    def release_followers(self) -> None:
+        """A tensor-parallel engine: tell the other ranks the step is over (they return to the
+        job's loop: the weight sync, where this rank's engine must not wait for them). Requests
+        in flight or queued (a failed task's late turns: the step's tasks have ended) are
+        refused (`step_ended`, HTTP 503); new ones wait until `resume_followers()`. Blocks
+        until the engine's thread sent it, between two intervals. A no-op without tensor
+        parallelism."""
+        if self.plans is None:
+            return
+        done = threading.Event()
+        with self._cond:
+            self._release = done
+            self._cond.notify()
+        done.wait()
+
+    def resume_followers(self) -> None:
+        """The other ranks follow again (the next step began): requests are taken again."""
+        with self._cond:
+            self._parked = False
+            self._cond.notify()
+
     def pending(self) -> list[Request]:
         """The requests queued or running now (rlflow/serve/job.py answers them before it
         pauses the engine for the trainer)."""
@@ -162,15 +189,26 @@ class ServingEngine:
         with torch.no_grad():
             while True:
                 with self._cond:
-                    if not (self._closed or self._waiting or batch.rows or self._update):
+                    if not _has_work(self):
                         # nothing to run: the stats' "idle" seconds (idle_since while it lasts)
                         self.idle_since = time.perf_counter()
-                        while not (self._closed or self._waiting or batch.rows or self._update):
+                        while not _has_work(self):
                             self._cond.wait()
                         self.stats.add("idle", time.perf_counter() - self.idle_since)
                         self.idle_since = None
                     if self._closed:
                         break
+                    release, self._release = self._release, None
+                if release is not None:  # the followers' step ends here, between intervals
+                    batch.drop(batch.rows, _between_steps())
+                    with self._cond:
+                        self._parked = True
+                        waiting, self._waiting = list(self._waiting), collections.deque()
+                    for row in waiting:
+                        row.request.fail(_between_steps())
+                    self.plans.send(batch, [], end=True)
+                    release.set()
+                    continue
                 try:
                     self._iterate()
                 except (
@@ -193,13 +231,16 @@ class ServingEngine:
             return
         t1 = clock()
         add("retire", t1 - t0)
-        if self._update is None:
-            new = self._admissions()
+        new = [] if self._update is not None or self._parked else self._admissions()
+        t2 = clock()
+        add("admit", t2 - t1)
+        if self.plans is not None and (new or batch.rows):  # before the interval's collectives
+            self.plans.send(batch, new)
+            add("plan", clock() - t2)
+        if new:
             t2 = clock()
-            add("admit", t2 - t1)
-            if new:
-                batch.prefill(new, self.weight_version)
-                add("prefill", clock() - t2)
+            batch.prefill(new, self.weight_version)
+            add("prefill", clock() - t2)
         if not batch.rows:
             return
         t3 = clock()
@@ -297,6 +338,18 @@ class ServingEngine:
         for row in new:  # (a preempted row's request keeps its first admission)
             row.request.times.setdefault("admitted", now)
         return new
+
+
+def _has_work(engine: ServingEngine) -> bool:
+    """Something for the engine's thread: rows, admissible requests, an update, a release."""
+    waiting = engine._waiting and not engine._parked
+    return bool(engine._closed or waiting or engine.batch.rows or engine._update or engine._release)
+
+
+def _between_steps() -> RequestRefused:
+    return RequestRefused(
+        "step_ended", "the tensor-parallel engine is between two training steps; send it again"
+    )
 
 
 def _leading(waiting, request: Request) -> list[Row]:

@@ -20,7 +20,8 @@ class RequestRefused(Exception):
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
-        self.kind = kind  # "weight_update" | "cancelled" | "engine_error" | "too_long"
+        # "weight_update" | "step_ended" | "cancelled" | "engine_error" | "too_long"
+        self.kind = kind
 
 
 @dataclass

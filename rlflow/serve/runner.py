@@ -12,22 +12,37 @@ import threading
 from pathlib import Path
 
 from rlflow.serve.app import Served, make_app
+from rlflow.serve.batch import RunningBatch
 from rlflow.serve.engine import ServingEngine
 from rlflow.serve.prompts import ChatEncoder
+from rlflow.serve.tensor_parallel import Follower
 
 
-def served_engine(policy, checkpoint: Path, recipe, model_name: str) -> Served:
-    """The policy's engine and the checkpoint's processor, sized by `generation.server`."""
+def served_engine(policy, checkpoint: Path, recipe, model_name: str, plans=None) -> Served:
+    """The policy's engine and the checkpoint's processor, sized by `generation.server`.
+    `plans`: a tensor-parallel engine's PlanSender (rlflow/serve/tensor_parallel.py)."""
     server, gen = recipe.generation.server, recipe.generation
     encoder = ChatEncoder(checkpoint)
     engine = ServingEngine(
-        policy, encoder.pad_token_id, max_rows=server.max_rows,
-        context_tokens=server.context_tokens, cache_tokens=gen.kv_cache_tokens,
-        cuda_graphs=gen.cuda_graphs, compile_decode=gen.compile_decode,
-        on_weight_update=server.on_weight_update,
-        max_prefill_tokens=server.max_prefill_tokens,
+        policy, encoder.pad_token_id, **_batch_sizes(recipe),
+        on_weight_update=server.on_weight_update, max_prefill_tokens=server.max_prefill_tokens,
+        plans=plans,
     )  # fmt: skip
     return Served(engine, encoder, model_name, default_max_tokens=gen.max_new_tokens)
+
+
+def following_engine(policy, pad_token_id: int, recipe, group) -> Follower:
+    """A tensor-parallel engine's other rank: the leader's batch, run by its plans."""
+    return Follower(RunningBatch(policy, pad_token_id, **_batch_sizes(recipe)), group)
+
+
+def _batch_sizes(recipe) -> dict:
+    server, gen = recipe.generation.server, recipe.generation
+    return dict(
+        max_rows=server.max_rows, context_tokens=server.context_tokens,
+        cache_tokens=gen.kv_cache_tokens, cuda_graphs=gen.cuda_graphs,
+        compile_decode=gen.compile_decode,
+    )  # fmt: skip
 
 
 _SPARE_FILES = 256  # beside the connections: the model's files, logs, the engine's pipes
