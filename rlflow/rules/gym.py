@@ -175,17 +175,18 @@ def gym_fits_engine(loaded: LoadedRecipe) -> list[Diagnostic]:
 
 
 def gym_needs_one_engine(loaded: LoadedRecipe) -> list[Diagnostic]:
-    """Gym's turns are served by megatron engines on whole models: colocated, rank 0's (no
+    """Gym's turns are served by megatron engines: colocated, rank 0's on its whole model (no
     tensor, pipeline or expert parallelism); with `generation.placement: separate`, every
-    generation rank's (generation.tensor_parallel_size 1; the trainers may be split any way
-    rlflow trains; that other nodes reach the servers is an allocation rule)."""
+    generation engine's, tensor-parallel or not (its first rank serves, the others follow:
+    rlflow/serve/tensor_parallel.py; the trainers may be split any way rlflow trains; that
+    other nodes reach the servers is an allocation rule)."""
     recipe = loaded.recipe
     if recipe.environment.kind != "gym":
         return []
     par, gen = recipe.parallelism, recipe.generation
     separate = gen.placement == "separate"
     if separate:
-        split = {"generation.tensor_parallel_size": gen.tensor_parallel_size}
+        split = {}
     else:
         split = {
             "parallelism.tensor_parallel_size": par.tensor_parallel_size,
@@ -197,10 +198,14 @@ def gym_needs_one_engine(loaded: LoadedRecipe) -> list[Diagnostic]:
         bad.append(f"generation.backend={gen.backend}")
     if not bad:
         return []
-    where = "each generation rank's" if separate else "rank 0's"
+    where = (
+        "the generation ranks' megatron engines"
+        if separate
+        else ("rank 0's megatron engine on its whole model")
+    )
     fix = (
-        "use generation.backend=megatron and generation.tensor_parallel_size=1 (the trainers "
-        "may use any parallel sizes)"
+        "use generation.backend=megatron (the engines and the trainers may use any parallel "
+        "sizes rlflow supports)"
         if separate
         else "use generation.backend=megatron and parallel sizes 1 (data parallelism is fine), "
         "or generation.placement=separate: then the generation ranks serve"
@@ -209,8 +214,8 @@ def gym_needs_one_engine(loaded: LoadedRecipe) -> list[Diagnostic]:
         loaded.diagnostic(
             ("environment", "kind"),
             "recipe.gym-engine",
-            f"`environment.kind: gym` serves Gym's turns from {where} megatron engine on its "
-            f"whole model; not implemented with {', '.join(bad)}",
+            f"`environment.kind: gym` serves Gym's turns from {where}; not implemented "
+            f"with {', '.join(bad)}",
             help=fix,
         )
     ]
@@ -224,9 +229,14 @@ def gym_plan_text(recipe_file: LoadedRecipe) -> str | None:
     recipe = recipe_file.recipe
     port = recipe.generation.server.port or "free"
     head = f"Gym's head server on 127.0.0.1:{recipe.environment.gym.head_port}"
+    tp = recipe.generation.tensor_parallel_size
     if recipe.generation.placement == "separate":
+        who = "every generation rank" if tp == 1 else (
+            f"the first rank of every generation engine (tensor-parallel size {tp}: the others "
+            "follow its plans)"
+        )  # fmt: skip
         lines = [
-            f"every generation rank starts rlflow's server on {recipe.generation.server.host}:"
+            f"{who} starts rlflow's server on {recipe.generation.server.host}:"
             f"{port}{' + its local rank' if recipe.generation.server.port else ''}; the first "
             f"generation rank (its node) starts {head}, and:"
         ]

@@ -72,6 +72,13 @@ def test_gym_on_generation_ranks_of_their_own_is_shown_and_must_be_reachable():
     assert "Traceback" not in refused.stderr
     ok = dry_run(*two_nodes, "generation.server.host=0.0.0.0", nodes=3)
     assert ok.returncode == 0, ok.stderr
+    engines = dry_run(*separate, "generation.gpus_per_node=2", "generation.tensor_parallel_size=2",
+                      gpus=4)  # fmt: skip
+    assert engines.returncode == 0, engines.stderr
+    assert (
+        "the first rank of every generation engine (tensor-parallel size 2: the others follow "
+        "its plans) starts rlflow's server" in engines.stdout
+    )
 
 
 def test_the_dry_run_refuses_gym_without_the_extra():
@@ -104,9 +111,9 @@ def problems(*overrides: str) -> str:
          ["from rank 0's megatron engine on its whole model; not implemented with "
           "parallelism.tensor_parallel_size=2, parallelism.expert_parallel_size=2",
           "or generation.placement=separate"]),
-        (["generation.placement=separate", "generation.tensor_parallel_size=2"],
-         ["from each generation rank's megatron engine on its whole model; not implemented "
-          "with generation.tensor_parallel_size=2", "the trainers may use any parallel sizes"]),
+        (["generation.placement=separate", "generation.backend=vllm"],
+         ["from the generation ranks' megatron engines; not implemented with "
+          "generation.backend=vllm", "use generation.backend=megatron"]),
     ],
     ids=["ports", "rows", "kv-cache", "agent", "config", "engine", "separate-engine"],
 )  # fmt: skip

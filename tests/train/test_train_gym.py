@@ -191,19 +191,20 @@ def train_one_step_off(run_dir: Path, generation_ranks: int, overrides: list[str
     return read_metrics(run_dir)
 
 
-def test_gym_trains_one_step_off_on_a_generation_rank_of_its_own(tmp_path):
-    """Asynchronous GRPO with Gym (`generation.placement: separate`, one-step-off): rank 1
-    only generates, running Gym's multi-turn environment against its own engine's server;
-    rank 0 trains. Batch k is generated with the weights of step k - 2 (0 for the first two),
-    every model turn of every trajectory is checked against that (`async/turn_staleness_max`),
-    the weight sync moves the server to the new version, and the environment's metrics reach
-    the trainer's log."""
+def test_gym_trains_one_step_off_on_a_tensor_parallel_engine_of_its_own(tmp_path):
+    """Asynchronous GRPO with Gym (`generation.placement: separate`, one-step-off): ranks 1-2
+    only generate, one engine split over both (generation.tensor_parallel_size 2: rank 1
+    serves Gym's multi-turn environment and sends rank 2 its plans); rank 0 trains. Batch k is
+    generated with the weights of step k - 2 (0 for the first two), every model turn of every
+    trajectory is checked against that (`async/turn_staleness_max`), the weight sync (one
+    trainer shard to two engine shards) moves the server to the new version, and the
+    environment's metrics reach the trainer's log."""
     run_dir = tmp_path / "run"
-    records = train_one_step_off(run_dir, 1, [
+    records = train_one_step_off(run_dir, 2, [
         f"environment.gym.config_paths=[{MULTI_TURN}]",
         "environment.gym.agent=example_multi_turn_gymnasium_agent",
         f"environment.gym.tasks={multi_turn_tasks(tmp_path / 'tasks.jsonl')}",
-        "grpo.max_num_steps=3",
+        "grpo.max_num_steps=3", "generation.tensor_parallel_size=2",
     ])  # fmt: skip
     assert [r["step"] for r in records] == [1, 2, 3]
     assert [r["async/weight_version"] for r in records] == [0.0, 0.0, 1.0]
@@ -211,6 +212,7 @@ def test_gym_trains_one_step_off_on_a_generation_rank_of_its_own(tmp_path):
     for record in records:
         assert record["env/tasks"] == 8 and record["env/failed_tasks"] == 0, record
         assert record["env/turns_per_trajectory"] >= 2 and record["async/stale_turns"] == 0
+        assert record["env/policy_servers"] == 1  # the engine's first rank
     # step 1 trains the weights that generated it: the server's logprobs are the trainer's
     # (later steps train on one-step-old turns: the importance corrections' business)
     assert abs(records[0]["train/token_mult_prob_error"] - 1.0) < 1e-3, records[0]

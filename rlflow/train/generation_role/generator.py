@@ -104,10 +104,10 @@ def setup_generator(loaded: LoadedRecipe, run_dir: Path) -> Generator:
         from rlflow.train.gym.source import GymRollouts
 
         leader = info.job_rank == g.link.leader
-        replicas = g.link.generators
         g.gym = GymRollouts(
-            g.context, policy, checkpoint, run_dir, leader=leader, replicas=replicas
-        )
+            g.context, policy, checkpoint, run_dir, leader=leader,
+            replicas=g.link.generators, engine_ranks=g.link.engine_ranks,
+        )  # fmt: skip
     watchdog.beat("setup")
     return g
 
@@ -180,7 +180,7 @@ def _receive_weights(g: Generator, version: int) -> None:
     g.link.weights(version)
     # in place: the engine's views of the weights are current
     g.context.backend.refresh_weights(version)
-    if g.gym is not None and g.gym.thread is not None:  # Gym's turns: the new version next
+    if g.gym is not None:  # Gym's turns: the new version next (once its server started)
         g.gym.after_update(version, StepTimer())
 
 
@@ -205,7 +205,7 @@ def _batch(g: Generator, step: int, schedule: Schedule) -> RolloutBatch | None:
     if g.gym is not None and g.gym.leader:  # the step's Gym episodes, all of them
         rollouts = g.gym.collect_all(step, timer)
         metrics = g.gym.step_metrics(step, rollouts)
-    elif g.gym is not None:  # serve the leader's episodes' turns
+    elif g.gym is not None:  # serve the leader's episodes' turns (or follow a server's plans)
         g.gym.serve_step(timer)
     elif g.partial is not None:  # complete groups; the cut rows continue in the next batch
         rollouts = g.partial.collect(step, timer)

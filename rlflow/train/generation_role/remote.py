@@ -106,10 +106,17 @@ class Link:
             raise _layout_error(reports)
         self.rollouts = parallel.cross_group((self.leader, *placement.training), device=False)
         self.sync = WeightSync(policy, layouts, recipe.generation.sync_bucket_mb)
-        # NeMo Gym: the generation ranks' servers all answer Gym's turns (rlflow/train/gym/)
-        self.generators = None
+        # NeMo Gym: every generation engine's server answers Gym's turns (rlflow/train/gym/):
+        # `generators` are the serving ranks (each engine's first tensor-parallel rank);
+        # `engine_ranks`, under tensor parallelism, this rank's engine's ranks, where the
+        # others follow the first one's plans (rlflow/serve/tensor_parallel.py)
+        self.generators = self.engine_ranks = None
         if recipe.environment.kind == "gym":
-            self.generators = parallel.cross_group(placement.generation, device=False)
+            tp, ranks = recipe.generation.tensor_parallel_size, placement.generation
+            self.generators = parallel.cross_group(ranks[::tp], device=False)
+            for first in range(0, len(ranks), tp) if tp > 1 else ():
+                group = parallel.cross_group(ranks[first : first + tp], device=False)
+                self.engine_ranks = group or self.engine_ranks
 
     def message(self, obj=None, *, src: int):
         """A small message from job rank `src` to every rank, waiting as long as it takes."""

@@ -46,13 +46,17 @@ class GymRollouts:
 
     def __init__(
         self, context: RolloutContext, policy, checkpoint: Path, run_dir: Path, *,
-        leader: bool | None = None, replicas=None,
+        leader: bool | None = None, replicas=None, engine_ranks=None,
     ):  # fmt: skip
         self.context, self.policy, self.checkpoint = context, policy, checkpoint
         # the rank that runs Gym (and serves): job rank 0 unless told
         self.leader = context.info.is_main if leader is None else leader
-        # the generation ranks' group (rlflow.parallel.CrossGroup): each one serves; or None
+        # the serving generation ranks' group (rlflow.parallel.CrossGroup), or None
         self.replicas = replicas
+        # a tensor-parallel engine's ranks (CrossGroup): the first serves and sends the others
+        # its plans (rlflow/serve/tensor_parallel.py); None without tensor parallelism
+        self.engine_ranks = engine_ranks
+        self.follower = None  # an engine's other rank: rlflow.serve.tensor_parallel.Follower
         self.log_dir = run_dir / "gym"
         self.env = context.recipe.environment
         self.cfg = self.env.gym
@@ -67,13 +71,21 @@ class GymRollouts:
         self.prompts: dict[tuple[int, ...], Prompt] = {}
 
     def start(self, step: int) -> None:
-        if not (self.leader or self.replicas):
+        if not (self.leader or self.replicas or self.engine_ranks):
             return
-        from rlflow.serve.runner import ServerThread, served_engine
+        from rlflow.serve.runner import ServerThread, following_engine, served_engine
+        from rlflow.serve.tensor_parallel import PlanSender
 
         recipe = self.context.recipe
         server = recipe.generation.server
-        served = served_engine(self.policy, self.checkpoint, recipe, MODEL_NAME)
+        plans = None
+        if self.engine_ranks is not None:
+            if self.context.info.job_rank != self.engine_ranks.ranks[0]:  # follows, serves not
+                pad = self.context.encoder.pad_token_id
+                self.follower = following_engine(self.policy, pad, recipe, self.engine_ranks)
+                return
+            plans = PlanSender(self.engine_ranks)
+        served = served_engine(self.policy, self.checkpoint, recipe, MODEL_NAME, plans=plans)
         served.engine.weight_version = step
         _remember_prompts(served.prompts, self.prompts)
         # several ranks of a node: each listens on its own port (0: each picks a free one)
@@ -117,9 +129,17 @@ class GymRollouts:
 
     def serve_step(self, timer) -> None:
         """A generation rank other than the leader: serve Gym's turns until the leader's tasks
-        ended, then hand it the prompts with images this rank's server made."""
+        ended, then hand it the prompts with images this rank's server made. An engine's
+        follower: run its server's plans until the server says the step is over."""
+        if self.follower is not None:
+            with timer("environment"):
+                self.follower.follow(keep_alive=watchdog.beat)
+            return
+        engine = self.thread.served.engine
+        engine.resume_followers()
         with timer("environment"):  # the leader says when its tasks ended
             self.replicas.broadcast_object(None, self.replicas.ranks[0], keep_alive=watchdog.beat)
+        engine.release_followers()
         self.replicas.all_gather_object((dict(self.prompts), self._new_requests()))
         self.prompts.clear()
 
@@ -141,6 +161,8 @@ class GymRollouts:
         if self.thread is not None:
             with timer("weight_refresh"):
                 self.thread.served.engine.update_weights(None, step)
+        elif self.follower is not None:  # (the leader's engine does the same between steps)
+            self.follower.batch.decoder.requantize()
 
     def step_metrics(self, step: int, rollouts: Rollouts) -> dict[str, float]:
         return dict(self.metrics)
@@ -162,9 +184,12 @@ class GymRollouts:
             len(self.tasks), step, recipe.grpo.num_prompts_per_step, recipe.run.seed
         )
         rows = [request_row(self.tasks[i], recipe.generation) for i in picked for _ in range(G)]
-        version = self.thread.served.engine.weight_version
+        engine = self.thread.served.engine
+        version = engine.weight_version
         start = time.perf_counter()
+        engine.resume_followers()
         results = self.episodes.run(rows, version)
+        engine.release_followers()  # the engine's other ranks: the step is over
         served = [self._new_requests()]  # the turns each server took in this step
         if self.replicas is not None:  # the tasks ended: the prompts the other servers made
             self.replicas.broadcast_object(None, self.replicas.ranks[0])
