@@ -20,7 +20,7 @@ GYM = ROOT / "recipes" / "tiny-qwen3-gym-tool-1n1g-cpu.yaml"
 
 
 def dry_run(
-    *overrides: str, hide_gym: bool = False, nodes: int = 1, gpus: int = 1
+    *overrides: str, hide_gym: bool = False, nodes: int = 1, gpus: int = 1, recipe: Path = GYM
 ) -> subprocess.CompletedProcess:
     """The console script's dry run on `nodes` of `gpus` (the test cluster's nodes have 4);
     hide_gym: as on a machine without the `gym` extra (the import system is told nemo_gym does
@@ -29,9 +29,12 @@ def dry_run(
     code = f"import sys; {hide}from rlflow.cli import main; sys.argv[0] = 'rlflow'; main()"
     shape = ["--nodes", str(nodes), "--gpus", str(gpus), "--dry-run"]
     return subprocess.run(
-        [sys.executable, "-c", code, "submit", str(GYM), *shape, *overrides],
+        [sys.executable, "-c", code, "submit", str(recipe), *shape, *overrides],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
+
+
+CIRCLES = "resources_servers/circle_count/configs/circle_count.yaml"
 
 
 def test_the_dry_run_shows_the_gym_servers_and_their_ports():
@@ -78,6 +81,24 @@ def test_gym_on_generation_ranks_of_their_own_is_shown_and_must_be_reachable():
     assert (
         "the first rank of every generation engine (tensor-parallel size 2: the others follow "
         "its plans) starts rlflow's server" in engines.stdout
+    )
+
+
+def test_the_founding_shape_can_train_in_gym_with_its_tp4_engines():
+    """The founding recipe (16 nodes: 8 train at TP 4 x EP 4, 8 generate at TP 4) in Gym's
+    VLM environment: 16 engines serve, each from its first rank, reachable from other nodes."""
+    founding = (
+        ROOT / "recipes" / "vlm_grpo-nemotron-omni-30ba3b-16n8g-megatron-tp4ep4-async-video.yaml"
+    )
+    gym = [
+        "environment.kind=gym", f"environment.gym.config_paths=[{CIRCLES}]",
+        "environment.gym.agent=circle_count_simple_agent", "environment.gym.tasks=example",
+    ]  # fmt: skip
+    result = dry_run(*gym, "generation.server.host=0.0.0.0", nodes=16, gpus=8, recipe=founding)
+    assert result.returncode == 0, result.stderr
+    assert (
+        "the first rank of every generation engine (tensor-parallel size 4: the others follow "
+        "its plans) starts rlflow's server on 0.0.0.0:8000 + its local rank" in result.stdout
     )
 
 
