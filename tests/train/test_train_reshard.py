@@ -100,3 +100,48 @@ def test_layout_of_reads_megatron_attributes():
     assert layout_of("fc1", weight, tp=2) == Layout("fc1", (12, 4), "float32", 0, 2)
     norm = torch.nn.Parameter(torch.zeros(4))
     assert layout_of("norm", norm, tp=2) == Layout("norm", (4,), "float32", None, 1)
+
+
+# A Mamba mixer's in_proj, whole: [z; x; B; C; dt] rows of unequal sizes; megatron-core sets
+# `partition_sizes` (one rank's rows of each part) and splits each part over the ranks.
+MAMBA_PARTS = (8, 8, 4, 4, 4)
+
+
+def megatron_parts_shard(full: torch.Tensor, sizes: tuple[int, ...], tp: int, rank: int):
+    """Rank `rank`'s shard of a weight fused from parts of `sizes` rows (dim 0)."""
+    parts = torch.split(full, list(sizes), dim=0)
+    return torch.cat([torch.chunk(part, tp, dim=0)[rank] for part in parts], dim=0)
+
+
+@pytest.mark.parametrize(("src_tp", "dst_tp"), list(itertools.product(SIZES, SIZES)))
+def test_unequal_parts_reshard_and_fingerprint_alike(src_tp, dst_tp):
+    """The Mamba weights CI's separate-placement runs synced wrong before Layout knew
+    partition_sizes: each part is split over the ranks, not the fused tensor."""
+    full = torch.randn(sum(MAMBA_PARTS), 3)
+    layout = Layout("in_proj", tuple(full.shape), "float32", 0, 5, part_sizes=MAMBA_PARTS)
+    for dst_rank in range(dst_tp):
+        expected = megatron_parts_shard(full, MAMBA_PARTS, dst_tp, dst_rank)
+        got = torch.full_like(expected, float("nan"))
+        for src_rank in range(src_tp):
+            src = megatron_parts_shard(full, MAMBA_PARTS, src_tp, src_rank)
+            copy_overlap(layout, src, src_rank, src_tp, got, dst_rank, dst_tp)
+        assert torch.equal(got, expected)
+    positions = sample_positions(layout, version=1)
+    sums = {
+        tp: sum(
+            partial_checksum(
+                layout, megatron_parts_shard(full, MAMBA_PARTS, tp, r), r, tp, positions
+            )
+            for r in range(tp)
+        )
+        for tp in (src_tp, dst_tp)
+    }
+    assert len(set(sums.values())) == 1
+
+
+def test_layout_of_reads_partition_sizes():
+    weight = torch.nn.Parameter(torch.zeros(14, 3))
+    weight.tensor_model_parallel, weight.partition_dim = True, 0
+    weight.partition_sizes = [4, 4, 2, 2, 2]
+    expected = Layout("in_proj", (28, 3), "float32", 0, 5, part_sizes=(8, 8, 4, 4, 4))
+    assert layout_of("in_proj", weight, tp=2) == expected

@@ -6,11 +6,13 @@ when the two sides' tensor-parallel sizes differ, and a fingerprint of a whole t
 compared without gathering anything.
 
 megatron-core splits a tensor-parallel weight along `partition_dim` into `tp` contiguous
-chunks, one per rank, except with a stride: a gated MLP's fused [gate; up] (`partition_stride`
-2) is split part by part, so rank r holds [gate_r; up_r]. A `Layout` states this once:
+chunks, one per rank, except for fused weights, split part by part: a gated MLP's [gate; up]
+(`partition_stride` 2, equal parts), so rank r holds [gate_r; up_r]; a Mamba mixer's in_proj
+[z; x; B; C; dt] and conv1d [x; B; C] (`partition_sizes`: each part's rows on one rank, unequal
+parts). A `Layout` states this once:
 
-    full tensor, along dim:  | part 0 (L/s rows)          | part 1 (L/s rows)          |
-    shard r of tp:           | part 0 rows r*c .. r*c+c   | part 1 rows r*c .. r*c+c   |   c = L/(s*tp)
+    full tensor, along dim:  | part 0 (S0 rows)             | part 1 (S1 rows)             |
+    shard r of tp:           | part 0 rows r*c0 .. r*c0+c0  | part 1 rows r*c1 .. r*c1+c1  |   cp = Sp/tp
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class Layout:
     dim: int | None  # tensor-parallel partition dim; None: every rank holds the whole tensor
     parts: int  # megatron's partition_stride: 2 for a gated MLP's [gate; up]
     expert: int = -1  # a routed expert's weight: the training EP rank that holds it; -1: none
+    # unequal parts (megatron's partition_sizes, a Mamba mixer's in_proj and conv1d): each
+    # part's rows in the whole tensor; empty: `parts` equal parts
+    part_sizes: tuple[int, ...] = ()
 
     @property
     def numel(self) -> int:
@@ -47,9 +52,11 @@ class Layout:
         shape[self.dim] //= tp
         return tuple(shape)
 
-    def chunk(self, tp: int) -> int:
-        """Rows (along dim) of one part in one shard."""
-        return self.shape[self.dim] // (self.parts * tp)
+    def spans(self) -> list[tuple[int, int]]:
+        """(first row, rows) of each part in the whole tensor, along dim."""
+        sizes = self.part_sizes or (self.shape[self.dim] // self.parts,) * self.parts
+        starts = [sum(sizes[:p]) for p in range(len(sizes))]
+        return list(zip(starts, sizes))
 
 
 def layout_of(name: str, param: torch.Tensor, tp: int) -> Layout:
@@ -60,7 +67,12 @@ def layout_of(name: str, param: torch.Tensor, tp: int) -> Layout:
     if dim is not None:
         shape[dim] *= tp
     parts = int(getattr(param, "partition_stride", 1)) if dim is not None else 1
-    return Layout(name, tuple(shape), str(param.dtype).removeprefix("torch."), dim, parts)
+    sizes = getattr(param, "partition_sizes", None) if dim is not None else None
+    if sizes:  # one rank's rows of each part: the whole tensor's are tp times as many
+        sizes = tuple(int(size) * tp for size in sizes)
+        parts = len(sizes)
+    dtype = str(param.dtype).removeprefix("torch.")
+    return Layout(name, tuple(shape), dtype, dim, parts, part_sizes=tuple(sizes or ()))
 
 
 def copy_overlap(
@@ -71,16 +83,16 @@ def copy_overlap(
     if layout.dim is None:
         dst.copy_(src)
         return dst.numel()
-    dim, part = layout.dim, layout.shape[layout.dim] // layout.parts
-    cs, cd = layout.chunk(src_tp), layout.chunk(dst_tp)
-    copied = 0
-    for p in range(layout.parts):
-        s_lo, d_lo = p * part + src_rank * cs, p * part + dst_rank * cd
+    dim, copied = layout.dim, 0
+    for start, size in layout.spans():
+        cs, cd = size // src_tp, size // dst_tp  # the part's rows in one shard of each side
+        s_lo, d_lo = start + src_rank * cs, start + dst_rank * cd
         lo, hi = max(s_lo, d_lo), min(s_lo + cs, d_lo + cd)
         if lo >= hi:
             continue
-        piece = src.narrow(dim, p * cs + lo - s_lo, hi - lo)
-        dst.narrow(dim, p * cd + lo - d_lo, hi - lo).copy_(piece)
+        # the part begins at row start / tp of a shard (every earlier part is split tp ways)
+        piece = src.narrow(dim, start // src_tp + lo - s_lo, hi - lo)
+        dst.narrow(dim, start // dst_tp + lo - d_lo, hi - lo).copy_(piece)
         copied += piece.numel()
     return copied
 
@@ -125,12 +137,17 @@ def _local_index(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(held by this shard?, flat index into the shard) for flat positions of the whole tensor."""
     coords = list(torch.unravel_index(positions, layout.shape))
-    dim, chunk = layout.dim, layout.chunk(tp)
-    part_len = layout.shape[dim] // layout.parts
+    dim = layout.dim
     row = coords[dim]
-    part, offset = row // part_len, row % part_len
-    mine = offset // chunk == rank
-    coords[dim] = part * chunk + offset % chunk
+    mine = torch.zeros_like(row, dtype=torch.bool)
+    local = torch.zeros_like(row)
+    for start, size in layout.spans():
+        chunk = size // tp
+        inside = (row >= start) & (row < start + size)
+        offset = row - start
+        mine |= inside & (offset // chunk == rank)
+        local = torch.where(inside, start // tp + offset % chunk, local)
+    coords[dim] = local
     shard = layout.shard_shape(tp)
     index = torch.zeros_like(positions)
     for size, coord in zip(shard, coords):
