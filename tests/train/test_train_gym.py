@@ -191,20 +191,19 @@ def train_one_step_off(run_dir: Path, generation_ranks: int, overrides: list[str
     return read_metrics(run_dir)
 
 
-def test_gym_trains_one_step_off_on_a_tensor_parallel_engine_of_its_own(tmp_path):
+def test_gym_trains_one_step_off_on_generation_ranks_of_their_own(tmp_path):
     """Asynchronous GRPO with Gym (`generation.placement: separate`, one-step-off): ranks 1-2
-    only generate, one engine split over both (generation.tensor_parallel_size 2: rank 1
-    serves Gym's multi-turn environment and sends rank 2 its plans); rank 0 trains. Batch k is
-    generated with the weights of step k - 2 (0 for the first two), every model turn of every
-    trajectory is checked against that (`async/turn_staleness_max`), the weight sync (one
-    trainer shard to two engine shards) moves the server to the new version, and the
-    environment's metrics reach the trainer's log."""
+    only generate, each serving Gym's multi-turn environment from its own engine (vllm_model
+    spreads the sessions over both servers); rank 0 trains. Batch k is generated with the
+    weights of step k - 2 (0 for the first two), every model turn of every trajectory is
+    checked against that (`async/turn_staleness_max`), the weight sync moves both servers to
+    the new version, and the environment's metrics reach the trainer's log."""
     run_dir = tmp_path / "run"
     records = train_one_step_off(run_dir, 2, [
         f"environment.gym.config_paths=[{MULTI_TURN}]",
         "environment.gym.agent=example_multi_turn_gymnasium_agent",
         f"environment.gym.tasks={multi_turn_tasks(tmp_path / 'tasks.jsonl')}",
-        "grpo.max_num_steps=3", "generation.tensor_parallel_size=2",
+        "grpo.max_num_steps=3",
     ])  # fmt: skip
     assert [r["step"] for r in records] == [1, 2, 3]
     assert [r["async/weight_version"] for r in records] == [0.0, 0.0, 1.0]
@@ -212,7 +211,7 @@ def test_gym_trains_one_step_off_on_a_tensor_parallel_engine_of_its_own(tmp_path
     for record in records:
         assert record["env/tasks"] == 8 and record["env/failed_tasks"] == 0, record
         assert record["env/turns_per_trajectory"] >= 2 and record["async/stale_turns"] == 0
-        assert record["env/policy_servers"] == 1  # the engine's first rank
+        assert record["env/policy_servers"] == 2 and record["env/policy_server_turns_min"] > 0
     # step 1 trains the weights that generated it: the server's logprobs are the trainer's
     # (later steps train on one-step-old turns: the importance corrections' business)
     assert abs(records[0]["train/token_mult_prob_error"] - 1.0) < 1e-3, records[0]
@@ -242,19 +241,22 @@ def test_the_vlm_environment_circle_count_trains_the_tiny_vlm_on_its_images(tmp_
 
 def test_the_founding_workload_in_miniature_omni_in_circle_count_one_step_off(tmp_path):
     """The founding workload's parts together, tiny: Nemotron Omni (RADIO tower over a hybrid
-    Mamba-2/attention language model) in Gym's VLM environment, one-step-off on two generation
-    ranks of their own: both ranks' Megatron engines serve Gym's turns (vllm_model spreads the
-    sessions over their servers; images through the family's processor) while rank 0 trains on
-    them, with the pixels of the prompts either server made."""
+    Mamba-2/attention language model) in Gym's VLM environment, one-step-off on a
+    tensor-parallel engine of its own, as the founding recipe generates (TP 4 there, TP 2 here):
+    rank 1 serves Gym's turns (images through the family's processor) and sends rank 2 its
+    plans, while rank 0 trains at TP 1 on them, with the pixels of the prompts the server made.
+    The weight sync cuts the trainer's whole Mamba weights into the engine's two shards part by
+    part (in_proj's [z; x; B; C; dt]): the server's logprobs are the trainer's."""
     records = train_one_step_off(tmp_path / "run", 2, [
         "model.checkpoint=builtin:tiny-nemotron-omni", f"environment.gym.config_paths=[{CIRCLES}]",
         "environment.gym.agent=circle_count_simple_agent", "grpo.num_prompts_per_step=2",
         "generation.server.context_tokens=4096", "grpo.max_num_steps=2",
+        "generation.tensor_parallel_size=2",
     ])  # fmt: skip
     assert [r["async/weight_version"] for r in records] == [0.0, 0.0]
     for record in records:
         assert record["env/tasks"] == 8 and record["env/failed_tasks"] == 0, record
-        assert record["env/policy_servers"] == 2 and record["env/policy_server_turns_min"] > 0
+        assert record["env/policy_servers"] == 1  # the engine's first rank
         assert record["train/real_tokens"] > 0  # each row's image tokens met their pixels
     assert abs(records[0]["train/token_mult_prob_error"] - 1.0) < 1e-3, records[0]
 
