@@ -54,15 +54,16 @@ def allocation_diagnostics(
     shape = f"{nodes} node{'s' * (nodes != 1)} x {gpus} GPU{'s' * (gpus != 1)}"
     problems = [p for rule in UNIMPLEMENTED for p in rule(loaded)]
     problems += _experts(loaded, trains)
+    placed = trains and not placement_diagnostics(loaded, nodes, gpus)
+    placement = placement_of(loaded.recipe, nodes, gpus) if placed else None
+    world_size = len(placement.training) if placement is not None else nodes * gpus
+    if placement is not None and placement.separate:  # the trainers' sizes divide their ranks
+        shape = f"the {world_size} training ranks of {shape}"
     if problems or not trains:
-        return problems + _parallel_sizes(loaded, nodes * gpus, shape)
+        return problems + _parallel_sizes(loaded, world_size, shape)
     problems = placement_diagnostics(loaded, nodes, gpus)
     if problems:
         return problems
-    placement = placement_of(loaded.recipe, nodes, gpus)
-    world_size = len(placement.training)
-    if placement.separate:
-        shape = f"the {world_size} training ranks of {shape}"
     problems = _parallel_sizes(loaded, world_size, shape)
     if problems:
         return problems  # (the data-parallel size is not a whole number)

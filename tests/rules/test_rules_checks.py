@@ -118,3 +118,9 @@ def test_sequence_parallel_is_refused_for_a_hybrid_model():
     assert "set parallelism.sequence_parallel: off" in refused[0].help
     off = load_checked(TINY, [*tp2, "parallelism.sequence_parallel=off"])
     assert allocation_diagnostics(off, 1, 2) == []
+    # two trainers at TP 2 beside a generation rank: the refusal comes alone, with no
+    # complaint that TP 2 does not divide all 3 ranks (it divides the 2 that train)
+    separate = [*hybrid, "parallelism.tensor_parallel_size=2", "generation.placement=separate",
+                "generation.gpus_per_node=1", "async_grpo.max_staleness=1"]  # fmt: skip
+    refused = allocation_diagnostics(load_checked(TINY, separate), 1, 3)
+    assert [d.code for d in refused] == ["allocation.hybrid-sequence-parallel"]
