@@ -56,6 +56,9 @@ SWITCH_INTERVAL_S = 1e-4
 # wait up to this many checks for others, so a stream of single requests does not prefill one
 # at a time between every two intervals.
 DEFER_CHECKS = 2
+# A tensor-parallel engine's followers wait for its next plan in a gloo collective, which times
+# out after watchdog.collective_timeout_s: an idle engine sends an empty plan this often.
+PLAN_HEARTBEAT_S = 60.0
 
 
 @dataclass
@@ -188,26 +191,23 @@ class ServingEngine:
         batch = self.batch
         with torch.no_grad():
             while True:
+                beat = False  # idle for PLAN_HEARTBEAT_S: the followers hear from us anyway
                 with self._cond:
                     if not _has_work(self):
                         # nothing to run: the stats' "idle" seconds (idle_since while it lasts)
                         self.idle_since = time.perf_counter()
-                        while not _has_work(self):
-                            self._cond.wait()
+                        while not (_has_work(self) or beat):
+                            beat = not self._cond.wait(_heartbeat(self))
                         self.stats.add("idle", time.perf_counter() - self.idle_since)
                         self.idle_since = None
                     if self._closed:
                         break
                     release, self._release = self._release, None
                 if release is not None:  # the followers' step ends here, between intervals
-                    batch.drop(batch.rows, _between_steps())
-                    with self._cond:
-                        self._parked = True
-                        waiting, self._waiting = list(self._waiting), collections.deque()
-                    for row in waiting:
-                        row.request.fail(_between_steps())
-                    self.plans.send(batch, [], end=True)
-                    release.set()
+                    _release(self, release)
+                    continue
+                if beat:  # an empty plan: no follower waits on a collective for long
+                    self.plans.send(batch, [])
                     continue
                 try:
                     self._iterate()
@@ -338,6 +338,25 @@ class ServingEngine:
         for row in new:  # (a preempted row's request keeps its first admission)
             row.request.times.setdefault("admitted", now)
         return new
+
+
+def _release(engine: ServingEngine, done: threading.Event) -> None:
+    """The engine's thread ends the followers' step: what runs or waits is refused, new
+    requests wait (parked), the end plan goes out, `release_followers()` returns."""
+    engine.batch.drop(engine.batch.rows, _between_steps())
+    with engine._cond:
+        engine._parked = True
+        waiting, engine._waiting = list(engine._waiting), collections.deque()
+    for row in waiting:
+        row.request.fail(_between_steps())
+    engine.plans.send(engine.batch, [], end=True)
+    done.set()
+
+
+def _heartbeat(engine: ServingEngine) -> float | None:
+    """How long the idle engine waits before it sends its followers an empty plan (None:
+    forever; no followers, or they are away)."""
+    return PLAN_HEARTBEAT_S if engine.plans is not None and not engine._parked else None
 
 
 def _has_work(engine: ServingEngine) -> bool:

@@ -2,7 +2,8 @@
 ranks of the tiny Nemotron-H (Mamba-2 + attention + MLP, fp32, CPU): rank 0 serves real HTTP
 and sends its plans, rank 1 follows them. Concurrent requests through the `openai` client (rows
 joining and leaving the running batch, a request's two choices, a stop string only the leader's
-tokenizer sees) get the same greedy tokens as the same requests on a one-rank server."""
+tokenizer sees) get the same greedy tokens as the same requests on a one-rank server; an idle
+leader's empty plans (heartbeats) and its end plan reach the follower."""
 
 from __future__ import annotations
 
@@ -80,11 +81,17 @@ def _rank(rank: int, checkpoint: str, out: str, port: int) -> None:
     policy = load_policy(Path(checkpoint), FP32, layout, trainable=False)
     recipe = _recipe()
     if rank == 0:
+        from rlflow.serve import engine
+        from tests.serve.conftest import wait_until
+
+        engine.PLAN_HEARTBEAT_S = 0.05  # (60 s in a job)
         sender = PlanSender(group)
         served = served_engine(policy, Path(checkpoint), recipe, "tp", plans=sender)
         thread = ServerThread(served, "127.0.0.1", 0, 16, 30).start()
         try:
             answers = ask(thread.url)
+            sent = sender.sent  # idle now: empty plans keep the follower's wait short
+            wait_until(lambda: sender.sent >= sent + 3, "three heartbeat plans")
             served.engine.release_followers()
         finally:
             thread.stop()
