@@ -17,6 +17,7 @@ Examples:
   rlflow serve generation.server.port=8001       # the same, on another port
   rlflow serve /models/Qwen2.5-VL-3B-Instruct --port 8001
   rlflow serve recipes/tiny-qwen25vl-clevr-1n1g-cpu.yaml generation.server.max_rows=16
+  rlflow serve /models/Qwen2.5-VL-3B-Instruct parallelism.tensor_parallel_size=2  # 2 GPUs
 """
 )
 @click.argument("checkpoint_or_recipe", default=DEFAULT_MODEL)
@@ -31,7 +32,8 @@ def serve(checkpoint_or_recipe, overrides, host, port, model_name):
 
     CHECKPOINT_OR_RECIPE is an HF checkpoint directory, builtin:NAME, or a YAML recipe (its
     model.checkpoint is served); OVERRIDES are dotted key=value pairs of the recipe
-    (generation.server.* sizes the server). The server prints its URL when it is ready.
+    (generation.server.* sizes the server; parallelism.tensor_parallel_size=N splits the
+    model over N local ranks). The server prints its URL when it is ready.
     """
     from rlflow.serve.start import serve_forever
 

@@ -95,7 +95,8 @@ class ServingEngine:
         self.plans = plans
         if plans is not None:
             self.batch.journal = []
-        self._release: threading.Event | None = None  # release_followers() asked, not yet sent
+        # release_followers() asked, not yet sent: (its event, close)
+        self._release: tuple[threading.Event, bool] | None = None
         self._parked = False  # released, not yet resumed: the followers are away
         self._cond = threading.Condition()
         self._waiting: collections.deque[Row] = collections.deque()
@@ -150,18 +151,18 @@ class ServingEngine:
                 )
             )
 
-    def release_followers(self) -> None:
+    def release_followers(self, close: bool = False) -> None:
         """A tensor-parallel engine: tell the other ranks the step is over (they return to the
         job's loop: the weight sync, where this rank's engine must not wait for them). Requests
         in flight or queued (a failed task's late turns: the step's tasks have ended) are
         refused (`step_ended`, HTTP 503); new ones wait until `resume_followers()`. Blocks
         until the engine's thread sent it, between two intervals. A no-op without tensor
-        parallelism."""
+        parallelism. close: the server shuts down, the followers leave (`rlflow serve`)."""
         if self.plans is None:
             return
         done = threading.Event()
         with self._cond:
-            self._release = done
+            self._release = (done, close)
             self._cond.notify()
         done.wait()
 
@@ -204,7 +205,7 @@ class ServingEngine:
                         break
                     release, self._release = self._release, None
                 if release is not None:  # the followers' step ends here, between intervals
-                    _release(self, release)
+                    _release(self, *release)
                     continue
                 if beat:  # an empty plan: no follower waits on a collective for long
                     self.plans.send(batch, [])
@@ -340,7 +341,7 @@ class ServingEngine:
         return new
 
 
-def _release(engine: ServingEngine, done: threading.Event) -> None:
+def _release(engine: ServingEngine, done: threading.Event, close: bool) -> None:
     """The engine's thread ends the followers' step: what runs or waits is refused, new
     requests wait (parked), the end plan goes out, `release_followers()` returns."""
     engine.batch.drop(engine.batch.rows, _between_steps())
@@ -349,7 +350,7 @@ def _release(engine: ServingEngine, done: threading.Event) -> None:
         waiting, engine._waiting = list(engine._waiting), collections.deque()
     for row in waiting:
         row.request.fail(_between_steps())
-    engine.plans.send(engine.batch, [], end=True)
+    engine.plans.send(engine.batch, [], end=True, close=close)
     done.set()
 
 

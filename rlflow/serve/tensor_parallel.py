@@ -53,6 +53,7 @@ class Plan:
     requests: list[PlannedRequest] = field(default_factory=list)
     prompts: list[tuple[Prompt, list[int]]] = field(default_factory=list)
     end: bool = False
+    close: bool = False  # (with end) the server is shutting down: the followers leave too
 
 
 class PlanSender:
@@ -63,8 +64,10 @@ class PlanSender:
         self.group = group
         self.sent = 0
 
-    def send(self, batch: RunningBatch, new: list[Row], end: bool = False) -> None:
-        plan = Plan(retired=batch.journal[:], rows=[r.uid for r in batch.rows], end=end)
+    def send(
+        self, batch: RunningBatch, new: list[Row], end: bool = False, close: bool = False
+    ) -> None:
+        plan = Plan(batch.journal[:], [r.uid for r in batch.rows], end=end, close=close)
         batch.journal.clear()
         requests: dict[int, int] = {}
         prompts: dict[object, int] = {}
@@ -89,8 +92,8 @@ class Follower:
         self.batch, self.group = batch, group
         self.plans = 0  # followed so far (a test and the log read it)
 
-    def follow(self, keep_alive=None) -> None:
-        """Run the leader's plans until one says the step is over."""
+    def follow(self, keep_alive=None) -> bool:
+        """Run the leader's plans until one says the step is over; True if the server closed."""
         batch = self.batch
         while True:
             plan = self.group.broadcast_object(None, self.group.ranks[0], keep_alive=keep_alive)
@@ -108,7 +111,7 @@ class Follower:
                     )
                 )
             if plan.end:
-                return
+                return plan.close
             new = self._new_rows(plan)
             if new:
                 batch.prefill(new, 0)
