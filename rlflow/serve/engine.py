@@ -97,7 +97,9 @@ class ServingEngine:
             self.batch.journal = []
         # release_followers() asked, not yet sent: (its event, close)
         self._release: tuple[threading.Event, bool] | None = None
-        self._parked = False  # released, not yet resumed: the followers are away
+        # released (or, with followers, not yet resumed): the followers are away, and no plan
+        # (no admission, no heartbeat) may wait for them: `resume_followers()` when they follow
+        self._parked = plans is not None
         self._cond = threading.Condition()
         self._waiting: collections.deque[Row] = collections.deque()
         self._update: _Update | None = None
@@ -167,7 +169,8 @@ class ServingEngine:
         done.wait()
 
     def resume_followers(self) -> None:
-        """The other ranks follow again (the next step began): requests are taken again."""
+        """The other ranks follow (from now on, or again: the next step began): requests are
+        taken. An engine with followers starts parked, as its followers may not follow yet."""
         with self._cond:
             self._parked = False
             self._cond.notify()

@@ -97,6 +97,7 @@ def _serve_rank(rank, world, rendezvous, recipe, checkpoint, host, port, model_n
     server_cfg = recipe.generation.server
     plans = PlanSender(group) if group is not None else None
     served = served_engine(policy, path, recipe, model_name or checkpoint, plans=plans)
+    served.engine.resume_followers()  # the others follow from now on
     thread = ServerThread(
         served, host or server_cfg.host, server_cfg.port if port is None else port,
         server_cfg.max_connections, server_cfg.idle_timeout_s,

@@ -87,6 +87,7 @@ def _rank(rank: int, checkpoint: str, out: str, port: int) -> None:
         engine.PLAN_HEARTBEAT_S = 0.05  # (60 s in a job)
         sender = PlanSender(group)
         served = served_engine(policy, Path(checkpoint), recipe, "tp", plans=sender)
+        served.engine.resume_followers()  # rank 1 follows from now on
         thread = ServerThread(served, "127.0.0.1", 0, 16, 30).start()
         try:
             answers = ask(thread.url)
