@@ -1,8 +1,8 @@
 """A tensor-parallel engine behind the server (rlflow/serve/tensor_parallel.py), on two gloo
 ranks of the tiny Nemotron-H (Mamba-2 + attention + MLP, fp32, CPU): rank 0 serves real HTTP
 and sends its plans, rank 1 follows them. Concurrent requests through the `openai` client (rows
-joining and leaving the running batch, a request's two choices, a stop string only the leader's
-tokenizer sees) get the same greedy tokens as the same requests on a one-rank server; an idle
+joining and leaving the running batch, rows preempted by a full cache, a request's two choices,
+a stop string only the leader's tokenizer sees) get the same greedy tokens as the same requests on a one-rank server; an idle
 leader's empty plans (heartbeats) and its end plan reach the follower."""
 
 from __future__ import annotations
@@ -17,14 +17,18 @@ import torch
 from tests.serve.conftest import SERVER_KEYS
 from tests.tiny import FP32, QUESTIONS, base_recipe, init_layout, spawned_rank
 
-# 3 rows for 5 requests (6 choices): requests wait, join as rows retire, and share batches.
-KEYS = {**SERVER_KEYS, "max_rows": 3}
+# 3 rows for 5 requests (6 choices): requests wait, join as rows retire, and share batches;
+# a cache of 8 blocks of 16 tokens holds fewer than 3 whole rows: the last admitted give way
+# (preempted) and run again later, on both ranks alike.
+KEYS = {**SERVER_KEYS, "max_rows": 3, "context_tokens": 128}
+CACHE_TOKENS = 128
 
 
 def _recipe():
     recipe = base_recipe()
     gen = recipe.generation
-    gen = dataclasses.replace(gen, server=dataclasses.replace(gen.server, **KEYS))
+    server = dataclasses.replace(gen.server, **KEYS)
+    gen = dataclasses.replace(gen, server=server, kv_cache_tokens=CACHE_TOKENS)
     return dataclasses.replace(recipe, generation=gen)
 
 
@@ -53,11 +57,11 @@ def ask(url: str) -> list[list[list[int]]]:
     ).choices[0].message.content  # fmt: skip
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     asks = [
-        (QUESTIONS[1], 24, 2, None),
+        (QUESTIONS[1], 48, 2, None),
         (QUESTIONS[2], 7, 1, None),
         (QUESTIONS[0], 16, 1, [stop]),
-        (QUESTIONS[1], 12, 1, None),
-        (QUESTIONS[2], 20, 1, None),
+        (QUESTIONS[1], 40, 1, None),
+        (QUESTIONS[2], 44, 1, None),
     ]
     with ThreadPoolExecutor(len(asks)) as pool:
         answers = list(pool.map(lambda a: create(*a), asks))
@@ -96,7 +100,9 @@ def _rank(rank: int, checkpoint: str, out: str, port: int) -> None:
             served.engine.release_followers()
         finally:
             thread.stop()
-        Path(out).write_text(json.dumps({"answers": answers, "plans": sender.sent}))
+        stats = served.engine.stats
+        result = {"answers": answers, "plans": sender.sent, "preempted": stats.preempted}
+        Path(out).write_text(json.dumps(result))
     else:
         pad = AutoTokenizer.from_pretrained(checkpoint).pad_token_id
         follower = following_engine(policy, pad, recipe, group)
@@ -124,7 +130,8 @@ def test_a_tensor_parallel_engine_serves_what_one_rank_serves(hybrid_policy, tmp
     )
     got = json.loads(out.read_text())
     assert got["answers"] == reference
-    assert [len(c) for c in reference[1]] == [24, 24]  # (greedy: two equal choices)
+    assert got["preempted"] > 0  # (the tokens do not depend on it)
+    assert [len(c) for c in reference[1]] == [48, 48]  # (greedy: two equal choices)
     assert len(reference[3][0]) < 16  # the stop string cut it
     followed = json.loads((tmp_path / "tp.json.follower").read_text())["plans"]
     assert followed == got["plans"] > 6  # every plan, the step's end included
