@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlflow import parallel
+from rlflow.errors import Diagnostic, RlflowError
 from rlflow.model.build import Policy
 from rlflow.model.forward import policy_logits
 from rlflow.model.logits import vocab_parallel_logprobs
@@ -52,6 +53,16 @@ class Optimizer:
         from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
         from megatron.core.optimizer import get_megatron_optimizer
 
+        if policy.dtype != torch.float32 and policy.device.type != "cuda":
+            raise RlflowError(
+                Diagnostic(
+                    "train.dtype-device",
+                    f"`model.dtype` {str(policy.dtype).removeprefix('torch.')} trains on GPUs "
+                    f"only: megatron-core's mixed-precision optimizer keeps CUDA tensors, and "
+                    f"this rank runs on the {policy.device.type}",
+                    help="set model.dtype=float32 to train on the CPU",
+                )
+            )
         lr = cfg.lr if lr is None else lr
         config = MegatronOptimizerConfig(
             optimizer="adam",

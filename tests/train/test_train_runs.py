@@ -223,3 +223,12 @@ def test_report_writes_png_plots(reference_run, tmp_path):
     for name in ("reward", "accuracy", "kl", "step_time"):
         data = (tmp_path / f"{name}.png").read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_half_precision_on_the_cpu_is_refused_naming_the_key(tmp_path):
+    """megatron-core's mixed-precision optimizer takes CUDA tensors only: on the CPU a bf16
+    recipe ends with rlflow's error naming `model.dtype`, not megatron's TypeError."""
+    result = train(tmp_path, "model.dtype=bfloat16", "grpo.max_num_steps=1")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "error[train.dtype-device]: `model.dtype` bfloat16 trains on GPUs only" in result.stderr
+    assert "set model.dtype=float32" in result.stderr and "Traceback" not in result.stderr
