@@ -163,15 +163,15 @@ class LossConfig:
         metadata=bound(ge=0, lt=1, help="the ratio is clipped to [1 - low, 1 + high]")
     )
     ratio_clip_high: float = field(metadata=bound(ge=0))
-    # weight of KL(policy || reference); 0 disables the reference forward
-    kl_penalty: float = field(metadata=bound(ge=0))
+    kl_penalty: float = field(metadata=bound(ge=0))  # KL(policy || reference); 0: no reference
     kl_type: Literal["k1", "k3"]
-    # true: mean over all tokens; false: mean per sequence, then over sequences
-    token_level_loss: bool
+    token_level_loss: bool  # true: mean over all tokens; false: per sequence, then over them
     ratio_level: Literal["token", "sequence"]  # sequence: GSPO's one ratio per sequence
     overlong_penalty: OverlongPenaltyConfig
     importance_sampling: ImportanceSamplingConfig
     router_replay: bool  # MoE: the trainer routes each token to the experts that generated it
+    # train/token_mult_prob_error above this on rollouts of the step's own weights: stop
+    stop_on_mult_prob_error: float | None = field(metadata=bound(gt=1, help="null: never"))
 
 
 @frozen

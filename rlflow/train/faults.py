@@ -16,6 +16,8 @@ Each variable is "RANK:PHASE" (RANK is the launcher's rank). The phases, in a st
     RLFLOW_TEST_SIGNAL  that rank gets SIGUSR1 there (Slurm's time-limit warning)
     RLFLOW_TEST_TEAR    a generation rank tears that weight sync: one element of its last bucket
                         arrives wrong
+    RLFLOW_TEST_SKEW    a generation rank changes its weights after that sync passed its
+                        fingerprint check (a resharding bug both sides' fingerprints agree on)
 """
 
 from __future__ import annotations
@@ -45,3 +47,8 @@ def inject_failure(rank: int, phase: str) -> None:
 def torn(rank: int, phase: str) -> bool:
     """RLFLOW_TEST_TEAR asks this rank to leave part of this weight sync out."""
     return os.environ.get("RLFLOW_TEST_TEAR") == f"{rank}:{phase}"
+
+
+def skewed(rank: int, phase: str) -> bool:
+    """RLFLOW_TEST_SKEW asks this rank to change its weights after this sync was verified."""
+    return os.environ.get("RLFLOW_TEST_SKEW") == f"{rank}:{phase}"

@@ -140,7 +140,7 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
     if old_logprobs is None:  # the update's own forward gave them
         old_logprobs, entropy = update.old_logprobs, update.entropy
     t.rollouts.after_update(step, timer)
-    return _step_metrics(
+    metrics = _step_metrics(
         t,
         step=step,
         rollouts=rollouts,
@@ -151,6 +151,35 @@ def grpo_step(t: Trainer, step: int) -> dict[str, float]:
         timer=timer,
         step_seconds=time.perf_counter() - start,
     )
+    _check_engine_parity(t, step, rollouts.weight_versions, metrics)
+    return metrics
+
+
+def _check_engine_parity(t: Trainer, step: int, versions: list[int], metrics: dict) -> None:
+    """Rollouts generated with the very weights this step trains (synchronous GRPO, the first
+    async steps) differ from the trainer's logprobs by numerics alone: a mult-prob error above
+    `loss.stop_on_mult_prob_error` is a weight-sync or engine bug, and the run stops before
+    this step is logged or saved. Every rank decides alike (the error and the freshness are
+    reduced over the data-parallel ranks)."""
+    limit = t.recipe.loss.stop_on_mult_prob_error
+    if limit is None:
+        return
+    stale = float(any(v != step - 1 for v in versions) or not versions)
+    if parallel.all_reduce_sum([stale], parallel.data_parallel_group())[0]:
+        return
+    error = metrics["train/token_mult_prob_error"]
+    if error > limit:
+        raise RlflowError(
+            Diagnostic(
+                "train.engine-mismatch",
+                f"step {step}: the generation engine's logprobs of its own tokens differ from "
+                f"the trainer's for the same weights (version {step - 1}): "
+                f"train/token_mult_prob_error {error:.4g} > loss.stop_on_mult_prob_error "
+                f"{limit:g}",
+                help="a weight-sync or engine bug, not an effect of RL: report it with the "
+                "recipe and the rank logs; loss.stop_on_mult_prob_error=null trains anyway",
+            )
+        )
 
 
 def validation_due(cfg: GRPOConfig, step: int, *, last: bool) -> bool:

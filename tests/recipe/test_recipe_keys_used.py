@@ -49,6 +49,10 @@ READ_BY = {
         for key in ("router_topk", "aux_loss_coeff", "z_loss_coeff")
     },
     "loss.router_replay": ("rlflow/train/update.py", "loss_cfg.router_replay"),
+    "loss.stop_on_mult_prob_error": (
+        "rlflow/train/loop.py",
+        "t.recipe.loss.stop_on_mult_prob_error",
+    ),
     "data.train.kind": ("rlflow/data/dataset.py", "split_cfg.kind"),
     "data.train.num_samples": ("rlflow/data/dataset.py", "split_cfg.num_samples"),
     "data.train.seed": ("rlflow/data/dataset.py", "split_cfg.seed"),

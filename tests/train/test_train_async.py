@@ -11,6 +11,8 @@ detector). The schedule and the trainer's version tripwire: test_train_remote.py
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rlflow.train.metrics import read_metrics
@@ -144,3 +146,20 @@ def test_torn_weights_fail_the_fingerprint_check(tmp_path):
     )
     assert output.count(message) == 1, output
     assert "Traceback" not in logs["rank-1.log"]
+
+
+def test_weights_wrong_past_the_fingerprint_stop_the_run_at_its_first_fresh_step(tmp_path):
+    """A generation rank whose weights go wrong after the first sync passed its fingerprint
+    check (a resharding bug both sides agree on, as the Mamba cut once was): step 1 trains on
+    rollouts of its own weights, their mult-prob error (1.39: the tiny model's distributions
+    are nearly flat, so 1.1 stands in for base.yaml's 1.5) is above
+    `loss.stop_on_mult_prob_error`, and the run stops naming it, before step 1 is logged."""
+    result, output, _ = fault_run(
+        tmp_path, {"RLFLOW_TEST_SKEW": "1:sync0"}, "loss.stop_on_mult_prob_error=1.1"
+    )
+    assert result.returncode != 0
+    assert "error[train.engine-mismatch]: step 1: the generation engine's logprobs" in output
+    assert "> loss.stop_on_mult_prob_error 1.1" in output, output
+    metrics = tmp_path / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    assert 1 not in [json.loads(line)["step"] for line in lines]

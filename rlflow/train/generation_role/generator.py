@@ -31,7 +31,7 @@ from rlflow.errors import Diagnostic, RlflowError
 from rlflow.recipe.load import LoadedRecipe
 from rlflow.train import watchdog
 from rlflow.train.collect import RolloutContext, Rollouts, collect_rollouts
-from rlflow.train.faults import inject_failure
+from rlflow.train.faults import inject_failure, skewed
 from rlflow.train.generation_role.remote import Link, RolloutBatch, Schedule
 from rlflow.train.metrics import StepTimer
 
@@ -178,6 +178,9 @@ def _paused(g: Generator, version: int | None = None):
 def _receive_weights(g: Generator, version: int) -> None:
     watchdog.beat("weight_sync")
     g.link.weights(version)
+    if skewed(g.context.info.job_rank, f"sync{version}"):  # tests: a wrong cut, unseen
+        for param in g.policy.core.parameters():
+            param.data.neg_()
     # in place: the engine's views of the weights are current
     g.context.backend.refresh_weights(version)
     if g.gym is not None:  # Gym's turns: the new version next (once its server started)
