@@ -6,6 +6,7 @@ cache, an engine one rank cannot serve alone, generation servers other nodes can
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,12 @@ GYM = ROOT / "recipes" / "tiny-qwen3-gym-tool-1n1g-cpu.yaml"
 
 
 def dry_run(
-    *overrides: str, hide_gym: bool = False, nodes: int = 1, gpus: int = 1, recipe: Path = GYM
+    *overrides: str,
+    hide_gym: bool = False,
+    nodes: int = 1,
+    gpus: int = 1,
+    recipe: Path = GYM,
+    env: dict | None = None,
 ) -> subprocess.CompletedProcess:
     """The console script's dry run on `nodes` of `gpus` (the test cluster's nodes have 4);
     hide_gym: as on a machine without the `gym` extra (the import system is told nemo_gym does
@@ -30,7 +36,7 @@ def dry_run(
     shape = ["--nodes", str(nodes), "--gpus", str(gpus), "--dry-run"]
     return subprocess.run(
         [sys.executable, "-c", code, "submit", str(recipe), *shape, *overrides],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
 
 
@@ -94,7 +100,10 @@ def test_the_founding_shape_can_train_in_gym_with_its_tp4_engines():
         "environment.kind=gym", f"environment.gym.config_paths=[{CIRCLES}]",
         "environment.gym.agent=circle_count_simple_agent", "environment.gym.tasks=example",
     ]  # fmt: skip
-    result = dry_run(*gym, "generation.server.host=0.0.0.0", nodes=16, gpus=8, recipe=founding)
+    # as on a login node of a cluster that shape (the suite's own Slurm cluster has 4-GPU nodes)
+    no_cluster = {**os.environ, "SLURM_CONF": "/nonexistent"}
+    result = dry_run(*gym, "generation.server.host=0.0.0.0", nodes=16, gpus=8, recipe=founding,
+                     env=no_cluster)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert (
         "the first rank of every generation engine (tensor-parallel size 4: the others follow "

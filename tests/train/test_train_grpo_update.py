@@ -74,6 +74,7 @@ def test_update_raises_logprob_of_rewarded_answers(trainable, tiny_processor):
         overlong_penalty=OverlongPenaltyConfig(enabled=False, buffer_tokens=0, penalty=0.0),
         importance_sampling=ImportanceSamplingConfig(mode="off", cap=2.0, mask_below=0.0),
         router_replay=True,
+        stop_on_mult_prob_error=None,  # (read by the loop, not by the update)
     )
     metrics = grpo_update(
         policy,
