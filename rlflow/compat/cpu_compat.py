@@ -41,7 +41,7 @@ GPU machine it does nothing. Each patch names the megatron-core code it replaces
    PyTorch kernels of rlflow/compat/mamba_reference.py (`mamba_split_conv1d_scan_combined`,
    `mamba_chunk_scan_combined`, `causal_conv1d_fn`, a gated `RMSNorm` with the mixer's sharded
    state dict), and the sequence-packing version check answers yes (the reference takes
-   `seq_idx`). `install_mamba_reference()` is the same patch on a GPU without mamba-ssm.
+   `seq_idx`). `install_mamba_reference()` is the same patch on a GPU without causal-conv1d.
 
 rlflow's own generation engine does not use megatron-core's inference controller, so its
 CUDA-only paths (text_generation_controller.py) need no patch.
@@ -264,14 +264,17 @@ def _patch_uneven_collectives() -> None:
 
 
 def install_mamba_reference() -> bool:
-    """Patch 8: megatron-core's Mamba mixer on rlflow's PyTorch kernels; a no-op (False) where
-    mamba-ssm is installed (its CUDA kernels run)."""
+    """Patch 8: megatron-core's Mamba mixer on rlflow's kernels; a no-op (False) where mamba-ssm
+    and causal-conv1d are both installed (the mixer's own fused CUDA path runs). mamba-ssm alone
+    (its Triton-only build) serves the update's scan from inside rlflow's kernels."""
     import importlib.util
 
     from megatron.core.ssm import mamba_mixer
 
-    if importlib.util.find_spec("mamba_ssm") is not None or mamba_mixer.HAVE_MAMBA_SSM:
-        return getattr(mamba_mixer, "_rlflow_reference", False)
+    if getattr(mamba_mixer, "_rlflow_reference", False):
+        return True
+    if all(importlib.util.find_spec(m) is not None for m in ("mamba_ssm", "causal_conv1d")):
+        return False
     from rlflow.compat import mamba_reference as ref
 
     class ExtendedRMSNorm(ref.RMSNormGated):  # megatron's subclasses a MagicMock here

@@ -14,6 +14,10 @@ recipes; `rlflow.compat.cpu_compat` installs it, patch 8), with their signatures
 * `RMSNormGated`: RMSNorm over groups of channels, gated by SiLU(z) before the norm;
 * `causal_conv1d_update` and `selective_state_update`: one decode step on the conv and SSM states.
 
+On a GPU the scan leaves this reference for Triton kernels where they exist: outside autograd
+megatron-core's forward (`_triton_forward`: the logprob passes), under autograd mamba-ssm's
+forward and backward (`_mamba_ssm_training`: the update; megatron-core ships no backward).
+
 Packed rows: `seq_idx` [B, L] (the row of each token, non-decreasing) keeps the conv window and
 the scan state inside a row: a token never sees a token of another row. `seq_idx_of(cu_seqlens)`
 turns row starts into it. Every computation runs in float32 and returns the input's dtype.
@@ -106,6 +110,13 @@ def mamba_chunk_scan_combined(
     (and the final state [B, H, P, N] if asked; with packed rows, the last row's)."""
     if cu_seqlens is not None and seq_idx is None:
         seq_idx = seq_idx_of(cu_seqlens, x.shape[1]).expand(x.shape[0], -1)
+    kernel = _mamba_ssm_training(x)
+    if kernel is not None and initial_states is None and not return_varlen_states:
+        return kernel(
+            x, dt, A, B, C, chunk_size, D=D, z=z, dt_bias=dt_bias,
+            seq_idx=None if seq_idx is None else seq_idx.int().contiguous(),
+            dt_softplus=dt_softplus, dt_limit=dt_limit, return_final_states=return_final_states,
+        )  # fmt: skip
     batch, length, nheads, headdim = x.shape
     q = chunk_size
     pad = -length % q
@@ -291,6 +302,20 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
 
 
 TRITON_FORWARD = True  # benchmarks/nemotron_h_moe_gpu_check.py turns it off to compare
+MAMBA_SSM_TRAINING = True  # likewise
+
+
+def _mamba_ssm_training(t: torch.Tensor):
+    """mamba-ssm's Triton SSD scan, forward and backward, for the update on a GPU: a CUDA
+    tensor under autograd, and `mamba_ssm` importable (from 2.3 it installs without compiling
+    CUDA: `pip install --no-build-isolation --no-deps mamba-ssm`); else None."""
+    if not (MAMBA_SSM_TRAINING and t.is_cuda and torch.is_grad_enabled()):
+        return None
+    try:
+        from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+    except ImportError:
+        return None
+    return mamba_chunk_scan_combined
 
 
 def _triton_forward(t: torch.Tensor):

@@ -116,3 +116,17 @@ def test_triton_forward_rows_and_chunks_follow_the_packed_rows():
     assert last == [1, 2, 5]
     with torch.no_grad():
         assert ref._triton_forward(torch.zeros(1)) is None  # CPU tensors: the reference
+
+
+def test_mamba_ssm_training_kernel_only_for_cuda_tensors_under_autograd():
+    """The update's scan leaves the reference for mamba-ssm's Triton forward and backward only
+    for a CUDA tensor under autograd (and only where mamba-ssm imports); a CPU tensor, or no
+    autograd, keeps the reference, whose result then carries gradients as before (the GPU
+    comparison of the two: benchmarks/mamba_kernels_gpu_check.py, `check_scan_training`)."""
+    x, dt, A, B, C, D, z, bias = _inputs(batch=1, length=9)
+    assert ref._mamba_ssm_training(x.requires_grad_(True)) is None  # CPU: the reference
+    with torch.no_grad():
+        assert ref._mamba_ssm_training(x) is None
+    y = ref.mamba_chunk_scan_combined(x, dt, A, B, C, 4, D=D, z=z, dt_bias=bias, dt_softplus=True)
+    y.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
