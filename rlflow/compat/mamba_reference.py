@@ -41,22 +41,26 @@ def seq_idx_of(cu_seqlens: torch.Tensor, total: int | None = None) -> torch.Tens
 
 def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, activation=None, **_):
     """x [B, D, L], weight [D, W], bias [D] -> [B, D, L]: out[t] = sum_k w[k] x[t - (W-1) + k],
-    taps before the row start (seq_idx) or the sequence start read zero."""
+    taps before the row start (seq_idx) or the sequence start read zero.
+
+    One depthwise `F.conv1d` (cuDNN on a GPU, forward and backward): packed rows are spread
+    apart with W-1 zeros in front of each, so no window reaches into the row before."""
     width = weight.shape[-1]
-    xf, wf = x.float(), weight.float()
-    out = torch.zeros_like(xf)
-    length = x.shape[-1]
-    for k in range(width):
-        shift = width - 1 - k
-        if shift >= length:
-            continue
-        tap = F.pad(xf, (shift, 0))[..., :length]
-        if seq_idx is not None and shift:
-            same = seq_idx[:, shift:] == seq_idx[:, :-shift]  # [B, L - shift]
-            tap = tap * F.pad(same, (shift, 0)).to(xf.dtype)[:, None, :]
-        out = out + tap * wf[:, k, None]
-    if bias is not None:
-        out = out + bias.float()[:, None]
+    batch, dim, length = x.shape
+    xf, wf = x.float(), weight.float()[:, None, :]
+    bf = None if bias is None else bias.float()
+    if seq_idx is None:
+        out = F.conv1d(F.pad(xf, (width - 1, 0)), wf, bf, groups=dim)
+    else:
+        seq = seq_idx.reshape(batch, length)
+        starts = torch.ones_like(seq, dtype=torch.bool)
+        starts[:, 1:] = seq[:, 1:] != seq[:, :-1]  # a row starts here (and at each batch row)
+        rows = starts.reshape(-1).long().cumsum(0)  # 1-based row of each token, batch-major
+        where = torch.arange(batch * length, device=x.device) + (width - 1) * rows
+        spread = xf.new_zeros(dim, batch * length + (width - 1) * int(rows[-1]))
+        spread = spread.index_copy(1, where, xf.permute(1, 0, 2).reshape(dim, -1))
+        conv = F.conv1d(spread[None], wf, bf, groups=dim)[0]  # window ends at each position
+        out = conv[:, where - (width - 1)].reshape(dim, batch, length).permute(1, 0, 2)
     if activation in ("silu", "swish"):
         out = F.silu(out)
     return out.to(x.dtype)
