@@ -310,10 +310,13 @@ MAMBA_SSM_TRAINING = True  # likewise
 
 
 def _mamba_ssm_training(t: torch.Tensor):
-    """mamba-ssm's Triton SSD scan, forward and backward, for the update on a GPU: a CUDA
-    tensor under autograd, and `mamba_ssm` importable (from 2.3 it installs without compiling
+    """mamba-ssm's Triton SSD scan, forward and backward, for the update on a GPU: a bf16/fp16
+    CUDA tensor under autograd, and `mamba_ssm` importable (from 2.3 it installs without compiling
     CUDA: `pip install --no-build-isolation --no-deps mamba-ssm`); else None."""
     if not (MAMBA_SSM_TRAINING and t.is_cuda and torch.is_grad_enabled()):
+        return None
+    if t.dtype not in (torch.bfloat16, torch.float16):  # fp32 (the tiny recipes): the reference,
+        # exact and quick at their size; mamba-ssm's autotuning took minutes there
         return None
     try:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
