@@ -60,7 +60,10 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, activation=None, **_):
         spread = xf.new_zeros(dim, batch * length + (width - 1) * int(rows[-1]))
         spread = spread.index_copy(1, where, xf.permute(1, 0, 2).reshape(dim, -1))
         conv = F.conv1d(spread[None], wf, bf, groups=dim)[0]  # window ends at each position
-        out = conv[:, where - (width - 1)].reshape(dim, batch, length).permute(1, 0, 2)
+        # index_select, not conv[:, idx]: its backward is one index_add, where advanced
+        # indexing's sorts the indices (the update's largest cost on an H100 when it did)
+        out = conv.index_select(1, where - (width - 1)).reshape(dim, batch, length)
+        out = out.permute(1, 0, 2)
     if activation in ("silu", "swish"):
         out = F.silu(out)
     return out.to(x.dtype)
