@@ -11,10 +11,14 @@ the Nemotron-H 30B-A3B mixer shape (64 heads x 64, 8 groups, state 128, chunk 12
 * prefill scan: reference `mamba_chunk_scan_combined` (seq_idx) vs megatron-core's Triton
   `mamba_chunk_scan_combined_varlen` (outputs and final states per row);
 * prefill conv: reference `causal_conv1d_fn` (seq_idx) vs Triton `causal_conv1d_varlen_fn`;
+  and the update's conv forward+backward (the reference: one cuDNN depthwise conv) vs the
+  per-tap loop it replaced, values, gradients and times;
 * decode: reference `causal_conv1d_update` / `selective_state_update` vs megatron-core's Triton
   `causal_conv1d_update` / `selective_state_update`;
+* the update's scan: mamba-ssm's Triton forward and backward (its Triton-only build, where
+  installed) vs the reference, the output and every input's gradient;
 * and the time of each (CUDA events, median of 10 after 3 warm-ups), with the reference's
-  forward+backward (the training path runs it on a GPU without mamba-ssm).
+  forward+backward and the kernels'.
 
 Results: `<out>/mamba_kernels_gpu_check.json` and `.md`. Exit 0 even when a comparison fails
 (the lead reads the table); exit 1 only without a GPU.
@@ -177,6 +181,56 @@ def check_scan(t: dict, result: dict) -> None:
     result["scan_reference_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
 
 
+def check_scan_training(t: dict, result: dict) -> None:
+    """The update's scan: mamba-ssm's Triton forward and backward (where installed) against the
+    reference, the output and every input's gradient."""
+    cu = [0]
+    for n in ROWS:
+        cu.append(cu[-1] + n)
+    seq_idx = ref.seq_idx_of(torch.tensor(cu, dtype=torch.int32, device="cuda"))
+    names = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias")
+    grad_out = torch.randn_like(t["x"][None], dtype=torch.float32)
+
+    def run(kernels: bool):
+        ref.MAMBA_SSM_TRAINING = kernels
+        leaves = {k: t[k].detach().clone().requires_grad_(True) for k in names}
+        batched = {k: v[None] if v.dim() > 1 else v for k, v in leaves.items()}
+        y = ref.mamba_chunk_scan_combined(
+            batched["x"], batched["dt"], batched["A"], batched["B"], batched["C"], SHAPE["chunk"],
+            D=batched["D"], z=batched["z"], dt_bias=batched["dt_bias"], dt_softplus=True,
+            seq_idx=seq_idx,
+        )  # fmt: skip
+        (y.float() * grad_out).sum().backward()
+        return y.detach(), {k: v.grad for k, v in leaves.items()}
+
+    result["training_scan_kernel"] = "mamba-ssm" if ref._mamba_ssm_training(t["x"]) else None
+    try:
+        y_ref, g_ref = run(False)
+        y_new, g_new = run(True)
+        result["training_scan_output"] = close(y_new, y_ref)
+        result["training_scan_grads"] = {k: close(g_new[k], g_ref[k]) for k in names}
+        result["training_scan_triton_fwd_bwd_ms"] = timed(lambda: run(True), repeat=5, warmup=2)
+        result["training_scan_reference_fwd_bwd_ms"] = timed(lambda: run(False), repeat=5, warmup=2)
+    finally:
+        ref.MAMBA_SSM_TRAINING = True
+
+
+def _taps_conv(x, weight, bias=None, seq_idx=None, activation=None):
+    """The reference conv before the cuDNN one: a masked shifted product per tap, in float32."""
+    width, length = weight.shape[-1], x.shape[-1]
+    xf, wf = x.float(), weight.float()
+    out = torch.zeros_like(xf)
+    for k in range(width):
+        shift = width - 1 - k
+        tap = torch.nn.functional.pad(xf, (shift, 0))[..., :length]
+        if shift:
+            same = torch.nn.functional.pad(seq_idx[:, shift:] == seq_idx[:, :-shift], (shift, 0))
+            tap = tap * same.to(xf.dtype)[:, None, :]
+        out = out + tap * wf[:, k, None]
+    out = torch.nn.functional.silu(out + bias.float()[:, None])
+    return out.to(x.dtype)
+
+
 def check_conv(result: dict) -> None:
     from megatron.core.ssm.ops.causal_conv1d_varlen import causal_conv1d_varlen_fn
 
@@ -196,6 +250,21 @@ def check_conv(result: dict) -> None:
 
     result["conv_prefill"] = close(triton(), reference())
     result["conv_reference_ms"], result["conv_triton_ms"] = timed(reference), timed(triton)
+    # the update's conv, forward and backward: one cuDNN depthwise conv (the reference now)
+    # against the per-tap loop it replaced (`_taps_conv`), values and gradients
+    grad_out = torch.randn(dim, total, device="cuda", generator=g)
+
+    def fwd_bwd(conv):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (x, w, b)]
+        y = conv(leaves[0].T[None], leaves[1], leaves[2], seq_idx=seq_idx, activation="silu")[0]
+        (y.float() * grad_out).sum().backward()
+        return y.detach(), [t.grad for t in leaves]
+
+    (y_new, g_new), (y_old, g_old) = fwd_bwd(ref.causal_conv1d_fn), fwd_bwd(_taps_conv)
+    result["conv_vs_taps"] = close(y_new, y_old)
+    result["conv_vs_taps_grads"] = {k: close(a, c) for k, a, c in zip("xwb", g_new, g_old)}
+    result["conv_fwd_bwd_ms"] = timed(lambda: fwd_bwd(ref.causal_conv1d_fn))
+    result["conv_taps_fwd_bwd_ms"] = timed(lambda: fwd_bwd(_taps_conv))
     # decode: one token per row, a width-4 state
     from megatron.core.ssm.ops.causal_conv1d_triton import causal_conv1d_update
 
@@ -248,8 +317,8 @@ def main() -> int:
         result["paths"] = paths()
     except Exception:  # noqa: BLE001 (e.g. megatron-core or einops missing: recorded)
         result.setdefault("errors", []).append(traceback.format_exc(limit=4))
-    for check in (lambda: check_scan(inputs(), result), lambda: check_conv(result),
-                  lambda: check_decode(result)):  # fmt: skip
+    for check in (lambda: check_scan(inputs(), result), lambda: check_scan_training(inputs(), result),
+                  lambda: check_conv(result), lambda: check_decode(result)):  # fmt: skip
         try:
             check()
         except Exception:  # noqa: BLE001 (each check reports on its own)

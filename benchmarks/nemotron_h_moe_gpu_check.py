@@ -220,6 +220,7 @@ def timing(policy, sizes, args, device, matmul_tflop_s: float) -> dict:
 def paths(policy) -> dict:
     from megatron.core.ssm import mamba_mixer
 
+    from rlflow.compat import mamba_reference as ref
     from rlflow.model.moe.experts import _grouped_kernel_runs
 
     layers = policy.core.decoder.layers
@@ -229,6 +230,7 @@ def paths(policy) -> dict:
     x = torch.zeros(8, fc1.shape[2], dtype=fc1.dtype, device=fc1.device)
     return {
         "mixer_training_kernel": mamba_mixer.mamba_split_conv1d_scan_combined.__module__,
+        "update_scan": "mamba-ssm (Triton)" if ref._mamba_ssm_training(x) else "reference",
         "experts": type(experts).__name__,
         "experts_computation": getattr(experts._grouped, "__name__", "SequentialMLP"),
         "grouped_mm_kernel": _grouped_kernel_runs(x, fc1),
