@@ -10,8 +10,8 @@ per batch bucket, which no CPU test can capture; this script checks it and times
    rollouts (3 prompts x 6 samples, 32 tokens) with graphs equal those without, also when rows
    stop mid-generation (retired rows move between graph buckets and give their state slots
    back; in the MoE model every bucket's graph holds the routed experts' static-shape path);
-   greedy 64 tokens equal HF's; megatron-core's Triton SSM decode step (the engine's on CUDA)
-   against the reference's.
+   greedy 64 tokens equal HF's; megatron-core's Triton conv and SSM decode steps (the engine's
+   on CUDA) against the reference's.
 2. cut (`--layers` layers of a 30B-A3B preset, random weights, bf16; `--cut moe`, the default:
    `nemotron-h-30b-a3b`, whose first 8 layers `MEMEM*EM` are the `nemotron-h-30b-a3b-8l`
    preset: Mamba, MoE (128 squared-ReLU experts of 1856, top-6, a shared expert of 3712) and
@@ -90,18 +90,18 @@ def tiny_check(work: Path, builtin: str, cpu: bool) -> dict:
     params = greedy(64, tokenizer.eos_token_id)
     ours = graphs.generate(prompts, params)
     ref = HFGeneration(policy, pad, 8).generate(prompts, params)
-    mamba_state.TRITON_SSM_DECODE = False  # the reference SSM step, for comparison
+    mamba_state.TRITON_DECODE = False  # the reference conv and SSM steps, to compare
     try:
-        reference_ssm = eager.generate(rows, free)
+        reference_decode = eager.generate(rows, free)
     finally:
-        mamba_state.TRITON_SSM_DECODE = True
+        mamba_state.TRITON_DECODE = True
     return {
         "model": builtin,
         "graphs": not cpu,
-        "tokens_equal_triton_vs_reference_ssm": [x.token_ids for x in a]
-        == [x.token_ids for x in reference_ssm],
-        "max_logprob_diff_triton_vs_reference_ssm": max(
-            abs(p - q) for x, y in zip(a, reference_ssm) for p, q in zip(x.logprobs, y.logprobs)
+        "tokens_equal_triton_vs_reference_decode": [x.token_ids for x in a]
+        == [x.token_ids for x in reference_decode],
+        "max_logprob_diff_triton_vs_reference_decode": max(
+            abs(p - q) for x, y in zip(a, reference_decode) for p, q in zip(x.logprobs, y.logprobs)
         ),
         "rows": len(rows),
         "graphs_captured": sorted(graphs._graphs),
@@ -153,12 +153,12 @@ def cut_check(work: Path, args) -> dict:
     params = SamplingParams(args.max_new_tokens, 1.0, 1.0, 0, 3, (), True)
     engine.generate(rows[: len(rows) // 4], dataclasses.replace(params, max_new_tokens=16))
     reference_ms = None
-    if args.compare_reference and not cpu:  # the reference SSM decode step (gather/update/scatter)
-        mamba_state.TRITON_SSM_DECODE = False
+    if args.compare_reference and not cpu:  # the reference decode steps (gather/update/scatter)
+        mamba_state.TRITON_DECODE = False
         engine.close()  # graphs captured again, on the reference
         engine.generate(rows, params)
         reference_ms = engine.last_timings["decode_ms_per_step"]
-        mamba_state.TRITON_SSM_DECODE = True
+        mamba_state.TRITON_DECODE = True
         engine.close()
     _sync(cpu)
     start = time.perf_counter()
@@ -194,7 +194,7 @@ def cut_check(work: Path, args) -> dict:
         "total_s": total,
         "prefill_s": t["prefill_s"],
         "decode_ms_per_step": decode_ms,
-        "decode_ms_per_step_reference_ssm": reference_ms,
+        "decode_ms_per_step_reference_decode": reference_ms,
         "passes": t["passes"],
         "preempted": t["preempted"],
         "bytes_per_step": {
@@ -267,7 +267,7 @@ def main() -> None:
     parser.add_argument(
         "--compare-reference",
         action="store_true",
-        help="cut: also time decode with the reference SSM step",
+        help="cut: also time decode with the reference conv and SSM steps",
     )
     parser.add_argument("--tiny", action="store_true",
                         help="CPU smoke: eager, fp32, the cut from the tiny presets")  # fmt: skip

@@ -273,9 +273,21 @@ def check_conv(result: dict) -> None:
     new = torch.randn(rows, dim, device="cuda", generator=g).bfloat16()
     s1, s2 = state.clone(), state.clone()
     want = ref.causal_conv1d_update(new, s1, w, b, activation="silu")
-    got = causal_conv1d_update(new, s2, w, b, True, None)
+    # the op turns SiLU on with the string "silu" (`silu_activation == "silu"`); True, as this
+    # check passed until 2026-12-06, turns it off: the output "disagreed", the state did not
+    got = causal_conv1d_update(new, s2, w, b, "silu", None)
     result["conv_decode"] = close(got, want)
     result["conv_decode_state"] = close(s2, s1)
+    # as the engine calls it: in place on slots of a larger state buffer (conv_state_indices)
+    slots = torch.randperm(2 * rows, device="cuda", generator=g)[:rows]
+    pool = torch.randn(2 * rows, dim, 4, device="cuda", generator=g).bfloat16()
+    p1, p2 = pool.clone(), pool.clone()
+    gathered = p1[slots]
+    want = ref.causal_conv1d_update(new, gathered, w, b, activation="silu")
+    p1[slots] = gathered
+    got = causal_conv1d_update(new, p2, w, b, "silu", slots)
+    result["conv_decode_slots"] = close(got, want)
+    result["conv_decode_slots_state"] = close(p2, p1)
 
 
 def check_decode(result: dict) -> None:

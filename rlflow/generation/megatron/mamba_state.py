@@ -180,45 +180,56 @@ def decode(w: MambaWeights, hidden: torch.Tensor, states: MambaStates, layer: in
            slots: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """One token per row hidden [R, hidden] -> [R, hidden]; the rows' slots advance one step.
 
-    The SSM step is megatron-core's Triton `selective_state_update` on CUDA tensors (in place
-    on the slots, `state_batch_indices`: no gather or scatter of the float32 state), the
-    reference elsewhere or with TRITON_SSM_DECODE off; the conv step is the reference's (the
-    Triton conv update's output disagreed with it in benchmarks/mamba_kernels_gpu_check.md)."""
+    On CUDA tensors both steps are megatron-core's Triton ops, in place on the slots
+    (`causal_conv1d_update` with `conv_state_indices`, `selective_state_update` with
+    `state_batch_indices`: no gather or scatter of the states); elsewhere, or with
+    TRITON_DECODE off, the reference's, on the gathered states."""
     z, xBC, dt = w.split(F.linear(hidden, w.in_proj))
-    conv_state = states.conv[layer, slots]
-    conv = ref.causal_conv1d_update(xBC, conv_state, w.conv_weight, w.conv_bias, activation="silu")
-    states.conv[layer, slots] = conv_state
-    x, B, C = torch.split(conv, [w.d_inner, w.groups * w.state, w.groups * w.state], dim=-1)
-    x = x.reshape(-1, w.heads, w.head_dim)
-    B, C = B.reshape(-1, w.groups, w.state), C.reshape(-1, w.groups, w.state)
-    if TRITON_SSM_DECODE and x.is_cuda and _triton_ssm() is not None:
-        y = _triton_ssm()(
+    A = -torch.exp(w.A_log.float())
+    if TRITON_DECODE and hidden.is_cuda and _triton_ops() is not None:
+        conv_update, ssm_update = _triton_ops()
+        conv = conv_update(  # "silu" as a string: the op compares it with == "silu"
+            xBC, states.conv[layer], w.conv_weight, w.conv_bias, "silu", slots
+        )
+        x, B, C = _split(w, conv)
+        y = ssm_update(
             states.ssm[layer], x, dt[..., None].expand(-1, -1, w.head_dim),
-            -torch.exp(w.A_log.float()).view(-1, 1, 1).expand(-1, w.head_dim, w.state), B, C,
+            A.view(-1, 1, 1).expand(-1, w.head_dim, w.state), B, C,
             w.D[:, None].expand(-1, w.head_dim), dt_bias=w.dt_bias[:, None].expand(-1, w.head_dim),
             dt_softplus=True, state_batch_indices=slots,
         )  # fmt: skip
         return w.finish(y.reshape(-1, w.d_inner), z)
+    conv_state = states.conv[layer, slots]
+    conv = ref.causal_conv1d_update(xBC, conv_state, w.conv_weight, w.conv_bias, activation="silu")
+    states.conv[layer, slots] = conv_state
+    x, B, C = _split(w, conv)
     ssm = states.ssm[layer, slots]
-    y = ref.selective_state_update(
-        ssm, x, dt, -torch.exp(w.A_log.float()), B, C, D=w.D, dt_bias=w.dt_bias,
-        dt_softplus=True,
-    )  # fmt: skip
+    y = ref.selective_state_update(ssm, x, dt, A, B, C, D=w.D, dt_bias=w.dt_bias, dt_softplus=True)
     states.ssm[layer, slots] = ssm
     return w.finish(y.reshape(-1, w.d_inner), z)
 
 
-TRITON_SSM_DECODE = True  # benchmarks/hybrid_engine_gpu_check.py turns it off to compare
+def _split(w: MambaWeights, conv: torch.Tensor):
+    """The conv's output [R, conv_dim] -> x [R, H, P], B and C [R, G, N]."""
+    x, B, C = torch.split(conv, [w.d_inner, w.groups * w.state, w.groups * w.state], dim=-1)
+    rows = conv.shape[0]
+    return (x.reshape(rows, w.heads, w.head_dim), B.reshape(rows, w.groups, w.state),
+            C.reshape(rows, w.groups, w.state))  # fmt: skip
+
+
+TRITON_DECODE = True  # benchmarks/hybrid_engine_gpu_check.py turns it off to compare
 
 
 @functools.cache
-def _triton_ssm():
-    """megatron-core's Triton selective_state_update, or None (no Triton: CPU installs)."""
+def _triton_ops():
+    """megatron-core's Triton (causal_conv1d_update, selective_state_update), or None (no
+    Triton: CPU installs)."""
     try:
-        from megatron.core.ssm.ops import mamba_ssm
+        from megatron.core.ssm.ops.causal_conv1d_triton import causal_conv1d_update
+        from megatron.core.ssm.ops.mamba_ssm import selective_state_update
     except ImportError:
         return None
-    return getattr(mamba_ssm, "selective_state_update", None)
+    return causal_conv1d_update, selective_state_update
 
 
 class HybridCache(KVCache):
