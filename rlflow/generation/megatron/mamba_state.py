@@ -180,13 +180,13 @@ def decode(w: MambaWeights, hidden: torch.Tensor, states: MambaStates, layer: in
            slots: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """One token per row hidden [R, hidden] -> [R, hidden]; the rows' slots advance one step.
 
-    On CUDA tensors both steps are megatron-core's Triton ops, in place on the slots
-    (`causal_conv1d_update` with `conv_state_indices`, `selective_state_update` with
+    On CUDA tensors (TRITON_DEVICES) both steps are megatron-core's Triton ops, in place on
+    the slots (`causal_conv1d_update` with `conv_state_indices`, `selective_state_update` with
     `state_batch_indices`: no gather or scatter of the states); elsewhere, or with
     TRITON_DECODE off, the reference's, on the gathered states."""
     z, xBC, dt = w.split(F.linear(hidden, w.in_proj))
     A = -torch.exp(w.A_log.float())
-    if TRITON_DECODE and hidden.is_cuda and _triton_ops() is not None:
+    if TRITON_DECODE and hidden.device.type in TRITON_DEVICES and _triton_ops() is not None:
         conv_update, ssm_update = _triton_ops()
         conv = conv_update(  # "silu" as a string: the op compares it with == "silu"
             xBC, states.conv[layer], w.conv_weight, w.conv_bias, "silu", slots
@@ -218,6 +218,9 @@ def _split(w: MambaWeights, conv: torch.Tensor):
 
 
 TRITON_DECODE = True  # benchmarks/hybrid_engine_gpu_check.py turns it off to compare
+# The devices whose tensors the Triton ops take; tests/generation/test_generation_mamba_triton.py
+# adds "cpu" under Triton's interpreter (TRITON_INTERPRET=1), which runs the kernels in NumPy.
+TRITON_DEVICES = ("cuda",)
 
 
 @functools.cache
