@@ -10,8 +10,8 @@ per batch bucket, which no CPU test can capture; this script checks it and times
    rollouts (3 prompts x 6 samples, 32 tokens) with graphs equal those without, also when rows
    stop mid-generation (retired rows move between graph buckets and give their state slots
    back; in the MoE model every bucket's graph holds the routed experts' static-shape path);
-   greedy 64 tokens equal HF's; megatron-core's Triton conv and SSM decode steps (the engine's
-   on CUDA) against the reference's.
+   greedy 64 tokens equal HF's; megatron-core's Triton prefill scan and conv and SSM decode
+   steps (the engine's on CUDA) against the reference's.
 2. cut (`--layers` layers of a 30B-A3B preset, random weights, bf16; `--cut moe`, the default:
    `nemotron-h-30b-a3b`, whose first 8 layers `MEMEM*EM` are the `nemotron-h-30b-a3b-8l`
    preset: Mamba, MoE (128 squared-ReLU experts of 1856, top-6, a shared expert of 3712) and
@@ -64,7 +64,6 @@ def tiny_check(work: Path, builtin: str, cpu: bool) -> dict:
 
     from rlflow.generation.base import SamplingParams
     from rlflow.generation.hf import HFGeneration
-    from rlflow.generation.megatron import mamba_state
     from rlflow.generation.megatron.engine import MegatronGeneration
     from rlflow.model import family
     from rlflow.model.build import load_policy
@@ -90,18 +89,18 @@ def tiny_check(work: Path, builtin: str, cpu: bool) -> dict:
     params = greedy(64, tokenizer.eos_token_id)
     ours = graphs.generate(prompts, params)
     ref = HFGeneration(policy, pad, 8).generate(prompts, params)
-    mamba_state.TRITON_DECODE = False  # the reference conv and SSM steps, to compare
+    _triton(False)  # the reference scan, conv and SSM steps, to compare
     try:
-        reference_decode = eager.generate(rows, free)
+        reference = eager.generate(rows, free)
     finally:
-        mamba_state.TRITON_DECODE = True
+        _triton(True)
     return {
         "model": builtin,
         "graphs": not cpu,
-        "tokens_equal_triton_vs_reference_decode": [x.token_ids for x in a]
-        == [x.token_ids for x in reference_decode],
-        "max_logprob_diff_triton_vs_reference_decode": max(
-            abs(p - q) for x, y in zip(a, reference_decode) for p, q in zip(x.logprobs, y.logprobs)
+        "tokens_equal_triton_vs_reference": [x.token_ids for x in a]
+        == [x.token_ids for x in reference],
+        "max_logprob_diff_triton_vs_reference": max(
+            abs(p - q) for x, y in zip(a, reference) for p, q in zip(x.logprobs, y.logprobs)
         ),
         "rows": len(rows),
         "graphs_captured": sorted(graphs._graphs),
@@ -118,9 +117,15 @@ def tiny_check(work: Path, builtin: str, cpu: bool) -> dict:
     }
 
 
+def _triton(on: bool) -> None:
+    """The engine's Mamba layers on megatron-core's Triton ops (on) or the reference (off)."""
+    from rlflow.generation.megatron import mamba_state
+
+    mamba_state.TRITON_PREFILL = mamba_state.TRITON_DECODE = on
+
+
 def cut_check(work: Path, args) -> dict:
     from rlflow.generation.base import Prompt, SamplingParams
-    from rlflow.generation.megatron import mamba_state
     from rlflow.generation.megatron.engine import MegatronGeneration
     from rlflow.generation.megatron.hybrid_decoder import HybridDecoder
     from rlflow.generation.megatron.kv_cache import KVCache
@@ -152,13 +157,13 @@ def cut_check(work: Path, args) -> dict:
     engine = MegatronGeneration(policy, 0, cuda_graphs=not cpu, **_KNOBS)
     params = SamplingParams(args.max_new_tokens, 1.0, 1.0, 0, 3, (), True)
     engine.generate(rows[: len(rows) // 4], dataclasses.replace(params, max_new_tokens=16))
-    reference_ms = None
-    if args.compare_reference and not cpu:  # the reference decode steps (gather/update/scatter)
-        mamba_state.TRITON_DECODE = False
+    reference = {}
+    if args.compare_reference and not cpu:  # the reference prefill scan and decode steps
+        _triton(False)
         engine.close()  # graphs captured again, on the reference
         engine.generate(rows, params)
-        reference_ms = engine.last_timings["decode_ms_per_step"]
-        mamba_state.TRITON_DECODE = True
+        reference = engine.last_timings
+        _triton(True)
         engine.close()
     _sync(cpu)
     start = time.perf_counter()
@@ -194,7 +199,8 @@ def cut_check(work: Path, args) -> dict:
         "total_s": total,
         "prefill_s": t["prefill_s"],
         "decode_ms_per_step": decode_ms,
-        "decode_ms_per_step_reference_decode": reference_ms,
+        "prefill_s_reference": reference.get("prefill_s"),
+        "decode_ms_per_step_reference": reference.get("decode_ms_per_step"),
         "passes": t["passes"],
         "preempted": t["preempted"],
         "bytes_per_step": {
@@ -267,7 +273,7 @@ def main() -> None:
     parser.add_argument(
         "--compare-reference",
         action="store_true",
-        help="cut: also time decode with the reference conv and SSM steps",
+        help="cut: also time prefill and decode on the reference scan, conv and SSM steps",
     )
     parser.add_argument("--tiny", action="store_true",
                         help="CPU smoke: eager, fp32, the cut from the tiny presets")  # fmt: skip

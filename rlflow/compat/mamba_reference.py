@@ -353,8 +353,10 @@ def _row_starts(seq_idx, batch: int, length: int) -> list[int]:
     return starts + [batch * length]
 
 
-def _chunks(cu: list[int], chunk: int) -> tuple[list[int], list[int], list[int]]:
-    """Chunk boundaries aligned to each row's start, each row's last chunk, each chunk's row."""
+def varlen_chunks(cu: list[int], chunk: int) -> tuple[list[int], list[int], list[int]]:
+    """Chunk boundaries aligned to each row's start, each row's last chunk, each chunk's row:
+    `mamba_chunk_scan_combined_varlen`'s cu_chunk_seqlens, last_chunk_indices and seq_idx (an
+    empty row gets one empty chunk)."""
     bounds, last, rows = [0], [], []
     for row, (start, end) in enumerate(zip(cu[:-1], cu[1:])):
         pos = start + chunk
@@ -386,7 +388,7 @@ def _triton_split_conv1d_scan(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D,
 
     xBC = conv_fn(xBC.contiguous(), conv1d_weight, conv1d_bias, ints(cu), activation="silu")
     x, B, C = torch.split(xBC, [d_inner, ngroups * dstate, ngroups * dstate], dim=-1)
-    bounds, last, rows = _chunks(cu, chunk_size)
+    bounds, last, rows = varlen_chunks(cu, chunk_size)
     out = torch.empty(total, nheads, headdim, dtype=zxbcdt.dtype, device=device)
     scan_fn(
         x.reshape(total, nheads, headdim), dt.contiguous(), A, B.reshape(total, ngroups, dstate),

@@ -110,7 +110,7 @@ def test_triton_forward_rows_and_chunks_follow_the_packed_rows():
     starts = ref._row_starts(seq_idx, 1, 10)
     assert starts == [0, 3, 5, 10]
     assert ref._row_starts(None, 2, 4) == [0, 4, 8]
-    bounds, last, rows = ref._chunks(starts, 2)
+    bounds, last, rows = ref.varlen_chunks(starts, 2)
     assert bounds == [0, 2, 3, 5, 7, 9, 10]
     assert rows == [0, 0, 1, 2, 2, 2]
     assert last == [1, 2, 5]

@@ -26,6 +26,7 @@ serves whatever rows hold the positions. Used by hybrid_decoder.py.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -147,32 +148,52 @@ class MambaStates:
 def prefill(w: MambaWeights, hidden: torch.Tensor, lengths: list[int], states: MambaStates,
             layer: int, slots: list[int]) -> torch.Tensor:  # fmt: skip
     """Packed prompts hidden [T, hidden] (rows of `lengths`, laid end to end) -> [T, hidden];
-    each row's final conv and SSM state written into its slot."""
+    each row's final conv and SSM state written into its slot.
+
+    On CUDA tensors (TRITON_DEVICES) the conv and the scan run every prompt at once on
+    megatron-core's Triton varlen kernels (the calls its own mixer makes for a dynamic batch's
+    prefills: no state crosses a prompt's end); elsewhere, or with TRITON_PREFILL off, the
+    reference's conv over the packed prompts and its scan one prompt at a time."""
     z, xBC, dt = w.split(F.linear(hidden, w.in_proj))
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=hidden.device)
-    seq_idx = ref.seq_idx_of(cu, hidden.shape[0])
+    cu = [0, *itertools.accumulate(lengths)]
     width = w.conv_weight.shape[-1]
     for row, slot in enumerate(slots):  # conv state: the row's last `width` inputs, zero-padded
-        start, end = int(cu[row]), int(cu[row + 1])
-        window = xBC[max(start, end - width) : end].T
+        window = xBC[max(cu[row], cu[row + 1] - width) : cu[row + 1]].T
         states.conv[layer, slot] = F.pad(window, (width - window.shape[-1], 0))
+    A = -torch.exp(w.A_log.float())
+    kernels = _triton_prefill() if hidden.device.type in TRITON_DEVICES else None
+    if kernels is not None:
+        conv_fn, scan_fn = kernels
+
+        def index(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32).to(hidden.device, non_blocking=True)
+
+        x, B, C = _split(w, conv_fn(xBC.contiguous(), w.conv_weight, w.conv_bias, index(cu)))
+        rows = torch.tensor(slots, device=hidden.device)
+        y = torch.zeros_like(x)
+        final = scan_fn(
+            x.contiguous(), dt.contiguous(), A, B.contiguous(), C.contiguous(), SCAN_CHUNK,
+            *map(index, ref.varlen_chunks(cu, SCAN_CHUNK)), y, D=w.D,
+            dt_bias=w.dt_bias.float(), initial_states=states.ssm[layer, rows], dt_softplus=True,
+            state_dtype=torch.float32,
+        )  # fmt: skip
+        states.ssm[layer, rows] = final
+        return w.finish(y.reshape(-1, w.d_inner), z)
+    seq_idx = ref.seq_idx_of(torch.tensor(cu, device=hidden.device), hidden.shape[0])
     conv = ref.causal_conv1d_fn(
         xBC.T[None], w.conv_weight, w.conv_bias, seq_idx=seq_idx, activation="silu"
     )[0].T
-    x, B, C = torch.split(conv, [w.d_inner, w.groups * w.state, w.groups * w.state], dim=-1)
-    A = -torch.exp(w.A_log.float())
+    x, B, C = _split(w, conv)
     ys = []
     for row, slot in enumerate(slots):  # one scan per prompt: its final state is its slot's
-        rows = slice(int(cu[row]), int(cu[row + 1]))
-        n = rows.stop - rows.start
+        rows = slice(cu[row], cu[row + 1])
         y, final = ref.mamba_chunk_scan_combined(
-            x[rows].reshape(1, n, w.heads, w.head_dim), dt[rows][None], A,
-            B[rows].reshape(1, n, w.groups, w.state), C[rows].reshape(1, n, w.groups, w.state),
-            chunk_size=128, D=w.D, dt_bias=w.dt_bias, dt_softplus=True,
+            x[None, rows], dt[rows][None], A, B[None, rows], C[None, rows], chunk_size=SCAN_CHUNK,
+            D=w.D, dt_bias=w.dt_bias, dt_softplus=True,
             initial_states=states.ssm[layer, slot][None], return_final_states=True,
         )  # fmt: skip
         states.ssm[layer, slot] = final[0]
-        ys.append(y.reshape(n, w.d_inner))
+        ys.append(y.reshape(rows.stop - rows.start, w.d_inner))
     return w.finish(torch.cat(ys), z)
 
 
@@ -218,9 +239,24 @@ def _split(w: MambaWeights, conv: torch.Tensor):
 
 
 TRITON_DECODE = True  # benchmarks/hybrid_engine_gpu_check.py turns it off to compare
+TRITON_PREFILL = True  # likewise
+SCAN_CHUNK = 128  # the prefill scan's chunk (tokens), megatron-core's default for Nemotron-H
 # The devices whose tensors the Triton ops take; tests/generation/test_generation_mamba_triton.py
 # adds "cpu" under Triton's interpreter (TRITON_INTERPRET=1), which runs the kernels in NumPy.
 TRITON_DEVICES = ("cuda",)
+
+
+def _triton_prefill():
+    """megatron-core's Triton (causal_conv1d_varlen_fn, mamba_chunk_scan_combined_varlen), or
+    None (TRITON_PREFILL off; no Triton: CPU installs)."""
+    if not TRITON_PREFILL:
+        return None
+    try:
+        from megatron.core.ssm.ops.causal_conv1d_varlen import causal_conv1d_varlen_fn
+        from megatron.core.ssm.ops.ssd_combined import mamba_chunk_scan_combined_varlen
+    except ImportError:
+        return None
+    return causal_conv1d_varlen_fn, mamba_chunk_scan_combined_varlen
 
 
 @functools.cache
