@@ -23,7 +23,7 @@ import sys
 import torch
 
 
-def test_triton_decode_step_equals_the_reference_step():
+def test_triton_prefill_and_decode_equal_the_reference():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
