@@ -309,6 +309,10 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
 
 
 TRITON_FORWARD = True  # benchmarks/nemotron_h_moe_gpu_check.py turns it off to compare
+# The devices whose tensors megatron-core's Triton kernels take, here and in the generation
+# engine (rlflow/generation/megatron/mamba_state.py); the interpreter test
+# (tests/generation/test_generation_mamba_triton.py) adds "cpu" under TRITON_INTERPRET=1.
+TRITON_DEVICES = ("cuda",)
 MAMBA_SSM_TRAINING = True  # likewise
 
 
@@ -332,7 +336,7 @@ def _triton_forward(t: torch.Tensor):
     """megatron-core's Triton forward kernels (varlen conv, varlen SSD scan) where they can
     replace the reference: a CUDA tensor outside autograd (the trainer's logprob and reference
     passes; megatron-core 0.19.2 ships no backward for them) and Triton importable; else None."""
-    if not (TRITON_FORWARD and t.is_cuda) or torch.is_grad_enabled():
+    if not (TRITON_FORWARD and t.device.type in TRITON_DEVICES) or torch.is_grad_enabled():
         return None
     try:
         from megatron.core.ssm.ops.causal_conv1d_varlen import causal_conv1d_varlen_fn

@@ -150,7 +150,7 @@ def prefill(w: MambaWeights, hidden: torch.Tensor, lengths: list[int], states: M
     """Packed prompts hidden [T, hidden] (rows of `lengths`, laid end to end) -> [T, hidden];
     each row's final conv and SSM state written into its slot.
 
-    On CUDA tensors (TRITON_DEVICES) the conv and the scan run every prompt at once on
+    On CUDA tensors (ref.TRITON_DEVICES) the conv and the scan run every prompt at once on
     megatron-core's Triton varlen kernels (the calls its own mixer makes for a dynamic batch's
     prefills: no state crosses a prompt's end); elsewhere, or with TRITON_PREFILL off, the
     reference's conv over the packed prompts and its scan one prompt at a time."""
@@ -161,7 +161,7 @@ def prefill(w: MambaWeights, hidden: torch.Tensor, lengths: list[int], states: M
         window = xBC[max(cu[row], cu[row + 1] - width) : cu[row + 1]].T
         states.conv[layer, slot] = F.pad(window, (width - window.shape[-1], 0))
     A = -torch.exp(w.A_log.float())
-    kernels = _triton_prefill() if hidden.device.type in TRITON_DEVICES else None
+    kernels = _triton_prefill() if hidden.device.type in ref.TRITON_DEVICES else None
     if kernels is not None:
         conv_fn, scan_fn = kernels
 
@@ -201,13 +201,13 @@ def decode(w: MambaWeights, hidden: torch.Tensor, states: MambaStates, layer: in
            slots: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """One token per row hidden [R, hidden] -> [R, hidden]; the rows' slots advance one step.
 
-    On CUDA tensors (TRITON_DEVICES) both steps are megatron-core's Triton ops, in place on
+    On CUDA tensors (ref.TRITON_DEVICES) both steps are megatron-core's Triton ops, in place on
     the slots (`causal_conv1d_update` with `conv_state_indices`, `selective_state_update` with
     `state_batch_indices`: no gather or scatter of the states); elsewhere, or with
     TRITON_DECODE off, the reference's, on the gathered states."""
     z, xBC, dt = w.split(F.linear(hidden, w.in_proj))
     A = -torch.exp(w.A_log.float())
-    if TRITON_DECODE and hidden.device.type in TRITON_DEVICES and _triton_ops() is not None:
+    if TRITON_DECODE and hidden.device.type in ref.TRITON_DEVICES and _triton_ops() is not None:
         conv_update, ssm_update = _triton_ops()
         conv = conv_update(  # "silu" as a string: the op compares it with == "silu"
             xBC, states.conv[layer], w.conv_weight, w.conv_bias, "silu", slots
@@ -241,9 +241,6 @@ def _split(w: MambaWeights, conv: torch.Tensor):
 TRITON_DECODE = True  # benchmarks/hybrid_engine_gpu_check.py turns it off to compare
 TRITON_PREFILL = True  # likewise
 SCAN_CHUNK = 128  # the prefill scan's chunk (tokens), megatron-core's default for Nemotron-H
-# The devices whose tensors the Triton ops take; tests/generation/test_generation_mamba_triton.py
-# adds "cpu" under Triton's interpreter (TRITON_INTERPRET=1), which runs the kernels in NumPy.
-TRITON_DEVICES = ("cuda",)
 
 
 def _triton_prefill():
