@@ -95,6 +95,72 @@ def test_a_re_rendered_turn_is_refused_naming_the_turn_and_position():
     assert "turn 1" in caught.value.detail and "at token 4" in caught.value.detail
 
 
+EMPTY = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": ""}]}
+SAID = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}
+USER = {"type": "message", "role": "user", "content": "go on"}
+
+
+def test_gyms_converter_leaves_an_empty_assistant_turn_out_of_the_next_request():
+    """The premise of the rule below, on Gym's own converter (the `vllm_model` server's): a turn
+    that generated only its end-of-turn token (no text, no tool call) is not in the next
+    request's messages, its ids neither; the conversation goes on from the turn before it. The
+    items Gym makes of the turns are the ones convert() reads."""
+    from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+    from nemo_gym.responses_converter import ResponsesConverter
+
+    gym = ResponsesConverter(return_token_id_information=True, uses_reasoning_parser=False)
+
+    def said(text: str, prompt: list[int], generated: list[int]) -> list[dict]:
+        message = {"role": "assistant", "content": text, "prompt_token_ids": prompt,
+                   "generation_token_ids": generated, "generation_log_probs": [-0.5] * len(generated)}  # fmt: skip
+        return [
+            i.model_dump(exclude_none=True) for i in gym.postprocess_assistant_message_dict(message)
+        ]
+
+    user = {"role": "user", "content": "go on"}
+    first, empty = said("hi", [1, 2, 3], [10, 11]), said("", [1, 2, 3, 10, 11, 20, 21], [0])
+    items = [{"role": "user", "content": "count"}, *first, user, *empty, user]
+    request = NeMoGymResponseCreateParamsNonStreaming.model_validate({"input": items})
+    messages = gym.responses_to_chat_completion_create_params(request).messages
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "user"]
+    assert messages[1]["prompt_token_ids"] == [1, 2, 3]  # the last ids sent back: turn 0's
+    output = [*first, user, *empty, user, *said("ok", [1, 2, 3, 10, 11, 20, 22, 23], [12])]
+    trajectory = convert(answer(output), version=0)
+    assert trajectory.left_out == 1 and trajectory.completion.token_ids == [10, 11, 20, 22, 23, 12]
+
+
+def test_an_empty_turn_gym_left_out_is_not_trained_and_is_counted():
+    """Turn 1 generated only its end-of-turn token (0); Gym went on without it, so turn 2's
+    prompt continues turn 0: the episode is what the model saw (turn 1 not in it)."""
+    output = [
+        turn([1, 2, 3], [10, 11], **SAID), USER,
+        turn([1, 2, 3, 10, 11, 20, 21], [0], **EMPTY), USER,
+        turn([1, 2, 3, 10, 11, 20, 22, 23], [12], **SAID),
+    ]  # fmt: skip
+    trajectory = convert(answer(output), version=0)
+    c = trajectory.completion
+    assert trajectory.prompt_ids == [1, 2, 3] and trajectory.turns == 2 and trajectory.left_out == 1
+    assert c.token_ids == [10, 11, 20, 22, 23, 12] and c.loss_mask == [1, 1, 0, 0, 0, 1]
+    # an empty first turn: the episode starts from the prompt the second turn was given
+    output = [turn([1, 2, 3], [0], **EMPTY), USER, turn([1, 2, 5, 6], [12], **SAID)]
+    trajectory = convert(answer(output), version=0)
+    assert trajectory.prompt_ids == [1, 2, 5, 6] and trajectory.completion.token_ids == [12]
+    assert trajectory.turns == 1 and trajectory.left_out == 1
+
+
+def test_only_an_empty_turn_may_be_left_out():
+    """A turn that said something and is missing from the next prompt is a broken episode, and
+    so is a prompt that continues neither the empty turn nor the conversation before it."""
+    output = [turn([1, 2, 3], [10, 11], **SAID), turn([1, 2, 3, 10, 11, 20], [7], **SAID), USER,
+              turn([1, 2, 3, 10, 11, 20, 30], [12], **SAID)]  # fmt: skip
+    with pytest.raises(TaskFailed, match="turn 2's prompt differs .* at token 6"):
+        convert(answer(output), version=0)
+    output[1] = turn([1, 2, 3, 10, 11, 20], [0], **EMPTY)
+    output[3] = turn([1, 2, 3, 10, 99], [12], **SAID)
+    with pytest.raises(TaskFailed, match="turn 2's prompt differs .* at token 4"):
+        convert(answer(output), version=0)
+
+
 @pytest.mark.parametrize(
     "body, reason",
     [

@@ -103,12 +103,15 @@ def failures_seen(step: int, failed: dict, example: dict, log_dir: Path) -> Diag
     )
 
 
-def env_metrics(failed, malformed, turns, tasks: int, seconds: float) -> dict[str, float]:
+def env_metrics(
+    failed, malformed, turns, tasks: int, seconds: float, left_out: int = 0
+) -> dict[str, float]:
     out = {
         "env/tasks": float(tasks),
         "env/failed_tasks": float(sum(failed.values())),
         "env/malformed_tool_calls": float(sum(malformed.values())),
         "env/turns_per_trajectory": sum(turns) / max(len(turns), 1),
+        "env/empty_turns_left_out": float(left_out),
         "env/seconds": seconds,
     }
     out.update({f"env/failed_tasks/{k}": float(v) for k, v in failed.items()})

@@ -200,7 +200,7 @@ class GymRollouts:
         failed: dict[str, int] = {}
         example: dict[str, str] = {}  # reason -> the first failure's detail
         malformed: dict[str, int] = {}
-        groups, turns = [], []
+        groups, turns, left_out = [], [], 0
         for g, task in enumerate(picked):
             group = results[g * G : (g + 1) * G]
             for item in group:
@@ -210,6 +210,7 @@ class GymRollouts:
                     self.episodes.on_failure(item, task)
                 else:
                     turns.append(item.turns)
+                    left_out += item.left_out
                     for reason, n in item.malformed.items():
                         malformed[reason] = malformed.get(reason, 0) + n
             if not any(isinstance(item, TaskFailed) for item in group):
@@ -219,7 +220,8 @@ class GymRollouts:
         if failed and groups:  # on_task_failure: continue: say why, once per reason and step
             print(failures_seen(step, failed, example, self.log_dir).render() + "\n",
                   file=sys.stderr, flush=True)  # fmt: skip
-        self.metrics = env_metrics(failed, malformed, turns, len(rows), time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self.metrics = env_metrics(failed, malformed, turns, len(rows), seconds, left_out)
         self.metrics["env/policy_servers"] = float(len(self.policy_urls))
         self.metrics["env/policy_server_turns_min"] = float(min(served))
         if not groups:

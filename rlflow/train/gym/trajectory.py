@@ -9,6 +9,14 @@ loss mask 0, logprob 0.0) and the turn's own tokens (loss mask 1). Continuity is
 assumed: each turn's prompt must start with the previous prompt and generation exactly; a chat
 template that re-renders an earlier turn differently is refused naming the turn and the first
 differing position (the trajectory is a failed task, reason `discontinuous_tokens`).
+
+One exception, exact too: Gym's converter (`ResponsesConverter`) leaves an assistant turn with
+neither text nor tool calls (one that generated only its end-of-turn token) out of the next
+request, ids and all, so the conversation goes on from the turn before it. When the next turn's
+prompt continues the conversation *before* such an empty turn, the episode is the conversation
+the model actually saw: the empty turn is not trained on (it is no part of what later turns
+were generated from) and is counted (`Trajectory.left_out`, the metric
+`env/empty_turns_left_out`).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ class Trajectory:
     reward: float
     turns: int
     malformed: dict[str, int] = field(default_factory=dict)  # reason -> tool calls
+    left_out: int = 0  # empty turns Gym left out of the conversation (not trained on)
 
 
 def convert(result: dict, version: int) -> Trajectory:
@@ -49,15 +58,23 @@ def convert(result: dict, version: int) -> Trajectory:
     output = result["response"].get("output")
     if not isinstance(output, list):
         raise TaskFailed("malformed_json", "`response.output` is not a list")
-    turns = [item for item in output if isinstance(item, dict) and "generation_token_ids" in item]
+    turns = [(i, item) for i, item in enumerate(output) if _carries_ids(item)]
     if not turns:
         raise TaskFailed("no_token_ids", "no model turn carries generation_token_ids")
-    prompt = [int(t) for t in turns[0]["prompt_token_ids"]]
-    context = list(prompt)
-    ids, logprobs, mask = [], [], []
-    for k, turn in enumerate(turns):
+    seq: list[int] = []  # the episode: prompt, then each turn's environment and model ids
+    logprobs, mask = [], []
+    prompt_len = None  # the first turn's prompt (the trajectory's prompt) ends here
+    context: list[int] = []  # the conversation so far: the ids the next prompt must start with
+    undo = None  # (context, len(seq)) before the last turn, when Gym left that turn out
+    left_out, start = 0, 0
+    for k, (end, turn) in enumerate(turns):
         turn_prompt = [int(t) for t in turn["prompt_token_ids"]]
-        if turn_prompt[: len(context)] != context:
+        if not _extends(turn_prompt, context) and undo and _extends(turn_prompt, undo[0]):
+            context, n = undo  # the previous turn was empty and Gym went on without it
+            del seq[n:], logprobs[n:], mask[n:]
+            left_out += 1
+            prompt_len = None if n == 0 else prompt_len
+        elif not _extends(turn_prompt, context):
             at = next(
                 (i for i, (a, b) in enumerate(zip(turn_prompt, context)) if a != b),
                 min(len(turn_prompt), len(context)),
@@ -67,6 +84,7 @@ def convert(result: dict, version: int) -> Trajectory:
                 f"turn {k}'s prompt differs from the conversation so far at token {at} "
                 "(the chat template re-rendered an earlier turn differently)",
             )
+        undo = (context, len(seq)) if _left_out_by_gym(output[start : end + 1]) else None
         added = turn_prompt[len(context) :]
         generated = [int(t) for t in turn["generation_token_ids"]]
         lps = [float(x) for x in turn["generation_log_probs"]]
@@ -74,10 +92,13 @@ def convert(result: dict, version: int) -> Trajectory:
             raise TaskFailed(
                 "malformed_json", f"turn {k}: {len(generated)} tokens, {len(lps)} logprobs"
             )
-        ids += added + generated
+        prompt_len = len(turn_prompt) if prompt_len is None else prompt_len
+        seq += added + generated
         logprobs += [0.0] * len(added) + lps
         mask += [0] * len(added) + [1] * len(generated)
         context = turn_prompt + generated
+        start = end + 1
+    ids, logprobs, mask = seq[prompt_len:], logprobs[prompt_len:], mask[prompt_len:]
     completion = Completion(
         token_ids=ids,
         logprobs=logprobs,
@@ -85,7 +106,37 @@ def convert(result: dict, version: int) -> Trajectory:
         loss_mask=mask,
         token_versions=[version] * len(ids),
     )
-    return Trajectory(prompt, completion, float(reward), len(turns), malformed_tool_calls(output))
+    trained = len(turns) - left_out
+    malformed = malformed_tool_calls(output)
+    return Trajectory(seq[:prompt_len], completion, float(reward), trained, malformed, left_out)
+
+
+def _carries_ids(item) -> bool:
+    return isinstance(item, dict) and "generation_token_ids" in item
+
+
+def _extends(ids: list[int], prefix: list[int]) -> bool:
+    return ids[: len(prefix)] == prefix
+
+
+def _left_out_by_gym(items: list) -> bool:
+    """Whether Gym's converter leaves this turn out of the next request: its output items (those
+    since the previous turn) are an assistant message with no text (what Gym makes of a turn
+    that generated nothing to show) and no function call or reasoning with text."""
+    empty_message = False
+    for item in items:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if kind == "function_call":
+            return False
+        if kind == "reasoning" and any((s or {}).get("text") for s in item.get("summary") or []):
+            return False
+        if kind == "message" and item.get("role") == "assistant":
+            if any(isinstance(p, dict) and p.get("text") for p in item.get("content") or []):
+                return False
+            empty_message = True
+    return empty_message
 
 
 def malformed_tool_calls(output: list) -> dict[str, int]:
