@@ -26,6 +26,8 @@ turns row starts into it. Every computation runs in float32 and returns the inpu
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -338,6 +340,14 @@ def _triton_forward(t: torch.Tensor):
     passes; megatron-core 0.19.2 ships no backward for them) and Triton importable; else None."""
     if not (TRITON_FORWARD and t.device.type in TRITON_DEVICES) or torch.is_grad_enabled():
         return None
+    return triton_varlen_kernels()
+
+
+@functools.cache
+def triton_varlen_kernels():
+    """megatron-core's Triton (causal_conv1d_varlen_fn, mamba_chunk_scan_combined_varlen): the
+    forward over packed variable-length rows, here and in the engine's prefill
+    (rlflow/generation/megatron/mamba_state.py); None where Triton is missing."""
     try:
         from megatron.core.ssm.ops.causal_conv1d_varlen import causal_conv1d_varlen_fn
         from megatron.core.ssm.ops.ssd_combined import mamba_chunk_scan_combined_varlen

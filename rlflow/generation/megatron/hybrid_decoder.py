@@ -14,13 +14,14 @@ batch position holding a row.
 * prefill (packed prompts, as decoder.py): a Mamba layer runs the chunked scan over the unique
   prompts (mamba_state.prefill: megatron-core's Triton varlen kernels on a GPU,
   rlflow/compat/mamba_reference.py's elsewhere) and leaves each prompt's final conv and SSM
-  state in its first sample's slot; after the last layer the
-  snapshot is copied to the slots of the prompt's other samples (`HybridCache.copy_samples`),
-  as its keys and values are copied to their KV rows;
+  state in its first sample's slot; after the last layer the snapshot is copied to the slots of
+  the prompt's other samples (`HybridCache.copy_samples`), as its keys and values are copied to
+  their KV rows;
 * decode (one token per row): a Mamba layer takes one conv and SSM step on the rows' slots
   through the cache's `slot_table` (a device tensor; mamba_state.decode: megatron-core's
-  Triton ops in place on a GPU, gather, step and scatter elsewhere); the attention layers are decoder.py's (the flash-decode kernel on GPUs in bf16,
-  the exact SDPA elsewhere) with an identity rotation (cos 1, sin 0). Nothing syncs the host, no
+  Triton ops in place on a GPU, gather, step and scatter elsewhere); the attention layers are
+  decoder.py's (the flash-decode kernel on GPUs in bf16, the exact SDPA elsewhere) with an
+  identity rotation (cos 1, sin 0). Nothing syncs the host, no
   tensor is allocated by size of data, and the state buffers never move, so the step is
   capturable as a CUDA graph (DecodeGraph); a graph's warm-up steps (lengths = cache.length)
   use the scratch slot 0, as they use the KV cache's scratch block.

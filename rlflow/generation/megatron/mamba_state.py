@@ -161,7 +161,8 @@ def prefill(w: MambaWeights, hidden: torch.Tensor, lengths: list[int], states: M
         window = xBC[max(cu[row], cu[row + 1] - width) : cu[row + 1]].T
         states.conv[layer, slot] = F.pad(window, (width - window.shape[-1], 0))
     A = -torch.exp(w.A_log.float())
-    kernels = _triton_prefill() if hidden.device.type in ref.TRITON_DEVICES else None
+    on_triton = TRITON_PREFILL and hidden.device.type in ref.TRITON_DEVICES
+    kernels = ref.triton_varlen_kernels() if on_triton else None
     if kernels is not None:
         conv_fn, scan_fn = kernels
 
@@ -241,19 +242,6 @@ def _split(w: MambaWeights, conv: torch.Tensor):
 TRITON_DECODE = True  # benchmarks/hybrid_engine_gpu_check.py turns it off to compare
 TRITON_PREFILL = True  # likewise
 SCAN_CHUNK = 128  # the prefill scan's chunk (tokens), megatron-core's default for Nemotron-H
-
-
-def _triton_prefill():
-    """megatron-core's Triton (causal_conv1d_varlen_fn, mamba_chunk_scan_combined_varlen), or
-    None (TRITON_PREFILL off; no Triton: CPU installs)."""
-    if not TRITON_PREFILL:
-        return None
-    try:
-        from megatron.core.ssm.ops.causal_conv1d_varlen import causal_conv1d_varlen_fn
-        from megatron.core.ssm.ops.ssd_combined import mamba_chunk_scan_combined_varlen
-    except ImportError:
-        return None
-    return causal_conv1d_varlen_fn, mamba_chunk_scan_combined_varlen
 
 
 @functools.cache
